@@ -1,0 +1,55 @@
+"""BatchWeave: an object-store-native data plane for large-model training.
+
+Producers publish Transactional Global Batches (TGBs) with create-only puts of the next
+log version; training ranks read exactly their own slice of each step. The object store
+is the only shared component.
+"""
+
+from batchweave.consumer import Batch, Consumer
+from batchweave.errors import (
+    BatchWeaveError,
+    ConfigError,
+    CorruptDataError,
+    LayoutError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    ProducerFencedError,
+    SourceOffsetError,
+    StepTimeoutError,
+    StoreError,
+    StorePermissionError,
+    StreamEndedError,
+    TransientStoreError,
+)
+from batchweave.inspect import NamespaceInfo, inspect_namespace
+from batchweave.mesh import Mesh
+from batchweave.policies import DAC, CommitPolicy
+from batchweave.producer import Producer, end_stream
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DAC",
+    "Batch",
+    "BatchWeaveError",
+    "CommitPolicy",
+    "ConfigError",
+    "Consumer",
+    "CorruptDataError",
+    "LayoutError",
+    "Mesh",
+    "NamespaceInfo",
+    "ObjectExistsError",
+    "ObjectNotFoundError",
+    "Producer",
+    "ProducerFencedError",
+    "SourceOffsetError",
+    "StepTimeoutError",
+    "StoreError",
+    "StorePermissionError",
+    "StreamEndedError",
+    "TransientStoreError",
+    "__version__",
+    "end_stream",
+    "inspect_namespace",
+]

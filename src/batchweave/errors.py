@@ -1,0 +1,99 @@
+"""Every error BatchWeave raises, under one root.
+
+    BatchWeaveError
+    ├── ConfigError (ValueError)            bad URL, bad mesh, bad argument
+    ├── LayoutError (ValueError)            wrong slice count, mixed layouts, unsupported payload
+    ├── SourceOffsetError (ValueError)      append() offsets that do not increase
+    ├── CorruptDataError (ValueError)       checksum or format damage; names the object key
+    ├── ProducerFencedError                 a newer incarnation of this producer_id took over
+    ├── StreamEndedError                    the namespace was closed with end_stream()
+    ├── StepTimeoutError (TimeoutError)     a consumer waited longer than its timeout_s
+    └── StoreError                          the object store said no
+        ├── ObjectNotFoundError (FileNotFoundError)
+        ├── ObjectExistsError (FileExistsError)   a create-only put lost the race
+        ├── StorePermissionError (PermissionError)
+        └── TransientStoreError (ConnectionError) still failing after retries
+
+Each error also subclasses the matching built-in, so ``except FileNotFoundError``
+keeps working for callers who do not know our names.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BatchWeaveError",
+    "ConfigError",
+    "CorruptDataError",
+    "LayoutError",
+    "ObjectExistsError",
+    "ObjectNotFoundError",
+    "ProducerFencedError",
+    "SourceOffsetError",
+    "StepTimeoutError",
+    "StoreError",
+    "StorePermissionError",
+    "StreamEndedError",
+    "TransientStoreError",
+]
+
+
+class BatchWeaveError(Exception):
+    """Root of every error raised by BatchWeave."""
+
+
+class ConfigError(BatchWeaveError, ValueError):
+    """A URL, mesh size or argument that cannot work."""
+
+
+class LayoutError(BatchWeaveError, ValueError):
+    """A TGB whose slices do not fit the declared layout or payload rules."""
+
+
+class SourceOffsetError(BatchWeaveError, ValueError):
+    """An ``append`` whose source offset does not come after the previous one."""
+
+
+class CorruptDataError(BatchWeaveError, ValueError):
+    """An object whose bytes fail their checksum or cannot be decoded."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"{key}: {problem}")
+        self.key = key
+        self.problem = problem
+
+
+class ProducerFencedError(BatchWeaveError):
+    """A newer incarnation of the same producer_id claimed a higher epoch."""
+
+
+class StreamEndedError(BatchWeaveError):
+    """The namespace has an end-of-stream marker; no TGB is accepted after it."""
+
+
+class StepTimeoutError(BatchWeaveError, TimeoutError):
+    """A consumer waited longer than its ``timeout_s`` for the next step."""
+
+
+class StoreError(BatchWeaveError):
+    """The object store refused or failed a request."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"{key}: {problem}")
+        self.key = key
+        self.problem = problem
+
+
+class ObjectNotFoundError(StoreError, FileNotFoundError):
+    """No object at that key."""
+
+
+class ObjectExistsError(StoreError, FileExistsError):
+    """A create-only put found the key already taken."""
+
+
+class StorePermissionError(StoreError, PermissionError):
+    """Credentials missing or not allowed to do this."""
+
+
+class TransientStoreError(StoreError, ConnectionError):
+    """A request that kept failing with retryable errors (5xx, throttling, timeouts)."""

@@ -1,0 +1,40 @@
+"""What a namespace holds: the data behind ``batchweave inspect``."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from batchweave.journal import Journal
+from batchweave.store import open_store
+
+__all__ = ["NamespaceInfo", "inspect_namespace"]
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceInfo:
+    """A summary of one namespace at its newest log version."""
+
+    url: str
+    latest_version: int
+    steps: int
+    producers: dict[str, dict[str, int]]
+    end_of_stream: bool
+    bytes: int  # bytes of committed TGB objects
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def inspect_namespace(url: str, **store_options: Any) -> NamespaceInfo:
+    """Read the newest state of the namespace at ``url`` (O(1) requests plus the log tail)."""
+    store = open_store(url, **store_options)
+    state = Journal(store).load_state()
+    return NamespaceInfo(
+        url=store.url,
+        latest_version=state.version,
+        steps=state.steps,
+        producers={pid: {"offset": ps.offset, "epoch": ps.epoch} for pid, ps in sorted(state.producers.items())},
+        end_of_stream=state.end_of_stream,
+        bytes=state.bytes,
+    )

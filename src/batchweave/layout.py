@@ -1,0 +1,323 @@
+"""TGB layout: slices in, self-describing immutable objects out, and back. Pure, no I/O.
+
+A TGB holds ``dp * cp`` slices; slice ``(d, c)`` has index ``d * cp + c``. Each slice is
+encoded on its own, so a rank can fetch and verify exactly its slice with one range read:
+
+    slice  = b"BWS1" | u32 header length | header JSON | zero pad to 64 | arrays, each 64-aligned
+    object = slice | slice | ... | footer JSON | u64 footer length | b"BWTGB001"
+
+The slice header names every array with dtype, shape, offset and size; the footer lists
+every slice the object holds with offset, length and CRC32C, so an object explains
+itself without the log. Slices are packed into objects of at most ``max_object_bytes``
+(a slice is never split; one larger than the cap gets an object to itself).
+Nothing is pickled: a consumer can be pointed at a namespace it does not trust.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import crc32c
+import msgspec
+import numpy as np
+
+from batchweave.errors import CorruptDataError, LayoutError
+
+__all__ = [
+    "DEFAULT_MAX_OBJECT_BYTES",
+    "EncodedTGB",
+    "Footer",
+    "SliceRef",
+    "checksum",
+    "decode_slice",
+    "encode_tgb",
+    "read_footer",
+    "slice_index",
+]
+
+Kind = Literal["arrays", "bytes"]
+SliceData = dict[str, np.ndarray] | bytes
+
+DEFAULT_MAX_OBJECT_BYTES = 256 * 1024 * 1024
+SLICE_MAGIC = b"BWS1"
+OBJECT_MAGIC = b"BWTGB001"
+FOOTER_FORMAT = "batchweave.tgb/1"
+_ALIGN = 64
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_ALLOWED_DTYPE_KINDS = set("biufcSU")  # no object or structured dtypes: they hide pickles
+
+
+@dataclass(frozen=True, slots=True)
+class SliceRef:
+    """Where slice ``index`` of a TGB lives: object number, byte offset, length, CRC32C."""
+
+    object_index: int
+    offset: int
+    length: int
+    crc32c: int
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedTGB:
+    """A TGB ready to upload: object bodies in order and one SliceRef per slice."""
+
+    kind: Kind
+    objects: list[bytes]
+    slices: list[SliceRef]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(body) for body in self.objects)
+
+
+class _ArrayHeader(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    name: str
+    dtype: str
+    shape: list[int]
+    offset: int
+    nbytes: int
+
+
+class _SliceHeader(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    kind: Kind
+    arrays: list[_ArrayHeader] = []
+    nbytes: int = 0
+
+
+class FooterSlice(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    index: int
+    offset: int
+    length: int
+    crc32c: int
+
+
+class Footer(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The index at the end of every TGB object."""
+
+    format: str
+    part: int
+    parts: int
+    dp: int
+    cp: int
+    kind: Kind
+    slices: list[FooterSlice]
+
+
+def slice_index(d: int, c: int, cp: int) -> int:
+    """Index of slice ``(d, c)`` in a TGB with ``cp`` context-parallel ranks."""
+    return d * cp + c
+
+
+def checksum(data: bytes | memoryview) -> int:
+    return crc32c.crc32c(data)
+
+
+# -- encoding --------------------------------------------------------------------------
+
+
+def encode_tgb(
+    slices: Sequence[Any], dp: int, cp: int, max_object_bytes: int = DEFAULT_MAX_OBJECT_BYTES
+) -> EncodedTGB:
+    """Encode ``dp * cp`` slice payloads into objects of at most ``max_object_bytes``."""
+    if isinstance(slices, (bytes, bytearray, memoryview, Mapping)) or not isinstance(slices, Sequence):
+        raise LayoutError(f"slices must be a list of dp*cp={dp * cp} payloads, got {type(slices).__name__}")
+    if len(slices) != dp * cp:
+        raise LayoutError(f"a TGB needs dp*cp = {dp}*{cp} = {dp * cp} slices, got {len(slices)}")
+    if max_object_bytes <= 0:
+        raise LayoutError(f"max_object_bytes must be positive, got {max_object_bytes}")
+    encoded = [_encode_slice(payload, index) for index, payload in enumerate(slices)]
+    kind = _common_layout(encoded)
+    groups = _pack(len_of=[len(blob) for _, _, blob in encoded], cap=max_object_bytes)
+    objects: list[bytes] = []
+    refs: list[SliceRef | None] = [None] * len(encoded)
+    for part, members in enumerate(groups):
+        body, footer_slices = _build_object(encoded, members)
+        for fs in footer_slices:
+            refs[fs.index] = SliceRef(part, fs.offset, fs.length, fs.crc32c)
+        footer = Footer(FOOTER_FORMAT, part, len(groups), dp, cp, kind, footer_slices)
+        objects.append(_with_footer(body, footer))
+    return EncodedTGB(kind=kind, objects=objects, slices=[ref for ref in refs if ref is not None])
+
+
+def _pack(len_of: list[int], cap: int) -> list[list[int]]:
+    groups: list[list[int]] = [[]]
+    size = 0
+    for index, length in enumerate(len_of):
+        if groups[-1] and size + length > cap:
+            groups.append([])
+            size = 0
+        groups[-1].append(index)
+        size += length
+    return groups
+
+
+def _build_object(encoded: list[tuple[Kind, Any, bytes]], members: list[int]) -> tuple[bytes, list[FooterSlice]]:
+    parts: list[bytes] = []
+    footer_slices: list[FooterSlice] = []
+    offset = 0
+    for index in members:
+        blob = encoded[index][2]
+        footer_slices.append(FooterSlice(index, offset, len(blob), checksum(blob)))
+        parts.append(blob)
+        offset += len(blob)
+    return b"".join(parts), footer_slices
+
+
+def _with_footer(body: bytes, footer: Footer) -> bytes:
+    footer_bytes = msgspec.json.encode(footer)
+    return b"".join((body, footer_bytes, _U64.pack(len(footer_bytes)), OBJECT_MAGIC))
+
+
+def _common_layout(encoded: list[tuple[Kind, Any, bytes]]) -> Kind:
+    kind, signature, _ = encoded[0]
+    for index, (other_kind, other_signature, _) in enumerate(encoded):
+        if other_kind != kind:
+            raise LayoutError(f"mixed layouts in one TGB: slice 0 is {kind}, slice {index} is {other_kind}")
+        if other_signature != signature:
+            raise LayoutError(
+                f"mixed layouts in one TGB: slice 0 has arrays {signature}, slice {index} has {other_signature}"
+            )
+    return kind
+
+
+def _encode_slice(payload: Any, index: int) -> tuple[Kind, Any, bytes]:
+    if isinstance(payload, (bytes, bytearray, memoryview)):
+        data = bytes(payload)
+        header = msgspec.json.encode(_SliceHeader(kind="bytes", nbytes=len(data)))
+        return "bytes", None, _frame(header, [data], [0])
+    if isinstance(payload, Mapping):
+        return _encode_arrays(payload, index)
+    raise LayoutError(
+        f"slice {index}: unsupported payload type {type(payload).__name__}; "
+        "use a dict of numpy arrays / torch tensors, or bytes"
+    )
+
+
+def _encode_arrays(payload: Mapping[Any, Any], index: int) -> tuple[Kind, Any, bytes]:
+    if not payload:
+        raise LayoutError(f"slice {index}: empty dict; give at least one named array")
+    headers: list[_ArrayHeader] = []
+    buffers: list[bytes | memoryview] = []
+    offsets: list[int] = []
+    offset = 0
+    for name in sorted(payload):
+        if not isinstance(name, str) or not name:
+            raise LayoutError(f"slice {index}: array names must be non-empty strings, got {name!r}")
+        array = _as_array(payload[name], index, name)
+        offset = _align(offset)
+        headers.append(_ArrayHeader(name, array.dtype.str, list(array.shape), offset, array.nbytes))
+        buffers.append(memoryview(array).cast("B") if array.nbytes else b"")
+        offsets.append(offset)
+        offset += array.nbytes
+    header = msgspec.json.encode(_SliceHeader(kind="arrays", arrays=headers))
+    signature = tuple((h.name, h.dtype) for h in headers)
+    return "arrays", signature, _frame(header, buffers, offsets)
+
+
+def _as_array(value: Any, index: int, name: str) -> np.ndarray:
+    module = type(value).__module__
+    if module.startswith("torch"):
+        value = _torch_to_numpy(value, index, name)
+    if not isinstance(value, np.ndarray):
+        raise LayoutError(
+            f"slice {index}, array {name!r}: unsupported type {type(value).__name__}; use numpy arrays or torch tensors"
+        )
+    if value.dtype.kind not in _ALLOWED_DTYPE_KINDS:
+        raise LayoutError(f"slice {index}, array {name!r}: dtype {value.dtype} is not supported (no object dtypes)")
+    return np.ascontiguousarray(value)
+
+
+def _torch_to_numpy(tensor: Any, index: int, name: str) -> np.ndarray:
+    tensor = tensor.detach()
+    if tensor.device.type != "cpu":
+        tensor = tensor.cpu()
+    try:
+        return tensor.numpy()  # shares memory with the tensor: no copy
+    except TypeError as exc:
+        raise LayoutError(
+            f"slice {index}, array {name!r}: torch dtype {tensor.dtype} has no numpy equivalent; "
+            "view it as an integer type (e.g. tensor.view(torch.int16) for bfloat16)"
+        ) from exc
+
+
+def _align(offset: int) -> int:
+    return (offset + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _frame(header: bytes, buffers: list[bytes | memoryview], offsets: list[int]) -> bytes:
+    prefix = SLICE_MAGIC + _U32.pack(len(header)) + header
+    data_start = _align(len(prefix))
+    pieces: list[bytes | memoryview] = [prefix, b"\0" * (data_start - len(prefix))]
+    position = 0
+    for buffer, offset in zip(buffers, offsets, strict=True):
+        pieces.append(b"\0" * (offset - position))
+        pieces.append(buffer)
+        position = offset + len(buffer)
+    return b"".join(pieces)
+
+
+# -- decoding --------------------------------------------------------------------------
+
+
+def decode_slice(buf: bytes | memoryview, key: str, expected_crc32c: int | None = None) -> SliceData:
+    """Verify and decode one slice. Arrays are zero-copy, read-only views of ``buf``."""
+    view = memoryview(buf).cast("B")
+    if expected_crc32c is not None and checksum(view) != expected_crc32c:
+        raise CorruptDataError(key, f"slice checksum mismatch (expected crc32c {expected_crc32c:#010x})")
+    if len(view) < 8 or bytes(view[:4]) != SLICE_MAGIC:
+        raise CorruptDataError(key, "not a BatchWeave slice (bad magic or truncated)")
+    (header_len,) = _U32.unpack_from(view, 4)
+    if 8 + header_len > len(view):
+        raise CorruptDataError(key, f"slice header length {header_len} runs past the slice ({len(view)} bytes)")
+    try:
+        header = msgspec.json.decode(view[8 : 8 + header_len], type=_SliceHeader)
+    except msgspec.DecodeError as exc:
+        raise CorruptDataError(key, f"unreadable slice header: {exc}") from exc
+    data = view[_align(8 + header_len) :]
+    if header.kind == "bytes":
+        if header.nbytes != len(data):
+            raise CorruptDataError(key, f"bytes slice says {header.nbytes} bytes, holds {len(data)}")
+        return bytes(data)
+    return {h.name: _array_from(data, h, key) for h in header.arrays}
+
+
+def _array_from(data: memoryview, h: _ArrayHeader, key: str) -> np.ndarray:
+    try:
+        dtype = np.dtype(h.dtype)
+    except TypeError as exc:
+        raise CorruptDataError(key, f"array {h.name!r}: unknown dtype {h.dtype!r}") from exc
+    if dtype.kind not in _ALLOWED_DTYPE_KINDS or any(n < 0 for n in h.shape):
+        raise CorruptDataError(key, f"array {h.name!r}: bad dtype {h.dtype!r} or shape {h.shape}")
+    if math.prod(h.shape) * dtype.itemsize != h.nbytes or h.offset < 0 or h.offset + h.nbytes > len(data):
+        raise CorruptDataError(key, f"array {h.name!r}: size or offset does not fit the slice")
+    if h.nbytes == 0:
+        return np.empty(h.shape, dtype=dtype)
+    array = np.frombuffer(data, dtype=dtype, count=h.nbytes // dtype.itemsize, offset=h.offset)
+    return array.reshape(h.shape)
+
+
+def read_footer(obj: bytes | memoryview, key: str) -> Footer:
+    """Parse the footer of a whole TGB object (for inspection and repair, not the hot path)."""
+    view = memoryview(obj).cast("B")
+    tail = len(OBJECT_MAGIC) + _U64.size
+    if len(view) < tail or bytes(view[-len(OBJECT_MAGIC) :]) != OBJECT_MAGIC:
+        raise CorruptDataError(key, "not a BatchWeave TGB object (bad magic or truncated)")
+    (footer_len,) = _U64.unpack_from(view, len(view) - tail)
+    if footer_len > len(view) - tail:
+        raise CorruptDataError(key, f"footer length {footer_len} exceeds the object size {len(view)}")
+    start = len(view) - tail - footer_len
+    try:
+        footer = msgspec.json.decode(view[start : len(view) - tail], type=Footer)
+    except msgspec.DecodeError as exc:
+        raise CorruptDataError(key, f"unreadable footer: {exc}") from exc
+    if footer.format != FOOTER_FORMAT:
+        raise CorruptDataError(key, f"unsupported TGB format {footer.format!r} (this reader knows {FOOTER_FORMAT})")
+    for fs in footer.slices:
+        if fs.offset < 0 or fs.offset + fs.length > start:
+            raise CorruptDataError(key, f"footer places slice {fs.index} outside the object body")
+    return footer

@@ -1,0 +1,301 @@
+"""The versioned log as values: versions, state, apply and rebase. Pure, no I/O.
+
+Each log version is a *delta*: the TGBs it makes visible (with every slice's offset, so
+readers never touch a footer) and the producer states it changes. Applying deltas in
+order gives a ``LogState`` whose size depends on the number of producers, never on the
+number of TGBs, so a full-state snapshot every K versions stays small and a commit
+costs O(its TGBs + versions since the producer last looked). See DESIGN.md, cost model.
+
+Keys, relative to the namespace root:
+    _log/00000000000000000007.json          version 7 (create-only; the commit point)
+    _log/_snapshots/00000000000000000100.json   LogState after version 100
+    _log/_last_snapshot.json                advisory hint: newest snapshot version
+    data/<producer>/e<epoch>/<offset>-<token>.<part>.bwb    TGB objects
+The hint is the one object that is ever overwritten. It is never trusted: readers
+probe forward from it, so a stale or missing hint only costs extra reads.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+import msgspec
+
+from batchweave.errors import CorruptDataError, ProducerFencedError, StreamEndedError
+from batchweave.layout import Kind
+
+__all__ = [
+    "LOG_FORMAT",
+    "SNAPSHOT_FORMAT",
+    "LogState",
+    "LogVersion",
+    "ProducerState",
+    "TGBDescriptor",
+    "apply_version",
+    "build_claim",
+    "build_commit",
+    "build_end_of_stream",
+    "check_data_key",
+    "decode_snapshot",
+    "decode_version",
+    "encode",
+    "pending_after_rebase",
+    "snapshot_key",
+    "version_key",
+]
+
+LOG_FORMAT = "batchweave.log/1"
+SNAPSHOT_FORMAT = "batchweave.snapshot/1"
+LOG_PREFIX = "_log/"
+SNAPSHOT_PREFIX = "_log/_snapshots/"
+HINT_KEY = "_log/_last_snapshot.json"
+DATA_PREFIX = "data/"
+_PRODUCER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_DATA_KEY = re.compile(r"^data/[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)+$")
+
+
+class ProducerState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What the log remembers of one producer_id.
+
+    ``offset`` is the next source offset it must produce; ``epoch`` fences older
+    incarnations; ``incarnation`` tells an ambiguous-but-applied claim from a rival's.
+    """
+
+    offset: int
+    epoch: int
+    incarnation: str
+
+
+class TGBDescriptor(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One TGB as the log records it. ``slices[i]`` = [object index, offset, length, crc32c]."""
+
+    producer: str
+    epoch: int
+    source_offset: int
+    dp: int
+    cp: int
+    kind: Kind
+    objects: list[str]
+    slices: list[tuple[int, int, int, int]]
+    nbytes: int
+
+
+class LogVersion(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One immutable log version: the delta it commits."""
+
+    format: str
+    version: int
+    first_step: int
+    tgbs: list[TGBDescriptor]
+    producers: dict[str, ProducerState]
+    end_of_stream: bool = False
+    committed_at: float = 0.0
+
+    def steps(self) -> range:
+        return range(self.first_step, self.first_step + len(self.tgbs))
+
+
+class LogState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The namespace after ``version``: all a producer or inspector needs, O(producers)."""
+
+    format: str = SNAPSHOT_FORMAT
+    version: int = 0
+    steps: int = 0
+    producers: dict[str, ProducerState] = {}
+    end_of_stream: bool = False
+    bytes: int = 0
+
+
+# -- keys ------------------------------------------------------------------------------
+
+
+def version_key(version: int) -> str:
+    return f"{LOG_PREFIX}{version:020d}.json"
+
+
+def snapshot_key(version: int) -> str:
+    return f"{SNAPSHOT_PREFIX}{version:020d}.json"
+
+
+def check_producer_id(producer_id: str) -> str:
+    from batchweave.errors import ConfigError
+
+    if not isinstance(producer_id, str) or not _PRODUCER_ID.match(producer_id):
+        raise ConfigError(
+            f"producer_id {producer_id!r} must be 1-128 characters of letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return producer_id
+
+
+def check_data_key(key: str, where: str) -> str:
+    """Reject any object key that could leave the namespace's data area."""
+    if not isinstance(key, str) or not _DATA_KEY.match(key) or ".." in key.split("/"):
+        raise CorruptDataError(where, f"object key {key!r} is not under the namespace's data/ prefix")
+    return key
+
+
+# -- encoding --------------------------------------------------------------------------
+
+_encoder = msgspec.json.Encoder()
+
+
+def encode(value: LogVersion | LogState) -> bytes:
+    return _encoder.encode(value)
+
+
+def decode_version(data: bytes | memoryview, key: str, expected_version: int) -> LogVersion:
+    """Parse and validate one log version read from ``key``."""
+    try:
+        version = msgspec.json.decode(data, type=LogVersion)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise CorruptDataError(key, f"damaged log version: {exc}") from exc
+    if version.format != LOG_FORMAT:
+        raise CorruptDataError(key, f"unsupported log format {version.format!r} (this reader knows {LOG_FORMAT})")
+    if version.version != expected_version:
+        raise CorruptDataError(key, f"log version says it is {version.version}, its name says {expected_version}")
+    for tgb in version.tgbs:
+        _check_descriptor(tgb, key)
+    return version
+
+
+def decode_snapshot(data: bytes | memoryview, key: str) -> LogState:
+    try:
+        state = msgspec.json.decode(data, type=LogState)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise CorruptDataError(key, f"damaged snapshot: {exc}") from exc
+    if state.format != SNAPSHOT_FORMAT:
+        raise CorruptDataError(key, f"unsupported snapshot format {state.format!r}")
+    return state
+
+
+def _check_descriptor(tgb: TGBDescriptor, key: str) -> None:
+    if tgb.dp < 1 or tgb.cp < 1 or len(tgb.slices) != tgb.dp * tgb.cp:
+        raise CorruptDataError(key, f"TGB {tgb.producer}@{tgb.source_offset}: {len(tgb.slices)} slices for dp={tgb.dp} cp={tgb.cp}")
+    if not tgb.objects:
+        raise CorruptDataError(key, f"TGB {tgb.producer}@{tgb.source_offset} names no objects")
+    for object_key in tgb.objects:
+        check_data_key(object_key, key)
+    for obj, offset, length, _crc in tgb.slices:
+        if not 0 <= obj < len(tgb.objects) or offset < 0 or length < 0:
+            raise CorruptDataError(key, f"TGB {tgb.producer}@{tgb.source_offset}: slice location out of range")
+
+
+# -- applying --------------------------------------------------------------------------
+
+
+def apply_version(state: LogState, delta: LogVersion, key: str) -> LogState:
+    """The state after ``delta``; raises CorruptDataError if ``delta`` breaks the log's rules."""
+    if delta.version != state.version + 1:
+        raise CorruptDataError(key, f"version {delta.version} does not follow {state.version}")
+    if delta.first_step != state.steps:
+        raise CorruptDataError(key, f"first step {delta.first_step}, but {state.steps} steps are committed")
+    if state.end_of_stream and delta.tgbs:
+        raise CorruptDataError(key, "commits TGBs after the end-of-stream marker")
+    producers = dict(state.producers)
+    for producer_id, new in delta.producers.items():
+        old = producers.get(producer_id)
+        if old is not None and (new.epoch < old.epoch or new.offset < old.offset):
+            raise CorruptDataError(key, f"producer {producer_id!r} goes back from {old} to {new}")
+    _check_offsets(state, delta, key)
+    producers.update(delta.producers)
+    return LogState(
+        version=delta.version,
+        steps=state.steps + len(delta.tgbs),
+        producers=producers,
+        end_of_stream=state.end_of_stream or delta.end_of_stream,
+        bytes=state.bytes + sum(t.nbytes for t in delta.tgbs),
+    )
+
+
+def _check_offsets(state: LogState, delta: LogVersion, key: str) -> None:
+    """Invariant I3 as the log sees it: offsets only move forward, under the right epoch."""
+    next_offset = {pid: ps.offset for pid, ps in state.producers.items()}
+    for tgb in delta.tgbs:
+        owner = delta.producers.get(tgb.producer)
+        if owner is None or owner.epoch != tgb.epoch:
+            raise CorruptDataError(key, f"TGB of {tgb.producer!r} epoch {tgb.epoch} without that producer's state")
+        if tgb.source_offset < next_offset.get(tgb.producer, 0):
+            raise CorruptDataError(key, f"TGB {tgb.producer}@{tgb.source_offset} repeats an offset already committed")
+        next_offset[tgb.producer] = tgb.source_offset + 1
+    for pid in {t.producer for t in delta.tgbs}:
+        if delta.producers[pid].offset != next_offset[pid]:
+            raise CorruptDataError(
+                key, f"producer {pid!r} records offset {delta.producers[pid].offset}, its TGBs end at {next_offset[pid]}"
+            )
+
+
+# -- building commits (pure) -----------------------------------------------------------
+
+
+def build_commit(
+    state: LogState,
+    producer_id: str,
+    me: ProducerState,
+    pending: Sequence[TGBDescriptor],
+    committed_at: float,
+) -> LogVersion:
+    """The next version: ``pending`` TGBs appended at the end of the step sequence."""
+    next_offset = pending[-1].source_offset + 1 if pending else me.offset
+    return LogVersion(
+        format=LOG_FORMAT,
+        version=state.version + 1,
+        first_step=state.steps,
+        tgbs=list(pending),
+        producers={producer_id: ProducerState(next_offset, me.epoch, me.incarnation)},
+        committed_at=committed_at,
+    )
+
+
+def build_claim(state: LogState, producer_id: str, incarnation: str, committed_at: float) -> LogVersion:
+    """A version that gives ``producer_id`` a new epoch, fencing every older incarnation."""
+    old = state.producers.get(producer_id)
+    claimed = ProducerState(
+        offset=old.offset if old else 0, epoch=old.epoch + 1 if old else 1, incarnation=incarnation
+    )
+    return LogVersion(
+        format=LOG_FORMAT,
+        version=state.version + 1,
+        first_step=state.steps,
+        tgbs=[],
+        producers={producer_id: claimed},
+        committed_at=committed_at,
+    )
+
+
+def build_end_of_stream(state: LogState, committed_at: float) -> LogVersion:
+    return LogVersion(
+        format=LOG_FORMAT,
+        version=state.version + 1,
+        first_step=state.steps,
+        tgbs=[],
+        producers={},
+        end_of_stream=True,
+        committed_at=committed_at,
+    )
+
+
+def pending_after_rebase(
+    state: LogState, producer_id: str, me: ProducerState, pending: Iterable[TGBDescriptor]
+) -> list[TGBDescriptor]:
+    """Rebase onto ``state``: drop what the log already holds, refuse if fenced or ended.
+
+    An ambiguous commit (a timeout after the store applied the write) shows up here as
+    our own incarnation's offset already past some pending TGBs; those are dropped, so
+    nothing is committed twice and nothing is lost.
+    """
+    recorded = state.producers.get(producer_id)
+    if recorded is not None and recorded.incarnation != me.incarnation and recorded.epoch >= me.epoch:
+        raise ProducerFencedError(
+            f"producer {producer_id!r} epoch {me.epoch} was fenced by a newer incarnation "
+            f"(epoch {recorded.epoch}) at log version {state.version}; this process must stop"
+        )
+    committed_up_to = recorded.offset if recorded is not None else 0
+    remaining = [t for t in pending if t.source_offset >= committed_up_to]
+    if remaining and state.end_of_stream:
+        raise StreamEndedError(
+            f"the stream was ended at or before log version {state.version}; "
+            f"{len(remaining)} TGB(s) of producer {producer_id!r} from offset {remaining[0].source_offset} were not committed"
+        )
+    return remaining

@@ -1,0 +1,109 @@
+"""Commit policies: when a producer tries its next commit. Pure: no clock, no I/O.
+
+A policy answers one question, ``wait_s(pending_tgbs, since_last_attempt_s)``: how many
+seconds until the next attempt (0 means now, ``inf`` means wait for more TGBs), and
+learns from ``observe(fragile_window_s, producers, success)`` after every attempt.
+The producer's commit thread supplies the clock; tests supply numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Protocol, runtime_checkable
+
+from batchweave.errors import ConfigError
+
+__all__ = ["DAC", "CommitPolicy", "resolve_policy"]
+
+
+@runtime_checkable
+class CommitPolicy(Protocol):
+    """What the producer's commit thread asks of a policy."""
+
+    name: str
+
+    def wait_s(self, pending_tgbs: int, since_last_attempt_s: float) -> float: ...
+
+    def observe(self, fragile_window_s: float, producers: int, success: bool) -> None: ...
+
+
+class DAC:
+    """Decentralized Adaptive Commit (paper section 5.2, Algorithm 1).
+
+    After every attempt the gap to the next one is the smallest that keeps the conflict
+    probability under ``epsilon`` and the share of time spent in commit I/O under
+    ``delta`` (equations 8-10), jittered by ``rho`` to desynchronize producers (eq. 11).
+    The fragile window is tracked as an EMA with coefficient ``alpha``; the producer
+    count comes from the log, so the pool can grow and shrink without messages.
+    """
+
+    name = "dac"
+
+    def __init__(
+        self,
+        epsilon: float = 0.05,
+        delta: float = 0.1,
+        alpha: float = 0.2,
+        rho: float = 0.25,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not 0 < epsilon < 1 or not 0 < delta <= 1 or not 0 < alpha <= 1 or rho < 0:
+            raise ConfigError(
+                f"DAC needs 0<epsilon<1, 0<delta<=1, 0<alpha<=1, rho>=0; got "
+                f"epsilon={epsilon}, delta={delta}, alpha={alpha}, rho={rho}"
+            )
+        self.epsilon = epsilon
+        self.delta = delta
+        self.alpha = alpha
+        self.rho = rho
+        self.rng = rng or random.Random()
+        self.fragile_window_ema_s = 0.0
+        self.gap_s = 0.0
+        self.producers = 1
+
+    def t_conf(self, tau_s: float, producers: int) -> float:
+        """Equation 8: the gap that keeps the Poisson conflict probability <= epsilon."""
+        return max(0.0, (producers - 1) * tau_s / -math.log1p(-self.epsilon) - tau_s)
+
+    def t_cost(self, tau_s: float) -> float:
+        """Equation 9: the gap that keeps commit duty tau/(T+tau) <= delta."""
+        return (1 - self.delta) / self.delta * tau_s
+
+    def next_gap(self, fragile_window_s: float, producers: int, success: bool) -> float:
+        """Fold one observed attempt into the EMA and return the new gap in seconds."""
+        del success  # the EMA is updated whatever the outcome (Algorithm 1, line 9)
+        self.fragile_window_ema_s = (1 - self.alpha) * self.fragile_window_ema_s + self.alpha * fragile_window_s
+        self.producers = max(1, producers)
+        tau = self.fragile_window_ema_s
+        t_star = max(self.t_conf(tau, self.producers), self.t_cost(tau))
+        self.gap_s = t_star * (1 + self.rho * self.rng.random())
+        return self.gap_s
+
+    def observe(self, fragile_window_s: float, producers: int, success: bool) -> None:
+        self.next_gap(fragile_window_s, producers, success)
+
+    def wait_s(self, pending_tgbs: int, since_last_attempt_s: float) -> float:
+        if pending_tgbs == 0:
+            return math.inf
+        return max(0.0, self.gap_s - since_last_attempt_s)
+
+    def __repr__(self) -> str:
+        return f"DAC(epsilon={self.epsilon}, delta={self.delta}, alpha={self.alpha}, rho={self.rho})"
+
+
+_BY_NAME = {"dac": DAC}
+
+
+def resolve_policy(policy: CommitPolicy | str | None) -> CommitPolicy:
+    """A policy object, or one built from its name (``"dac"``); None means DAC defaults."""
+    if policy is None:
+        return DAC()
+    if isinstance(policy, str):
+        try:
+            return _BY_NAME[policy.lower()]()
+        except KeyError:
+            raise ConfigError(f"unknown commit policy {policy!r}; known: {sorted(_BY_NAME)}") from None
+    if not isinstance(policy, CommitPolicy):
+        raise ConfigError(f"commit_policy {policy!r} lacks wait_s()/observe(); see batchweave.policies.CommitPolicy")
+    return policy

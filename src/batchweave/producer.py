@@ -1,0 +1,308 @@
+"""The producer: write TGB objects now, make them visible at a later commit.
+
+``append`` encodes and uploads a TGB's objects in the caller's thread (so a slow store
+pushes back on preprocessing) and queues its descriptor; a background thread commits
+the queue as the next log version whenever the commit policy says so. Exactly-once
+(invariant I3) rests on three things: the log records each producer's next offset in
+the same version as its TGBs, a new incarnation claims a higher epoch through the log
+(fencing any zombie at its next commit), and a rebase drops whatever the log already
+holds, so an ambiguous commit outcome neither duplicates nor drops a TGB.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import secrets
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from batchweave import log
+from batchweave.errors import BatchWeaveError, ConfigError, SourceOffsetError, StoreError, StreamEndedError
+from batchweave.journal import DEFAULT_SNAPSHOT_EVERY, Journal
+from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES, encode_tgb
+from batchweave.log import LogState, ProducerState, TGBDescriptor
+from batchweave.mesh import Mesh
+from batchweave.policies import CommitPolicy, resolve_policy
+from batchweave.store import open_store
+
+__all__ = ["Producer", "end_stream"]
+
+_logger = logging.getLogger(__name__)
+_MAX_STORE_FAILURES = 10  # consecutive failed commit attempts before the producer gives up
+
+
+class Producer:
+    """Publishes TGBs for one ``producer_id`` to the namespace at ``url``.
+
+    Args:
+        url: namespace URL (directory, ``file://``, ``s3://``, ``az://``, ``gs://``, ``memory://``).
+        producer_id: stable name that survives restarts; its offsets are exactly-once.
+        dp, cp: data- and context-parallel sizes; every TGB has ``dp * cp`` slices.
+        commit_policy: a policy object or its name; default ``DAC()``.
+        max_object_bytes: size cap of one TGB object; larger TGBs are split.
+        store_options: passed through to obstore.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        producer_id: str,
+        dp: int,
+        cp: int = 1,
+        commit_policy: CommitPolicy | str | None = None,
+        *,
+        max_object_bytes: int = DEFAULT_MAX_OBJECT_BYTES,
+        snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+        **store_options: Any,
+    ) -> None:
+        self.producer_id = log.check_producer_id(producer_id)
+        self.mesh = Mesh(dp=dp, cp=cp)
+        if max_object_bytes <= 0:
+            raise ConfigError(f"max_object_bytes must be positive, got {max_object_bytes}")
+        self.max_object_bytes = max_object_bytes
+        self.policy = resolve_policy(commit_policy)
+        self._store = open_store(url, **store_options)
+        self._journal = Journal(self._store, snapshot_every)
+        self._cond = threading.Condition()
+        self._pending: list[TGBDescriptor] = []
+        self._error: BatchWeaveError | None = None
+        self._closed = False
+        self._flush_waiters = 0
+        self._metrics = {"attempts": 0, "conflicts": 0, "successes": 0, "tgbs_committed": 0, "bytes_written": 0}
+        self._state, self._me = self._claim_epoch(uuid.uuid4().hex)
+        self._next_offset = self._me.offset
+        self._thread = threading.Thread(target=self._commit_loop, name=f"batchweave-commit-{producer_id}", daemon=True)
+        self._thread.start()
+
+    # -- public API ------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """This incarnation's epoch; a newer incarnation of the same id fences it."""
+        return self._me.epoch
+
+    @property
+    def resume_offset(self) -> int:
+        """The next source offset this producer_id must produce: everything before it is committed."""
+        with self._cond:
+            return self._committed_offset()
+
+    def append(self, slices: Sequence[Any], source_offset: int | None = None) -> int:
+        """Write one TGB's objects now; it becomes visible at a later commit.
+
+        ``slices`` has ``dp * cp`` payloads (dicts of arrays, or bytes), slice ``(d, c)``
+        at index ``d * cp + c``. Returns the TGB's source offset.
+        """
+        with self._cond:
+            self._raise_if_unusable()
+            offset = self._next_offset if source_offset is None else source_offset
+            if not isinstance(offset, int) or isinstance(offset, bool) or offset < self._next_offset:
+                raise SourceOffsetError(
+                    f"producer {self.producer_id!r}: source_offset {offset!r} must be an int >= {self._next_offset} "
+                    "(offsets increase; everything below is appended or committed already)"
+                )
+        encoded = encode_tgb(slices, self.mesh.dp, self.mesh.cp, self.max_object_bytes)
+        token = secrets.token_hex(4)  # a retried append never collides with its own debris
+        keys = [
+            f"data/{self.producer_id}/e{self._me.epoch:06d}/{offset:012d}-{token}.{part}.bwb"
+            for part in range(len(encoded.objects))
+        ]
+        for key, body in zip(keys, encoded.objects, strict=True):
+            self._store.put_if_absent(key, body)
+        descriptor = TGBDescriptor(
+            producer=self.producer_id,
+            epoch=self._me.epoch,
+            source_offset=offset,
+            dp=self.mesh.dp,
+            cp=self.mesh.cp,
+            kind=encoded.kind,
+            objects=keys,
+            slices=[(r.object_index, r.offset, r.length, r.crc32c) for r in encoded.slices],
+            nbytes=encoded.nbytes,
+        )
+        with self._cond:
+            self._raise_if_unusable()
+            if offset < self._next_offset:
+                raise SourceOffsetError(f"producer {self.producer_id!r}: offset {offset} was appended concurrently")
+            self._pending.append(descriptor)
+            self._next_offset = offset + 1
+            self._metrics["bytes_written"] += encoded.nbytes
+            self._cond.notify_all()
+        return offset
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Block until everything appended so far is committed (ignores the policy's gap)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cond:
+            target = self._next_offset
+            self._flush_waiters += 1
+            self._cond.notify_all()
+            try:
+                while self._committed_offset() < target and self._error is None:
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        raise TimeoutError(
+                            f"producer {self.producer_id!r}: flush timed out after {timeout_s}s with "
+                            f"{len(self._pending)} TGB(s) uncommitted"
+                        )
+                    self._cond.wait(remaining)
+            finally:
+                self._flush_waiters -= 1
+            if self._error is not None:
+                raise self._error
+
+    def close(self, flush: bool = True) -> None:
+        """Flush (unless ``flush=False``) and stop the commit thread. Idempotent."""
+        try:
+            if flush and not self._closed and self._error is None:
+                self.flush()
+        finally:
+            with self._cond:
+                self._closed = True
+                self._cond.notify_all()
+            self._thread.join()
+
+    def metrics(self) -> dict[str, float]:
+        """Counters for dashboards and benchmarks; a plain dict, safe to log as JSON."""
+        with self._cond:
+            out: dict[str, float] = dict(self._metrics)
+            out["pending_tgbs"] = len(self._pending)
+            out["producers_seen"] = len(self._state.producers)
+            out["log_version"] = self._state.version
+        out["fragile_window_ema_s"] = getattr(self.policy, "fragile_window_ema_s", math.nan)
+        out["gap_s"] = getattr(self.policy, "gap_s", math.nan)
+        return out
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        # On an exception, uncommitted TGBs are dropped: a restart resumes at resume_offset.
+        self.close(flush=exc_type is None)
+
+    def __repr__(self) -> str:
+        return f"Producer({self._store.url!r}, {self.producer_id!r}, epoch={self._me.epoch})"
+
+    # -- internals -------------------------------------------------------------------
+
+    def _committed_offset(self) -> int:
+        return self._state.producers[self.producer_id].offset
+
+    def _raise_if_unusable(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._closed:
+            raise ConfigError(f"producer {self.producer_id!r} is closed")
+        if self._state.end_of_stream:
+            raise StreamEndedError(
+                f"namespace {self._store.url} was ended at log version {self._state.version}; no TGB is accepted"
+            )
+
+    def _claim_epoch(self, incarnation: str) -> tuple[LogState, ProducerState]:
+        """Commit a version that gives this incarnation the next epoch of producer_id."""
+        state = self._journal.load_state()
+        while True:
+            claim = log.build_claim(state, self.producer_id, incarnation, time.time())
+            if self._journal.try_commit(claim):
+                state = log.apply_version(state, claim, log.version_key(claim.version))
+                self._journal.after_commit(state)
+                return state, claim.producers[self.producer_id]
+            state, _ = self._journal.catch_up(state)
+            mine = state.producers.get(self.producer_id)
+            if mine is not None and mine.incarnation == incarnation:
+                return state, mine  # the write landed although the store reported a conflict
+
+    def _commit_loop(self) -> None:
+        last_attempt = time.monotonic()
+        failures = 0
+        while True:
+            with self._cond:
+                batch = self._wait_for_work(last_attempt)
+                if batch is None:
+                    return
+                forced = self._flush_waiters > 0 or self._closed
+            try:
+                success, window_s = self._attempt(batch)
+                failures = 0
+            except StoreError as exc:
+                failures += 1
+                _logger.warning("producer %s: commit attempt failed (%d in a row): %s", self.producer_id, failures, exc)
+                if failures >= _MAX_STORE_FAILURES:
+                    self._fail(exc)
+                    return
+                time.sleep(min(5.0, 0.1 * 2**failures) * random.random())
+                continue
+            except BatchWeaveError as exc:  # fenced, ended, or a damaged log: all final
+                self._fail(exc)
+                return
+            self.policy.observe(window_s, len(self._state.producers), success)
+            last_attempt = time.monotonic()
+            if not success and forced:
+                # A flush retries without the policy's gap, but with jitter so that many
+                # flushing producers do not collide again in lockstep.
+                time.sleep(random.uniform(0, min(0.5, window_s * 2)))
+
+    def _wait_for_work(self, last_attempt: float) -> list[TGBDescriptor] | None:
+        """Under the lock: the batch to commit now, or None when the thread should stop."""
+        while True:
+            if self._error is not None or (self._closed and not self._pending):
+                return None
+            if self._pending:
+                forced = self._flush_waiters > 0 or self._closed
+                wait = 0.0 if forced else self.policy.wait_s(len(self._pending), time.monotonic() - last_attempt)
+                if wait <= 0:
+                    return list(self._pending)
+            else:
+                wait = math.inf
+            self._cond.wait(None if math.isinf(wait) else wait)
+
+    def _attempt(self, batch: list[TGBDescriptor]) -> tuple[bool, float]:
+        """One commit attempt: catch up, rebase, conditional put. Returns (success, fragile window s)."""
+        started = time.monotonic()
+        state, _ = self._journal.catch_up(self._state)
+        remaining = log.pending_after_rebase(state, self.producer_id, self._me, batch)
+        success = True
+        if remaining:
+            self._metrics["attempts"] += 1
+            delta = log.build_commit(state, self.producer_id, self._me, remaining, time.time())
+            success = self._journal.try_commit(delta)
+            if success:
+                state = log.apply_version(state, delta, log.version_key(delta.version))
+                self._metrics["successes"] += 1
+            else:
+                self._metrics["conflicts"] += 1
+        window_s = time.monotonic() - started
+        with self._cond:
+            before = len(self._pending)
+            self._state = state
+            committed = self._committed_offset()
+            self._pending = [t for t in self._pending if t.source_offset >= committed]
+            self._metrics["tgbs_committed"] += before - len(self._pending)
+            self._cond.notify_all()
+        if success and remaining:
+            self._journal.after_commit(state)
+        return success, window_s
+
+    def _fail(self, exc: BatchWeaveError) -> None:
+        with self._cond:
+            self._error = exc
+            self._cond.notify_all()
+
+
+def end_stream(url: str, **store_options: Any) -> int:
+    """Commit the end-of-stream marker; returns its log version. Idempotent."""
+    journal = Journal(open_store(url, **store_options))
+    state = journal.load_state()
+    while not state.end_of_stream:
+        marker = log.build_end_of_stream(state, time.time())
+        if journal.try_commit(marker):
+            state = log.apply_version(state, marker, log.version_key(marker.version))
+            journal.after_commit(state)
+            return state.version
+        state, _ = journal.catch_up(state)
+    return state.version
