@@ -31,6 +31,17 @@ def assert_exactly_once(url: str, expected: dict[str, int]) -> list[tuple[int, s
     return tgbs
 
 
+def assert_referenced_objects_exist(url: str) -> None:
+    """I4: every object the committed log references is still there, whole."""
+    store = open_store(url)
+    sizes = {o.key: o.size for o in store.list("data/")}
+    for delta in Journal(store).versions_after(0):
+        for t in delta.tgbs:
+            for index, key in enumerate(t.objects):
+                ends = [off + length for obj, off, length, _ in t.slices if obj == index]
+                assert key in sizes and sizes[key] > max(ends), f"{key} is missing or truncated"
+
+
 def assert_ranks_agree(seen_by_rank: dict[int, list[dict]], tgbs: list[tuple[int, str, int, int]]) -> None:
     """Every rank saw every step once, in order, and each step came from the TGB the log names."""
     by_step = {step: [producer, offset] for step, producer, offset, _ in tgbs}

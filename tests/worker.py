@@ -71,9 +71,12 @@ def produce(args: argparse.Namespace) -> int:
                     producer.flush()
                     print(f"committed {offset + 1}", flush=True)
             if args.hold:
-                # Stay alive after appending, as a zombie would, until told to commit.
+                # Stay alive as a zombie would; when told, try to publish one more TGB.
+                producer.flush()
                 print("holding", flush=True)
                 sys.stdin.readline()
+                producer.append(tgb(args.producer_id, args.count, args.dp * args.cp), source_offset=args.count)
+                producer.flush()
     except bw.ProducerFencedError as exc:
         print(f"fenced: {exc}", flush=True)
         return 3
