@@ -169,10 +169,34 @@ def test_end_of_stream_stops_consumers_and_refuses_appends(backend_url):
     version = bw.end_stream(backend_url)
     assert bw.end_stream(backend_url) == version  # idempotent
     assert len(read_all(backend_url, {"dp": 2}, rank=1)) == 3
-    with bw.Producer(backend_url, "late", dp=2) as late, pytest.raises(bw.StreamEndedError, match="no TGB is accepted"):
-        late.append(tgb("late", 0, 2))
+    with pytest.raises(bw.StreamEndedError, match="cannot start"):
+        bw.Producer(backend_url, "late", dp=2)
     info = bw.inspect_namespace(backend_url)
     assert (info.steps, info.end_of_stream, info.producers["p"]["offset"]) == (3, True, 3)
+
+
+def test_running_producer_cannot_append_after_the_stream_ends(backend_url):
+    producer = bw.Producer(backend_url, "p", dp=2, commit_policy=Never())
+    producer.append(tgb("p", 0, 2))
+    bw.end_stream(backend_url)
+    with pytest.raises(bw.StreamEndedError, match="1 TGB\\(s\\) of producer 'p' from offset 0 were not committed"):
+        producer.flush()
+    with pytest.raises(bw.StreamEndedError):
+        producer.append(tgb("p", 1, 2))
+    producer.close()
+    assert bw.inspect_namespace(backend_url).steps == 0
+
+
+def test_close_without_flush_drops_uncommitted_tgbs(backend_url):
+    with pytest.raises(RuntimeError, match="preprocessing failed"):
+        with bw.Producer(backend_url, "p", dp=2, commit_policy=Never()) as producer:
+            producer.append(tgb("p", 0, 2))
+            producer.flush()
+            producer.append(tgb("p", 1, 2))
+            raise RuntimeError("preprocessing failed")
+    assert bw.inspect_namespace(backend_url).producers["p"]["offset"] == 1
+    with bw.Producer(backend_url, "p", dp=2) as again:
+        assert again.resume_offset == 1
 
 
 def test_bad_append_input_is_rejected_and_nothing_committed_is_lost(backend_url):
@@ -227,6 +251,12 @@ def test_corrupt_and_truncated_objects_raise_typed_errors_naming_the_key(backend
         next(again), next(again)
         with pytest.raises(bw.CorruptDataError, match=key):
             next(again)
+    store.delete(key)
+    store.put_if_absent(key, bytes(body[: max(1, offset - 1)]))  # cut before the slice starts
+    with bw.Consumer(backend_url, dp=2, rank=0, timeout_s=10) as third:
+        next(third), next(third)
+        with pytest.raises(bw.CorruptDataError, match=f"{key}: truncated"):
+            next(third)
 
 
 def test_damaged_log_version_raises_typed_errors_and_keeps_earlier_steps(backend_url):

@@ -19,7 +19,14 @@ from typing import Any
 import numpy as np
 
 from batchweave import log
-from batchweave.errors import BatchWeaveError, ConfigError, CorruptDataError, LayoutError, StepTimeoutError
+from batchweave.errors import (
+    BatchWeaveError,
+    ConfigError,
+    CorruptDataError,
+    LayoutError,
+    StepTimeoutError,
+    StoreError,
+)
 from batchweave.journal import Journal
 from batchweave.layout import decode_slice
 from batchweave.log import LogVersion, TGBDescriptor
@@ -265,7 +272,13 @@ class _Pipeline:
     def _fetch(self, tgb: TGBDescriptor, step: int, version: int) -> Batch:
         obj, offset, length, crc = tgb.slices[self._slice]
         key = tgb.objects[obj]
-        data = self._store.get_range(key, offset, length)
+        try:
+            data = self._store.get_range(key, offset, length)
+        except StoreError:
+            size = self._store.size(key)
+            if size is not None and size < offset + length:
+                raise CorruptDataError(key, f"truncated to {size} bytes; slice {self._slice} ends at {offset + length}") from None
+            raise
         if len(data) != length:
             raise CorruptDataError(key, f"truncated: slice {self._slice} wants {length} bytes at {offset}, got {len(data)}")
         return Batch(step=step, data=decode_slice(data, key, crc), version=version)

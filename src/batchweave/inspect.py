@@ -28,7 +28,7 @@ class NamespaceInfo:
 
 def inspect_namespace(url: str, **store_options: Any) -> NamespaceInfo:
     """Read the newest state of the namespace at ``url`` (O(1) requests plus the log tail)."""
-    store = open_store(url, **store_options)
+    store = open_store(url, create=False, **store_options)
     state = Journal(store).load_state()
     return NamespaceInfo(
         url=store.url,

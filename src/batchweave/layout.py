@@ -50,6 +50,7 @@ _ALIGN = 64
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _ALLOWED_DTYPE_KINDS = set("biufcSU")  # no object or structured dtypes: they hide pickles
+_MAX_DIMS = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +127,8 @@ def encode_tgb(
     """Encode ``dp * cp`` slice payloads into objects of at most ``max_object_bytes``."""
     if isinstance(slices, (bytes, bytearray, memoryview, Mapping)) or not isinstance(slices, Sequence):
         raise LayoutError(f"slices must be a list of dp*cp={dp * cp} payloads, got {type(slices).__name__}")
+    if not all(isinstance(n, int) and n >= 1 for n in (dp, cp)):
+        raise LayoutError(f"dp and cp must be positive integers, got dp={dp!r} cp={cp!r}")
     if len(slices) != dp * cp:
         raise LayoutError(f"a TGB needs dp*cp = {dp}*{cp} = {dp * cp} slices, got {len(slices)}")
     if max_object_bytes <= 0:
@@ -229,7 +232,8 @@ def _as_array(value: Any, index: int, name: str) -> np.ndarray:
         )
     if value.dtype.kind not in _ALLOWED_DTYPE_KINDS:
         raise LayoutError(f"slice {index}, array {name!r}: dtype {value.dtype} is not supported (no object dtypes)")
-    return np.ascontiguousarray(value)
+    # ascontiguousarray would turn a 0-d array into 1-d; copy only when not contiguous.
+    return value if value.flags.c_contiguous else value.copy(order="C")
 
 
 def _torch_to_numpy(tensor: Any, index: int, name: str) -> np.ndarray:
@@ -291,14 +295,16 @@ def _array_from(data: memoryview, h: _ArrayHeader, key: str) -> np.ndarray:
         dtype = np.dtype(h.dtype)
     except TypeError as exc:
         raise CorruptDataError(key, f"array {h.name!r}: unknown dtype {h.dtype!r}") from exc
-    if dtype.kind not in _ALLOWED_DTYPE_KINDS or any(n < 0 for n in h.shape):
+    if dtype.kind not in _ALLOWED_DTYPE_KINDS or len(h.shape) > _MAX_DIMS or any(n < 0 for n in h.shape):
         raise CorruptDataError(key, f"array {h.name!r}: bad dtype {h.dtype!r} or shape {h.shape}")
     if math.prod(h.shape) * dtype.itemsize != h.nbytes or h.offset < 0 or h.offset + h.nbytes > len(data):
         raise CorruptDataError(key, f"array {h.name!r}: size or offset does not fit the slice")
-    if h.nbytes == 0:
-        return np.empty(h.shape, dtype=dtype)
-    array = np.frombuffer(data, dtype=dtype, count=h.nbytes // dtype.itemsize, offset=h.offset)
-    return array.reshape(h.shape)
+    try:
+        array = np.frombuffer(data, dtype=dtype, count=h.nbytes // dtype.itemsize, offset=h.offset).reshape(h.shape)
+    except ValueError as exc:  # e.g. a zero-size shape numpy cannot represent
+        raise CorruptDataError(key, f"array {h.name!r}: shape {h.shape} is not representable ({exc})") from exc
+    array.flags.writeable = False  # a view of the read buffer: immutable like the object it came from
+    return array
 
 
 def read_footer(obj: bytes | memoryview, key: str) -> Footer:

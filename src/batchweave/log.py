@@ -121,7 +121,7 @@ def snapshot_key(version: int) -> str:
 def check_producer_id(producer_id: str) -> str:
     from batchweave.errors import ConfigError
 
-    if not isinstance(producer_id, str) or not _PRODUCER_ID.match(producer_id):
+    if not isinstance(producer_id, str) or not _PRODUCER_ID.fullmatch(producer_id):
         raise ConfigError(
             f"producer_id {producer_id!r} must be 1-128 characters of letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
@@ -131,7 +131,7 @@ def check_producer_id(producer_id: str) -> str:
 
 def check_data_key(key: str, where: str) -> str:
     """Reject any object key that could leave the namespace's data area."""
-    if not isinstance(key, str) or not _DATA_KEY.match(key) or ".." in key.split("/"):
+    if not isinstance(key, str) or not _DATA_KEY.fullmatch(key) or ".." in key.split("/"):
         raise CorruptDataError(where, f"object key {key!r} is not under the namespace's data/ prefix")
     return key
 

@@ -59,6 +59,10 @@ class Mesh:
         return Coords(pp=p, dp=d, cp=c, tp=t)
 
     def rank(self, coords: Coords) -> int:
+        sizes = {"pp": self.pp, "dp": self.dp, "cp": self.cp, "tp": self.tp}
+        for name, size in sizes.items():
+            if not 0 <= getattr(coords, name) < size:
+                raise ConfigError(f"{coords} is outside the mesh {self}: {name} must be in 0..{size - 1}")
         return ((coords.pp * self.dp + coords.dp) * self.cp + coords.cp) * self.tp + coords.tp
 
     def slice_index(self, rank: int) -> int:

@@ -48,7 +48,7 @@ class DAC:
         rho: float = 0.25,
         rng: random.Random | None = None,
     ) -> None:
-        if not 0 < epsilon < 1 or not 0 < delta <= 1 or not 0 < alpha <= 1 or rho < 0:
+        if not (0 < epsilon < 1 and 0 < delta <= 1 and 0 < alpha <= 1 and 0 <= rho < math.inf):
             raise ConfigError(
                 f"DAC needs 0<epsilon<1, 0<delta<=1, 0<alpha<=1, rho>=0; got "
                 f"epsilon={epsilon}, delta={delta}, alpha={alpha}, rho={rho}"
@@ -104,6 +104,6 @@ def resolve_policy(policy: CommitPolicy | str | None) -> CommitPolicy:
             return _BY_NAME[policy.lower()]()
         except KeyError:
             raise ConfigError(f"unknown commit policy {policy!r}; known: {sorted(_BY_NAME)}") from None
-    if not isinstance(policy, CommitPolicy):
-        raise ConfigError(f"commit_policy {policy!r} lacks wait_s()/observe(); see batchweave.policies.CommitPolicy")
+    if isinstance(policy, type) or not isinstance(policy, CommitPolicy):
+        raise ConfigError(f"commit_policy {policy!r} is not a policy instance with wait_s()/observe(); see batchweave.policies.CommitPolicy")
     return policy

@@ -72,6 +72,7 @@ class Producer:
         self._pending: list[TGBDescriptor] = []
         self._error: BatchWeaveError | None = None
         self._closed = False
+        self._abandon = False  # close(flush=False): drop what is not committed
         self._flush_waiters = 0
         self._metrics = {"attempts": 0, "conflicts": 0, "successes": 0, "tgbs_committed": 0, "bytes_written": 0}
         self._state, self._me = self._claim_epoch(uuid.uuid4().hex)
@@ -164,6 +165,7 @@ class Producer:
         finally:
             with self._cond:
                 self._closed = True
+                self._abandon = self._abandon or not flush
                 self._cond.notify_all()
             self._thread.join()
 
@@ -207,6 +209,11 @@ class Producer:
         """Commit a version that gives this incarnation the next epoch of producer_id."""
         state = self._journal.load_state()
         while True:
+            if state.end_of_stream:
+                raise StreamEndedError(
+                    f"namespace {self._store.url} was ended at log version {state.version}; "
+                    f"producer {self.producer_id!r} cannot start (use a fresh namespace)"
+                )
             claim = log.build_claim(state, self.producer_id, incarnation, time.time())
             if self._journal.try_commit(claim):
                 state = log.apply_version(state, claim, log.version_key(claim.version))
@@ -250,7 +257,7 @@ class Producer:
     def _wait_for_work(self, last_attempt: float) -> list[TGBDescriptor] | None:
         """Under the lock: the batch to commit now, or None when the thread should stop."""
         while True:
-            if self._error is not None or (self._closed and not self._pending):
+            if self._error is not None or (self._closed and (self._abandon or not self._pending)):
                 return None
             if self._pending:
                 forced = self._flush_waiters > 0 or self._closed

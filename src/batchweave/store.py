@@ -31,6 +31,7 @@ from obstore import exceptions as obs_errors
 from obstore.store import LocalStore, MemoryStore, from_url
 
 from batchweave.errors import (
+    BatchWeaveError,
     ConfigError,
     ObjectExistsError,
     ObjectNotFoundError,
@@ -72,6 +73,17 @@ _CONFLICT_MARKERS = ("conditionalrequestconflict", "409", "412", "precondition")
 _memory_stores: dict[str, MemoryStore] = {}
 _memory_lock = threading.Lock()
 
+# obstore runs its I/O on a tokio runtime that starts at the first request and does not
+# survive fork(): a child that inherits a started runtime hangs on its first request.
+# We remember which process started it, so a forked child fails fast instead.
+_runtime_pid: int | None = None
+_FORK_MESSAGE = (
+    "this process was forked after its parent had used an object store, and obstore's I/O "
+    "runtime does not survive fork(); start workers with the 'spawn' or 'forkserver' method "
+    "(multiprocessing.get_context('spawn'), DataLoader(multiprocessing_context='spawn')), "
+    "or fork before the parent's first store request"
+)
+
 
 @dataclass(frozen=True, slots=True)
 class ObjectInfo:
@@ -81,26 +93,31 @@ class ObjectInfo:
     size: int
 
 
-def open_store(url: str | os.PathLike[str], **options: Any) -> "Store":
-    """Open the namespace at ``url``; ``options`` pass through to obstore."""
-    return Store(os.fspath(url), **options)
+def open_store(url: str | os.PathLike[str], *, create: bool = True, **options: Any) -> "Store":
+    """Open the namespace at ``url``; ``options`` pass through to obstore.
+
+    ``create=False`` refuses a local directory that does not exist instead of making it
+    (for read-only tools, so a typo is an error rather than an empty namespace).
+    """
+    return Store(os.fspath(url), create=create, **options)
 
 
 class Store:
     """A namespace on an object store. Picklable and fork-safe: it reconnects lazily."""
 
-    def __init__(self, url: str, *, max_attempts: int = 5, **options: Any) -> None:
+    def __init__(self, url: str, *, create: bool = True, max_attempts: int = 5, **options: Any) -> None:
         self.url = _normalize_url(url)
+        self.create = create
         self.options = dict(options)
         self.max_attempts = max_attempts
         self._handle: Any = None
         self._pid = -1
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "options": self.options, "max_attempts": self.max_attempts}
+        return {"url": self.url, "create": self.create, "options": self.options, "max_attempts": self.max_attempts}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["url"], max_attempts=state["max_attempts"], **state["options"])
+        self.__init__(state["url"], create=state["create"], max_attempts=state["max_attempts"], **state["options"])
 
     def __repr__(self) -> str:
         return f"Store({self.url!r})"
@@ -109,7 +126,7 @@ class Store:
     def _store(self) -> Any:
         # A tokio runtime does not survive fork(): rebuild the handle in a child process.
         if self._handle is None or self._pid != os.getpid():
-            self._handle = _build(self.url, self.options)
+            self._handle = _build(self.url, self.options, self.create)
             self._pid = os.getpid()
         return self._handle
 
@@ -161,14 +178,21 @@ class Store:
     # -- error mapping and retries ---------------------------------------------------
 
     def _call(self, key: str, op: Callable[[], T], *, conditional: bool = False) -> T:
+        global _runtime_pid
+        if _runtime_pid is not None and _runtime_pid != os.getpid():
+            raise ConfigError(f"{self.url}: {_FORK_MESSAGE}")
         delay = 0.05
         for attempt in range(1, self.max_attempts + 1):
             try:
                 return op()
+            except BatchWeaveError:
+                raise
             except Exception as exc:  # noqa: BLE001 - translated below, never swallowed
                 error = translate_error(exc, key, conditional=conditional)
                 if not isinstance(error, TransientStoreError) or attempt == self.max_attempts:
                     raise error from exc
+            finally:
+                _runtime_pid = os.getpid()
             # Full jitter keeps many ranks that hit the same throttle from retrying in step.
             time.sleep(random.uniform(0, delay))
             delay = min(delay * 2, 2.0)
@@ -216,10 +240,13 @@ def _normalize_url(url: str) -> str:
     )
 
 
-def _build(url: str, options: dict[str, Any]) -> Any:
+def _build(url: str, options: dict[str, Any], create: bool) -> Any:
     scheme = urlparse(url).scheme
     if scheme == "file":
-        return LocalStore(prefix=urlparse(url).path, mkdir=True, **options)
+        path = urlparse(url).path
+        if not create and not os.path.isdir(path):
+            raise ConfigError(f"no namespace at {url}: the directory does not exist")
+        return LocalStore(prefix=path, mkdir=True, **options)
     if scheme == "memory":
         with _memory_lock:
             return _memory_stores.setdefault(url, MemoryStore())

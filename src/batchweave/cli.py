@@ -1,0 +1,193 @@
+"""The ``batchweave`` command line.
+
+    batchweave inspect URL [--json]     what a namespace holds
+    batchweave end-stream URL           commit the end-of-stream marker
+    batchweave demo [...]               producer and consumer processes with a crash
+
+Each subcommand is registered by one ``_add_<name>`` function that builds its parser
+and points ``func`` at its handler, so new subcommands (``bench``) slot in the same way.
+Exit codes: 0 success, 1 the demo's checks failed, 2 a BatchWeaveError or bad usage;
+errors print ``error: <message>`` on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from urllib.parse import urlparse
+
+from batchweave import __version__
+from batchweave.errors import BatchWeaveError, ConfigError
+
+__all__ = ["main"]
+
+EXIT_OK, EXIT_CHECKS_FAILED, EXIT_ERROR = 0, 1, 2
+
+
+def _existing_namespace(url: str) -> str:
+    """A local namespace must be an existing directory: a typo should not read as empty."""
+    scheme = urlparse(url).scheme.lower()
+    if scheme in ("", "file"):
+        path = Path(urlparse(url).path if scheme == "file" else url).expanduser()
+        if not path.is_dir():
+            raise ConfigError(f"no namespace at {url!r}: {path} is not a directory")
+    return url
+
+
+def _human_bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if value < 1000 or unit == "TB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    raise AssertionError("unreachable")
+
+
+# -- inspect --------------------------------------------------------------------------
+
+
+def _add_inspect(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("inspect", help="show the newest state of a namespace",
+                       description="Show the newest log version, steps, producers and size of a namespace.")
+    p.add_argument("url", help="namespace: directory, file://, s3://, az://, gs:// or memory:// URL")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.set_defaults(func=_cmd_inspect)
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from batchweave.inspect import inspect_namespace
+
+    info = inspect_namespace(_existing_namespace(args.url))
+    if args.json:
+        print(json.dumps(info.to_dict(), sort_keys=True))
+        return EXIT_OK
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title="namespace", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    table.add_row("url", info.url)
+    table.add_row("latest version", str(info.latest_version))
+    table.add_row("steps", str(info.steps))
+    table.add_row("end of stream", "yes" if info.end_of_stream else "no")
+    table.add_row("bytes", f"{_human_bytes(info.bytes)} ({info.bytes:,})")
+    table.add_row("producers", str(len(info.producers)))
+    console.print(table)
+    if info.producers:
+        prods = Table(title="producers", title_justify="left")
+        prods.add_column("producer id")
+        prods.add_column("next offset", justify="right")
+        prods.add_column("epoch", justify="right")
+        for pid, state in info.producers.items():
+            prods.add_row(pid, str(state["offset"]), str(state["epoch"]))
+        console.print(prods)
+    return EXIT_OK
+
+
+# -- end-stream -----------------------------------------------------------------------
+
+
+def _add_end_stream(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("end-stream", help="commit the end-of-stream marker (idempotent)",
+                       description="Commit the end-of-stream marker: consumers stop after the last step, "
+                                   "producers can append no more. Running it again changes nothing.")
+    p.add_argument("url", help="namespace URL")
+    p.set_defaults(func=_cmd_end_stream)
+
+
+def _cmd_end_stream(args: argparse.Namespace) -> int:
+    from batchweave.producer import end_stream
+
+    version = end_stream(_existing_namespace(args.url))
+    print(f"end of stream at log version {version}")
+    return EXIT_OK
+
+
+# -- demo -----------------------------------------------------------------------------
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
+    from batchweave.demo import DEFAULT_STEPS
+
+    p = sub.add_parser(
+        "demo", help="producer and consumer processes on a local namespace, with a producer crash",
+        description="Start producer processes that preprocess synthetic images into TGBs and one consumer "
+                    "process per DP x CP rank; SIGKILL and restart one producer midway; check that every rank "
+                    "saw the same dense step order and every producer's offsets exactly once. "
+                    "Exits 1 if a check fails.",
+    )
+    p.add_argument("--dir", help="demo directory (default: a fresh ./demo-data/<timestamp>); "
+                                 "must be new, empty, or one the demo created before")
+    p.add_argument("--producers", type=_positive, default=3, help="producer processes (default 3)")
+    p.add_argument("--steps", type=_positive, default=DEFAULT_STEPS, help=f"steps in total (default {DEFAULT_STEPS})")
+    p.add_argument("--dp", type=_positive, default=2, help="data-parallel size (default 2)")
+    p.add_argument("--cp", type=_positive, default=2, help="context-parallel size (default 2)")
+    p.add_argument("--no-kill", action="store_true", help="do not SIGKILL and restart a producer")
+    p.add_argument("--json-summary", metavar="FILE", help="also write the summary as JSON to FILE")
+    p.set_defaults(func=_cmd_demo)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from batchweave.demo import default_demo_dir, run_demo
+
+    directory = args.dir if args.dir is not None else default_demo_dir()
+    summary = run_demo(directory, producers=args.producers, steps=args.steps, dp=args.dp, cp=args.cp,
+                       kill=not args.no_kill)
+    if args.json_summary:
+        Path(args.json_summary).write_text(json.dumps(summary, indent=2) + "\n")
+    return EXIT_OK if summary["ok"] else EXIT_CHECKS_FAILED
+
+
+# -- entry point ----------------------------------------------------------------------
+
+# Each function registers one subcommand; a later `bench` adds `_add_bench` here.
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_inspect, _add_end_stream, _add_demo]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="batchweave",
+        description="BatchWeave: transactional global batches on an object store.",
+    )
+    parser.add_argument("--version", action="version", version=f"batchweave {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for register in SUBCOMMANDS:
+        register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)  # usage errors exit 2 through argparse
+    try:
+        return args.func(args)
+    except BatchWeaveError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `batchweave inspect --json | head`
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

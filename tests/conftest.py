@@ -1,0 +1,123 @@
+"""Shared fixtures: real S3 (moto) and Azure (Azurite) servers, and per-test store URLs.
+
+``backend_url`` yields a fresh, empty namespace URL for each backend and sets the
+environment so that ``obstore.store.from_url(url)`` reaches it, in this process
+and in any child process started during the test (the environment is restored
+afterwards). ``process_backend_url`` is the same without ``memory`` (a memory
+store is private to one process).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import pytest
+
+import services
+
+S3_BUCKET = "batchweave-test"
+AZURE_CONTAINER = "batchweave-test"
+
+BACKENDS = ["memory", "local", "s3", "azure"]
+PROCESS_BACKENDS = ["local", "s3", "azure"]
+
+_started: list[services.Service] = []
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "s3: uses the moto S3 server")
+    config.addinivalue_line("markers", "azure: uses the Azurite blob emulator (needs `npm ci`)")
+
+
+def pytest_terminal_summary(terminalreporter):
+    for svc in _started:
+        terminalreporter.write_line(
+            f"test service: {svc.name} at {svc.endpoint} started in {svc.startup_seconds:.2f} s"
+        )
+
+
+@pytest.fixture(scope="session")
+def services_dir(tmp_path_factory):
+    """Logs and data of the test servers (kept by pytest's tmp-path retention)."""
+    return tmp_path_factory.mktemp("services")
+
+
+def _serve(start, workdir):
+    try:
+        svc = start(workdir)
+    except services.ServiceError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    _started.append(svc)
+    return svc
+
+
+@pytest.fixture(scope="session")
+def moto_server(services_dir):
+    """Endpoint URL (http://127.0.0.1:PORT) of a moto S3 server with bucket ``S3_BUCKET``."""
+    svc = _serve(services.start_moto, services_dir)
+    try:
+        services.create_bucket(svc.endpoint, S3_BUCKET)
+        yield svc.endpoint
+    finally:
+        svc.stop()
+
+
+@pytest.fixture(scope="session")
+def azurite_server(services_dir):
+    """Endpoint URL (http://127.0.0.1:PORT) of Azurite with container ``AZURE_CONTAINER``."""
+    if not services.AZURITE_BIN.exists():
+        pytest.fail(services.azurite_missing_message(), pytrace=False)
+    svc = _serve(services.start_azurite, services_dir)
+    try:
+        services.create_container(svc.endpoint, AZURE_CONTAINER)
+        yield svc.endpoint
+    finally:
+        svc.stop()
+
+
+def _unique_prefix(request) -> str:
+    name = re.sub(r"[^A-Za-z0-9-]+", "-", request.node.name).strip("-")[:48]
+    return f"{name}-{uuid.uuid4().hex[:12]}"
+
+
+def _make_backend_url(kind: str, request, tmp_path, monkeypatch) -> str:
+    if kind == "memory":
+        # Note: every from_url("memory:///...") call returns a new, empty store.
+        return f"memory:///{_unique_prefix(request)}"
+    if kind == "local":
+        root = tmp_path / "store"
+        root.mkdir()
+        return root.resolve().as_uri()  # file:///abs/path
+    if kind == "s3":
+        endpoint = request.getfixturevalue("moto_server")
+        for var in services.S3_ENV_UNSET:
+            monkeypatch.delenv(var, raising=False)
+        for var, value in services.s3_env(endpoint).items():
+            monkeypatch.setenv(var, value)
+        return f"s3://{S3_BUCKET}/{_unique_prefix(request)}"
+    if kind == "azure":
+        endpoint = request.getfixturevalue("azurite_server")
+        for var in services.AZURE_ENV_UNSET:
+            monkeypatch.delenv(var, raising=False)
+        for var, value in services.azure_env(endpoint).items():
+            monkeypatch.setenv(var, value)
+        return f"az://{AZURE_CONTAINER}/{_unique_prefix(request)}"
+    raise ValueError(f"unknown backend {kind!r}")
+
+
+def _params(kinds):
+    marks = {"s3": pytest.mark.s3, "azure": pytest.mark.azure}
+    return [pytest.param(k, id=k, marks=[marks[k]] if k in marks else []) for k in kinds]
+
+
+@pytest.fixture(params=_params(BACKENDS))
+def backend_url(request, tmp_path, monkeypatch) -> str:
+    """A fresh namespace URL on each backend: memory, local, s3, azure."""
+    return _make_backend_url(request.param, request, tmp_path, monkeypatch)
+
+
+@pytest.fixture(params=_params(PROCESS_BACKENDS))
+def process_backend_url(request, tmp_path, monkeypatch) -> str:
+    """A fresh namespace URL reachable from child processes: local, s3, azure."""
+    return _make_backend_url(request.param, request, tmp_path, monkeypatch)

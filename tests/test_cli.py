@@ -1,0 +1,135 @@
+"""The ``batchweave`` command line, run as a real subprocess (plus a few in-process calls)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import batchweave
+from batchweave.cli import build_parser, main
+
+
+def _cli() -> list[str]:
+    """The installed console script next to this interpreter, else ``python -m batchweave.cli``."""
+    script = Path(sys.executable).parent / "batchweave"
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "batchweave.cli"]
+
+
+def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*_cli(), *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _slices(dp: int, value: int) -> list[dict[str, np.ndarray]]:
+    return [{"x": np.full(16, value * 10 + d, dtype=np.int32)} for d in range(dp)]
+
+
+@pytest.fixture
+def namespace(tmp_path):
+    """A local namespace with 3 TGBs from p0 and 2 from p1 (dp=2), not ended."""
+    url = str(tmp_path / "ns")
+    written = 0
+    for pid, count in (("p0", 3), ("p1", 2)):
+        with batchweave.Producer(url, pid, dp=2) as producer:
+            for i in range(count):
+                producer.append(_slices(2, i))
+            producer.flush()
+            written += producer.metrics()["bytes_written"]
+    return url, written
+
+
+def _assert_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert result.returncode == 2, result
+    assert result.stderr.startswith("error: "), result.stderr
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr
+
+
+def test_inspect_json_reports_the_committed_state(namespace):
+    url, written = namespace
+    result = run_cli("inspect", url, "--json")
+    assert result.returncode == 0, result.stderr
+    info = json.loads(result.stdout)  # exactly one JSON object, nothing else on stdout
+    assert {"latest_version", "steps", "producers", "end_of_stream", "bytes"} <= info.keys()
+    assert info["steps"] == 5
+    assert info["producers"] == {"p0": {"offset": 3, "epoch": 1}, "p1": {"offset": 2, "epoch": 1}}
+    assert info["end_of_stream"] is False
+    assert info["bytes"] == written > 0
+    # two epoch claims and at least one commit per producer
+    assert info["latest_version"] >= 4
+    assert info == batchweave.inspect_namespace(url).to_dict()
+
+
+def test_inspect_table_is_human_readable(namespace):
+    url, _ = namespace
+    result = run_cli("inspect", url)
+    assert result.returncode == 0, result.stderr
+    for text in ("latest version", "steps", "p0", "p1", "end of stream"):
+        assert text in result.stdout
+
+
+def test_inspect_in_process(namespace, capsys):
+    url, _ = namespace
+    assert main(["inspect", url, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["steps"] == 5
+
+
+@pytest.mark.parametrize("url", ["ftp://example.com/ns", ""])
+def test_bad_url_is_an_error_not_a_traceback(url):
+    _assert_error(run_cli("inspect", url))
+
+
+def test_missing_directory_is_an_error(tmp_path):
+    missing = tmp_path / "no-such-namespace"
+    _assert_error(run_cli("inspect", str(missing)), "not a directory")
+    _assert_error(run_cli("end-stream", str(missing)))
+    assert not missing.exists()  # nothing was created by the failed commands
+
+
+def test_corrupt_log_version_is_an_error(namespace):
+    url, _ = namespace
+    damaged = Path(url) / "_log" / "00000000000000000002.json"
+    assert damaged.is_file()
+    damaged.write_bytes(b"{not json")
+    _assert_error(run_cli("inspect", url, "--json"), "00000000000000000002")
+    _assert_error(run_cli("end-stream", url))
+
+
+def test_end_stream_commits_the_marker_once(namespace):
+    url, _ = namespace
+    before = batchweave.inspect_namespace(url)
+    first = run_cli("end-stream", url)
+    assert first.returncode == 0, first.stderr
+    assert f"log version {before.latest_version + 1}" in first.stdout
+    info = json.loads(run_cli("inspect", url, "--json").stdout)
+    assert info["end_of_stream"] is True
+    assert info["steps"] == before.steps
+    again = run_cli("end-stream", url)  # idempotent
+    assert again.returncode == 0 and again.stdout == first.stdout
+    assert batchweave.inspect_namespace(url).latest_version == before.latest_version + 1
+    with pytest.raises(batchweave.StreamEndedError):
+        batchweave.Producer(url, "p0", dp=2).append(_slices(2, 9))
+    consumer = batchweave.Consumer(url, dp=2, rank=1, timeout_s=10)
+    assert [b.step for b in consumer] == list(range(5))
+
+
+def test_usage_errors_exit_2():
+    assert run_cli().returncode == 2
+    assert run_cli("no-such-command").returncode == 2
+    assert run_cli("demo", "--steps", "0").returncode == 2
+
+
+def test_subcommands_are_registered():
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    assert {"inspect", "end-stream", "demo"} <= set(sub.choices)
+
+
+def test_version():
+    result = run_cli("--version")
+    assert result.returncode == 0 and batchweave.__version__ in result.stdout

@@ -1,0 +1,619 @@
+"""Unit tests for the TGB layout (encode_tgb / decode_slice / read_footer). Pure, no store."""
+
+from __future__ import annotations
+
+import struct
+
+import crc32c
+import msgspec
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from batchweave.errors import CorruptDataError, LayoutError
+from batchweave.layout import (
+    EncodedTGB,
+    SliceRef,
+    checksum,
+    decode_slice,
+    encode_tgb,
+    read_footer,
+    slice_index,
+)
+
+KEY = "data/p/e000001/000000000007-abcd.0.bwb"
+
+
+def slice_bytes(encoded: EncodedTGB, index: int) -> bytes:
+    ref = encoded.slices[index]
+    obj = encoded.objects[ref.object_index]
+    return obj[ref.offset : ref.offset + ref.length]
+
+
+def roundtrip(encoded: EncodedTGB, index: int):
+    ref = encoded.slices[index]
+    return decode_slice(slice_bytes(encoded, index), KEY, ref.crc32c)
+
+
+def assert_same_array(got: np.ndarray, want: np.ndarray) -> None:
+    assert got.dtype == want.dtype
+    assert got.shape == want.shape
+    # Compare raw bytes so NaN payloads and -0.0 count too.
+    assert got.tobytes() == np.ascontiguousarray(want).tobytes()
+
+
+# -- round trips -----------------------------------------------------------------------
+
+DTYPES = [
+    np.bool_,
+    np.int8,
+    np.uint8,
+    np.int16,
+    np.uint16,
+    np.int32,
+    np.uint32,
+    np.int64,
+    np.uint64,
+    np.float16,
+    np.float32,
+    np.float64,
+    np.complex64,
+    np.complex128,
+    ">i4",
+    ">f8",
+    "S5",
+    "U3",
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_roundtrip_each_dtype(dtype):
+    rng = np.random.default_rng(0)
+    raw = rng.integers(0, 100, size=(3, 4))
+    want = raw.astype(dtype)
+    encoded = encode_tgb([{"x": want}], dp=1, cp=1)
+    got = roundtrip(encoded, 0)
+    assert set(got) == {"x"}
+    assert_same_array(got["x"], want)
+
+
+def test_roundtrip_many_arrays_many_slices():
+    dp, cp = 2, 3
+    payloads = []
+    for i in range(dp * cp):
+        payloads.append(
+            {
+                "tokens": np.arange(i, i + 17, dtype=np.int64),
+                "mask": (np.arange(5) % (i + 1) == 0),
+                "pixels": np.full((2, 3, 4), i, dtype=np.uint8),
+                "half": np.linspace(0, 1, 7, dtype=np.float16),
+                "z": np.array([1 + 2j, i - 1j], dtype=np.complex128),
+            }
+        )
+    encoded = encode_tgb(payloads, dp=dp, cp=cp)
+    assert encoded.kind == "arrays"
+    assert len(encoded.slices) == dp * cp
+    for i, want in enumerate(payloads):
+        got = roundtrip(encoded, i)
+        assert set(got) == set(want)
+        for name in want:
+            assert_same_array(got[name], want[name])
+
+
+def test_roundtrip_zero_size_arrays():
+    want = {"empty": np.zeros((0,), np.float32), "empty2d": np.zeros((3, 0), np.int64), "one": np.arange(3)}
+    got = roundtrip(encode_tgb([want], 1, 1), 0)
+    for name in want:
+        assert_same_array(got[name], want[name])
+
+
+def test_roundtrip_zero_dim_array_keeps_shape():
+    want = np.array(3.5, dtype=np.float64)
+    got = roundtrip(encode_tgb([{"scalar": want}], 1, 1), 0)["scalar"]
+    assert got.shape == ()
+    assert got.item() == 3.5
+
+
+def test_zero_dim_array_value_survives():
+    # The value itself must survive, whatever the shape bug above.
+    got = roundtrip(encode_tgb([{"scalar": np.array(-7, dtype=np.int16)}], 1, 1), 0)["scalar"]
+    assert got.size == 1
+    assert got.reshape(()).item() == -7
+    assert got.dtype == np.int16
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: np.arange(24, dtype=np.int32).reshape(4, 6).T,  # transposed (Fortran order)
+        lambda: np.arange(40, dtype=np.float64).reshape(5, 8)[::2, 1::3],  # strided
+        lambda: np.asfortranarray(np.arange(12, dtype=np.uint8).reshape(3, 4)),
+        lambda: np.arange(10, dtype=np.int64)[::-1],  # negative stride
+    ],
+    ids=["transposed", "strided", "fortran", "reversed"],
+)
+def test_roundtrip_non_contiguous(make):
+    want = make()
+    assert not want.flags.c_contiguous
+    got = roundtrip(encode_tgb([{"a": want}], 1, 1), 0)["a"]
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+def test_roundtrip_raw_bytes():
+    payloads = [b"", b"x", bytes(range(256)) * 3, bytearray(b"mutable"), memoryview(b"view-bytes")]
+    encoded = encode_tgb(payloads, dp=len(payloads), cp=1)
+    assert encoded.kind == "bytes"
+    for i, want in enumerate(payloads):
+        got = roundtrip(encoded, i)
+        assert isinstance(got, bytes)
+        assert got == bytes(want)
+
+
+def test_array_payload_is_encoded_at_encode_time():
+    # Mutating the input after encode must not change the encoded bytes (they are bytes).
+    a = np.arange(8, dtype=np.int32)
+    encoded = encode_tgb([{"a": a}], 1, 1)
+    a[:] = -1
+    np.testing.assert_array_equal(roundtrip(encoded, 0)["a"], np.arange(8, dtype=np.int32))
+
+
+def test_nbytes_is_total_object_size():
+    encoded = encode_tgb([b"a" * 100, b"b" * 300], 2, 1, max_object_bytes=200)
+    assert encoded.nbytes == sum(len(o) for o in encoded.objects)
+    assert len(encoded.objects) == 2
+
+
+# -- zero-copy, read-only --------------------------------------------------------------
+
+
+def test_decoded_arrays_are_readonly_zero_copy_views():
+    want = {"a": np.arange(100, dtype=np.float32), "b": np.ones((4, 4), np.int16)}
+    encoded = encode_tgb([want], 1, 1)
+    buf = slice_bytes(encoded, 0)
+    got = decode_slice(buf, KEY, encoded.slices[0].crc32c)
+    backing = np.frombuffer(buf, dtype=np.uint8)
+    for name, arr in got.items():
+        assert arr.base is not None
+        assert np.shares_memory(arr, backing)
+        assert not arr.flags.writeable
+        with pytest.raises(ValueError):
+            arr[...] = 0
+
+
+def test_decode_from_memoryview_of_whole_object_is_zero_copy():
+    encoded = encode_tgb([{"a": np.arange(10)}, {"a": np.arange(10, 20)}], 2, 1)
+    ref = encoded.slices[1]
+    obj = encoded.objects[ref.object_index]
+    view = memoryview(obj)[ref.offset : ref.offset + ref.length]
+    got = decode_slice(view, KEY, ref.crc32c)["a"]
+    np.testing.assert_array_equal(got, np.arange(10, 20))
+    assert np.shares_memory(got, np.frombuffer(obj, dtype=np.uint8))
+
+
+def test_decoded_arrays_readonly_even_from_writable_buffer():
+    encoded = encode_tgb([{"a": np.arange(4)}], 1, 1)
+    got = decode_slice(bytearray(slice_bytes(encoded, 0)), KEY)["a"]
+    assert not got.flags.writeable
+
+
+# -- property test ---------------------------------------------------------------------
+
+_dtypes = st.one_of(
+    hnp.boolean_dtypes(),
+    hnp.integer_dtypes(endianness="="),
+    hnp.unsigned_integer_dtypes(endianness="="),
+    hnp.floating_dtypes(endianness="=", sizes=(16, 32, 64)),
+    hnp.complex_number_dtypes(endianness="="),
+)
+_names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_0123456789", min_size=1, max_size=8)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    layout=st.tuples(st.integers(1, 3), st.integers(1, 2)),
+    schema=st.dictionaries(_names, _dtypes, min_size=1, max_size=4),
+    data=st.data(),
+    cap=st.sampled_from([1, 200, 1000, 1 << 30]),
+)
+def test_property_roundtrip_random_arrays(layout, schema, data, cap):
+    dp, cp = layout
+    payloads = []
+    for _ in range(dp * cp):
+        payloads.append(
+            {
+                name: data.draw(hnp.arrays(dt, hnp.array_shapes(min_dims=1, max_dims=3, min_side=0, max_side=5)))
+                for name, dt in schema.items()
+            }
+        )
+    encoded = encode_tgb(payloads, dp, cp, max_object_bytes=cap)
+    assert len(encoded.slices) == dp * cp
+    for i, want in enumerate(payloads):
+        ref = encoded.slices[i]
+        raw = slice_bytes(encoded, i)
+        assert crc32c.crc32c(raw) == ref.crc32c
+        got = decode_slice(raw, KEY, ref.crc32c)
+        assert set(got) == set(want)
+        for name in want:
+            assert_same_array(got[name], want[name])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.binary(max_size=300), min_size=1, max_size=6), st.integers(1, 600))
+def test_property_roundtrip_bytes_with_cap(payloads, cap):
+    encoded = encode_tgb(payloads, len(payloads), 1, max_object_bytes=cap)
+    for i, want in enumerate(payloads):
+        assert roundtrip(encoded, i) == want
+    _check_objects_against_footers(encoded, len(payloads), 1, cap)
+
+
+# -- multi-object split and footers ----------------------------------------------------
+
+
+def _check_objects_against_footers(encoded: EncodedTGB, dp: int, cp: int, cap: int) -> None:
+    seen: list[int] = []
+    for part, obj in enumerate(encoded.objects):
+        footer = read_footer(obj, f"obj{part}")
+        assert footer.part == part
+        assert footer.parts == len(encoded.objects)
+        assert (footer.dp, footer.cp) == (dp, cp)
+        assert footer.kind == encoded.kind
+        mine = [i for i, ref in enumerate(encoded.slices) if ref.object_index == part]
+        assert [fs.index for fs in footer.slices] == mine
+        for fs in footer.slices:
+            ref = encoded.slices[fs.index]
+            assert (fs.offset, fs.length, fs.crc32c) == (ref.offset, ref.length, ref.crc32c)
+        body = sum(fs.length for fs in footer.slices)
+        assert len(mine) >= 1
+        if len(mine) > 1:
+            assert body <= cap  # a slice is never split; only a lone slice may exceed the cap
+        seen.extend(mine)
+    assert sorted(seen) == list(range(dp * cp))
+
+
+def test_split_into_objects_with_small_cap():
+    payloads = [{"a": np.full(100, i, np.uint8)} for i in range(6)]  # each slice ~ 192 bytes
+    one = encode_tgb(payloads, 6, 1)
+    slice_len = one.slices[0].length
+    cap = 2 * slice_len  # two slices per object
+    encoded = encode_tgb(payloads, 3, 2, max_object_bytes=cap)
+    assert len(encoded.objects) == 3
+    assert [ref.object_index for ref in encoded.slices] == [0, 0, 1, 1, 2, 2]
+    _check_objects_against_footers(encoded, 3, 2, cap)
+    for i in range(6):
+        np.testing.assert_array_equal(roundtrip(encoded, i)["a"], np.full(100, i, np.uint8))
+
+
+def test_slice_larger_than_cap_gets_own_object():
+    payloads = [b"s" * 10, b"L" * 5000, b"t" * 10, b"u" * 10]
+    encoded = encode_tgb(payloads, 4, 1, max_object_bytes=1000)
+    big = encoded.slices[1]
+    assert big.length > 1000
+    others = [ref.object_index for i, ref in enumerate(encoded.slices) if i != 1]
+    assert big.object_index not in others
+    footer = read_footer(encoded.objects[big.object_index], "big")
+    assert [fs.index for fs in footer.slices] == [1]
+    assert encoded.objects[0] != encoded.objects[big.object_index]
+    _check_objects_against_footers(encoded, 4, 1, 1000)
+    for i, want in enumerate(payloads):
+        assert roundtrip(encoded, i) == want
+
+
+def test_single_object_when_cap_is_large():
+    encoded = encode_tgb([b"a", b"b", b"c", b"d"], 2, 2)
+    assert len(encoded.objects) == 1
+    assert {ref.object_index for ref in encoded.slices} == {0}
+    _check_objects_against_footers(encoded, 2, 2, 1 << 30)
+
+
+def test_every_slice_crc32c_matches_its_bytes():
+    payloads = [{"a": np.arange(i * 10, dtype=np.int32)} for i in range(1, 5)]
+    encoded = encode_tgb(payloads, 4, 1, max_object_bytes=300)
+    assert len(encoded.objects) > 1
+    for i, ref in enumerate(encoded.slices):
+        raw = slice_bytes(encoded, i)
+        assert len(raw) == ref.length
+        assert ref.crc32c == crc32c.crc32c(raw)
+        assert checksum(raw) == crc32c.crc32c(raw)
+        assert raw[:4] == b"BWS1"
+
+
+def test_slices_in_an_object_are_contiguous_and_before_footer():
+    encoded = encode_tgb([b"x" * 7, b"y" * 70, b"z" * 700], 3, 1)
+    obj = encoded.objects[0]
+    refs = encoded.slices
+    assert refs[0].offset == 0
+    for a, b in zip(refs, refs[1:]):
+        assert b.offset == a.offset + a.length
+    assert obj.endswith(b"BWTGB001")
+    (footer_len,) = struct.unpack("<Q", obj[-16:-8])
+    assert refs[-1].offset + refs[-1].length == len(obj) - 16 - footer_len
+
+
+def test_slice_index_formula():
+    for cp in (1, 2, 3):
+        for d in range(4):
+            for c in range(cp):
+                assert slice_index(d, c, cp) == d * cp + c
+
+
+def test_sliceref_is_frozen():
+    ref = SliceRef(0, 1, 2, 3)
+    with pytest.raises(AttributeError):
+        ref.offset = 5  # type: ignore[misc]
+
+
+# -- encode errors ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n,dp,cp", [(3, 2, 2), (5, 2, 2), (1, 2, 1), (0, 1, 1)])
+def test_wrong_slice_count_names_counts(n, dp, cp):
+    with pytest.raises(LayoutError) as info:
+        encode_tgb([b"x"] * n, dp, cp)
+    msg = str(info.value)
+    assert str(dp * cp) in msg
+    assert str(n) in msg
+
+
+@pytest.mark.parametrize("not_a_list", [b"abc", {"a": np.arange(3)}, np.arange(4), 42, None])
+def test_slices_must_be_a_sequence(not_a_list):
+    with pytest.raises(LayoutError):
+        encode_tgb(not_a_list, 1, 1)
+
+
+def test_mixed_bytes_and_arrays():
+    with pytest.raises(LayoutError, match="mixed"):
+        encode_tgb([b"raw", {"a": np.arange(3)}], 2, 1)
+    with pytest.raises(LayoutError, match="mixed"):
+        encode_tgb([{"a": np.arange(3)}, b"raw"], 2, 1)
+
+
+def test_different_array_names_across_slices():
+    with pytest.raises(LayoutError) as info:
+        encode_tgb([{"a": np.arange(3)}, {"b": np.arange(3)}], 2, 1)
+    assert "slice 1" in str(info.value)
+    with pytest.raises(LayoutError):
+        encode_tgb([{"a": np.arange(3)}, {"a": np.arange(3), "extra": np.arange(2)}], 1, 2)
+
+
+def test_different_dtypes_across_slices():
+    with pytest.raises(LayoutError):
+        encode_tgb([{"a": np.arange(3, dtype=np.int32)}, {"a": np.arange(3, dtype=np.int64)}], 2, 1)
+
+
+def test_different_shapes_across_slices_are_fine():
+    encoded = encode_tgb([{"a": np.arange(3)}, {"a": np.arange(7)}], 2, 1)
+    assert roundtrip(encoded, 1)["a"].shape == (7,)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        np.array([1, "x", None], dtype=object),
+        np.array([np.datetime64("2024-01-01")]),
+        np.zeros(2, dtype=[("a", "<i4"), ("b", "<f4")]),
+        [1, 2, 3],
+        "a string",
+        3.5,
+        np.float32(1.0),
+        None,
+    ],
+    ids=["object", "datetime", "structured", "list", "str", "float", "npscalar", "none"],
+)
+def test_unsupported_array_values(value):
+    with pytest.raises(LayoutError) as info:
+        encode_tgb([{"feat": value}], 1, 1)
+    assert "feat" in str(info.value)
+
+
+@pytest.mark.parametrize("payload", [[1, 2], "text", 12, None, (b"a",)], ids=["list", "str", "int", "none", "tuple"])
+def test_unsupported_slice_payloads(payload):
+    with pytest.raises(LayoutError):
+        encode_tgb([payload], 1, 1)
+
+
+def test_empty_dict_and_bad_names():
+    with pytest.raises(LayoutError):
+        encode_tgb([{}], 1, 1)
+    with pytest.raises(LayoutError):
+        encode_tgb([{1: np.arange(2)}], 1, 1)
+    with pytest.raises(LayoutError):
+        encode_tgb([{"": np.arange(2)}], 1, 1)
+
+
+@pytest.mark.parametrize("cap", [0, -1])
+def test_bad_max_object_bytes(cap):
+    with pytest.raises(LayoutError):
+        encode_tgb([b"x"], 1, 1, max_object_bytes=cap)
+
+
+def test_zero_dp_is_a_layout_error():
+    with pytest.raises(LayoutError):
+        encode_tgb([], 0, 1)
+
+
+def test_negative_dp_cp_rejected():
+    with pytest.raises(LayoutError):
+        encode_tgb([b"x"], -1, -1)
+
+
+def test_torch_tensors_accepted():
+    torch = pytest.importorskip("torch")
+    t = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    encoded = encode_tgb([{"t": t, "n": np.arange(2)}], 1, 1)
+    got = roundtrip(encoded, 0)
+    np.testing.assert_array_equal(got["t"], t.numpy())
+    assert got["t"].dtype == np.float32
+
+
+# -- decode errors ---------------------------------------------------------------------
+
+
+def _one_slice() -> tuple[bytes, int]:
+    encoded = encode_tgb([{"a": np.arange(32, dtype=np.int64), "b": np.ones(3, np.float32)}], 1, 1)
+    return slice_bytes(encoded, 0), encoded.slices[0].crc32c
+
+
+@pytest.mark.parametrize("position", [0, 5, 20, 70, -1])
+def test_flipped_byte_fails_checksum_with_key(position):
+    raw, crc = _one_slice()
+    damaged = bytearray(raw)
+    damaged[position] ^= 0x01
+    with pytest.raises(CorruptDataError) as info:
+        decode_slice(bytes(damaged), KEY, crc)
+    assert KEY in str(info.value)
+    assert info.value.key == KEY
+
+
+def test_truncated_slice():
+    raw, crc = _one_slice()
+    for cut in (0, 3, 7, 12, len(raw) // 2, len(raw) - 1):
+        with pytest.raises(CorruptDataError) as info:
+            decode_slice(raw[:cut], KEY, crc)
+        assert KEY in str(info.value)
+        # Without a checksum the structure check must still catch the truncation.
+        with pytest.raises(CorruptDataError):
+            decode_slice(raw[:cut], KEY)
+
+
+def test_truncated_bytes_slice_without_checksum():
+    encoded = encode_tgb([b"payload" * 20], 1, 1)
+    raw = slice_bytes(encoded, 0)
+    with pytest.raises(CorruptDataError, match="bytes"):
+        decode_slice(raw[:-5], KEY)
+
+
+def test_bad_slice_magic():
+    raw, _ = _one_slice()
+    with pytest.raises(CorruptDataError, match="magic"):
+        decode_slice(b"XXXX" + raw[4:], KEY)
+
+
+def _slice_with_header(header: dict, data: bytes = b"\0" * 64) -> bytes:
+    body = msgspec.json.encode(header)
+    prefix = b"BWS1" + struct.pack("<I", len(body)) + body
+    pad = (-len(prefix)) % 64
+    return prefix + b"\0" * pad + data
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        {"kind": "pickle"},
+        {"kind": "arrays", "arrays": [{"name": "a", "dtype": "|O", "shape": [1], "offset": 0, "nbytes": 8}]},
+        {"kind": "arrays", "arrays": [{"name": "a", "dtype": "nope", "shape": [1], "offset": 0, "nbytes": 8}]},
+        {"kind": "arrays", "arrays": [{"name": "a", "dtype": "<i8", "shape": [-1], "offset": 0, "nbytes": 8}]},
+        {"kind": "arrays", "arrays": [{"name": "a", "dtype": "<i8", "shape": [100], "offset": 0, "nbytes": 800}]},
+        {"kind": "arrays", "arrays": [{"name": "a", "dtype": "<i8", "shape": [2], "offset": 0, "nbytes": 8}]},
+        {"kind": "arrays", "arrays": [{"name": "a", "dtype": "<i8", "shape": [1], "offset": -8, "nbytes": 8}]},
+        {"kind": "arrays", "arrays": [{"name": "a", "dtype": "<i8", "shape": [1], "offset": 60, "nbytes": 8}]},
+        {"kind": "arrays", "arrays": [], "surprise": 1},
+        {"kind": "bytes", "nbytes": 65},
+    ],
+    ids=["kind", "objdtype", "unknowndtype", "negshape", "pastend", "sizemismatch", "negoffset", "overlapend",
+         "unknownfield", "bytescount"],
+)
+def test_bad_slice_headers(header):
+    with pytest.raises(CorruptDataError) as info:
+        decode_slice(_slice_with_header(header), KEY)
+    assert KEY in str(info.value)
+
+
+def test_header_length_past_end():
+    raw, _ = _one_slice()
+    damaged = raw[:4] + struct.pack("<I", len(raw) * 2) + raw[8:]
+    with pytest.raises(CorruptDataError, match="header"):
+        decode_slice(damaged, KEY)
+
+
+def test_header_not_json():
+    with pytest.raises(CorruptDataError):
+        decode_slice(b"BWS1" + struct.pack("<I", 5) + b"{{{{{" + b"\0" * 51, KEY)
+
+
+def test_too_many_dimensions_is_corrupt_data():
+    header = {"kind": "arrays", "arrays": [{"name": "a", "dtype": "<f8", "shape": [1] * 65, "offset": 0, "nbytes": 8}]}
+    with pytest.raises(CorruptDataError):
+        decode_slice(_slice_with_header(header), KEY)
+
+
+def test_huge_zero_size_shape_is_corrupt_data():
+    header = {"kind": "arrays", "arrays": [{"name": "a", "dtype": "<f8", "shape": [0, 2**63 - 1], "offset": 0, "nbytes": 0}]}
+    with pytest.raises(CorruptDataError):
+        decode_slice(_slice_with_header(header), KEY)
+
+
+# -- footer errors ---------------------------------------------------------------------
+
+
+def _object() -> bytes:
+    return encode_tgb([b"aa", b"bb"], 2, 1).objects[0]
+
+
+def test_read_footer_ok():
+    footer = read_footer(_object(), KEY)
+    assert footer.format == "batchweave.tgb/1"
+    assert [fs.index for fs in footer.slices] == [0, 1]
+
+
+def test_footer_bad_magic():
+    obj = _object()
+    with pytest.raises(CorruptDataError) as info:
+        read_footer(obj[:-1] + b"X", KEY)
+    assert KEY in str(info.value)
+
+
+@pytest.mark.parametrize("cut", [1, 8, 16])
+def test_footer_truncated(cut):
+    obj = _object()
+    with pytest.raises(CorruptDataError):
+        read_footer(obj[:-cut], KEY)
+    with pytest.raises(CorruptDataError):
+        read_footer(obj[cut:][: len(obj) - 2 * cut], KEY)
+
+
+def test_footer_too_short_or_empty():
+    for data in (b"", b"BWTGB001", b"\0" * 15):
+        with pytest.raises(CorruptDataError):
+            read_footer(data, KEY)
+
+
+def test_footer_length_too_large():
+    obj = _object()
+    damaged = obj[:-16] + struct.pack("<Q", len(obj) * 4) + obj[-8:]
+    with pytest.raises(CorruptDataError, match="footer length"):
+        read_footer(damaged, KEY)
+
+
+def test_footer_damaged_json():
+    obj = _object()
+    (n,) = struct.unpack("<Q", obj[-16:-8])
+    start = len(obj) - 16 - n
+    damaged = obj[:start] + b"#" + obj[start + 1 :]
+    with pytest.raises(CorruptDataError, match="footer"):
+        read_footer(damaged, KEY)
+
+
+def _object_with_footer(body: bytes, footer: dict) -> bytes:
+    f = msgspec.json.encode(footer)
+    return body + f + struct.pack("<Q", len(f)) + b"BWTGB001"
+
+
+def test_footer_unknown_format():
+    footer = {"format": "batchweave.tgb/99", "part": 0, "parts": 1, "dp": 1, "cp": 1, "kind": "bytes", "slices": []}
+    with pytest.raises(CorruptDataError, match="format"):
+        read_footer(_object_with_footer(b"", footer), KEY)
+
+
+def test_footer_slice_outside_body():
+    footer = {
+        "format": "batchweave.tgb/1", "part": 0, "parts": 1, "dp": 1, "cp": 1, "kind": "bytes",
+        "slices": [{"index": 0, "offset": 0, "length": 100, "crc32c": 0}],
+    }
+    with pytest.raises(CorruptDataError, match="outside"):
+        read_footer(_object_with_footer(b"x" * 10, footer), KEY)
+    footer["slices"][0].update(offset=-1, length=1)
+    with pytest.raises(CorruptDataError):
+        read_footer(_object_with_footer(b"x" * 10, footer), KEY)

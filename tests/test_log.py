@@ -1,0 +1,566 @@
+"""Unit tests for the log model: apply, encode/decode, validation and rebase. Pure, no store."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+from batchweave.errors import ConfigError, CorruptDataError, ProducerFencedError, StreamEndedError
+from batchweave.log import (
+    LOG_FORMAT,
+    SNAPSHOT_FORMAT,
+    LogState,
+    LogVersion,
+    ProducerState,
+    TGBDescriptor,
+    apply_version,
+    build_claim,
+    build_commit,
+    build_end_of_stream,
+    check_data_key,
+    check_producer_id,
+    decode_snapshot,
+    decode_version,
+    encode,
+    pending_after_rebase,
+    snapshot_key,
+    version_key,
+)
+
+K = "_log/test.json"
+
+
+def tgb(producer: str, epoch: int, offset: int, *, dp: int = 1, cp: int = 1, nbytes: int = 10, objects=None):
+    keys = objects or [f"data/{producer}/e{epoch:06d}/{offset:012d}-t.0.bwb"]
+    return TGBDescriptor(
+        producer=producer,
+        epoch=epoch,
+        source_offset=offset,
+        dp=dp,
+        cp=cp,
+        kind="bytes",
+        objects=keys,
+        slices=[(0, 100 * i, 100, 1234 + i) for i in range(dp * cp)],
+        nbytes=nbytes,
+    )
+
+
+def version(v: int, first_step: int, tgbs=(), producers=None, end=False) -> LogVersion:
+    return LogVersion(
+        format=LOG_FORMAT,
+        version=v,
+        first_step=first_step,
+        tgbs=list(tgbs),
+        producers=dict(producers or {}),
+        end_of_stream=end,
+    )
+
+
+def claim(state: LogState, pid: str, inc: str) -> tuple[LogState, ProducerState]:
+    delta = build_claim(state, pid, inc, committed_at=1.0)
+    state = apply_version(state, delta, version_key(delta.version))
+    return state, state.producers[pid]
+
+
+# -- keys ------------------------------------------------------------------------------
+
+
+def test_keys_are_zero_padded_and_sortable():
+    assert version_key(7) == "_log/" + "7".zfill(20) + ".json"
+    assert snapshot_key(100) == "_log/_snapshots/" + "100".zfill(20) + ".json"
+    keys = [version_key(v) for v in (1, 2, 10, 99, 100, 12345)]
+    assert sorted(keys) == keys
+
+
+# -- applying a sequence ---------------------------------------------------------------
+
+
+def test_apply_sequence_of_claims_commits_and_end():
+    state = LogState()
+    assert (state.version, state.steps, state.producers, state.end_of_stream, state.bytes) == (0, 0, {}, False, 0)
+
+    state, a = claim(state, "a", "inc-a")
+    assert a == ProducerState(offset=0, epoch=1, incarnation="inc-a")
+    assert (state.version, state.steps) == (1, 0)
+
+    state, b = claim(state, "b", "inc-b")
+    assert state.version == 2
+
+    d = build_commit(state, "a", a, [tgb("a", 1, 0, nbytes=5), tgb("a", 1, 1, nbytes=7)], committed_at=2.0)
+    assert (d.version, d.first_step, list(d.steps())) == (3, 0, [0, 1])
+    assert d.producers == {"a": ProducerState(2, 1, "inc-a")}
+    state = apply_version(state, d, K)
+    assert (state.version, state.steps, state.bytes) == (3, 2, 12)
+    assert state.producers["a"].offset == 2
+
+    d = build_commit(state, "b", b, [tgb("b", 1, 0, nbytes=1)], committed_at=3.0)
+    assert list(d.steps()) == [2]
+    state = apply_version(state, d, K)
+    assert (state.version, state.steps, state.bytes) == (4, 3, 13)
+    assert state.producers["b"] == ProducerState(1, 1, "inc-b")
+    assert state.producers["a"].offset == 2  # untouched
+
+    # A restart of "a" keeps its offset and bumps its epoch.
+    state, a2 = claim(state, "a", "inc-a2")
+    assert a2 == ProducerState(offset=2, epoch=2, incarnation="inc-a2")
+    assert state.steps == 3
+
+    end = build_end_of_stream(state, committed_at=4.0)
+    assert end.end_of_stream and end.tgbs == [] and end.producers == {}
+    state = apply_version(state, end, K)
+    assert state.end_of_stream and state.version == 6 and state.steps == 3
+
+
+def test_empty_commit_keeps_offset():
+    state, me = claim(LogState(), "p", "i")
+    d = build_commit(state, "p", me, [], committed_at=0.0)
+    assert d.tgbs == [] and d.producers["p"].offset == 0
+    state = apply_version(state, d, K)
+    assert state.steps == 0 and state.version == 2
+
+
+def test_apply_does_not_mutate_inputs():
+    state, me = claim(LogState(), "p", "i")
+    before = dict(state.producers)
+    new = apply_version(state, build_commit(state, "p", me, [tgb("p", 1, 0)], 0.0), K)
+    assert state.producers == before and state.steps == 0
+    assert new.producers["p"].offset == 1
+
+
+# -- encode / decode -------------------------------------------------------------------
+
+
+def test_encode_decode_version_roundtrip():
+    state, me = claim(LogState(), "p", "i")
+    d = build_commit(state, "p", me, [tgb("p", 1, 0, dp=2, cp=2), tgb("p", 1, 1, dp=2, cp=2)], committed_at=12.5)
+    raw = encode(d)
+    parsed = json.loads(raw)
+    assert parsed["format"] == LOG_FORMAT and parsed["version"] == 2
+    back = decode_version(raw, version_key(2), expected_version=2)
+    assert back == d
+    assert back.tgbs[1].slices[3] == (0, 300, 100, 1237)
+
+
+def test_encode_decode_snapshot_roundtrip():
+    state, me = claim(LogState(), "p", "i")
+    state = apply_version(state, build_commit(state, "p", me, [tgb("p", 1, 0)], 0.0), K)
+    back = decode_snapshot(encode(state), snapshot_key(state.version))
+    assert back == state
+    assert back.format == SNAPSHOT_FORMAT
+
+
+def test_decode_snapshot_errors():
+    with pytest.raises(CorruptDataError):
+        decode_snapshot(b"{nope", "s")
+    bad = json.loads(encode(LogState()))
+    bad["format"] = "batchweave.snapshot/9"
+    with pytest.raises(CorruptDataError, match="format"):
+        decode_snapshot(json.dumps(bad).encode(), "s")
+
+
+def _good_version_dict() -> dict:
+    state, me = claim(LogState(), "p", "i")
+    return json.loads(encode(build_commit(state, "p", me, [tgb("p", 1, 0)], 0.0)))
+
+
+def test_decode_unknown_format():
+    d = _good_version_dict()
+    d["format"] = "batchweave.log/2"
+    with pytest.raises(CorruptDataError, match="format") as info:
+        decode_version(json.dumps(d).encode(), "_log/x.json", 2)
+    assert "_log/x.json" in str(info.value)
+
+
+def test_decode_wrong_version_number():
+    raw = json.dumps(_good_version_dict()).encode()
+    with pytest.raises(CorruptDataError) as info:
+        decode_version(raw, "_log/v3.json", 3)
+    assert "2" in str(info.value) and "3" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"", b"{", b"null", b"[]", b'{"format": "batchweave.log/1"}', b"\xff\xfe", b'{"format": 1}'],
+)
+def test_decode_damaged_json(raw):
+    with pytest.raises(CorruptDataError) as info:
+        decode_version(raw, "_log/k.json", 1)
+    assert "_log/k.json" in str(info.value)
+
+
+def test_decode_rejects_unknown_fields():
+    d = _good_version_dict()
+    d["surprise"] = True
+    with pytest.raises(CorruptDataError):
+        decode_version(json.dumps(d).encode(), K, 2)
+    d = _good_version_dict()
+    d["tgbs"][0]["pickle"] = "x"
+    with pytest.raises(CorruptDataError):
+        decode_version(json.dumps(d).encode(), K, 2)
+
+
+@pytest.mark.parametrize(
+    "bad_key",
+    [
+        "../x",
+        "/etc/passwd",
+        "_log/00000000000000000001.json",
+        "data/../x",
+        "data/p/../../_log/y",
+        "data/p/..",
+        "data",
+        "data/",
+        "data/x",  # needs at least producer/object
+        "data//x",
+        "s3://bucket/data/p/x",
+        "data/p/x y",
+        "DATA/p/x",
+        "",
+    ],
+)
+def test_decode_rejects_keys_outside_data(bad_key):
+    d = _good_version_dict()
+    d["tgbs"][0]["objects"] = [bad_key]
+    with pytest.raises(CorruptDataError) as info:
+        decode_version(json.dumps(d).encode(), "_log/v.json", 2)
+    assert "_log/v.json" in str(info.value)
+    with pytest.raises(CorruptDataError):
+        check_data_key(bad_key, "where")
+
+
+def test_decode_rejects_one_bad_key_among_good():
+    d = _good_version_dict()
+    d["tgbs"][0]["objects"] = ["data/p/e1/0.0.bwb", "../escape"]
+    d["tgbs"][0]["slices"] = [[1, 0, 10, 0]]
+    with pytest.raises(CorruptDataError):
+        decode_version(json.dumps(d).encode(), K, 2)
+
+
+@pytest.mark.parametrize("good", ["data/p/e000001/000000000000-ab.0.bwb", "data/a.b_c-d/x"])
+def test_check_data_key_accepts_data_keys(good):
+    assert check_data_key(good, "w") == good
+
+
+def test_check_data_key_rejects_trailing_newline():
+    with pytest.raises(CorruptDataError):
+        check_data_key("data/p/e1/0-x.0.bwb\n", "w")
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda t: t.update(slices=[]),  # slice count != dp*cp
+        lambda t: t.update(dp=0, slices=[]),
+        lambda t: t.update(objects=[]),
+        lambda t: t.update(slices=[[1, 0, 100, 0]]),  # object index out of range
+        lambda t: t.update(slices=[[0, -1, 100, 0]]),
+        lambda t: t.update(slices=[[0, 0, -100, 0]]),
+    ],
+    ids=["count", "dp0", "noobjects", "objindex", "negoffset", "neglength"],
+)
+def test_decode_rejects_bad_descriptors(mutate):
+    d = _good_version_dict()
+    mutate(d["tgbs"][0])
+    with pytest.raises(CorruptDataError):
+        decode_version(json.dumps(d).encode(), K, 2)
+
+
+# -- producer ids ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("good", ["p", "worker-0", "a.b_c", "X" * 128, "0abc"])
+def test_producer_id_ok(good):
+    assert check_producer_id(good) == good
+
+
+@pytest.mark.parametrize("bad", ["", "-p", ".hidden", "a/b", "..", "X" * 129, "a b", 5, None])
+def test_producer_id_rejected(bad):
+    with pytest.raises(ConfigError):
+        check_producer_id(bad)
+
+
+def test_producer_id_rejects_trailing_newline():
+    with pytest.raises(ConfigError):
+        check_producer_id("p\n")
+
+
+# -- apply validation ------------------------------------------------------------------
+
+
+def _state_with_a() -> tuple[LogState, ProducerState]:
+    state, a = claim(LogState(), "a", "ia")
+    state = apply_version(state, build_commit(state, "a", a, [tgb("a", 1, 0), tgb("a", 1, 1)], 0.0), K)
+    return state, a  # version 2, steps 2, a.offset 2
+
+
+def test_version_gap():
+    state, a = _state_with_a()
+    for v in (state.version, state.version + 2, 0):
+        with pytest.raises(CorruptDataError, match="version"):
+            apply_version(state, version(v, state.steps), K)
+
+
+def test_first_step_mismatch():
+    state, a = _state_with_a()
+    for fs in (0, 1, 3):
+        with pytest.raises(CorruptDataError, match="step") as info:
+            apply_version(state, version(3, fs, [tgb("a", 1, 2)], {"a": ProducerState(3, 1, "ia")}), "_log/3")
+        assert "_log/3" in str(info.value)
+
+
+def test_tgbs_after_end_of_stream():
+    state, a = _state_with_a()
+    state = apply_version(state, build_end_of_stream(state, 0.0), K)
+    d = build_commit(state, "a", a, [tgb("a", 1, 2)], 0.0)
+    with pytest.raises(CorruptDataError, match="end-of-stream"):
+        apply_version(state, d, K)
+    # End of stream is sticky even if a later version says False.
+    state2 = apply_version(state, version(state.version + 1, state.steps), K)
+    assert state2.end_of_stream
+
+
+def test_tgbs_in_the_same_version_as_end_of_stream_are_fine():
+    state, a = _state_with_a()
+    d = version(3, 2, [tgb("a", 1, 2)], {"a": ProducerState(3, 1, "ia")}, end=True)
+    state = apply_version(state, d, K)
+    assert state.end_of_stream and state.steps == 3
+
+
+def test_offset_going_backwards():
+    state, a = _state_with_a()
+    # TGB below the committed offset.
+    with pytest.raises(CorruptDataError):
+        apply_version(state, version(3, 2, [tgb("a", 1, 1)], {"a": ProducerState(2, 1, "ia")}), K)
+    # Producer state moving back without TGBs.
+    with pytest.raises(CorruptDataError, match="goes back"):
+        apply_version(state, version(3, 2, [], {"a": ProducerState(1, 1, "ia")}), K)
+    # Epoch moving back (a zombie's state).
+    with pytest.raises(CorruptDataError, match="goes back"):
+        apply_version(state, version(3, 2, [], {"a": ProducerState(2, 0, "old")}), K)
+
+
+def test_repeated_offset():
+    state, a = _state_with_a()
+    # Same offset as an already committed TGB.
+    with pytest.raises(CorruptDataError, match="repeats"):
+        apply_version(state, version(3, 2, [tgb("a", 1, 0)], {"a": ProducerState(2, 1, "ia")}), K)
+    # Same offset twice inside one version.
+    with pytest.raises(CorruptDataError, match="repeats"):
+        apply_version(state, version(3, 2, [tgb("a", 1, 2), tgb("a", 1, 2)], {"a": ProducerState(3, 1, "ia")}), K)
+    # Decreasing inside one version.
+    with pytest.raises(CorruptDataError):
+        apply_version(state, version(3, 2, [tgb("a", 1, 3), tgb("a", 1, 2)], {"a": ProducerState(4, 1, "ia")}), K)
+
+
+def test_recorded_offset_must_match_tgbs():
+    state, a = _state_with_a()
+    with pytest.raises(CorruptDataError, match="records offset"):
+        apply_version(state, version(3, 2, [tgb("a", 1, 2)], {"a": ProducerState(5, 1, "ia")}), K)
+
+
+def test_tgb_epoch_mismatch():
+    state, a = _state_with_a()
+    with pytest.raises(CorruptDataError, match="epoch"):
+        apply_version(state, version(3, 2, [tgb("a", 2, 2)], {"a": ProducerState(3, 1, "ia")}), K)
+    # A TGB with no producer state in the delta.
+    with pytest.raises(CorruptDataError):
+        apply_version(state, version(3, 2, [tgb("a", 1, 2)], {}), K)
+    # A TGB of b riding on a's state.
+    with pytest.raises(CorruptDataError):
+        apply_version(state, version(3, 2, [tgb("b", 1, 0)], {"a": ProducerState(2, 1, "ia")}), K)
+
+
+# -- rebase ----------------------------------------------------------------------------
+
+
+def test_rebase_returns_remainder_when_nothing_changed():
+    state, me = claim(LogState(), "p", "i")
+    pending = [tgb("p", 1, 0), tgb("p", 1, 1)]
+    assert pending_after_rebase(state, "p", me, pending) == pending
+
+
+def test_rebase_unknown_producer_keeps_everything():
+    pending = [tgb("p", 0, 0)]
+    assert pending_after_rebase(LogState(), "p", ProducerState(0, 0, "i"), pending) == pending
+
+
+def test_rebase_drops_what_an_ambiguous_commit_applied():
+    state, me = claim(LogState(), "p", "i")
+    pending = [tgb("p", 1, 0), tgb("p", 1, 1)]
+    # The store applied our commit of offsets 0,1 but we saw a timeout and kept appending.
+    state = apply_version(state, build_commit(state, "p", me, pending, 0.0), K)
+    pending = pending + [tgb("p", 1, 2), tgb("p", 1, 3)]
+    rest = pending_after_rebase(state, "p", me, pending)
+    assert [t.source_offset for t in rest] == [2, 3]
+    # Commit of the remainder applies cleanly after the rebase.
+    state = apply_version(state, build_commit(state, "p", me, rest, 0.0), K)
+    assert state.producers["p"].offset == 4 and state.steps == 4
+
+
+def test_rebase_partial_overlap_and_other_producers_commits():
+    state, p = claim(LogState(), "p", "ip")
+    state, q = claim(state, "q", "iq")
+    state = apply_version(state, build_commit(state, "q", q, [tgb("q", 1, 0)], 0.0), K)
+    pending = [tgb("p", 1, 0), tgb("p", 1, 1)]
+    assert pending_after_rebase(state, "p", p, pending) == pending  # q's commit is not ours
+    state = apply_version(state, build_commit(state, "p", p, pending[:1], 0.0), K)
+    assert [t.source_offset for t in pending_after_rebase(state, "p", p, pending)] == [1]
+
+
+def test_rebase_fenced_by_newer_incarnation():
+    state, old = claim(LogState(), "p", "old")
+    state, new = claim(state, "p", "new")
+    assert new.epoch == old.epoch + 1
+    with pytest.raises(ProducerFencedError) as info:
+        pending_after_rebase(state, "p", old, [tgb("p", old.epoch, 0)])
+    assert "p" in str(info.value) and str(new.epoch) in str(info.value)
+    # Fenced even with nothing pending: the process must stop.
+    with pytest.raises(ProducerFencedError):
+        pending_after_rebase(state, "p", old, [])
+    # The new incarnation is not fenced.
+    assert pending_after_rebase(state, "p", new, []) == []
+
+
+def test_rebase_fenced_by_equal_epoch_of_other_incarnation():
+    state = LogState(version=3, producers={"p": ProducerState(4, 2, "rival")})
+    with pytest.raises(ProducerFencedError):
+        pending_after_rebase(state, "p", ProducerState(4, 2, "me"), [tgb("p", 2, 4)])
+
+
+def test_rebase_not_fenced_by_older_epoch_of_other_incarnation():
+    state = LogState(version=3, producers={"p": ProducerState(4, 1, "older")})
+    pending = [tgb("p", 2, 4)]
+    assert pending_after_rebase(state, "p", ProducerState(4, 2, "me"), pending) == pending
+
+
+def test_rebase_stream_ended():
+    state, me = claim(LogState(), "p", "i")
+    state = apply_version(state, build_end_of_stream(state, 0.0), K)
+    with pytest.raises(StreamEndedError) as info:
+        pending_after_rebase(state, "p", me, [tgb("p", 1, 0), tgb("p", 1, 1)])
+    assert "2" in str(info.value)
+    # Nothing left to commit: no error.
+    assert pending_after_rebase(state, "p", me, []) == []
+
+
+def test_rebase_stream_ended_but_everything_already_committed():
+    state, me = claim(LogState(), "p", "i")
+    pending = [tgb("p", 1, 0)]
+    state = apply_version(state, build_commit(state, "p", me, pending, 0.0), K)
+    state = apply_version(state, build_end_of_stream(state, 0.0), K)
+    assert pending_after_rebase(state, "p", me, pending) == []
+
+
+# -- model-based property: interleavings of producers -----------------------------------
+
+PRODUCERS = ["p0", "p1", "p2"]
+
+
+_KINDS = ["append"] * 9 + ["commit"] * 8 + ["start"] * 2 + ["end"]
+# (kind, producer index, which handle: 0 = newest incarnation, k > 0 = k-th older one if any, ambiguous outcome)
+_op = st.tuples(
+    st.sampled_from(_KINDS),
+    st.integers(0, 2),
+    st.sampled_from([0, 0, 0, 1, 2]),
+    st.booleans(),
+)
+
+
+class _Handle:
+    def __init__(self, pid: str, incarnation: str, me: ProducerState) -> None:
+        self.pid = pid
+        self.me = me
+        self.next_offset = me.offset
+        self.pending: list[TGBDescriptor] = []
+
+
+def _pick(hs: list[_Handle], back: int) -> _Handle:
+    return hs[max(0, len(hs) - 1 - back)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_op, min_size=5, max_size=60))
+def test_property_interleaved_producers_keep_offsets_and_steps_dense(ops):
+    state = LogState()
+    handles: dict[str, list[_Handle]] = {pid: [] for pid in PRODUCERS}
+    committed: list[TGBDescriptor] = []  # in step order
+    deltas: list[LogVersion] = []
+    counter = 0
+    ops = [("start", i, 0, False) for i in range(len(PRODUCERS))] + ops
+
+    def apply(delta: LogVersion) -> None:
+        nonlocal state
+        assert delta.first_step == len(committed)
+        state = apply_version(state, delta, version_key(delta.version))
+        committed.extend(delta.tgbs)
+        deltas.append(delta)
+
+    for op in ops:
+        kind = op[0]
+        if kind == "start":
+            pid = PRODUCERS[op[1]]
+            counter += 1
+            delta = build_claim(state, pid, f"inc{counter}", committed_at=float(counter))
+            apply(delta)
+            handles[pid].append(_Handle(pid, f"inc{counter}", state.producers[pid]))
+        elif kind == "append":
+            pid = PRODUCERS[op[1]]
+            if not handles[pid]:
+                continue
+            h = _pick(handles[pid], op[2])
+            h.pending.append(tgb(pid, h.me.epoch, h.next_offset))
+            h.next_offset += 1
+        elif kind == "commit":
+            pid = PRODUCERS[op[1]]
+            if not handles[pid]:
+                continue
+            h = _pick(handles[pid], op[2])
+            ambiguous = op[3]
+            newest = h is handles[pid][-1]
+            try:
+                rest = pending_after_rebase(state, pid, h.me, h.pending)
+            except ProducerFencedError:
+                event("zombie fenced")
+                assert not newest, "the newest incarnation must never be fenced"
+                # A zombie that skipped the rebase is still stopped by the log's own rules.
+                if h.pending:
+                    with pytest.raises(CorruptDataError):
+                        apply_version(state, build_commit(state, pid, h.me, h.pending, 0.0), "zombie")
+                continue
+            except StreamEndedError:
+                assert state.end_of_stream
+                continue
+            assert newest, "an older incarnation got past the fence"
+            if len(rest) < len(h.pending):
+                event("rebase dropped an ambiguous commit's TGBs")
+            if not rest:
+                h.pending = []
+                continue
+            event("committed")
+            apply(build_commit(state, pid, h.me, rest, committed_at=0.0))
+            if not ambiguous:
+                h.pending = []
+            # Ambiguous: the write landed but the producer did not learn it; it keeps its pending list.
+        else:
+            apply(build_end_of_stream(state, committed_at=0.0))
+
+    assert state.steps == len(committed)
+    for pid in PRODUCERS:
+        offsets = [t.source_offset for t in committed if t.producer == pid]
+        assert offsets == list(range(len(offsets))), f"{pid}: {offsets}"
+        if offsets:
+            assert state.producers[pid].offset == offsets[-1] + 1
+        # Each TGB was committed under the epoch that was current for its producer at the time;
+        # epochs never go back along the step sequence.
+        epochs = [t.epoch for t in committed if t.producer == pid]
+        assert epochs == sorted(epochs)
+    assert state.bytes == sum(t.nbytes for t in committed)
+    # Replaying the recorded deltas (through their wire form) from scratch gives the same state.
+    replay = LogState()
+    for delta in deltas:
+        replay = apply_version(replay, decode_version(encode(delta), "r", delta.version), "r")
+    assert replay == state

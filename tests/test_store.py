@@ -1,0 +1,150 @@
+"""One storage conformance suite, the same test bodies on every backend."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import subprocess
+import sys
+from pathlib import Path
+import pickle  # only to prove the Store handle crosses processes; never used on data
+
+import pytest
+from obstore import exceptions as obs_errors
+
+import batchweave as bw
+from batchweave.store import Store, open_store
+
+
+def test_create_only_put_conflicts_on_the_second_write(backend_url):
+    store = open_store(backend_url)
+    store.put_if_absent("a/b.bin", b"first")
+    with pytest.raises(bw.ObjectExistsError, match="a/b.bin") as info:
+        store.put_if_absent("a/b.bin", b"second")
+    assert isinstance(info.value, FileExistsError)
+    assert bytes(store.get("a/b.bin")) == b"first"
+
+
+def test_get_range_size_list_and_delete(backend_url):
+    store = open_store(backend_url)
+    body = bytes(range(256)) * 40
+    store.put_if_absent("data/x/1.bwb", body)
+    store.put_if_absent("data/y/2.bwb", b"tiny")
+    store.put_if_absent("_log/00000000000000000001.json", b"{}")
+    assert bytes(store.get_range("data/x/1.bwb", 1000, 300)) == body[1000:1300]
+    assert bytes(store.get_range("data/x/1.bwb", 0, 0)) == b""
+    assert store.size("data/x/1.bwb") == len(body)
+    assert store.size("data/missing") is None
+    assert sorted((o.key, o.size) for o in store.list("data/")) == [("data/x/1.bwb", len(body)), ("data/y/2.bwb", 4)]
+    assert len(list(store.list())) == 3
+    store.delete("data/y/2.bwb")
+    store.delete("data/y/2.bwb")  # idempotent
+    assert [o.key for o in store.list("data/")] == ["data/x/1.bwb"]
+
+
+def test_missing_objects_raise_file_not_found(backend_url):
+    store = open_store(backend_url)
+    with pytest.raises(bw.ObjectNotFoundError, match="nope/x") as info:
+        store.get("nope/x")
+    assert isinstance(info.value, FileNotFoundError)
+    with pytest.raises(bw.ObjectNotFoundError):
+        store.get_range("nope/x", 0, 10)
+
+
+def test_overwrite_put_is_only_for_hints(backend_url):
+    store = open_store(backend_url)
+    store.put("_log/_last_snapshot.json", b"1")
+    store.put("_log/_last_snapshot.json", b"2")
+    assert bytes(store.get("_log/_last_snapshot.json")) == b"2"
+
+
+def _read_in_child(store: Store, key: str, queue) -> None:
+    try:
+        queue.put(bytes(store.get(key)))
+    except bw.BatchWeaveError as exc:
+        queue.put(f"{type(exc).__name__}: {exc}")
+
+
+def _fork_and_read(store: Store, key: str):
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_read_in_child, args=(store, key, queue))
+    child.start()
+    result = queue.get(timeout=30)
+    child.join(30)
+    return result
+
+
+def test_store_handle_is_picklable(backend_url):
+    store = open_store(backend_url)
+    store.put_if_absent("k", b"v")
+    clone = pickle.loads(pickle.dumps(store))
+    assert clone.url == store.url and bytes(clone.get("k")) == b"v"
+
+
+def test_forked_children_read_or_fail_fast(process_backend_url, tmp_path):
+    """Fork before the parent's first request works; after it, the child gets a clear
+    error instead of hanging in obstore's inherited (dead) I/O runtime."""
+    writer = f"""
+import multiprocessing, sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from batchweave.store import open_store
+from test_store import _fork_and_read
+store = open_store({process_backend_url!r})
+print(_fork_and_read(store, "k"))
+store.size("k")
+print(_fork_and_read(store, "k"))
+"""
+    open_store(process_backend_url).put_if_absent("k", b"v")
+    out = subprocess.run([sys.executable, "-c", writer], capture_output=True, text=True, timeout=120)
+    lines = out.stdout.splitlines()
+    assert lines[0] == "b'v'", out.stderr
+    assert lines[1].startswith("ConfigError") and "runtime does not survive fork()" in lines[1]
+
+
+def test_transient_errors_are_retried_then_reported(monkeypatch, tmp_path):
+    import obstore
+
+    store = open_store(tmp_path)
+    store.put_if_absent("k", b"v")
+    real_get = obstore.get
+    calls = []
+
+    def flaky(handle, key, **kw):
+        calls.append(key)
+        if len(calls) <= 2:
+            raise obs_errors.GenericError("503 Service Unavailable: SlowDown")
+        return real_get(handle, key, **kw)
+
+    monkeypatch.setattr(obstore, "get", flaky)
+    assert bytes(store.get("k")) == b"v" and len(calls) == 3
+    calls.clear()
+    monkeypatch.setattr(obstore, "get", lambda *a, **k: _always_503())
+    with pytest.raises(bw.TransientStoreError, match="store unavailable after retries") as info:
+        store.get("k")
+    assert isinstance(info.value, ConnectionError)
+
+
+def _always_503():
+    raise obs_errors.GenericError("503 Service Unavailable: SlowDown")
+
+
+def test_urls(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert open_store("relative/dir").url == "file://" + str(tmp_path / "relative" / "dir")
+    assert open_store(tmp_path).url == "file://" + str(tmp_path)
+    assert open_store(f"file://{tmp_path}/").url == "file://" + str(tmp_path)
+    assert open_store("s3://bucket/prefix/").url == "s3://bucket/prefix"
+    with pytest.raises(bw.ConfigError, match="unsupported namespace URL"):
+        open_store("ftp://host/x")
+    with pytest.raises(bw.ConfigError, match="empty namespace URL"):
+        open_store("")
+    local = open_store(tmp_path / "made")
+    local.put_if_absent("x", b"1")
+    assert os.path.isfile(tmp_path / "made" / "x")
+
+
+def test_memory_stores_are_shared_by_name():
+    open_store("memory://shared-name").put_if_absent("k", b"v")
+    assert bytes(open_store("memory://shared-name").get("k")) == b"v"
+    assert open_store("memory://other-name").size("k") is None
