@@ -86,7 +86,7 @@ def test_bad_url_is_an_error_not_a_traceback(url):
 
 def test_missing_directory_is_an_error(tmp_path):
     missing = tmp_path / "no-such-namespace"
-    _assert_error(run_cli("inspect", str(missing)), "not a directory")
+    _assert_error(run_cli("inspect", str(missing)), "directory does not exist")
     _assert_error(run_cli("end-stream", str(missing)))
     assert not missing.exists()  # nothing was created by the failed commands
 

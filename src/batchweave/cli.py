@@ -18,24 +18,13 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from urllib.parse import urlparse
 
 from batchweave import __version__
-from batchweave.errors import BatchWeaveError, ConfigError
+from batchweave.errors import BatchWeaveError
 
 __all__ = ["main"]
 
 EXIT_OK, EXIT_CHECKS_FAILED, EXIT_ERROR = 0, 1, 2
-
-
-def _existing_namespace(url: str) -> str:
-    """A local namespace must be an existing directory: a typo should not read as empty."""
-    scheme = urlparse(url).scheme.lower()
-    if scheme in ("", "file"):
-        path = Path(urlparse(url).path if scheme == "file" else url).expanduser()
-        if not path.is_dir():
-            raise ConfigError(f"no namespace at {url!r}: {path} is not a directory")
-    return url
 
 
 def _human_bytes(n: int) -> str:
@@ -61,7 +50,7 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from batchweave.inspect import inspect_namespace
 
-    info = inspect_namespace(_existing_namespace(args.url))
+    info = inspect_namespace(args.url)
     if args.json:
         print(json.dumps(info.to_dict(), sort_keys=True))
         return EXIT_OK
@@ -104,7 +93,7 @@ def _add_end_stream(sub: argparse._SubParsersAction) -> None:
 def _cmd_end_stream(args: argparse.Namespace) -> int:
     from batchweave.producer import end_stream
 
-    version = end_stream(_existing_namespace(args.url))
+    version = end_stream(args.url, create=False)
     print(f"end of stream at log version {version}")
     return EXIT_OK
 

@@ -106,13 +106,16 @@ class Journal:
         self.requests += 1
         try:
             data = bytes(self.store.get(log.HINT_KEY))
-            version = json.loads(data)["version"]
-            return version if isinstance(version, int) and version >= 0 else 0
         except ObjectNotFoundError:
             return 0
+        try:
+            version = json.loads(data)["version"]
         except (ValueError, KeyError, TypeError):
+            version = None
+        if not isinstance(version, int) or version < 0:
             _logger.warning("ignoring a damaged snapshot hint %s", log.HINT_KEY)
             return 0
+        return version
 
     def _read_snapshot(self, version: int) -> LogState | None:
         if version <= 0:

@@ -301,9 +301,12 @@ class Producer:
             self._cond.notify_all()
 
 
-def end_stream(url: str, **store_options: Any) -> int:
-    """Commit the end-of-stream marker; returns its log version. Idempotent."""
-    journal = Journal(open_store(url, **store_options))
+def end_stream(url: str, *, create: bool = True, **store_options: Any) -> int:
+    """Commit the end-of-stream marker; returns its log version. Idempotent.
+
+    ``create=False`` refuses a local namespace directory that does not exist yet.
+    """
+    journal = Journal(open_store(url, create=create, **store_options))
     state = journal.load_state()
     while not state.end_of_stream:
         marker = log.build_end_of_stream(state, time.time())
