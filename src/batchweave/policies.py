@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from batchweave.errors import ConfigError
 
-__all__ = ["DAC", "CommitPolicy", "resolve_policy"]
+__all__ = ["AIMD", "DAC", "INCR", "POLICY_NAMES", "CommitPolicy", "Fixed", "Naive", "resolve_policy"]
 
 
 @runtime_checkable
@@ -92,11 +93,95 @@ class DAC:
         return f"DAC(epsilon={self.epsilon}, delta={self.delta}, alpha={self.alpha}, rho={self.rho})"
 
 
-_BY_NAME = {"dac": DAC}
+class Fixed:
+    """Commit once ``every`` TGBs are pending (the paper's FIXED10 / FIXED100), retrying at once."""
+
+    def __init__(self, every: int) -> None:
+        if not isinstance(every, int) or every < 1:
+            raise ConfigError(f"Fixed policy needs every >= 1 TGBs, got {every!r}")
+        self.every = every
+        self.name = f"fixed{every}"
+
+    def wait_s(self, pending_tgbs: int, since_last_attempt_s: float) -> float:
+        return 0.0 if pending_tgbs >= self.every else math.inf
+
+    def observe(self, fragile_window_s: float, producers: int, success: bool) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"Fixed(every={self.every})"
+
+
+class Naive(Fixed):
+    """Commit every TGB as soon as it is written (the paper's Naive)."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.name = "naive"
+
+    def __repr__(self) -> str:
+        return "Naive()"
+
+
+class INCR(Fixed):
+    """Start at ``start`` TGBs per commit and add ``step`` after every conflict (paper's INCR)."""
+
+    def __init__(self, start: int = 10, step: int = 1) -> None:
+        super().__init__(start)
+        self.step = step
+        self.name = "incr"
+
+    def observe(self, fragile_window_s: float, producers: int, success: bool) -> None:
+        if not success:
+            self.every += self.step
+
+    def __repr__(self) -> str:
+        return f"INCR(every={self.every}, step={self.step})"
+
+
+class AIMD:
+    """Additive increase on success, multiplicative decrease on conflict (paper's AIMD).
+
+    As in the paper's baseline, the controlled quantity is the commit interval in TGBs:
+    ``+increase`` after a success, halved (``*decrease``) after a conflict, never below 1.
+    """
+
+    name = "aimd"
+
+    def __init__(self, start: float = 10.0, increase: float = 1.0, decrease: float = 0.5) -> None:
+        if not (start >= 1 and increase > 0 and 0 < decrease < 1):
+            raise ConfigError(f"AIMD needs start>=1, increase>0, 0<decrease<1; got {start}, {increase}, {decrease}")
+        self.interval = float(start)
+        self.increase = increase
+        self.decrease = decrease
+
+    def wait_s(self, pending_tgbs: int, since_last_attempt_s: float) -> float:
+        return 0.0 if pending_tgbs >= math.floor(self.interval) else math.inf
+
+    def observe(self, fragile_window_s: float, producers: int, success: bool) -> None:
+        if success:
+            self.interval += self.increase
+        else:
+            self.interval = max(1.0, self.interval * self.decrease)
+
+    def __repr__(self) -> str:
+        return f"AIMD(interval={self.interval:g}, increase={self.increase:g}, decrease={self.decrease:g})"
+
+
+_BY_NAME: dict[str, Callable[[], CommitPolicy]] = {
+    "dac": DAC,
+    "naive": Naive,
+    "fixed10": lambda: Fixed(10),
+    "fixed100": lambda: Fixed(100),
+    "incr": INCR,
+    "aimd": AIMD,
+}
+POLICY_NAMES = tuple(_BY_NAME)
 
 
 def resolve_policy(policy: CommitPolicy | str | None) -> CommitPolicy:
-    """A policy object, or one built from its name (``"dac"``); None means DAC defaults."""
+    """A policy object, or a fresh one built from its name (``"dac"``, ``"naive"``,
+    ``"fixed10"``, ``"fixed100"``, ``"incr"``, ``"aimd"``); None means DAC defaults."""
     if policy is None:
         return DAC()
     if isinstance(policy, str):
@@ -105,5 +190,8 @@ def resolve_policy(policy: CommitPolicy | str | None) -> CommitPolicy:
         except KeyError:
             raise ConfigError(f"unknown commit policy {policy!r}; known: {sorted(_BY_NAME)}") from None
     if isinstance(policy, type) or not isinstance(policy, CommitPolicy):
-        raise ConfigError(f"commit_policy {policy!r} is not a policy instance with wait_s()/observe(); see batchweave.policies.CommitPolicy")
+        raise ConfigError(
+            f"commit_policy {policy!r} is not a policy instance with wait_s()/observe(); "
+            "see batchweave.policies.CommitPolicy"
+        )
     return policy

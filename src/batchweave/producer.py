@@ -22,7 +22,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from batchweave import log
-from batchweave.errors import BatchWeaveError, ConfigError, SourceOffsetError, StoreError, StreamEndedError
+from batchweave.errors import (
+    BatchWeaveError,
+    ConfigError,
+    ObjectExistsError,
+    SourceOffsetError,
+    StoreError,
+    StreamEndedError,
+)
 from batchweave.journal import DEFAULT_SNAPSHOT_EVERY, Journal
 from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES, encode_tgb
 from batchweave.log import LogState, ProducerState, TGBDescriptor
@@ -114,7 +121,7 @@ class Producer:
             for part in range(len(encoded.objects))
         ]
         for key, body in zip(keys, encoded.objects, strict=True):
-            self._store.put_if_absent(key, body)
+            self._put_object(key, body)
         descriptor = TGBDescriptor(
             producer=self.producer_id,
             epoch=self._me.epoch,
@@ -294,6 +301,15 @@ class Producer:
         if success and remaining:
             self._journal.after_commit(state)
         return success, window_s
+
+    def _put_object(self, key: str, body: bytes) -> None:
+        try:
+            self._store.put_if_absent(key, body)
+        except ObjectExistsError:
+            # The key carries a fresh random token, so "exists" can only mean that a retry
+            # followed our own write which the store applied before timing out.
+            if self._store.size(key) != len(body):
+                raise
 
     def _fail(self, exc: BatchWeaveError) -> None:
         with self._cond:

@@ -93,12 +93,15 @@ class ObjectInfo:
     size: int
 
 
-def open_store(url: str | os.PathLike[str], *, create: bool = True, **options: Any) -> "Store":
+def open_store(url: "str | os.PathLike[str] | Store", *, create: bool = True, **options: Any) -> "Store":
     """Open the namespace at ``url``; ``options`` pass through to obstore.
 
+    A ``Store`` passes through unchanged (e.g. a ``batchweave.latency.LatencyStore``).
     ``create=False`` refuses a local directory that does not exist instead of making it
     (for read-only tools, so a typo is an error rather than an empty namespace).
     """
+    if isinstance(url, Store):
+        return url
     return Store(os.fspath(url), create=create, **options)
 
 
@@ -134,16 +137,18 @@ class Store:
 
     def put_if_absent(self, key: str, data: bytes | memoryview) -> None:
         """Create ``key`` with ``data``; raise ObjectExistsError if it already exists."""
-        self._call(key, lambda: obstore.put(self._store, key, data, mode="create"), conditional=True)
+        self._call(
+            key, lambda: obstore.put(self._store, key, data, mode="create"), "put", len(data), conditional=True
+        )
 
     def put(self, key: str, data: bytes | memoryview) -> None:
         """Overwrite ``key``. Only for advisory hints; every other object is create-only."""
-        self._call(key, lambda: obstore.put(self._store, key, data))
+        self._call(key, lambda: obstore.put(self._store, key, data), "put", len(data))
 
     def delete(self, key: str) -> None:
         """Delete ``key``; deleting a missing object is not an error (idempotent GC)."""
         try:
-            self._call(key, lambda: obstore.delete(self._store, key))
+            self._call(key, lambda: obstore.delete(self._store, key), "delete")
         except ObjectNotFoundError:
             pass
 
@@ -151,40 +156,44 @@ class Store:
 
     def get(self, key: str) -> memoryview:
         """The whole object, without copying out of obstore's buffer."""
-        return self._call(key, lambda: memoryview(obstore.get(self._store, key).bytes()))
+        return self._call(key, lambda: memoryview(obstore.get(self._store, key).bytes()), "get")
 
     def get_range(self, key: str, start: int, length: int) -> memoryview:
         """``length`` bytes from ``start``: one ranged GET."""
         if length == 0:
             return memoryview(b"")
         return self._call(
-            key, lambda: memoryview(obstore.get_range(self._store, key, start=start, length=length))
+            key, lambda: memoryview(obstore.get_range(self._store, key, start=start, length=length)), "get"
         )
 
     def size(self, key: str) -> int | None:
         """Size in bytes, or None when there is no such object."""
         try:
-            return int(self._call(key, lambda: obstore.head(self._store, key))["size"])
+            return int(self._call(key, lambda: obstore.head(self._store, key), "head")["size"])
         except ObjectNotFoundError:
             return None
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """Every object under ``prefix`` (relative to the namespace), in no fixed order."""
-        stream = self._call(prefix, lambda: obstore.list(self._store, prefix=prefix or None))
-        for chunk in stream:
-            for meta in chunk:
-                yield ObjectInfo(key=str(meta["path"]), size=int(meta["size"]))
+        listed = self._call(prefix, lambda: obstore.list(self._store, prefix=prefix or None).collect(), "list")
+        for meta in listed:
+            yield ObjectInfo(key=str(meta["path"]), size=int(meta["size"]))
 
     # -- error mapping and retries ---------------------------------------------------
 
-    def _call(self, key: str, op: Callable[[], T], *, conditional: bool = False) -> T:
+    def _perform(self, request: str, nbytes: int, op: Callable[[], T]) -> T:
+        """Run one request. The hook where a simulated store adds latency and faults."""
+        del request, nbytes
+        return op()
+
+    def _call(self, key: str, op: Callable[[], T], request: str, nbytes: int = 0, *, conditional: bool = False) -> T:
         global _runtime_pid
         if _runtime_pid is not None and _runtime_pid != os.getpid():
             raise ConfigError(f"{self.url}: {_FORK_MESSAGE}")
         delay = 0.05
         for attempt in range(1, self.max_attempts + 1):
             try:
-                return op()
+                return self._perform(request, nbytes, op)
             except BatchWeaveError:
                 raise
             except Exception as exc:  # noqa: BLE001 - translated below, never swallowed

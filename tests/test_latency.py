@@ -1,0 +1,90 @@
+"""The latency store: its model, its faults, and the protocol surviving them (chaos)."""
+
+from __future__ import annotations
+
+import pickle  # only to prove the store handle crosses processes; never used on data
+import threading
+import time
+import uuid
+
+import pytest
+
+import batchweave as bw
+from batchweave.latency import CLOUD_DEFAULTS, LatencyModel, LatencyStore
+from batchweave.store import Store
+from checks import assert_exactly_once, assert_referenced_objects_exist
+from worker import Eager, digest, origin_of, tgb
+
+FAST = LatencyModel(put_s=0.002, first_byte_s=0.001, head_s=0.001, list_s=0.001, delete_s=0.001, jitter_sigma=0.0)
+
+
+def fresh(model=FAST, **kw) -> LatencyStore:
+    return LatencyStore(f"memory://latency-{uuid.uuid4().hex}", model, seed=7, **kw)
+
+
+def test_model_closed_form():
+    model = LatencyModel(put_s=0.04, first_byte_s=0.025, bandwidth_bytes_s=100e6)
+    assert model.base_s("put", 1_000_000) == pytest.approx(0.04 + 0.01)
+    assert model.base_s("get", 0) == pytest.approx(0.025)
+    assert CLOUD_DEFAULTS.to_dict()["bandwidth_bytes_s"] == 90e6
+    with pytest.raises(bw.ConfigError, match="fault rates"):
+        LatencyModel(error_rate=1.5)
+    with pytest.raises(bw.ConfigError, match="positive bandwidth"):
+        LatencyModel(bandwidth_bytes_s=0)
+
+
+def test_requests_take_the_modelled_time():
+    model = LatencyModel(put_s=0.05, first_byte_s=0.03, jitter_sigma=0.0, bandwidth_bytes_s=1e9)
+    store = fresh(model)
+    started = time.perf_counter()
+    store.put_if_absent("k", b"x" * 1000)
+    put_s = time.perf_counter() - started
+    started = time.perf_counter()
+    store.get("k")
+    get_s = time.perf_counter() - started
+    assert 0.05 <= put_s < 0.5 and 0.03 <= get_s < 0.5
+    assert store.requests == {"put": 1, "get": 1}
+
+
+def test_injected_faults_go_through_the_retry_path():
+    store = fresh(LatencyModel(put_s=0, first_byte_s=0, head_s=0, jitter_sigma=0, error_rate=0.5), max_attempts=20)
+    for i in range(20):
+        store.put_if_absent(f"k{i}", b"v")  # each retried until it is applied
+    assert store.requests["put"] > 20
+    hopeless = fresh(LatencyModel(put_s=0, first_byte_s=0, jitter_sigma=0, error_rate=0.99), max_attempts=2)
+    with pytest.raises(bw.TransientStoreError, match="SlowDown"):
+        hopeless.put_if_absent("k", b"v")
+
+
+def test_latency_store_pickles_with_its_model():
+    store = fresh()
+    clone = pickle.loads(pickle.dumps(store))
+    assert (clone.url, clone.model, clone.seed) == (store.url, store.model, store.seed)
+
+
+def test_protocol_survives_faults_and_ambiguous_writes():
+    """Chaos: 10% failed requests and 10% writes that land but report a timeout."""
+    model = LatencyModel(
+        put_s=0.002, first_byte_s=0.001, head_s=0.001, jitter_sigma=0.5, error_rate=0.1, ambiguous_rate=0.1
+    )
+    store = fresh(model, max_attempts=30)
+    counts = {"a": 25, "b": 25, "c": 25}
+
+    def produce(producer_id, count):
+        with bw.Producer(store, producer_id, dp=2, commit_policy=Eager()) as producer:
+            for offset in range(count):
+                producer.append(tgb(producer_id, offset, 2))
+
+    threads = [threading.Thread(target=produce, args=item) for item in counts.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    bw.end_stream(store)
+    clean = Store(store.url)  # judge the result without faults
+    assert_exactly_once(clean.url, counts)
+    assert_referenced_objects_exist(clean.url)
+    with bw.Consumer(store, dp=2, rank=1, timeout_s=30) as consumer:
+        seen = [(b.step, origin_of(b.data), digest(b.data)) for b in consumer]
+    assert [s for s, _, _ in seen] == list(range(75))
+    assert all(d == digest(tgb(p, o, 2)[1]) for _, (p, o), d in seen)

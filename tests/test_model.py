@@ -1,0 +1,370 @@
+"""Model-based test of the commit protocol (in the style of zarr's ``testing/stateful.py``).
+
+A ``RuleBasedStateMachine`` drives REAL ``Producer`` objects on a fresh ``memory://``
+namespace and mirrors every action in a plain Python model: which incarnations of each
+producer_id exist (older ones are zombies), what each one has pending, the committed
+step sequence, the epochs, the number of log versions and whether the stream ended.
+After every step the namespace is read back (log replay, ``inspect_namespace``, the
+producers' own views) and compared with the model; every few steps a consumer rank
+reads all committed steps and checks every byte against the deterministic payloads.
+
+Commits happen only on ``flush()``/``close()`` (the ``Never`` policy), so the model can
+say exactly which version each action writes. Ambiguous commit outcomes are injected
+per producer instance (its ``Store`` object gets an instance-level ``put_if_absent``
+that applies the next log-version put and then fails), so other producers' background
+threads are never affected.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import re
+import threading
+import uuid
+from dataclasses import dataclass, field
+from unittest import mock
+
+import pytest
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+import batchweave as bw
+from batchweave import log
+from batchweave import store as bw_store
+from batchweave.journal import Journal
+from batchweave.store import Store, open_store
+from checks import assert_referenced_objects_exist
+from worker import digest, origin_of, payload, tgb
+
+PRODUCER_IDS = ("a", "b", "c")
+DP = 2
+FLUSH_TIMEOUT_S = 20.0  # a hang becomes a TimeoutError, not a stuck test
+READ_EVERY = 5
+MAX_INCARNATIONS = 4  # open Producer objects at once (live and zombie); keeps steps on appends and flushes  # invariant checks between two consumer read-backs
+_VERSION_KEY = re.compile(r"^_log/\d{20}\.json$")  # log versions, not snapshots or the hint
+
+# How the next conditional put of a log version goes wrong:
+#   applied-timeout   the store applied the write, the client saw a timeout
+#   applied-conflict  the same, as Store's own retry reports it (the retried put finds the key)
+#   lost-timeout      the write never landed and the client saw a timeout
+FAULT_MODES = ("applied-timeout", "applied-conflict", "lost-timeout")
+
+
+class Never:
+    """A policy that never commits on its own: only flush()/close() publish."""
+
+    name = "never"
+
+    def wait_s(self, pending_tgbs, since_last_attempt_s):
+        return float("inf")
+
+    def observe(self, fragile_window_s, producers, success):
+        pass
+
+
+class StoreFault:
+    """Fails the next conditional put of a log version, per ``mode`` (see FAULT_MODES)."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.fired: str | None = None
+
+    def put_if_absent(self, real, key, data):
+        if self.fired is None and _VERSION_KEY.match(key):
+            self.fired = key
+            if self.mode != "lost-timeout":
+                real(key, data)
+            if self.mode == "applied-conflict":
+                raise bw.ObjectExistsError(key, "simulated: a retried put found its own earlier write")
+            raise bw.TransientStoreError(key, f"simulated timeout ({self.mode})")
+        return real(key, data)
+
+
+@dataclass
+class Incarnation:
+    """The model of one Producer object."""
+
+    producer: bw.Producer
+    pid: str
+    epoch: int
+    next_offset: int
+    pending: list[int] = field(default_factory=list)
+    error: type[Exception] | None = None  # sticky: every later flush/append raises it
+
+    def __repr__(self) -> str:
+        return f"<{self.pid} epoch={self.epoch} pending={self.pending} error={self.error and self.error.__name__}>"
+
+
+class CommitProtocol(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.url = f"memory://model-{uuid.uuid4().hex}"
+        self.snapshot_every = 100
+        self.incarnations: list[Incarnation] = []
+        self.epochs: dict[str, int] = {}  # newest claimed epoch per producer_id
+        self.offsets: dict[str, int] = {}  # committed offset (next to produce) per producer_id
+        self.committed: list[tuple[str, int, int]] = []  # (producer, offset, epoch), step order
+        self.versions = 0  # newest log version
+        self.ended_at: int | None = None  # log version of the end-of-stream marker
+        self.checks_since_read = 0
+        self.reads = 0
+
+    # -- model helpers ---------------------------------------------------------------
+
+    @property
+    def ended(self) -> bool:
+        return self.ended_at is not None
+
+    def is_zombie(self, inc: Incarnation) -> bool:
+        return inc.epoch < self.epochs[inc.pid]
+
+    def claimed(self, pid: str) -> None:
+        self.epochs[pid] = self.epochs.get(pid, 0) + 1
+        self.offsets.setdefault(pid, 0)
+        self.versions += 1
+
+    def flush_error(self, inc: Incarnation) -> type[Exception] | None:
+        """What flush() must raise on ``inc`` (None: it commits its pending TGBs, if any)."""
+        if inc.error is not None:
+            return inc.error
+        if not inc.pending:
+            return None  # nothing to commit: no store access, no error, even for a zombie
+        if self.is_zombie(inc):
+            return bw.ProducerFencedError
+        if self.ended:
+            return bw.StreamEndedError
+        return None
+
+    def committed_by(self, inc: Incarnation) -> None:
+        """``inc``'s pending TGBs become the next steps, in one new log version."""
+        if inc.pending:
+            self.committed.extend((inc.pid, offset, inc.epoch) for offset in inc.pending)
+            self.offsets[inc.pid] = inc.pending[-1] + 1
+            self.versions += 1
+            inc.pending = []
+
+    def failed(self, inc: Incarnation, error: type[Exception]) -> None:
+        inc.error = error
+        inc.pending = []  # never committed by this incarnation
+
+    def new_producer(self, pid: str) -> bw.Producer:
+        return bw.Producer(self.url, pid, dp=DP, commit_policy=Never(), snapshot_every=self.snapshot_every)
+
+    def track(self, producer: bw.Producer, pid: str) -> None:
+        assert producer.epoch == self.epochs[pid]
+        assert producer.resume_offset == self.offsets[pid]
+        self.incarnations.append(Incarnation(producer, pid, producer.epoch, producer.resume_offset))
+
+    # -- rules -----------------------------------------------------------------------
+
+    @initialize(
+        snapshot_every=st.sampled_from([2, 3, 100]),
+        pids=st.lists(st.sampled_from(PRODUCER_IDS), min_size=1, max_size=3),
+    )
+    def configure(self, snapshot_every: int, pids: list[str]) -> None:
+        self.snapshot_every = snapshot_every  # a small K exercises snapshots and the hint
+        for pid in pids:
+            self.start(pid, None)
+
+    @precondition(lambda self: len(self.incarnations) < MAX_INCARNATIONS)
+    @rule(pid=st.sampled_from(PRODUCER_IDS), fault=st.sampled_from((None,) * 6 + FAULT_MODES))
+    def start(self, pid: str, fault: str | None) -> None:
+        """A new incarnation claims epoch+1; older live incarnations become zombies.
+
+        With ``fault``, the claim's conditional put has an ambiguous (or lost) outcome.
+        """
+        if self.ended:
+            with pytest.raises(bw.StreamEndedError, match="cannot start"):
+                self.new_producer(pid)
+            return
+        if fault is None:
+            self.claimed(pid)
+            self.track(self.new_producer(pid), pid)
+            return
+        injected = StoreFault(fault)
+        real = Store.put_if_absent
+        caller = threading.get_ident()
+
+        def put_if_absent(store, key, data):
+            if threading.get_ident() != caller:  # leave other producers' threads alone
+                return real(store, key, data)
+            return injected.put_if_absent(functools.partial(real, store), key, data)
+
+        # The store is created inside the constructor, so this patches the class, for the
+        # duration of the (synchronous, this-thread) claim only.
+        with mock.patch.object(Store, "put_if_absent", put_if_absent):
+            try:
+                producer = self.new_producer(pid)
+            except bw.TransientStoreError:
+                producer = None
+        assert injected.fired is not None
+        event(f"ambiguous claim: {fault}, constructor {'succeeded' if producer else 'raised'}")
+        assert fault != "applied-conflict" or producer is not None, "an applied claim must be recognized"
+        if producer is not None or fault != "lost-timeout":
+            self.claimed(pid)  # a claim that landed fences older incarnations, even if the constructor raised
+        if producer is not None:
+            self.track(producer, pid)
+
+    @precondition(lambda self: self.incarnations)
+    @rule(data=st.data(), count=st.integers(1, 3), explicit=st.booleans())
+    def append(self, data: st.DataObject, count: int, explicit: bool) -> None:
+        inc = data.draw(st.sampled_from(self.incarnations), label="incarnation")
+        for _ in range(count):
+            offset = inc.next_offset
+            kwargs = {"source_offset": offset} if explicit else {}
+            if inc.error is not None:
+                with pytest.raises(inc.error):
+                    inc.producer.append(tgb(inc.pid, offset, DP), **kwargs)
+                return
+            # A producer learns of a fence or of the end of the stream only at a commit
+            # attempt, so appending (uploading objects no version references) still works.
+            assert inc.producer.append(tgb(inc.pid, offset, DP), **kwargs) == offset
+            inc.pending.append(offset)
+            inc.next_offset += 1
+
+    @precondition(lambda self: any(i.next_offset > 0 and i.error is None for i in self.incarnations))
+    @rule(data=st.data())
+    def append_stale_offset(self, data: st.DataObject) -> None:
+        inc = data.draw(st.sampled_from([i for i in self.incarnations if i.next_offset > 0 and i.error is None]))
+        stale = data.draw(st.integers(0, inc.next_offset - 1), label="stale offset")
+        with pytest.raises(bw.SourceOffsetError):
+            inc.producer.append(tgb(inc.pid, stale, DP), source_offset=stale)
+
+    @precondition(lambda self: self.incarnations)
+    @rule(data=st.data(), fault=st.sampled_from((None,) * 3 + FAULT_MODES))
+    def flush(self, data: st.DataObject, fault: str | None) -> None:
+        """Live: pending becomes the next steps. Zombie with pending: fenced, commits nothing.
+
+        With ``fault``, the next log-version put of this producer has an ambiguous (or lost)
+        outcome: the flush must still succeed once, with no duplicate and no loss.
+        """
+        # Mostly flush something (a flush with nothing pending is a no-op, seen when none has any).
+        candidates = [i for i in self.incarnations if i.pending] or self.incarnations
+        inc = data.draw(st.sampled_from(candidates), label="incarnation")
+        expected = self.flush_error(inc)
+        commits = expected is None and bool(inc.pending)
+        injected = StoreFault(fault) if fault else None
+        store = inc.producer._store
+        if injected:
+            # Per instance, so other producers' commit threads are untouched.
+            assert inc.producer._journal.store is store, "producer and journal must share one Store"
+            store.put_if_absent = functools.partial(injected.put_if_absent, store.put_if_absent)
+        try:
+            if expected is None:
+                inc.producer.flush(timeout_s=FLUSH_TIMEOUT_S)
+                self.committed_by(inc)
+            else:
+                with pytest.raises(expected):
+                    inc.producer.flush(timeout_s=FLUSH_TIMEOUT_S)
+                event(f"flush raised {expected.__name__}")
+                self.failed(inc, expected)
+        finally:
+            if injected:
+                del store.put_if_absent  # back to the class's method
+        if injected:
+            # Only a commit touches the log: a fenced, ended or idle flush writes no version.
+            assert (injected.fired is not None) == commits, f"log put {injected.fired!r}, model commits={commits}"
+            if commits:
+                event(f"ambiguous commit: {fault}")
+
+    @precondition(lambda self: self.incarnations)
+    @rule(data=st.data(), graceful=st.booleans())
+    def stop(self, data: st.DataObject, graceful: bool) -> None:
+        """close(): flush first, unless already failed (then it just stops).
+        close(flush=False), a crash: whatever is pending is dropped."""
+        inc = data.draw(st.sampled_from(self.incarnations), label="incarnation")
+        self.incarnations.remove(inc)
+        if not graceful:
+            inc.producer.close(flush=False)
+            return
+        expected = None if inc.error is not None else self.flush_error(inc)
+        if expected is None:
+            inc.producer.close()
+            self.committed_by(inc)
+        else:
+            with pytest.raises(expected):
+                inc.producer.close()
+
+    @precondition(lambda self: len(self.committed) >= 2)
+    @rule(roll=st.integers(0, 2))
+    def end_stream(self, roll: int) -> None:
+        """Rare (a third of the times the rule is picked); idempotent."""
+        if roll != 0:
+            return
+        version = bw.end_stream(self.url)
+        event("end_stream")
+        if self.ended_at is None:
+            self.versions += 1
+            self.ended_at = self.versions
+        assert version == self.ended_at
+
+    # -- invariants ------------------------------------------------------------------
+
+    @invariant()
+    def log_replays_to_the_model(self) -> None:
+        state = log.LogState()
+        replayed = []
+        for delta in Journal(open_store(self.url)).versions_after(0):
+            state = log.apply_version(state, delta, log.version_key(delta.version))
+            replayed.extend((step, t.producer, t.source_offset, t.epoch) for step, t in zip(delta.steps(), delta.tgbs))
+        assert [r[0] for r in replayed] == list(range(len(replayed))), "steps are not dense from 0"
+        assert [r[1:] for r in replayed] == self.committed
+        for pid in PRODUCER_IDS:
+            offsets = [offset for _, p, offset, _ in replayed if p == pid]
+            assert offsets == list(range(len(offsets))), f"{pid}: offsets with a gap or a repeat"
+        assert state.version == self.versions, "one log version per claim, commit and end marker"
+        assert state.end_of_stream == self.ended
+
+    @invariant()
+    def inspect_matches_the_model(self) -> None:
+        info = bw.inspect_namespace(self.url)
+        assert info.producers == {p: {"offset": self.offsets[p], "epoch": self.epochs[p]} for p in sorted(self.epochs)}
+        assert (info.steps, info.latest_version, info.end_of_stream) == (len(self.committed), self.versions, self.ended)
+
+    @invariant()
+    def producers_see_themselves_as_the_model_does(self) -> None:
+        for inc in self.incarnations:
+            assert inc.producer.epoch == inc.epoch
+            if inc.error is None:
+                assert inc.producer.metrics()["pending_tgbs"] == len(inc.pending)
+                if not self.is_zombie(inc):
+                    assert inc.producer.resume_offset == self.offsets[inc.pid]
+
+    @invariant()
+    def ranks_read_the_model(self) -> None:
+        """Every few steps: one rank reads every committed step, byte for byte."""
+        self.checks_since_read += 1
+        if self.checks_since_read < READ_EVERY or not self.committed:
+            return
+        self.checks_since_read = 0
+        rank = self.reads % DP
+        self.reads += 1
+        consumer = bw.Consumer(self.url, dp=DP, rank=rank, timeout_s=5)
+        try:
+            batches = list(itertools.islice(consumer, len(self.committed)))
+        finally:
+            consumer.close()
+        assert [b.step for b in batches] == list(range(len(self.committed)))
+        for batch, (pid, offset, _) in zip(batches, self.committed, strict=True):
+            assert origin_of(batch.data) == (pid, offset)
+            assert digest(batch.data) == digest(payload(pid, offset, rank))
+        assert_referenced_objects_exist(self.url)
+        event("consumer read-back")
+
+    def teardown(self) -> None:
+        for inc in self.incarnations:
+            inc.producer.close(flush=False)
+        self.incarnations.clear()
+        with bw_store._memory_lock:
+            bw_store._memory_stores.pop(self.url, None)  # free this run's in-memory namespace
+
+
+CommitProtocol.TestCase.settings = settings(
+    max_examples=100,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestCommitProtocol = CommitProtocol.TestCase
