@@ -8,7 +8,7 @@ import random
 import pytest
 
 from batchweave.errors import ConfigError
-from batchweave.policies import DAC, CommitPolicy, resolve_policy
+from batchweave.policies import AIMD, DAC, INCR, POLICY_NAMES, CommitPolicy, Fixed, Naive, resolve_policy
 
 
 class StubRng:
@@ -302,3 +302,52 @@ def test_resolve_policy_not_a_policy(bad):
 def test_resolve_policy_rejects_a_class():
     with pytest.raises(ConfigError):
         resolve_policy(DAC)
+
+
+# -- the paper's baselines (section 7.1) ------------------------------------------------
+
+
+
+def test_every_named_policy_resolves_to_a_fresh_instance():
+    assert POLICY_NAMES == ("dac", "naive", "fixed10", "fixed100", "incr", "aimd")
+    for name in POLICY_NAMES:
+        first, second = resolve_policy(name), resolve_policy(name.upper())
+        assert first.name == name and first is not second
+
+
+@pytest.mark.parametrize("every", [1, 10, 100])
+def test_fixed_commits_once_every_n_tgbs(every):
+    policy = Fixed(every)
+    assert [policy.wait_s(n, 0.0) == 0.0 for n in range(every + 2)] == [n >= every for n in range(every + 2)]
+    policy.observe(0.1, 32, False)  # a conflict changes nothing: it retries at once
+    assert policy.wait_s(every, 0.0) == 0.0 and policy.wait_s(0, 5.0) == math.inf
+
+
+def test_naive_commits_every_tgb():
+    assert Naive().wait_s(1, 0.0) == 0.0 and Naive().wait_s(0, 0.0) == math.inf and Naive().name == "naive"
+
+
+def test_incr_starts_at_ten_and_adds_one_per_conflict():
+    policy = INCR()
+    outcomes = [False, True, False, False, True]
+    expected = [10]
+    for success in outcomes:
+        policy.observe(0.05, 8, success)
+        expected.append(expected[-1] + (0 if success else 1))
+    assert policy.every == expected[-1] == 13
+    assert policy.wait_s(12, 0.0) == math.inf and policy.wait_s(13, 0.0) == 0.0
+
+
+def test_aimd_adds_on_success_and_halves_on_conflict():
+    policy = AIMD(start=10, increase=2, decrease=0.5)
+    interval = 10.0
+    for success in [True, True, False, True, False, False, False, False]:
+        policy.observe(0.05, 8, success)
+        interval = interval + 2 if success else max(1.0, interval * 0.5)
+        assert policy.interval == pytest.approx(interval)
+    assert policy.interval == 1.0  # never below one TGB
+    assert policy.wait_s(1, 0.0) == 0.0
+    with pytest.raises(ConfigError):
+        AIMD(decrease=1.5)
+    with pytest.raises(ConfigError):
+        Fixed(0)

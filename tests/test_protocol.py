@@ -376,3 +376,15 @@ def test_idle_consumer_backs_off(backend_url):
     consumer.close()
     # Without backoff a 10 ms poll would make ~200 probes in 2 s.
     assert 3 <= probes <= 20
+
+
+@pytest.mark.parametrize("policy", ["naive", "fixed10", "incr", "aimd", "dac"])
+def test_inline_commit_mode_with_every_policy(backend_url, policy):
+    """background_commit=False: the paper's single-loop producer, same guarantees."""
+    with bw.Producer(backend_url, "p", dp=2, commit_policy=policy, background_commit=False) as producer:
+        assert producer._thread is None
+        for offset in range(25):
+            producer.append(tgb("p", offset, 2))
+        if policy == "naive":
+            assert producer.resume_offset == 25  # committed inside each append
+    assert_exactly_once(backend_url, {"p": 25})

@@ -23,21 +23,25 @@ from batchweave.errors import (
 )
 from batchweave.inspect import NamespaceInfo, inspect_namespace
 from batchweave.mesh import Mesh
-from batchweave.policies import DAC, CommitPolicy
+from batchweave.policies import AIMD, DAC, INCR, CommitPolicy, Fixed, Naive
 from batchweave.producer import Producer, end_stream
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AIMD",
     "DAC",
+    "INCR",
     "Batch",
     "BatchWeaveError",
     "CommitPolicy",
     "ConfigError",
     "Consumer",
     "CorruptDataError",
+    "Fixed",
     "LayoutError",
     "Mesh",
+    "Naive",
     "NamespaceInfo",
     "ObjectExistsError",
     "ObjectNotFoundError",

@@ -52,6 +52,9 @@ class Producer:
         dp, cp: data- and context-parallel sizes; every TGB has ``dp * cp`` slices.
         commit_policy: a policy object or its name; default ``DAC()``.
         max_object_bytes: size cap of one TGB object; larger TGBs are split.
+        background_commit: commit on a background thread (default), so commit I/O never
+            delays ``append``; False commits inside ``append`` when the policy says so,
+            the paper's single-loop producer (used by the policy benchmarks).
         store_options: passed through to obstore.
     """
 
@@ -65,6 +68,7 @@ class Producer:
         *,
         max_object_bytes: int = DEFAULT_MAX_OBJECT_BYTES,
         snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+        background_commit: bool = True,
         **store_options: Any,
     ) -> None:
         self.producer_id = log.check_producer_id(producer_id)
@@ -82,10 +86,14 @@ class Producer:
         self._abandon = False  # close(flush=False): drop what is not committed
         self._flush_waiters = 0
         self._metrics = {"attempts": 0, "conflicts": 0, "successes": 0, "tgbs_committed": 0, "bytes_written": 0}
+        self._last_attempt = time.monotonic()
+        self._store_failures = 0
         self._state, self._me = self._claim_epoch(uuid.uuid4().hex)
         self._next_offset = self._me.offset
-        self._thread = threading.Thread(target=self._commit_loop, name=f"batchweave-commit-{producer_id}", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if background_commit:
+            self._thread = threading.Thread(target=self._commit_loop, name=f"batchweave-commit-{producer_id}", daemon=True)
+            self._thread.start()
 
     # -- public API ------------------------------------------------------------------
 
@@ -141,10 +149,15 @@ class Producer:
             self._next_offset = offset + 1
             self._metrics["bytes_written"] += encoded.nbytes
             self._cond.notify_all()
+        if self._thread is None:
+            self._commit_inline(forced=False)
         return offset
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Block until everything appended so far is committed (ignores the policy's gap)."""
+        if self._thread is None:
+            self._commit_inline(forced=True)
+            return
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._cond:
             target = self._next_offset
@@ -174,7 +187,8 @@ class Producer:
                 self._closed = True
                 self._abandon = self._abandon or not flush
                 self._cond.notify_all()
-            self._thread.join()
+            if self._thread is not None:
+                self._thread.join()
 
     def metrics(self) -> dict[str, float]:
         """Counters for dashboards and benchmarks; a plain dict, safe to log as JSON."""
@@ -232,43 +246,62 @@ class Producer:
                 return state, mine  # the write landed although the store reported a conflict
 
     def _commit_loop(self) -> None:
-        last_attempt = time.monotonic()
-        failures = 0
         while True:
             with self._cond:
-                batch = self._wait_for_work(last_attempt)
+                batch = self._wait_for_work()
                 if batch is None:
                     return
                 forced = self._flush_waiters > 0 or self._closed
-            try:
-                success, window_s = self._attempt(batch)
-                failures = 0
-            except StoreError as exc:
-                failures += 1
-                _logger.warning("producer %s: commit attempt failed (%d in a row): %s", self.producer_id, failures, exc)
-                if failures >= _MAX_STORE_FAILURES:
-                    self._fail(exc)
-                    return
-                time.sleep(min(5.0, 0.1 * 2**failures) * random.random())
-                continue
-            except BatchWeaveError as exc:  # fenced, ended, or a damaged log: all final
-                self._fail(exc)
+            if not self._commit_once(batch, forced):
                 return
-            self.policy.observe(window_s, len(self._state.producers), success)
-            last_attempt = time.monotonic()
-            if not success and forced:
-                # A flush retries without the policy's gap, but with jitter so that many
-                # flushing producers do not collide again in lockstep.
-                time.sleep(random.uniform(0, min(0.5, window_s * 2)))
 
-    def _wait_for_work(self, last_attempt: float) -> list[TGBDescriptor] | None:
+    def _commit_once(self, batch: list[TGBDescriptor], forced: bool) -> bool:
+        """One attempt with its bookkeeping; False once the producer has failed for good."""
+        try:
+            success, window_s = self._attempt(batch)
+            self._store_failures = 0
+        except StoreError as exc:
+            self._store_failures += 1
+            _logger.warning(
+                "producer %s: commit attempt failed (%d in a row): %s", self.producer_id, self._store_failures, exc
+            )
+            if self._store_failures >= _MAX_STORE_FAILURES:
+                self._fail(exc)
+                return False
+            time.sleep(min(5.0, 0.1 * 2**self._store_failures) * random.random())
+            return True
+        except BatchWeaveError as exc:  # fenced, ended, or a damaged log: all final
+            self._fail(exc)
+            return False
+        self.policy.observe(window_s, len(self._state.producers), success)
+        self._last_attempt = time.monotonic()
+        if not success and forced:
+            # A flush retries without the policy's gap, but with jitter so that many
+            # flushing producers do not collide again in lockstep.
+            time.sleep(random.uniform(0, min(0.5, window_s * 2)))
+        return True
+
+    def _commit_inline(self, forced: bool) -> None:
+        """background_commit=False: commit in the caller's thread (paper, Algorithm 1)."""
+        target = self._next_offset
+        while self._error is None and self._committed_offset() < target:
+            since = time.monotonic() - self._last_attempt
+            if not forced and self.policy.wait_s(len(self._pending), since) > 0:
+                break
+            self._commit_once(list(self._pending), forced)
+            if not forced:
+                break  # one attempt per append; a flush retries until everything is in
+        if self._error is not None:
+            raise self._error
+
+    def _wait_for_work(self) -> list[TGBDescriptor] | None:
         """Under the lock: the batch to commit now, or None when the thread should stop."""
         while True:
             if self._error is not None or (self._closed and (self._abandon or not self._pending)):
                 return None
             if self._pending:
                 forced = self._flush_waiters > 0 or self._closed
-                wait = 0.0 if forced else self.policy.wait_s(len(self._pending), time.monotonic() - last_attempt)
+                wait = 0.0 if forced else self.policy.wait_s(len(self._pending), time.monotonic() - self._last_attempt)
                 if wait <= 0:
                     return list(self._pending)
             else:
