@@ -1,16 +1,20 @@
 # BatchWeave developer commands. Needs only python3 (>= 3.11), node and npm.
 #   make demo   - install into .venv and run the demo
-#   make test   - install dev extras and Azurite, run the test suite
+#   make test   - install dev extras, Azurite and nats-server, run the test suite
 #                 (extra pytest arguments: make test PYTEST_ARGS='-k s3 -x')
+#   make bench  - every benchmark in full mode into bench-out/ (BENCH_ARGS=--quick for short runs)
 #   make clean  - remove the venv, node_modules and generated files
 
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 AZURITE := node_modules/.bin/azurite-blob
+NATS    := $(shell command -v nats-server 2>/dev/null || echo /usr/bin/nats-server)
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
+BENCHMARKS := dac producers commit-cost exactly-once
 
-.PHONY: venv dev demo test clean
+.PHONY: venv dev demo test bench clean
 
 venv: $(VENV)/.installed
 dev: $(VENV)/.installed-dev
@@ -30,11 +34,20 @@ $(AZURITE):
 	if [ -f package-lock.json ]; then npm ci --no-audit --no-fund; \
 	else npm install --no-audit --no-fund; fi
 
+# The message-queue baseline of `batchweave bench producers` (Debian's nats-server).
+$(NATS):
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && apt-get install -y -qq nats-server >/dev/null; \
+	else echo "nats-server is missing: install it (sudo apt-get install nats-server)"; exit 1; fi
+
 demo: venv
 	$(VENV)/bin/batchweave demo
 
-test: dev $(AZURITE)
+test: dev $(AZURITE) $(NATS)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: dev $(NATS)
+	for name in $(BENCHMARKS); do $(VENV)/bin/batchweave bench $$name --out bench-out $(BENCH_ARGS) || exit 1; done
 
 clean:
 	rm -rf $(VENV) node_modules build dist src/*.egg-info .pytest_cache .hypothesis \

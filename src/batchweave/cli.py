@@ -143,10 +143,51 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK if summary["ok"] else EXIT_CHECKS_FAILED
 
 
+# -- bench ----------------------------------------------------------------------------
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    from batchweave.bench import BENCHMARKS
+
+    p = sub.add_parser(
+        "bench", help="run a benchmark; writes OUT/NAME.json, OUT/NAME.png and OUT/NAME.md",
+        description="Run a benchmark and write its JSON result, PNG figure and Markdown table into --out.",
+    )
+    p.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--quick", action="store_true", help="a short run (about 2 minutes on 2 cores)")
+    p.add_argument("--store", choices=("latency", "s3"), default="latency",
+                   help="latency: the cloud latency model over memory (default); s3: a moto server on loopback")
+    p.add_argument("--seed", type=int, default=0, help="seed of the latency model's jitter")
+    p.set_defaults(func=_cmd_bench)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from batchweave.bench import load
+    from batchweave.bench.report import BenchOptions, write_outputs
+
+    module = load(args.name)
+    options = BenchOptions(quick=args.quick, store=args.store, seed=args.seed)
+    console = Console(stderr=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TimeElapsedColumn())
+    with Progress(*columns, console=console) as progress:
+        result = module.run(options, progress)
+    paths = write_outputs(result, Path(args.out), module.plot)
+    for line in result.summary:
+        console.print(f"[bold]{args.name}[/]: {line}")
+    for path in paths:
+        print(path)
+    return EXIT_OK
+
+
 # -- entry point ----------------------------------------------------------------------
 
-# Each function registers one subcommand; a later `bench` adds `_add_bench` here.
-SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_inspect, _add_end_stream, _add_demo]
+# Each function registers one subcommand.
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_inspect, _add_end_stream, _add_demo, _add_bench]
 
 
 def build_parser() -> argparse.ArgumentParser:

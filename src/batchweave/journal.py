@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterator
 
 from batchweave import log
@@ -28,6 +29,9 @@ class Journal:
         self.store = store
         self.snapshot_every = snapshot_every
         self.requests = 0  # log requests made, for cost tests and metrics
+        # When the newest probe began: a commit's fragile window opens at the read that
+        # found no newer version (paper 5.2), not at the catch-up reads before it.
+        self.last_probe_started = time.monotonic()
 
     # -- versions --------------------------------------------------------------------
 
@@ -43,7 +47,11 @@ class Journal:
 
     def versions_after(self, version: int) -> Iterator[LogVersion]:
         """Committed versions ``version+1, version+2, ...`` up to the newest one."""
-        while (delta := self.read_version(version + 1)) is not None:
+        while True:
+            self.last_probe_started = time.monotonic()
+            delta = self.read_version(version + 1)
+            if delta is None:
+                return
             yield delta
             version += 1
 

@@ -85,28 +85,42 @@ class LatencyStore(Store):
     """
 
     def __init__(
-        self, url: str, model: LatencyModel = CLOUD_DEFAULTS, *, seed: int | None = None, **options: Any
+        self,
+        url: str,
+        model: LatencyModel = CLOUD_DEFAULTS,
+        *,
+        seed: int | None = None,
+        discard_prefix: str | None = None,
+        **options: Any,
     ) -> None:
         super().__init__(url, **options)
         self.model = model
         self.seed = seed
+        # Ingestion benchmarks time every data write but need not keep gigabytes in memory.
+        self.discard_prefix = discard_prefix
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self.requests: dict[str, int] = {}
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**super().__getstate__(), "model": self.model, "seed": self.seed}
+        return {**super().__getstate__(), "model": self.model, "seed": self.seed, "discard_prefix": self.discard_prefix}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         state = dict(state)
-        model, seed = state.pop("model"), state.pop("seed")
+        model, seed, discard = state.pop("model"), state.pop("seed"), state.pop("discard_prefix")
         self.__init__(
-            state["url"], model, seed=seed, create=state["create"], max_attempts=state["max_attempts"],
-            **state["options"],
+            state["url"], model, seed=seed, discard_prefix=discard, create=state["create"],
+            max_attempts=state["max_attempts"], **state["options"],
         )
 
     def __repr__(self) -> str:
         return f"LatencyStore({self.url!r}, {self.model})"
+
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> None:
+        if self.discard_prefix is not None and key.startswith(self.discard_prefix):
+            self._call(key, lambda: None, "put", len(data), conditional=True)
+            return
+        super().put_if_absent(key, data)
 
     def _draw(self) -> tuple[float, float, float]:
         with self._lock:  # random.Random is not safe to share between threads unguarded

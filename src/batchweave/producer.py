@@ -86,9 +86,13 @@ class Producer:
         self._abandon = False  # close(flush=False): drop what is not committed
         self._flush_waiters = 0
         self._metrics = {"attempts": 0, "conflicts": 0, "successes": 0, "tgbs_committed": 0, "bytes_written": 0}
-        self._last_attempt = time.monotonic()
         self._store_failures = 0
-        self._state, self._me = self._claim_epoch(uuid.uuid4().hex)
+        self._state, self._me, claim_window_s = self._claim_epoch(uuid.uuid4().hex)
+        # The claim was a commit through the log: it primes the policy with a first
+        # fragile-window sample and the producer count, so a pool that starts together
+        # spreads its first commits instead of colliding on them.
+        self.policy.observe(claim_window_s, len(self._state.producers), True)
+        self._last_attempt = time.monotonic()
         self._next_offset = self._me.offset
         self._thread: threading.Thread | None = None
         if background_commit:
@@ -226,8 +230,12 @@ class Producer:
                 f"namespace {self._store.url} was ended at log version {self._state.version}; no TGB is accepted"
             )
 
-    def _claim_epoch(self, incarnation: str) -> tuple[LogState, ProducerState]:
-        """Commit a version that gives this incarnation the next epoch of producer_id."""
+    def _claim_epoch(self, incarnation: str) -> tuple[LogState, ProducerState, float]:
+        """Commit a version that gives this incarnation the next epoch of producer_id.
+
+        Returns the new state, this incarnation's producer state, and the fragile window
+        (seconds) of the successful attempt.
+        """
         state = self._journal.load_state()
         while True:
             if state.end_of_stream:
@@ -239,11 +247,12 @@ class Producer:
             if self._journal.try_commit(claim):
                 state = log.apply_version(state, claim, log.version_key(claim.version))
                 self._journal.after_commit(state)
-                return state, claim.producers[self.producer_id]
+                return state, claim.producers[self.producer_id], time.monotonic() - self._journal.last_probe_started
             state, _ = self._journal.catch_up(state)
             mine = state.producers.get(self.producer_id)
             if mine is not None and mine.incarnation == incarnation:
-                return state, mine  # the write landed although the store reported a conflict
+                # The write landed although the store reported a conflict.
+                return state, mine, time.monotonic() - self._journal.last_probe_started
 
     def _commit_loop(self) -> None:
         while True:
@@ -310,7 +319,6 @@ class Producer:
 
     def _attempt(self, batch: list[TGBDescriptor]) -> tuple[bool, float]:
         """One commit attempt: catch up, rebase, conditional put. Returns (success, fragile window s)."""
-        started = time.monotonic()
         state, _ = self._journal.catch_up(self._state)
         remaining = log.pending_after_rebase(state, self.producer_id, self._me, batch)
         success = True
@@ -323,7 +331,7 @@ class Producer:
                 self._metrics["successes"] += 1
             else:
                 self._metrics["conflicts"] += 1
-        window_s = time.monotonic() - started
+        window_s = time.monotonic() - self._journal.last_probe_started
         with self._cond:
             before = len(self._pending)
             self._state = state
