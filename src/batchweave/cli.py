@@ -156,8 +156,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--quick", action="store_true", help="a short run (about 2 minutes on 2 cores)")
-    p.add_argument("--store", choices=("latency", "s3"), default="latency",
-                   help="latency: the cloud latency model over memory (default); s3: a moto server on loopback")
+    p.add_argument("--store", choices=("latency", "local", "s3"), default="latency",
+                   help="latency: the cloud latency model over memory (default); local: a directory on this "
+                        "disk; s3: a moto server on loopback")
     p.add_argument("--seed", type=int, default=0, help="seed of the latency model's jitter")
     p.set_defaults(func=_cmd_bench)
 

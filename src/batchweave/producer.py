@@ -85,7 +85,14 @@ class Producer:
         self._closed = False
         self._abandon = False  # close(flush=False): drop what is not committed
         self._flush_waiters = 0
-        self._metrics = {"attempts": 0, "conflicts": 0, "successes": 0, "tgbs_committed": 0, "bytes_written": 0}
+        self._metrics: dict[str, float] = {
+            "attempts": 0,
+            "conflicts": 0,
+            "successes": 0,
+            "tgbs_committed": 0,
+            "bytes_written": 0,
+            "last_fragile_window_s": math.nan,
+        }
         self._store_failures = 0
         self._state, self._me, claim_window_s = self._claim_epoch(uuid.uuid4().hex)
         # The claim was a commit through the log: it primes the policy with a first
@@ -332,6 +339,8 @@ class Producer:
             else:
                 self._metrics["conflicts"] += 1
         window_s = time.monotonic() - self._journal.last_probe_started
+        if remaining:
+            self._metrics["last_fragile_window_s"] = window_s
         with self._cond:
             before = len(self._pending)
             self._state = state

@@ -13,6 +13,8 @@ beside it. Commit success rate is successful attempts over all attempts.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import threading
 import time
 import uuid
@@ -47,6 +49,13 @@ def bench_store(options: BenchOptions, tag: str) -> Iterator[Store]:
     if options.store == "latency":
         yield LatencyStore(f"memory://{name}", CLOUD_DEFAULTS, seed=options.seed, discard_prefix="data/")
         return
+    if options.store == "local":
+        directory = tempfile.mkdtemp(prefix=f"{name}-")
+        try:
+            yield open_store(directory)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+        return
     from batchweave.bench.servers import moto_s3
 
     with moto_s3() as bucket_url:
@@ -56,6 +65,8 @@ def bench_store(options: BenchOptions, tag: str) -> Iterator[Store]:
 def store_model(options: BenchOptions) -> dict[str, Any]:
     if options.store == "latency":
         return {"kind": "latency", **CLOUD_DEFAULTS.to_dict(), "data_objects": "timed, not kept"}
+    if options.store == "local":
+        return {"kind": "local", "where": "a temporary directory on this machine's disk"}
     return {"kind": "s3", "server": "moto on 127.0.0.1"}
 
 

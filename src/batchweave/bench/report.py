@@ -18,7 +18,7 @@ class BenchOptions:
     """What the command line chose."""
 
     quick: bool = False
-    store: str = "latency"  # "latency" (LatencyStore over memory) or "s3" (moto on loopback)
+    store: str = "latency"  # "latency" (LatencyStore over memory), "local" (a temp dir) or "s3" (moto)
     seed: int = 0
 
 

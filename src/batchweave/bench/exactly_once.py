@@ -1,0 +1,150 @@
+"""``bench exactly-once``: what durable producer state costs per commit (paper Fig. 10).
+
+Paired inputs, one TGB per commit (the stress case, as in the paper): each pair commits
+the same TGB descriptor twice on the latency model, once through a real ``Producer``
+(the version carries the producer's offset, epoch and incarnation and the commit runs
+the rebase checks) and once as a control whose version carries dummy metadata of the
+same size instead, with no exactly-once logic. The two halves of a pair alternate in
+order, so drift in the machine's speed falls on both alike.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import uuid
+from typing import Any
+
+import msgspec
+
+from batchweave import log
+from batchweave.bench.ingest import store_model
+from batchweave.bench.report import BenchOptions, BenchResult, machine
+from batchweave.journal import Journal
+from batchweave.latency import CLOUD_DEFAULTS, LatencyStore
+from batchweave.producer import Producer
+
+NAME = "exactly-once"
+TGB_SLICES = (8, 32, 128)
+PAYLOADS = (100_000, 1_000_000, 10_000_000)
+COLUMNS = (
+    "tgb_slices",
+    "payload_bytes",
+    "commit_latency_state_s",
+    "commit_latency_control_s",
+    "overhead",
+    "samples",
+)
+
+
+class _Never:
+    name = "never"
+
+    def wait_s(self, pending_tgbs: int, since_last_attempt_s: float) -> float:
+        return float("inf")
+
+    def observe(self, fragile_window_s: float, producers: int, success: bool) -> None:
+        pass
+
+
+def run(options: BenchOptions, progress: Any) -> BenchResult:
+    pairs = 10 if options.quick else 100
+    task = progress.add_task("bench exactly-once", total=len(TGB_SLICES) * len(PAYLOADS))
+    results = []
+    for slices in TGB_SLICES:
+        for payload in PAYLOADS:
+            progress.update(task, description=f"exactly-once: {slices} slices, {payload // 1000} KB")
+            results.append(_measure(slices, payload, pairs, options.seed))
+            progress.advance(task)
+    config = {
+        "tgb_slices": list(TGB_SLICES),
+        "payload_bytes": list(PAYLOADS),
+        "pairs_per_point": pairs,
+        "commit": "one TGB per commit, producer.flush() timed; data upload not timed",
+        "control": "the same version with the producer state replaced by same-size dummy metadata",
+        "quick": options.quick,
+        "store": store_model(BenchOptions(store="latency")),
+        "machine": machine(),
+    }
+    return BenchResult(NAME, config, results, COLUMNS, summary=verdict(results))
+
+
+def verdict(results: list[dict[str, Any]]) -> list[str]:
+    worst = max(results, key=lambda r: r["overhead"])
+    mean = statistics.fmean(r["overhead"] for r in results)
+    return [
+        f"exactly-once state overhead: mean {mean:+.1%}, worst {worst['overhead']:+.1%} "
+        f"at {worst['tgb_slices']} slices / {worst['payload_bytes'] // 1000} KB (target <= 10%; paper 9.4%-74.9%)",
+    ]
+
+
+def _measure(slices: int, payload_bytes: int, pairs: int, seed: int) -> dict[str, Any]:
+    tag = uuid.uuid4().hex[:8]
+    state_store = LatencyStore(f"memory://bench-eo-{tag}", CLOUD_DEFAULTS, seed=seed, discard_prefix="data/")
+    control_store = LatencyStore(f"memory://bench-eo-control-{tag}", CLOUD_DEFAULTS, seed=seed + 1)
+    control = _Control(Journal(control_store))
+    slice_payload = b"\0" * max(1, payload_bytes // slices)
+    state_s, control_s = [], []
+    with Producer(state_store, "eo", dp=slices, commit_policy=_Never(), background_commit=False) as producer:
+        reader = Journal(state_store)
+        producer.append([slice_payload] * slices)
+        producer.flush()  # warm-up: the control copies the shape of a committed version
+        for pair in range(pairs):
+            producer.append([slice_payload] * slices)  # the upload is not part of the commit
+            body = _control_body(reader.read_version(int(producer.metrics()["log_version"])))
+            actions = {"state": producer.flush, "control": lambda: control.commit(body)}
+            order = ("state", "control") if pair % 2 == 0 else ("control", "state")
+            timed = {name: _timed(actions[name]) for name in order}
+            state_s.append(timed["state"])
+            control_s.append(timed["control"])
+    state_mean, control_mean = statistics.fmean(state_s), statistics.fmean(control_s)
+    return {
+        "tgb_slices": slices,
+        "payload_bytes": payload_bytes,
+        "commit_latency_state_s": state_mean,
+        "commit_latency_control_s": control_mean,
+        "overhead": state_mean / control_mean - 1,
+        "samples": pairs,
+    }
+
+
+def _timed(action: Any) -> float:
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
+
+
+class _Control:
+    """The control's log: the same I/O as a commit attempt, without exactly-once state."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self.version = 0
+
+    def commit(self, body: bytes) -> None:
+        self.version += 1
+        self.journal.read_version(self.version)  # the probe for a newer version
+        self.journal.store.put_if_absent(log.version_key(self.version), body)
+
+
+def _control_body(delta: log.LogVersion | None) -> bytes:
+    """``delta`` with its producer state swapped for dummy bytes of the same size."""
+    assert delta is not None and len(delta.tgbs) == 1
+    as_dict = msgspec.to_builtins(delta)
+    state_size = len(msgspec.json.encode(as_dict["producers"]))
+    as_dict["producers"] = {}
+    as_dict["dummy"] = "x" * state_size
+    return msgspec.json.encode(as_dict)
+
+
+def plot(result: BenchResult, figure: Any) -> None:
+    axes = figure.subplots(1, 1)
+    labels = [f"{r['tgb_slices']}x{r['payload_bytes'] // 1000}KB" for r in result.results]
+    xs = range(len(labels))
+    axes.bar([x - 0.2 for x in xs], [r["commit_latency_state_s"] * 1e3 for r in result.results], 0.4,
+             label="with producer state")
+    axes.bar([x + 0.2 for x in xs], [r["commit_latency_control_s"] * 1e3 for r in result.results], 0.4,
+             label="dummy-metadata control")
+    axes.set_xticks(list(xs), labels, rotation=30)
+    axes.set(ylabel="mean commit latency (ms)", title="exactly-once producer state: per-commit cost")
+    axes.legend()

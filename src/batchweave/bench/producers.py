@@ -1,0 +1,117 @@
+"""``bench producers``: ingestion throughput against producer count and payload size,
+for BatchWeave under every commit policy and for NATS JetStream in strict-TGB mode.
+
+NATS runs on loopback with no latency model, so the like-for-like comparison with it is
+``--store local`` (both write to this machine's disk); on the default latency model the
+BatchWeave figures carry a cloud store's per-request latency that NATS does not.
+NATS runs twice per point: with its default 1 MiB message limit (larger TGBs fail, as
+the paper's Kafka did) and with the limit raised to 64 MiB.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from batchweave.bench.ingest import IngestSpec, bench_store, run_ingest, store_model
+from batchweave.bench.report import BenchOptions, BenchResult, machine
+from batchweave.policies import POLICY_NAMES
+
+NAME = "producers"
+COLUMNS = (
+    "system",
+    "policy",
+    "producers",
+    "payload_bytes",
+    "throughput_mb_s",
+    "commit_success_rate",
+    "tgbs_committed",
+    "error",
+)
+RAISED_NATS_LIMIT = 64 * 1024 * 1024
+
+
+def plan(options: BenchOptions) -> dict[str, Any]:
+    if options.quick:
+        return {"producers": [8, 32], "payloads": [100_000, 10_000_000], "policies": ["dac", "fixed100"],
+                "duration_s": 4.0}
+    return {"producers": [8, 16, 32, 64, 128], "payloads": [100_000, 1_000_000, 10_000_000],
+            "policies": list(POLICY_NAMES), "duration_s": 30.0}
+
+
+def run(options: BenchOptions, progress: Any) -> BenchResult:
+    from batchweave.bench.nats_baseline import find_nats_server, measure_nats
+
+    sweep = plan(options)
+    points = [(n, size) for size in sweep["payloads"] for n in sweep["producers"]]
+    task = progress.add_task("bench producers", total=len(points) * (len(sweep["policies"]) + 2))
+    results: list[dict[str, Any]] = []
+    for producers, payload in points:
+        for policy in sweep["policies"]:
+            progress.update(task, description=f"producers: {policy} x{producers}, {payload // 1000} KB")
+            spec = IngestSpec(policy, producers, payload, sweep["duration_s"])
+            with bench_store(options, f"prod-{policy}") as store:
+                record, _ = run_ingest(spec, store)
+            results.append({**record, "store": options.store})
+            progress.advance(task)
+        for limit in (None, RAISED_NATS_LIMIT):
+            progress.update(task, description=f"producers: nats x{producers}, {payload // 1000} KB, limit {limit}")
+            if find_nats_server() is None:
+                record = _nats_missing(producers, payload)
+            else:
+                with tempfile.TemporaryDirectory(prefix="bench-nats-") as workdir:
+                    record = measure_nats(producers, payload, sweep["duration_s"], Path(workdir), limit)
+            results.append({**record, "policy": "strict-tgb" if limit is None else "strict-tgb-64MiB",
+                            "store": "nats-loopback"})
+            progress.advance(task)
+    config = {**sweep, "tgb_slices": 8, "quick": options.quick, "store": store_model(options),
+              "nats": {"mode": "strict TGB: one message per TGB, ack awaited", "limits": ["1 MiB", "64 MiB"]},
+              "machine": machine()}
+    return BenchResult(NAME, config, results, COLUMNS, summary=verdict(results))
+
+
+def _nats_missing(producers: int, payload: int) -> dict[str, Any]:
+    return {"system": "nats", "producers": producers, "payload_bytes": payload, "throughput_mb_s": 0.0,
+            "commit_success_rate": 0.0, "tgbs_committed": 0, "error": "nats-server not installed"}
+
+
+def verdict(results: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for payload in sorted({r["payload_bytes"] for r in results}):
+        rows = [r for r in results if r["payload_bytes"] == payload]
+        wins, compared = 0, 0
+        for producers in sorted({r["producers"] for r in rows}):
+            dac = _pick(rows, "batchweave", "dac", producers)
+            nats = [r for r in rows if r["system"] == "nats" and r["producers"] == producers and r["tgbs_committed"]]
+            if dac and nats:
+                compared += 1
+                wins += dac["throughput_mb_s"] >= max(r["throughput_mb_s"] for r in nats)
+        failed = [r for r in rows if r["system"] == "nats" and r["policy"] == "strict-tgb" and not r["tgbs_committed"]]
+        lines.append(
+            f"{payload // 1000} KB: BatchWeave (DAC) >= NATS at {wins}/{compared} producer counts; "
+            f"NATS with its default limit failed at {len(failed)} of them"
+        )
+    return lines
+
+
+def _pick(rows: list[dict[str, Any]], system: str, policy: str, producers: int) -> dict[str, Any] | None:
+    for r in rows:
+        if r["system"] == system and r.get("policy") == policy and r["producers"] == producers:
+            return r
+    return None
+
+
+def plot(result: BenchResult, figure: Any) -> None:
+    payloads = sorted({r["payload_bytes"] for r in result.results})
+    axes = figure.subplots(1, len(payloads), squeeze=False)[0]
+    for ax, payload in zip(axes, payloads, strict=True):
+        rows = [r for r in result.results if r["payload_bytes"] == payload]
+        for system, policy in sorted({(r["system"], r["policy"]) for r in rows}):
+            line = sorted((r["producers"], r["throughput_mb_s"]) for r in rows
+                          if (r["system"], r["policy"]) == (system, policy) and r["throughput_mb_s"] > 0)
+            if line:
+                style = "s--" if system == "nats" else ("o-" if policy == "dac" else ".-")
+                ax.plot(*zip(*line), style, label=f"{system} {policy}")
+        ax.set(title=f"{payload // 1000} KB TGBs", xlabel="producers", ylabel="MB/s", xscale="log")
+    axes[0].legend(fontsize="small")
