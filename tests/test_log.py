@@ -356,6 +356,12 @@ def test_repeated_offset():
         apply_version(state, version(3, 2, [tgb("a", 1, 3), tgb("a", 1, 2)], {"a": ProducerState(4, 1, "ia")}), K)
 
 
+def test_skipped_offset():
+    state, _ = _state_with_a()  # producer a has committed offsets 0 and 1
+    with pytest.raises(CorruptDataError, match="skips offsets from 2"):
+        apply_version(state, version(3, 2, [tgb("a", 1, 3)], {"a": ProducerState(4, 1, "ia")}), K)
+
+
 def test_recorded_offset_must_match_tgbs():
     state, a = _state_with_a()
     with pytest.raises(CorruptDataError, match="records offset"):

@@ -12,7 +12,10 @@ Commits happen only on ``flush()``/``close()`` (the ``Never`` policy), so the mo
 say exactly which version each action writes. Ambiguous commit outcomes are injected
 per producer instance (its ``Store`` object gets an instance-level ``put_if_absent``
 that applies the next log-version put and then fails), so other producers' background
-threads are never affected.
+threads are never affected. Actions run one at a time: commit races between live
+processes are the business of test_protocol.py and test_crashes.py.
+
+``--hypothesis-show-statistics`` lists how often the interesting paths were taken.
 """
 
 from __future__ import annotations
@@ -41,9 +44,10 @@ from worker import digest, origin_of, payload, tgb
 PRODUCER_IDS = ("a", "b", "c")
 DP = 2
 FLUSH_TIMEOUT_S = 20.0  # a hang becomes a TimeoutError, not a stuck test
-READ_EVERY = 5
-MAX_INCARNATIONS = 4  # open Producer objects at once (live and zombie); keeps steps on appends and flushes  # invariant checks between two consumer read-backs
+READ_EVERY = 5  # invariant checks between two consumer read-backs
+MAX_INCARNATIONS = 4  # open Producers at once (live and zombie): keeps steps on appends and flushes
 _VERSION_KEY = re.compile(r"^_log/\d{20}\.json$")  # log versions, not snapshots or the hint
+_DATA_KEY = re.compile(r"^data/")  # TGB objects
 
 # How the next conditional put of a log version goes wrong:
 #   applied-timeout   the store applied the write, the client saw a timeout
@@ -65,14 +69,22 @@ class Never:
 
 
 class StoreFault:
-    """Fails the next conditional put of a log version, per ``mode`` (see FAULT_MODES)."""
+    """Fails the next conditional put of a key matching ``keys``, per ``mode`` (see FAULT_MODES)."""
 
-    def __init__(self, mode: str) -> None:
+    def __init__(self, mode: str, keys: re.Pattern[str] = _VERSION_KEY) -> None:
         self.mode = mode
+        self.keys = keys
         self.fired: str | None = None
 
+    def install(self, producer: bw.Producer) -> Store:
+        """Per instance, so other producers' commit threads are untouched; undo with ``del store.put_if_absent``."""
+        store = producer._store
+        assert producer._journal.store is store, "producer and journal must share one Store"
+        store.put_if_absent = functools.partial(self.put_if_absent, store.put_if_absent)
+        return store
+
     def put_if_absent(self, real, key, data):
-        if self.fired is None and _VERSION_KEY.match(key):
+        if self.fired is None and self.keys.match(key):
             self.fired = key
             if self.mode != "lost-timeout":
                 real(key, data)
@@ -102,6 +114,7 @@ class CommitProtocol(RuleBasedStateMachine):
         super().__init__()
         self.url = f"memory://model-{uuid.uuid4().hex}"
         self.snapshot_every = 100
+        self.background_commit = True
         self.incarnations: list[Incarnation] = []
         self.epochs: dict[str, int] = {}  # newest claimed epoch per producer_id
         self.offsets: dict[str, int] = {}  # committed offset (next to produce) per producer_id
@@ -150,7 +163,14 @@ class CommitProtocol(RuleBasedStateMachine):
         inc.pending = []  # never committed by this incarnation
 
     def new_producer(self, pid: str) -> bw.Producer:
-        return bw.Producer(self.url, pid, dp=DP, commit_policy=Never(), snapshot_every=self.snapshot_every)
+        return bw.Producer(
+            self.url,
+            pid,
+            dp=DP,
+            commit_policy=Never(),
+            snapshot_every=self.snapshot_every,
+            background_commit=self.background_commit,
+        )
 
     def track(self, producer: bw.Producer, pid: str) -> None:
         assert producer.epoch == self.epochs[pid]
@@ -161,10 +181,12 @@ class CommitProtocol(RuleBasedStateMachine):
 
     @initialize(
         snapshot_every=st.sampled_from([2, 3, 100]),
+        background_commit=st.booleans(),
         pids=st.lists(st.sampled_from(PRODUCER_IDS), min_size=1, max_size=3),
     )
-    def configure(self, snapshot_every: int, pids: list[str]) -> None:
+    def configure(self, snapshot_every: int, background_commit: bool, pids: list[str]) -> None:
         self.snapshot_every = snapshot_every  # a small K exercises snapshots and the hint
+        self.background_commit = background_commit  # False: commits run in flush()'s own thread
         for pid in pids:
             self.start(pid, None)
 
@@ -208,21 +230,41 @@ class CommitProtocol(RuleBasedStateMachine):
             self.track(producer, pid)
 
     @precondition(lambda self: self.incarnations)
-    @rule(data=st.data(), count=st.integers(1, 3), explicit=st.booleans())
-    def append(self, data: st.DataObject, count: int, explicit: bool) -> None:
+    @rule(
+        data=st.data(),
+        count=st.integers(1, 3),
+        explicit=st.booleans(),
+        fault=st.sampled_from((None,) * 6 + FAULT_MODES),
+    )
+    def append(self, data: st.DataObject, count: int, explicit: bool, fault: str | None) -> None:
+        """Upload ``count`` TGBs; with ``fault``, the first TGB object's put is ambiguous or lost."""
         inc = data.draw(st.sampled_from(self.incarnations), label="incarnation")
-        for _ in range(count):
-            offset = inc.next_offset
-            kwargs = {"source_offset": offset} if explicit else {}
-            if inc.error is not None:
-                with pytest.raises(inc.error):
-                    inc.producer.append(tgb(inc.pid, offset, DP), **kwargs)
-                return
-            # A producer learns of a fence or of the end of the stream only at a commit
-            # attempt, so appending (uploading objects no version references) still works.
-            assert inc.producer.append(tgb(inc.pid, offset, DP), **kwargs) == offset
-            inc.pending.append(offset)
-            inc.next_offset += 1
+        if inc.error is not None:
+            with pytest.raises(inc.error):
+                inc.producer.append(tgb(inc.pid, inc.next_offset, DP))
+            return
+        injected = StoreFault(fault, _DATA_KEY) if fault else None
+        store = injected.install(inc.producer) if injected else None
+        try:
+            for _ in range(count):
+                offset = inc.next_offset
+                kwargs = {"source_offset": offset} if explicit else {}
+                try:
+                    # A producer learns of a fence or of the end of the stream only at a commit
+                    # attempt, so appending (uploading objects no version references) still works.
+                    assert inc.producer.append(tgb(inc.pid, offset, DP), **kwargs) == offset
+                except bw.TransientStoreError:
+                    # The caller is told the append failed: the offset is not taken, whatever
+                    # the store did with the object (unreferenced debris at worst).
+                    assert injected is not None and injected.fired is not None
+                    assert fault != "applied-conflict", "a put that found its own write must succeed"
+                    event(f"append raised on a {fault} data put")
+                    continue
+                inc.pending.append(offset)
+                inc.next_offset += 1
+        finally:
+            if store is not None:
+                del store.put_if_absent
 
     @precondition(lambda self: any(i.next_offset > 0 and i.error is None for i in self.incarnations))
     @rule(data=st.data())
@@ -246,11 +288,7 @@ class CommitProtocol(RuleBasedStateMachine):
         expected = self.flush_error(inc)
         commits = expected is None and bool(inc.pending)
         injected = StoreFault(fault) if fault else None
-        store = inc.producer._store
-        if injected:
-            # Per instance, so other producers' commit threads are untouched.
-            assert inc.producer._journal.store is store, "producer and journal must share one Store"
-            store.put_if_absent = functools.partial(injected.put_if_absent, store.put_if_absent)
+        store = injected.install(inc.producer) if injected else None
         try:
             if expected is None:
                 inc.producer.flush(timeout_s=FLUSH_TIMEOUT_S)
@@ -334,7 +372,7 @@ class CommitProtocol(RuleBasedStateMachine):
 
     @invariant()
     def ranks_read_the_model(self) -> None:
-        """Every few steps: one rank reads every committed step, byte for byte."""
+        """Every few steps: one rank (alternating) reads every committed step, byte for byte."""
         self.checks_since_read += 1
         if self.checks_since_read < READ_EVERY or not self.committed:
             return
@@ -343,7 +381,8 @@ class CommitProtocol(RuleBasedStateMachine):
         self.reads += 1
         consumer = bw.Consumer(self.url, dp=DP, rank=rank, timeout_s=5)
         try:
-            batches = list(itertools.islice(consumer, len(self.committed)))
+            # After the end marker the iteration must stop by itself, right after the last step.
+            batches = list(consumer if self.ended else itertools.islice(consumer, len(self.committed)))
         finally:
             consumer.close()
         assert [b.step for b in batches] == list(range(len(self.committed)))
@@ -368,3 +407,11 @@ CommitProtocol.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestCommitProtocol = CommitProtocol.TestCase
+
+
+def test_append_refuses_to_skip_source_offsets():
+    url = f"memory://model-gap-{uuid.uuid4().hex}"
+    with bw.Producer(url, "p", dp=DP, commit_policy=Never()) as producer:
+        producer.append(tgb("p", 0, DP), source_offset=0)
+        with pytest.raises(bw.SourceOffsetError):
+            producer.append(tgb("p", 2, DP), source_offset=2)  # offset 1 was never produced

@@ -214,7 +214,7 @@ def test_bad_append_input_is_rejected_and_nothing_committed_is_lost(backend_url)
     for slices, error, message in bad_inputs:
         with pytest.raises(error, match=message):
             producer.append(slices)
-    with pytest.raises(bw.SourceOffsetError, match="must be an int >= 1"):
+    with pytest.raises(bw.SourceOffsetError, match="is not the next offset 1"):
         producer.append(tgb("p", 0, 2), source_offset=0)
     producer.append(tgb("p", 1, 2))  # still usable, offset 1 was never taken
     producer.close()

@@ -3,7 +3,7 @@
     BatchWeaveError
     ├── ConfigError (ValueError)            bad URL, bad mesh, bad argument
     ├── LayoutError (ValueError)            wrong slice count, mixed layouts, unsupported payload
-    ├── SourceOffsetError (ValueError)      append() offsets that do not increase
+    ├── SourceOffsetError (ValueError)      append() offset that is not the next one
     ├── CorruptDataError (ValueError)       checksum or format damage; names the object key
     ├── ProducerFencedError                 a newer incarnation of this producer_id took over
     ├── StreamEndedError                    the namespace was closed with end_stream()
@@ -50,7 +50,7 @@ class LayoutError(BatchWeaveError, ValueError):
 
 
 class SourceOffsetError(BatchWeaveError, ValueError):
-    """An ``append`` whose source offset does not come after the previous one."""
+    """An ``append`` whose source offset is not the producer's next offset."""
 
 
 class CorruptDataError(BatchWeaveError, ValueError):

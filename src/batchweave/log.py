@@ -216,8 +216,11 @@ def _check_offsets(state: LogState, delta: LogVersion, key: str) -> None:
         owner = delta.producers.get(tgb.producer)
         if owner is None or owner.epoch != tgb.epoch:
             raise CorruptDataError(key, f"TGB of {tgb.producer!r} epoch {tgb.epoch} without that producer's state")
-        if tgb.source_offset < next_offset.get(tgb.producer, 0):
+        expected = next_offset.get(tgb.producer, 0)
+        if tgb.source_offset < expected:
             raise CorruptDataError(key, f"TGB {tgb.producer}@{tgb.source_offset} repeats an offset already committed")
+        if tgb.source_offset > expected:
+            raise CorruptDataError(key, f"TGB {tgb.producer}@{tgb.source_offset} skips offsets from {expected}")
         next_offset[tgb.producer] = tgb.source_offset + 1
     for pid in {t.producer for t in delta.tgbs}:
         if delta.producers[pid].offset != next_offset[pid]:

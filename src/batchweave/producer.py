@@ -123,15 +123,19 @@ class Producer:
         """Write one TGB's objects now; it becomes visible at a later commit.
 
         ``slices`` has ``dp * cp`` payloads (dicts of arrays, or bytes), slice ``(d, c)``
-        at index ``d * cp + c``. Returns the TGB's source offset.
+        at index ``d * cp + c``. ``source_offset``, when given, must be the next offset
+        (``resume_offset`` after a restart, then +1 per append): offsets are dense, so a
+        skipped or repeated offset is refused rather than silently lost or duplicated.
+        Returns the TGB's source offset.
         """
         with self._cond:
             self._raise_if_unusable()
             offset = self._next_offset if source_offset is None else source_offset
-            if not isinstance(offset, int) or isinstance(offset, bool) or offset < self._next_offset:
+            if not isinstance(offset, int) or isinstance(offset, bool) or offset != self._next_offset:
                 raise SourceOffsetError(
-                    f"producer {self.producer_id!r}: source_offset {offset!r} must be an int >= {self._next_offset} "
-                    "(offsets increase; everything below is appended or committed already)"
+                    f"producer {self.producer_id!r}: source_offset {offset!r} is not the next offset "
+                    f"{self._next_offset} (offsets are dense: below it is appended or committed already, "
+                    "above it would leave a gap)"
                 )
         encoded = encode_tgb(slices, self.mesh.dp, self.mesh.cp, self.max_object_bytes)
         token = secrets.token_hex(4)  # a retried append never collides with its own debris
@@ -154,7 +158,7 @@ class Producer:
         )
         with self._cond:
             self._raise_if_unusable()
-            if offset < self._next_offset:
+            if offset != self._next_offset:
                 raise SourceOffsetError(f"producer {self.producer_id!r}: offset {offset} was appended concurrently")
             self._pending.append(descriptor)
             self._next_offset = offset + 1

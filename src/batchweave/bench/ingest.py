@@ -1,9 +1,12 @@
 """Producer ingestion harness shared by ``bench dac`` and ``bench producers``.
 
-N producers run as threads of this process, each the paper's single loop (Algorithm 1,
-``background_commit=False``): write a TGB, and attempt a commit when the policy says so,
-so time lost to failed commits is time not spent producing. After ``duration_s`` every
-producer drains what it still holds (the algorithm's finalization phase).
+Producers are spread over one worker process per core (threads within a process), so
+the benchmark uses the whole machine instead of queueing on one interpreter lock; in a
+real job they are separate processes on separate hosts. Each producer is the paper's
+single loop (Algorithm 1, ``background_commit=False``): write a TGB, and attempt a commit
+when the policy says so, so time lost to failed commits is time not spent producing.
+After ``duration_s`` every producer drains what it still holds (the algorithm's
+finalization phase).
 
 Throughput is payload bytes committed over the whole run including the drain, so a
 policy cannot look good by leaving work uncommitted; the in-window figure is reported
@@ -12,13 +15,14 @@ beside it. Commit success rate is successful attempts over all attempts.
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import shutil
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -29,7 +33,9 @@ from batchweave.latency import CLOUD_DEFAULTS, LatencyStore
 from batchweave.producer import Producer
 from batchweave.store import Store, open_store
 
-__all__ = ["IngestSpec", "bench_store", "run_ingest"]
+__all__ = ["IngestSpec", "bench_store", "run_ingest", "store_model"]
+
+_COUNTERS = ("tgbs_committed", "attempts", "successes", "conflicts")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,22 +50,24 @@ class IngestSpec:
 
 @contextmanager
 def bench_store(options: BenchOptions, tag: str) -> Iterator[Store]:
-    """A fresh namespace on the benchmark's store: the latency model, or moto S3."""
+    """A fresh namespace that worker processes can share: latency model, local dir, or moto S3."""
     name = f"bench-{tag}-{uuid.uuid4().hex[:8]}"
-    if options.store == "latency":
-        yield LatencyStore(f"memory://{name}", CLOUD_DEFAULTS, seed=options.seed, discard_prefix="data/")
-        return
-    if options.store == "local":
-        directory = tempfile.mkdtemp(prefix=f"{name}-")
-        try:
-            yield open_store(directory)
-        finally:
-            shutil.rmtree(directory, ignore_errors=True)
-        return
-    from batchweave.bench.servers import moto_s3
+    if options.store == "s3":
+        from batchweave.bench.servers import moto_s3
 
-    with moto_s3() as bucket_url:
-        yield open_store(f"{bucket_url}/{name}")
+        with moto_s3() as bucket_url:
+            yield open_store(f"{bucket_url}/{name}")
+        return
+    directory = tempfile.mkdtemp(prefix=f"{name}-")
+    try:
+        if options.store == "latency":
+            # The log lives in a local directory so that every worker process sees it; the
+            # model's latency is added on top, and data writes are timed but not kept.
+            yield LatencyStore(directory, CLOUD_DEFAULTS, seed=options.seed, discard_prefix="data/")
+        else:
+            yield open_store(directory)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def store_model(options: BenchOptions) -> dict[str, Any]:
@@ -70,41 +78,37 @@ def store_model(options: BenchOptions) -> dict[str, Any]:
     return {"kind": "s3", "server": "moto on 127.0.0.1"}
 
 
-def run_ingest(
-    spec: IngestSpec, store: Store, on_sample: Callable[[dict[str, float]], None] | None = None
-) -> tuple[dict[str, Any], list[dict[str, float]]]:
+def run_ingest(spec: IngestSpec, store: Store, processes: int | None = None) -> tuple[dict[str, Any], list[dict]]:
     """Run one ingestion experiment; return its record and its time series."""
-    producers = _start_producers(spec, store)
-    slice_bytes = max(1, spec.payload_bytes // spec.tgb_slices)
-    payloads = [[os.urandom(slice_bytes)] * spec.tgb_slices for _ in producers]
-    stop = threading.Event()
-    errors: list[str] = []
-    series: list[dict[str, float]] = []
-    started = time.monotonic()
-    threads = [
-        threading.Thread(target=_produce, args=(p, slices, stop, errors), daemon=True)
-        for p, slices in zip(producers, payloads, strict=True)
+    processes = max(1, min(processes or os.cpu_count() or 1, spec.producers))
+    context = mp.get_context("spawn")  # obstore's runtime does not survive fork
+    start = context.Barrier(processes + 1)
+    results = context.Queue()
+    shares = [list(range(i, spec.producers, processes)) for i in range(processes)]
+    workers = [
+        context.Process(target=_worker, args=(spec, store, share, start, results), daemon=True) for share in shares
     ]
-    for thread in threads:
-        thread.start()
-    window = _sample_until(producers, started, spec, stop, series, on_sample)
-    in_window = window["tgbs_committed"]
-    stop.set()
-    for thread in threads:
-        thread.join()
-    total_s = time.monotonic() - started
-    totals = _totals(producers)
+    for worker in workers:
+        worker.start()
+    start.wait(timeout=300)  # every producer has claimed its epoch: the clock starts now
+    reports = [results.get(timeout=spec.duration_s + 600) for _ in workers]
+    for worker in workers:
+        worker.join(timeout=60)
+    errors = [e for r in reports for e in r["errors"]]
+    totals = {k: sum(r["totals"][k] for r in reports) for k in _COUNTERS}
+    window = {k: sum(r["window"][k] for r in reports) for k in _COUNTERS}
+    total_s = max(r["finished_s"] for r in reports)
+    series = _merge_series([r["series"] for r in reports])
     state = Journal(store).load_state()
-    for producer in producers:
-        producer.close(flush=False)
     record = {
         "system": "batchweave",
         **asdict(spec),
+        "processes": processes,
         "drain_s": total_s - spec.duration_s,
         "tgbs_committed": totals["tgbs_committed"],
-        "tgbs_in_window": in_window,
+        "tgbs_in_window": window["tgbs_committed"],
         "throughput_mb_s": totals["tgbs_committed"] * spec.payload_bytes / total_s / 1e6,
-        "window_throughput_mb_s": in_window * spec.payload_bytes / spec.duration_s / 1e6,
+        "window_throughput_mb_s": window["tgbs_committed"] * spec.payload_bytes / spec.duration_s / 1e6,
         "commit_success_rate": _rate(totals),
         "window_commit_success_rate": _rate(window),
         "attempts": totals["attempts"],
@@ -117,21 +121,37 @@ def run_ingest(
     return record, series
 
 
-def _start_producers(spec: IngestSpec, store: Store) -> list[Producer]:
-    """Claim every producer's epoch before the clock starts: start-up is not ingestion."""
-    producers: list[Producer | None] = [None] * spec.producers
-
-    def start(index: int) -> None:
-        producers[index] = Producer(
-            store, f"p{index:03d}", dp=spec.tgb_slices, commit_policy=spec.policy, background_commit=False
-        )
-
-    threads = [threading.Thread(target=start, args=(i,)) for i in range(spec.producers)]
+def _worker(spec: IngestSpec, store: Store, share: list[int], start: Any, results: Any) -> None:
+    """One process: its share of the producers as threads, sampled once a second."""
+    producers = [
+        Producer(store, f"p{index:03d}", dp=spec.tgb_slices, commit_policy=spec.policy, background_commit=False)
+        for index in share
+    ]
+    slice_bytes = max(1, spec.payload_bytes // spec.tgb_slices)
+    stop = threading.Event()
+    errors: list[str] = []
+    threads = [
+        threading.Thread(target=_produce, args=(p, [os.urandom(slice_bytes)] * spec.tgb_slices, stop, errors))
+        for p in producers
+    ]
+    start.wait(timeout=300)
+    started = time.monotonic()
     for thread in threads:
         thread.start()
+    series, window = _sample_until(producers, started, spec)
+    stop.set()
     for thread in threads:
         thread.join()
-    return [p for p in producers if p is not None]
+    report = {
+        "totals": _totals(producers),
+        "window": window,
+        "series": series,
+        "errors": errors,
+        "finished_s": time.monotonic() - started,
+    }
+    for producer in producers:
+        producer.close(flush=False)
+    results.put(report)
 
 
 def _produce(producer: Producer, slices: list[bytes], stop: threading.Event, errors: list[str]) -> None:
@@ -143,25 +163,23 @@ def _produce(producer: Producer, slices: list[bytes], stop: threading.Event, err
         errors.append(f"{producer.producer_id}: {type(exc).__name__}: {exc}")
 
 
-def _sample_until(
-    producers: list[Producer],
-    started: float,
-    spec: IngestSpec,
-    stop: threading.Event,
-    series: list[dict[str, float]],
-    on_sample: Callable[[dict[str, float]], None] | None,
-) -> dict[str, int]:
-    """Sample the producers' counters until the window closes; return the last sample."""
-    deadline = started + spec.duration_s
-    totals = _totals(producers)
-    while (now := time.monotonic()) < deadline:
-        stop.wait(min(spec.sample_s, deadline - now))
+def _sample_until(producers: list[Producer], started: float, spec: IngestSpec) -> tuple[list[dict], dict[str, int]]:
+    """Sample the counters every ``sample_s`` until the window closes; also the last sample."""
+    series = []
+    for tick in range(1, int(spec.duration_s / spec.sample_s) + 1):
+        time.sleep(max(0.0, started + tick * spec.sample_s - time.monotonic()))  # a fixed sampling clock
         totals = _totals(producers)
-        point = {"t_s": time.monotonic() - started, **totals}
-        series.append(point)
-        if on_sample is not None:
-            on_sample(point)
-    return totals
+        series.append({"t_s": tick * spec.sample_s, **totals})
+    time.sleep(max(0.0, started + spec.duration_s - time.monotonic()))
+    return series, _totals(producers)
+
+
+def _merge_series(per_worker: list[list[dict]]) -> list[dict]:
+    """Sum the workers' samples tick by tick (they share the sampling clock)."""
+    merged = []
+    for points in zip(*per_worker, strict=False):
+        merged.append({"t_s": points[0]["t_s"], **{k: sum(p[k] for p in points) for k in _COUNTERS}})
+    return merged
 
 
 def _rate(totals: dict[str, int]) -> float:
@@ -169,11 +187,10 @@ def _rate(totals: dict[str, int]) -> float:
     return totals["successes"] / totals["attempts"] if totals["attempts"] else 1.0
 
 
-def _totals(producers: list[Producer]) -> dict[str, float]:
-    keys = ("tgbs_committed", "attempts", "successes", "conflicts")
-    totals = dict.fromkeys(keys, 0.0)
+def _totals(producers: list[Producer]) -> dict[str, int]:
+    totals = dict.fromkeys(_COUNTERS, 0)
     for producer in producers:
         metrics = producer.metrics()
-        for key in keys:
-            totals[key] += metrics[key]
-    return {k: int(v) for k, v in totals.items()}
+        for key in _COUNTERS:
+            totals[key] += int(metrics[key])
+    return totals
