@@ -94,6 +94,7 @@ class Producer:
             "last_fragile_window_s": math.nan,
         }
         self._store_failures = 0
+        self._conflict_streak = 0
         self._state, self._me, claim_window_s = self._claim_epoch(uuid.uuid4().hex)
         # The claim was a commit through the log: it primes the policy with a first
         # fragile-window sample and the producer count, so a pool that starts together
@@ -295,10 +296,12 @@ class Producer:
             return False
         self.policy.observe(window_s, len(self._state.producers), success)
         self._last_attempt = time.monotonic()
+        self._conflict_streak = 0 if success else self._conflict_streak + 1
         if not success and forced:
-            # A flush retries without the policy's gap, but with jitter so that many
-            # flushing producers do not collide again in lockstep.
-            time.sleep(random.uniform(0, min(0.5, window_s * 2)))
+            # A flush retries without the policy's gap, but with exponential backoff and
+            # full jitter, so a pool that flushes at once (end of an epoch, shutdown)
+            # thins out instead of colliding again in lockstep.
+            time.sleep(random.uniform(0, min(2.0, window_s * 2**self._conflict_streak)))
         return True
 
     def _commit_inline(self, forced: bool) -> None:

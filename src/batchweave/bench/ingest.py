@@ -123,10 +123,7 @@ def run_ingest(spec: IngestSpec, store: Store, processes: int | None = None) -> 
 
 def _worker(spec: IngestSpec, store: Store, share: list[int], start: Any, results: Any) -> None:
     """One process: its share of the producers as threads, sampled once a second."""
-    producers = [
-        Producer(store, f"p{index:03d}", dp=spec.tgb_slices, commit_policy=spec.policy, background_commit=False)
-        for index in share
-    ]
+    producers = _start_producers(spec, store, share)
     slice_bytes = max(1, spec.payload_bytes // spec.tgb_slices)
     stop = threading.Event()
     errors: list[str] = []
@@ -152,6 +149,27 @@ def _worker(spec: IngestSpec, store: Store, share: list[int], start: Any, result
     for producer in producers:
         producer.close(flush=False)
     results.put(report)
+
+
+def _start_producers(spec: IngestSpec, store: Store, share: list[int]) -> list[Producer]:
+    """Claim the producers' epochs concurrently, as a pool starting together would, with
+    the store's real latency: each claim also gives its policy a first fragile window."""
+    producers: dict[int, Producer] = {}
+
+    def start(index: int) -> None:
+        producers[index] = Producer(
+            store, f"p{index:03d}", dp=spec.tgb_slices, commit_policy=spec.policy, background_commit=False
+        )
+
+    threads = [threading.Thread(target=start, args=(index,)) for index in share]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    missing = set(share) - producers.keys()
+    if missing:
+        raise RuntimeError(f"producers {sorted(missing)} failed to start; see the log above")
+    return [producers[index] for index in share]
 
 
 def _produce(producer: Producer, slices: list[bytes], stop: threading.Event, errors: list[str]) -> None:

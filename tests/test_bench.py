@@ -1,0 +1,55 @@
+"""The benchmarks run in --quick mode and write well-formed JSON, PNG and Markdown.
+
+These check the plumbing, not the figures: the figures are measured by the
+benchmarks themselves (`make bench`) and reported in the closing notes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REQUIRED = {
+    "dac": {"policy", "producers", "payload_bytes", "throughput_mb_s", "commit_success_rate", "tgbs_committed",
+            "system"},
+    "producers": {"policy", "producers", "payload_bytes", "throughput_mb_s", "commit_success_rate",
+                  "tgbs_committed", "system"},
+    "commit-cost": {"history_tgbs", "fragile_window_p50_s", "fragile_window_p95_s"},
+    "exactly-once": {"tgb_slices", "payload_bytes", "commit_latency_state_s", "commit_latency_control_s"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(REQUIRED))
+def test_quick_benchmark_writes_its_three_files(name, tmp_path):
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "batchweave.cli", "bench", name, "--quick", "--out", str(out)],
+        capture_output=True, text=True, timeout=400,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((out / f"{name}.json").read_text())
+    assert result["benchmark"] == name and result["config"]["machine"]["cpu_count"] >= 1
+    assert result["config"]["quick"] is True and "store" in result["config"]
+    assert result["results"], "no records"
+    for record in result["results"]:
+        assert REQUIRED[name] <= record.keys(), REQUIRED[name] - record.keys()
+        assert not isinstance(record.get("error"), str) or record.get("system") == "nats", record["error"]
+    if name in ("dac", "producers"):
+        ours = [r for r in result["results"] if r["system"] == "batchweave"]
+        assert all(r["tgbs_committed"] > 0 and 0 < r["commit_success_rate"] <= 1 for r in ours)
+        assert {r["system"] for r in result["results"]} == ({"batchweave", "nats"} if name == "producers" else {"batchweave"})
+    assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = (out / f"{name}.md").read_text()
+    assert table.startswith(f"# {name}") and table.count("\n|") >= len(result["results"]) + 1
+    assert str(out / f"{name}.json") in done.stdout  # the paths are printed for scripts
+
+
+def test_unknown_benchmark_is_a_usage_error(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "batchweave.cli", "bench", "nope", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "invalid choice" in done.stderr
