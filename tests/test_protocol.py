@@ -388,3 +388,17 @@ def test_inline_commit_mode_with_every_policy(backend_url, policy):
         if policy == "naive":
             assert producer.resume_offset == 25  # committed inside each append
     assert_exactly_once(backend_url, {"p": 25})
+
+
+def test_published_metrics_show_in_inspect(backend_url):
+    with bw.Producer(backend_url, "loud", dp=2, publish_metrics=True) as loud:
+        for offset in range(3):
+            loud.append(tgb("loud", offset, 2))
+            loud.flush()
+    produce(backend_url, "quiet", 1)
+    producers = bw.inspect_namespace(backend_url).producers
+    assert "metrics" not in producers["quiet"]
+    published = producers["loud"]["metrics"]
+    # Published with the third commit, so they count the two before it plus this attempt.
+    assert published["attempts"] == 3 and published["successes"] == 2 and published["tgbs_committed"] == 2
+    assert published["fragile_window_ema_s"] > 0

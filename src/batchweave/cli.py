@@ -73,8 +73,10 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         prods.add_column("producer id")
         prods.add_column("next offset", justify="right")
         prods.add_column("epoch", justify="right")
+        prods.add_column("published metrics")
         for pid, state in info.producers.items():
-            prods.add_row(pid, str(state["offset"]), str(state["epoch"]))
+            metrics = ", ".join(f"{k}={v:g}" for k, v in state.get("metrics", {}).items())
+            prods.add_row(pid, str(state["offset"]), str(state["epoch"]), metrics or "-")
         console.print(prods)
     return EXIT_OK
 

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from batchweave.journal import Journal
+from batchweave.log import ProducerState
 from batchweave.store import open_store
 
 __all__ = ["NamespaceInfo", "inspect_namespace"]
@@ -18,12 +19,19 @@ class NamespaceInfo:
     url: str
     latest_version: int
     steps: int
-    producers: dict[str, dict[str, int]]
+    producers: dict[str, dict[str, Any]]  # id -> {"offset", "epoch"[, "metrics"]}
     end_of_stream: bool
     bytes: int  # bytes of committed TGB objects
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _producer(state: ProducerState) -> dict[str, Any]:
+    out: dict[str, Any] = {"offset": state.offset, "epoch": state.epoch}
+    if state.metrics:
+        out["metrics"] = dict(state.metrics)
+    return out
 
 
 def inspect_namespace(url: str, **store_options: Any) -> NamespaceInfo:
@@ -34,7 +42,7 @@ def inspect_namespace(url: str, **store_options: Any) -> NamespaceInfo:
         url=store.url,
         latest_version=state.version,
         steps=state.steps,
-        producers={pid: {"offset": ps.offset, "epoch": ps.epoch} for pid, ps in sorted(state.producers.items())},
+        producers={pid: _producer(ps) for pid, ps in sorted(state.producers.items())},
         end_of_stream=state.end_of_stream,
         bytes=state.bytes,
     )

@@ -55,16 +55,18 @@ _PRODUCER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _DATA_KEY = re.compile(r"^data/[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)+$")
 
 
-class ProducerState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class ProducerState(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """What the log remembers of one producer_id.
 
     ``offset`` is the next source offset it must produce; ``epoch`` fences older
     incarnations; ``incarnation`` tells an ambiguous-but-applied claim from a rival's.
+    ``metrics`` are the counters a producer chose to publish with its last commit.
     """
 
     offset: int
     epoch: int
     incarnation: str
+    metrics: dict[str, float] | None = None
 
 
 class TGBDescriptor(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -238,6 +240,7 @@ def build_commit(
     me: ProducerState,
     pending: Sequence[TGBDescriptor],
     committed_at: float,
+    metrics: dict[str, float] | None = None,
 ) -> LogVersion:
     """The next version: ``pending`` TGBs appended at the end of the step sequence."""
     next_offset = pending[-1].source_offset + 1 if pending else me.offset
@@ -246,7 +249,7 @@ def build_commit(
         version=state.version + 1,
         first_step=state.steps,
         tgbs=list(pending),
-        producers={producer_id: ProducerState(next_offset, me.epoch, me.incarnation)},
+        producers={producer_id: ProducerState(next_offset, me.epoch, me.incarnation, metrics)},
         committed_at=committed_at,
     )
 

@@ -55,6 +55,8 @@ class Producer:
         background_commit: commit on a background thread (default), so commit I/O never
             delays ``append``; False commits inside ``append`` when the policy says so,
             the paper's single-loop producer (used by the policy benchmarks).
+        publish_metrics: record this producer's counters in the log with every commit,
+            so ``batchweave inspect`` shows them (about 200 bytes per commit).
         store_options: passed through to obstore.
     """
 
@@ -69,6 +71,7 @@ class Producer:
         max_object_bytes: int = DEFAULT_MAX_OBJECT_BYTES,
         snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
         background_commit: bool = True,
+        publish_metrics: bool = False,
         **store_options: Any,
     ) -> None:
         self.producer_id = log.check_producer_id(producer_id)
@@ -76,6 +79,7 @@ class Producer:
         if max_object_bytes <= 0:
             raise ConfigError(f"max_object_bytes must be positive, got {max_object_bytes}")
         self.max_object_bytes = max_object_bytes
+        self.publish_metrics = publish_metrics
         self.policy = resolve_policy(commit_policy)
         self._store = open_store(url, **store_options)
         self._journal = Journal(self._store, snapshot_every)
@@ -205,6 +209,11 @@ class Producer:
                 self._cond.notify_all()
             if self._thread is not None:
                 self._thread.join()
+
+    def _published_metrics(self) -> dict[str, float]:
+        keys = ("attempts", "conflicts", "successes", "tgbs_committed", "fragile_window_ema_s", "gap_s")
+        current = self.metrics()
+        return {k: float(current[k]) for k in keys if not math.isnan(current[k])}
 
     def metrics(self) -> dict[str, float]:
         """Counters for dashboards and benchmarks; a plain dict, safe to log as JSON."""
@@ -338,7 +347,8 @@ class Producer:
         success = True
         if remaining:
             self._metrics["attempts"] += 1
-            delta = log.build_commit(state, self.producer_id, self._me, remaining, time.time())
+            published = self._published_metrics() if self.publish_metrics else None
+            delta = log.build_commit(state, self.producer_id, self._me, remaining, time.time(), published)
             success = self._journal.try_commit(delta)
             if success:
                 state = log.apply_version(state, delta, log.version_key(delta.version))
