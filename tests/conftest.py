@@ -13,7 +13,6 @@ import re
 import uuid
 
 import pytest
-
 import services
 
 S3_BUCKET = "batchweave-test"

@@ -35,9 +35,7 @@ AZURITE_BIN = REPO_ROOT / "node_modules" / ".bin" / "azurite-blob"
 
 # Azurite's well-known development account (public, documented by Microsoft).
 AZURITE_ACCOUNT = "devstoreaccount1"
-AZURITE_KEY = (
-    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
-)
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 
 STARTUP_TIMEOUT = 60.0  # seconds; a cold Azurite on a busy 2-core box takes ~1-2 s
 
@@ -116,7 +114,7 @@ class Service:
     crashed: bool = False  # exited during startup (vs. never answered)
     _log_file: object = field(default=None, repr=False)
 
-    def start(self, ready, timeout: float = STARTUP_TIMEOUT) -> "Service":
+    def start(self, ready, timeout: float = STARTUP_TIMEOUT) -> Service:
         """Start the process and poll ``ready(endpoint)`` until it returns True."""
         self._log_file = open(self.log_path, "ab")
         t0 = time.monotonic()
@@ -245,9 +243,12 @@ def start_azurite(workdir: Path) -> Service:
             name="Azurite blob emulator",
             cmd=[
                 str(AZURITE_BIN),
-                "--blobHost", "127.0.0.1",
-                "--blobPort", str(port),
-                "--location", str(location),
+                "--blobHost",
+                "127.0.0.1",
+                "--blobPort",
+                str(port),
+                "--location",
+                str(location),
                 "--silent",
                 "--skipApiVersionCheck",
                 "--loose",
@@ -270,7 +271,11 @@ def create_container(endpoint: str, container: str) -> None:
     # (Content-Length is empty for a zero-length body; only Content-Type is
     # set), then the canonicalized x-ms-* headers and resource.
     string_to_sign = (
-        "PUT\n" + "\n" * 4 + content_type + "\n" + "\n" * 6
+        "PUT\n"
+        + "\n" * 4
+        + content_type
+        + "\n"
+        + "\n" * 6
         + f"x-ms-date:{date}\nx-ms-version:{version}\n"
         + f"/{AZURITE_ACCOUNT}/{AZURITE_ACCOUNT}/{container}\nrestype:container"
     )
@@ -294,6 +299,4 @@ def create_container(endpoint: str, container: str) -> None:
     except urllib.error.HTTPError as exc:
         if exc.code != 409:  # 409 ContainerAlreadyExists is fine
             body = exc.read().decode(errors="replace")
-            raise ServiceError(
-                f"creating container {container!r} on Azurite: HTTP {exc.code}\n{body}"
-            ) from exc
+            raise ServiceError(f"creating container {container!r} on Azurite: HTTP {exc.code}\n{body}") from exc

@@ -15,10 +15,24 @@ import pytest
 pytestmark = pytest.mark.slow
 
 REQUIRED = {
-    "dac": {"policy", "producers", "payload_bytes", "throughput_mb_s", "commit_success_rate", "tgbs_committed",
-            "system"},
-    "producers": {"policy", "producers", "payload_bytes", "throughput_mb_s", "commit_success_rate",
-                  "tgbs_committed", "system"},
+    "dac": {
+        "policy",
+        "producers",
+        "payload_bytes",
+        "throughput_mb_s",
+        "commit_success_rate",
+        "tgbs_committed",
+        "system",
+    },
+    "producers": {
+        "policy",
+        "producers",
+        "payload_bytes",
+        "throughput_mb_s",
+        "commit_success_rate",
+        "tgbs_committed",
+        "system",
+    },
     "commit-cost": {"history_tgbs", "fragile_window_p50_s", "fragile_window_p95_s"},
     "exactly-once": {"tgb_slices", "payload_bytes", "commit_latency_state_s", "commit_latency_control_s"},
 }
@@ -29,7 +43,9 @@ def test_quick_benchmark_writes_its_three_files(name, tmp_path):
     out = tmp_path / "out"
     done = subprocess.run(
         [sys.executable, "-m", "batchweave.cli", "bench", name, "--quick", "--out", str(out)],
-        capture_output=True, text=True, timeout=400,
+        capture_output=True,
+        text=True,
+        timeout=400,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((out / f"{name}.json").read_text())
@@ -42,7 +58,9 @@ def test_quick_benchmark_writes_its_three_files(name, tmp_path):
     if name in ("dac", "producers"):
         ours = [r for r in result["results"] if r["system"] == "batchweave"]
         assert all(r["tgbs_committed"] > 0 and 0 < r["commit_success_rate"] <= 1 for r in ours)
-        assert {r["system"] for r in result["results"]} == ({"batchweave", "nats"} if name == "producers" else {"batchweave"})
+        assert {r["system"] for r in result["results"]} == (
+            {"batchweave", "nats"} if name == "producers" else {"batchweave"}
+        )
     assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (out / f"{name}.md").read_text()
     assert table.startswith(f"# {name}") and table.count("\n|") >= len(result["results"]) + 1
@@ -50,6 +68,10 @@ def test_quick_benchmark_writes_its_three_files(name, tmp_path):
 
 
 def test_unknown_benchmark_is_a_usage_error(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "batchweave.cli", "bench", "nope", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "batchweave.cli", "bench", "nope", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and "invalid choice" in done.stderr

@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-import batchweave as bw
 from checks import assert_exactly_once, assert_ranks_agree, assert_referenced_objects_exist
 from worker import digest, tgb
+
+import batchweave as bw
 
 pytestmark = pytest.mark.slow
 
@@ -55,7 +55,9 @@ def committed_offset(url: str, producer_id: str) -> int:
 
 
 def consume_all(url: str, ranks: int, tmp_path: Path, **kw) -> dict[int, list[dict]]:
-    procs = {r: spawn("consume", url, str(r), str(tmp_path / f"rank{r}.json"), "--dp", str(ranks)) for r in range(ranks)}
+    procs = {
+        r: spawn("consume", url, str(r), str(tmp_path / f"rank{r}.json"), "--dp", str(ranks)) for r in range(ranks)
+    }
     for proc in procs.values():
         finish(proc)
     return {r: json.loads((tmp_path / f"rank{r}.json").read_text())["seen"] for r in procs}
@@ -82,7 +84,7 @@ def test_sigkilled_producer_restarts_exactly_once(process_backend_url, tmp_path)
         victim = spawn("produce", process_backend_url, "victim", str(total), "--flush-every", str(rng.randint(1, 4)))
         assert victim.stdout.readline().startswith("started")
         target = min(total - 1, committed_offset(process_backend_url, "victim") + rng.randint(1, 8))
-        wait_until(lambda: committed_offset(process_backend_url, "victim") >= target, what="victim progress")
+        wait_until(lambda t=target: committed_offset(process_backend_url, "victim") >= t, what="victim progress")
         time.sleep(rng.uniform(0, 0.05))  # land anywhere inside append/commit, not just after one
         victim.send_signal(signal.SIGKILL)
         victim.wait()

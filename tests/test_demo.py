@@ -23,9 +23,25 @@ def test_demo_with_a_killed_producer(tmp_path):
     directory, summary_file = tmp_path / "demo", tmp_path / "summary.json"
     started = time.monotonic()
     result = subprocess.run(
-        [*_cli(), "demo", "--dir", str(directory), "--producers", "2", "--steps", "40",
-         "--dp", "2", "--cp", "1", "--json-summary", str(summary_file)],
-        capture_output=True, text=True, timeout=120,
+        [
+            *_cli(),
+            "demo",
+            "--dir",
+            str(directory),
+            "--producers",
+            "2",
+            "--steps",
+            "40",
+            "--dp",
+            "2",
+            "--cp",
+            "1",
+            "--json-summary",
+            str(summary_file),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert time.monotonic() - started < 60
@@ -35,14 +51,20 @@ def test_demo_with_a_killed_producer(tmp_path):
     failed = [c for c in summary["checks"] if not c["ok"]]
     assert not failed, failed
     assert {c["name"] for c in summary["checks"]} >= {
-        "processes", "namespace", "step order", "same TGB per step", "exactly-once offsets",
-        "resume after kill", "payload",
+        "processes",
+        "namespace",
+        "step order",
+        "same TGB per step",
+        "exactly-once offsets",
+        "resume after kill",
+        "payload",
     }
     assert summary["steps"] == summary["steps_expected"] == 40
     assert (summary["producers"], summary["dp"], summary["cp"]) == (2, 2, 1)
     assert 0 < summary["commit_successes"] <= summary["commit_attempts"]
-    assert summary["commit_success_rate"] == pytest.approx(summary["commit_successes"] / summary["commit_attempts"],
-                                                           abs=1e-4)
+    assert summary["commit_success_rate"] == pytest.approx(
+        summary["commit_successes"] / summary["commit_attempts"], abs=1e-4
+    )
     assert summary["wall_time_s"] > 0 and summary["steps_per_s"] > 0 and summary["mb_per_s"] > 0
 
     killed = summary["killed"]
@@ -136,13 +158,26 @@ def _fake_run(tmp_path, sources_by_rank, steps, shares, offsets, eos=True):
     run.shares = shares
     for r, sources in enumerate(sources_by_rank):
         checksums = [demo.slice_checksum(demo.build_slice(p, o, s, 2)) for p, o, s in sources]
-        (results / f"rank-{r}.json").write_text(json.dumps({
-            "rank": r, "slice_index": r, "steps": list(range(len(sources))), "sources": sources,
-            "checksums": checksums, "bytes": 1, "error": None}))
+        (results / f"rank-{r}.json").write_text(
+            json.dumps(
+                {
+                    "rank": r,
+                    "slice_index": r,
+                    "steps": list(range(len(sources))),
+                    "sources": sources,
+                    "checksums": checksums,
+                    "bytes": 1,
+                    "error": None,
+                }
+            )
+        )
     run.info = batchweave.NamespaceInfo(
-        url="file:///x", latest_version=9, steps=steps,
+        url="file:///x",
+        latest_version=9,
+        steps=steps,
         producers={demo.producer_id(i): {"offset": o, "epoch": 1} for i, o in enumerate(offsets)},
-        end_of_stream=eos, bytes=1000,
+        end_of_stream=eos,
+        bytes=1000,
     )
     summary = demo._summarize(run, results, None, [], 1.0, images=2)
     return {c["name"]: c["ok"] for c in summary["checks"]}, summary

@@ -63,16 +63,21 @@ def test_documented_builtin_bases(cls, builtin):
     assert issubclass(cls, builtin)
 
 
-@pytest.mark.parametrize(
-    "cls", [ObjectNotFoundError, ObjectExistsError, StorePermissionError, TransientStoreError]
-)
+@pytest.mark.parametrize("cls", [ObjectNotFoundError, ObjectExistsError, StorePermissionError, TransientStoreError])
 def test_store_errors_under_store_error(cls):
     assert issubclass(cls, StoreError)
 
 
 def test_non_store_errors_are_not_store_errors():
-    for cls in (ConfigError, LayoutError, SourceOffsetError, CorruptDataError, ProducerFencedError,
-                StreamEndedError, StepTimeoutError):
+    for cls in (
+        ConfigError,
+        LayoutError,
+        SourceOffsetError,
+        CorruptDataError,
+        ProducerFencedError,
+        StreamEndedError,
+        StepTimeoutError,
+    ):
         assert not issubclass(cls, StoreError)
 
 
@@ -97,8 +102,14 @@ def test_docstring_tree_names_every_class():
     drawn = set(re.findall(r"\b([A-Z][A-Za-z]+Error)\b", doc))
     assert set(errors.__all__) <= drawn
     # Each drawn class exists (no stale names in the picture).
-    assert drawn - {"FileNotFoundError", "FileExistsError", "ValueError", "TimeoutError", "PermissionError",
-                    "ConnectionError"} <= set(errors.__all__)
+    assert drawn - {
+        "FileNotFoundError",
+        "FileExistsError",
+        "ValueError",
+        "TimeoutError",
+        "PermissionError",
+        "ConnectionError",
+    } <= set(errors.__all__)
 
 
 def test_docstring_tree_matches_the_class_hierarchy():
@@ -142,16 +153,30 @@ store = pytest.importorskip("batchweave.store")
         (lambda: obs_errors.PreconditionError("Request precondition failure"), ObjectExistsError),
         (lambda: obs_errors.PermissionDeniedError("403 Forbidden AccessDenied"), StorePermissionError),
         (lambda: obs_errors.UnauthenticatedError("401 Unauthorized"), StorePermissionError),
-        (lambda: obs_errors.GenericError("Server returned 503 SlowDown: Please reduce your request rate"),
-         TransientStoreError),
-        (lambda: obs_errors.GenericError("Error performing put request: connection reset by peer"),
-         TransientStoreError),
+        (
+            lambda: obs_errors.GenericError("Server returned 503 SlowDown: Please reduce your request rate"),
+            TransientStoreError,
+        ),
+        (
+            lambda: obs_errors.GenericError("Error performing put request: connection reset by peer"),
+            TransientStoreError,
+        ),
         (lambda: TimeoutError("timed out"), TransientStoreError),
         (lambda: ConnectionError("refused"), TransientStoreError),
         (lambda: FileNotFoundError("gone"), ObjectNotFoundError),
     ],
-    ids=["notfound", "exists", "precondition", "denied", "unauthenticated", "slowdown", "reset", "timeout",
-         "connection", "filenotfound"],
+    ids=[
+        "notfound",
+        "exists",
+        "precondition",
+        "denied",
+        "unauthenticated",
+        "slowdown",
+        "reset",
+        "timeout",
+        "connection",
+        "filenotfound",
+    ],
 )
 def test_translate_error(make, want):
     exc = make()

@@ -8,12 +8,12 @@ import time
 import uuid
 
 import pytest
+from checks import assert_exactly_once, assert_referenced_objects_exist
+from worker import Eager, digest, origin_of, tgb
 
 import batchweave as bw
 from batchweave.latency import CLOUD_DEFAULTS, LatencyModel, LatencyStore
 from batchweave.store import Store
-from checks import assert_exactly_once, assert_referenced_objects_exist
-from worker import Eager, digest, origin_of, tgb
 
 FAST = LatencyModel(put_s=0.002, first_byte_s=0.001, head_s=0.001, list_s=0.001, delete_s=0.001, jitter_sigma=0.0)
 

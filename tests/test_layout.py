@@ -512,8 +512,18 @@ def _slice_with_header(header: dict, data: bytes = b"\0" * 64) -> bytes:
         {"kind": "arrays", "arrays": [], "surprise": 1},
         {"kind": "bytes", "nbytes": 65},
     ],
-    ids=["kind", "objdtype", "unknowndtype", "negshape", "pastend", "sizemismatch", "negoffset", "overlapend",
-         "unknownfield", "bytescount"],
+    ids=[
+        "kind",
+        "objdtype",
+        "unknowndtype",
+        "negshape",
+        "pastend",
+        "sizemismatch",
+        "negoffset",
+        "overlapend",
+        "unknownfield",
+        "bytescount",
+    ],
 )
 def test_bad_slice_headers(header):
     with pytest.raises(CorruptDataError) as info:
@@ -540,7 +550,10 @@ def test_too_many_dimensions_is_corrupt_data():
 
 
 def test_huge_zero_size_shape_is_corrupt_data():
-    header = {"kind": "arrays", "arrays": [{"name": "a", "dtype": "<f8", "shape": [0, 2**63 - 1], "offset": 0, "nbytes": 0}]}
+    header = {
+        "kind": "arrays",
+        "arrays": [{"name": "a", "dtype": "<f8", "shape": [0, 2**63 - 1], "offset": 0, "nbytes": 0}],
+    }
     with pytest.raises(CorruptDataError):
         decode_slice(_slice_with_header(header), KEY)
 
@@ -609,7 +622,12 @@ def test_footer_unknown_format():
 
 def test_footer_slice_outside_body():
     footer = {
-        "format": "batchweave.tgb/1", "part": 0, "parts": 1, "dp": 1, "cp": 1, "kind": "bytes",
+        "format": "batchweave.tgb/1",
+        "part": 0,
+        "parts": 1,
+        "dp": 1,
+        "cp": 1,
+        "kind": "bytes",
         "slices": [{"index": 0, "offset": 0, "length": 100, "crc32c": 0}],
     }
     with pytest.raises(CorruptDataError, match="outside"):

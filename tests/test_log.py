@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import msgspec
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st

@@ -10,21 +10,12 @@ import pytest
 from batchweave.errors import ConfigError
 from batchweave.mesh import Coords, Mesh, resolve_rank
 
-SMALL_MESHES = [
-    (dp, cp, tp, pp)
-    for dp, cp, tp, pp in itertools.product([1, 2, 3], [1, 2], [1, 2, 3], [1, 2])
-]
+SMALL_MESHES = [(dp, cp, tp, pp) for dp, cp, tp, pp in itertools.product([1, 2, 3], [1, 2], [1, 2, 3], [1, 2])]
 
 
 def expected_coords(rank: int, dp: int, cp: int, tp: int, pp: int) -> Coords:
     # Enumerate the mesh in nested-loop order (pp outermost, tp innermost) and index it.
-    order = [
-        Coords(pp=p, dp=d, cp=c, tp=t)
-        for p in range(pp)
-        for d in range(dp)
-        for c in range(cp)
-        for t in range(tp)
-    ]
+    order = [Coords(pp=p, dp=d, cp=c, tp=t) for p in range(pp) for d in range(dp) for c in range(cp) for t in range(tp)]
     return order[rank]
 
 
@@ -88,8 +79,17 @@ def test_defaults_are_one():
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"dp": 0}, {"dp": -1}, {"dp": 2, "cp": 0}, {"dp": 1, "tp": 0}, {"dp": 1, "pp": -2},
-     {"dp": 1.5}, {"dp": "2"}, {"dp": True}, {"dp": None}],
+    [
+        {"dp": 0},
+        {"dp": -1},
+        {"dp": 2, "cp": 0},
+        {"dp": 1, "tp": 0},
+        {"dp": 1, "pp": -2},
+        {"dp": 1.5},
+        {"dp": "2"},
+        {"dp": True},
+        {"dp": None},
+    ],
 )
 def test_bad_mesh_sizes(kwargs):
     with pytest.raises(ConfigError):

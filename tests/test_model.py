@@ -29,17 +29,17 @@ from dataclasses import dataclass, field
 from unittest import mock
 
 import pytest
+from checks import assert_referenced_objects_exist
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from worker import digest, origin_of, payload, tgb
 
 import batchweave as bw
 from batchweave import log
 from batchweave import store as bw_store
 from batchweave.journal import Journal
 from batchweave.store import Store, open_store
-from checks import assert_referenced_objects_exist
-from worker import digest, origin_of, payload, tgb
 
 PRODUCER_IDS = ("a", "b", "c")
 DP = 2

@@ -307,7 +307,6 @@ def test_resolve_policy_rejects_a_class():
 # -- the paper's baselines (section 7.1) ------------------------------------------------
 
 
-
 def test_every_named_policy_resolves_to_a_fresh_instance():
     assert POLICY_NAMES == ("dac", "naive", "fixed10", "fixed100", "incr", "aimd")
     for name in POLICY_NAMES:

@@ -10,13 +10,13 @@ import threading
 
 import numpy as np
 import pytest
+from checks import assert_exactly_once, assert_ranks_agree
+from worker import Eager, digest, origin_of, tgb
 
 import batchweave as bw
 from batchweave import log
 from batchweave.journal import Journal
 from batchweave.store import Store, open_store
-from checks import assert_exactly_once, assert_ranks_agree, committed_tgbs
-from worker import Eager, digest, origin_of, tgb
 
 
 class Never:
@@ -278,7 +278,11 @@ def test_damaged_log_version_raises_typed_errors_and_keeps_earlier_steps(backend
 
 def committed_tgbs_upto(url, version):
     journal = Journal(open_store(url))
-    return [(s, t) for v in range(1, version + 1) for s, t in zip(journal.read_version(v).steps(), journal.read_version(v).tgbs)]
+    return [
+        (s, t)
+        for v in range(1, version + 1)
+        for s, t in zip(journal.read_version(v).steps(), journal.read_version(v).tgbs)
+    ]
 
 
 def test_log_keys_outside_the_namespace_are_rejected(backend_url):

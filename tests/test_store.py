@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pickle  # only to prove the Store handle crosses processes; never used on data
 import subprocess
 import sys
 from pathlib import Path
-import pickle  # only to prove the Store handle crosses processes; never used on data
 
 import pytest
 from obstore import exceptions as obs_errors

@@ -40,8 +40,11 @@ def _human_bytes(n: int) -> str:
 
 
 def _add_inspect(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("inspect", help="show the newest state of a namespace",
-                       description="Show the newest log version, steps, producers and size of a namespace.")
+    p = sub.add_parser(
+        "inspect",
+        help="show the newest state of a namespace",
+        description="Show the newest log version, steps, producers and size of a namespace.",
+    )
     p.add_argument("url", help="namespace: directory, file://, s3://, az://, gs:// or memory:// URL")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.set_defaults(func=_cmd_inspect)
@@ -85,9 +88,12 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _add_end_stream(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("end-stream", help="commit the end-of-stream marker (idempotent)",
-                       description="Commit the end-of-stream marker: consumers stop after the last step, "
-                                   "producers can append no more. Running it again changes nothing.")
+    p = sub.add_parser(
+        "end-stream",
+        help="commit the end-of-stream marker (idempotent)",
+        description="Commit the end-of-stream marker: consumers stop after the last step, "
+        "producers can append no more. Running it again changes nothing.",
+    )
     p.add_argument("url", help="namespace URL")
     p.set_defaults(func=_cmd_end_stream)
 
@@ -117,14 +123,18 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     from batchweave.demo import DEFAULT_STEPS
 
     p = sub.add_parser(
-        "demo", help="producer and consumer processes on a local namespace, with a producer crash",
+        "demo",
+        help="producer and consumer processes on a local namespace, with a producer crash",
         description="Start producer processes that preprocess synthetic images into TGBs and one consumer "
-                    "process per DP x CP rank; SIGKILL and restart one producer midway; check that every rank "
-                    "saw the same dense step order and every producer's offsets exactly once. "
-                    "Exits 1 if a check fails.",
+        "process per DP x CP rank; SIGKILL and restart one producer midway; check that every rank "
+        "saw the same dense step order and every producer's offsets exactly once. "
+        "Exits 1 if a check fails.",
     )
-    p.add_argument("--dir", help="demo directory (default: a fresh ./demo-data/<timestamp>); "
-                                 "must be new, empty, or one the demo created before")
+    p.add_argument(
+        "--dir",
+        help="demo directory (default: a fresh ./demo-data/<timestamp>); "
+        "must be new, empty, or one the demo created before",
+    )
     p.add_argument("--producers", type=_positive, default=3, help="producer processes (default 3)")
     p.add_argument("--steps", type=_positive, default=DEFAULT_STEPS, help=f"steps in total (default {DEFAULT_STEPS})")
     p.add_argument("--dp", type=_positive, default=2, help="data-parallel size (default 2)")
@@ -138,8 +148,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from batchweave.demo import default_demo_dir, run_demo
 
     directory = args.dir if args.dir is not None else default_demo_dir()
-    summary = run_demo(directory, producers=args.producers, steps=args.steps, dp=args.dp, cp=args.cp,
-                       kill=not args.no_kill)
+    summary = run_demo(
+        directory, producers=args.producers, steps=args.steps, dp=args.dp, cp=args.cp, kill=not args.no_kill
+    )
     if args.json_summary:
         Path(args.json_summary).write_text(json.dumps(summary, indent=2) + "\n")
     return EXIT_OK if summary["ok"] else EXIT_CHECKS_FAILED
@@ -152,15 +163,20 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     from batchweave.bench import BENCHMARKS
 
     p = sub.add_parser(
-        "bench", help="run a benchmark; writes OUT/NAME.json, OUT/NAME.png and OUT/NAME.md",
+        "bench",
+        help="run a benchmark; writes OUT/NAME.json, OUT/NAME.png and OUT/NAME.md",
         description="Run a benchmark and write its JSON result, PNG figure and Markdown table into --out.",
     )
     p.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--quick", action="store_true", help="a short run (about 2 minutes on 2 cores)")
-    p.add_argument("--store", choices=("latency", "local", "s3"), default="latency",
-                   help="latency: the cloud latency model over memory (default); local: a directory on this "
-                        "disk; s3: a moto server on loopback")
+    p.add_argument(
+        "--store",
+        choices=("latency", "local", "s3"),
+        default="latency",
+        help="latency: the cloud latency model over memory (default); local: a directory on this "
+        "disk; s3: a moto server on loopback",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the latency model's jitter")
     p.set_defaults(func=_cmd_bench)
 
@@ -175,8 +191,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     module = load(args.name)
     options = BenchOptions(quick=args.quick, store=args.store, seed=args.seed)
     console = Console(stderr=True)
-    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TimeElapsedColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=console) as progress:
         result = module.run(options, progress)
     paths = write_outputs(result, Path(args.out), module.plot)

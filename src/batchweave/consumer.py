@@ -240,7 +240,9 @@ class _Pipeline:
             pause = 0.0
             self._known_version = version
             if expected_step is not None and delta.first_step != expected_step:
-                raise CorruptDataError(log.version_key(version), f"first step {delta.first_step}, expected {expected_step}")
+                raise CorruptDataError(
+                    log.version_key(version), f"first step {delta.first_step}, expected {expected_step}"
+                )
             expected_step = delta.first_step + len(delta.tgbs)
             if not self._schedule(delta):
                 return
@@ -277,8 +279,12 @@ class _Pipeline:
         except StoreError:
             size = self._store.size(key)
             if size is not None and size < offset + length:
-                raise CorruptDataError(key, f"truncated to {size} bytes; slice {self._slice} ends at {offset + length}") from None
+                raise CorruptDataError(
+                    key, f"truncated to {size} bytes; slice {self._slice} ends at {offset + length}"
+                ) from None
             raise
         if len(data) != length:
-            raise CorruptDataError(key, f"truncated: slice {self._slice} wants {length} bytes at {offset}, got {len(data)}")
+            raise CorruptDataError(
+                key, f"truncated: slice {self._slice} wants {length} bytes at {offset}, got {len(data)}"
+            )
         return Batch(step=step, data=decode_slice(data, key, crc), version=version)

@@ -151,7 +151,9 @@ def _pack(sequences: Sequence[np.ndarray], rows: int, seq_len: int) -> tuple[np.
     return tokens, segments
 
 
-def build_slice(producer_index: int, offset: int, slice_index: int, images: int = IMAGES_PER_SLICE) -> dict[str, np.ndarray]:
+def build_slice(
+    producer_index: int, offset: int, slice_index: int, images: int = IMAGES_PER_SLICE
+) -> dict[str, np.ndarray]:
     """One rank's slice of the TGB at ``offset``; a pure function of its arguments."""
     rng = np.random.default_rng([producer_index, offset, slice_index])
     blobs = [_encode_image(_synth_raw_image(rng)) for _ in range(images)]  # the "files"
@@ -172,7 +174,9 @@ def build_slice(producer_index: int, offset: int, slice_index: int, images: int 
     }
 
 
-def build_tgb(producer_index: int, offset: int, slices: int, images: int = IMAGES_PER_SLICE) -> list[dict[str, np.ndarray]]:
+def build_tgb(
+    producer_index: int, offset: int, slices: int, images: int = IMAGES_PER_SLICE
+) -> list[dict[str, np.ndarray]]:
     return [build_slice(producer_index, offset, s, images) for s in range(slices)]
 
 
@@ -350,15 +354,23 @@ def _render_live(run: _Run, appended: Any, progress: Any) -> Any:
         p = info.producers.get(pid, {}) if info else {}
         done = p.get("offset", 0)
         prods.add_row(
-            pid, run.states[i], str(p.get("epoch", "-")), f"{appended[i]}/{share}", f"{done}/{share}",
+            pid,
+            run.states[i],
+            str(p.get("epoch", "-")),
+            f"{appended[i]}/{share}",
+            f"{done}/{share}",
             ProgressBar(total=share, completed=done, width=24),
         )
     ranks = Table(title="consumer ranks", title_justify="left", expand=False)
     for col in ("rank", "(d, c)", "steps read", ""):
         ranks.add_column(col)
     for r in range(run.dp * run.cp):
-        ranks.add_row(str(r), f"({r // run.cp}, {r % run.cp})", f"{progress[r]}/{run.steps}",
-                      ProgressBar(total=run.steps, completed=progress[r], width=24))
+        ranks.add_row(
+            str(r),
+            f"({r // run.cp}, {r % run.cp})",
+            f"{progress[r]}/{run.steps}",
+            ProgressBar(total=run.steps, completed=progress[r], width=24),
+        )
     return Group(head, prods, ranks, *run.events[-6:])
 
 
@@ -380,8 +392,13 @@ def run_demo(
     from rich.console import Console
     from rich.live import Live
 
-    for name, value, low in (("producers", producers, 1), ("steps", steps, 1), ("dp", dp, 1), ("cp", cp, 1),
-                             ("images_per_slice", images_per_slice, 1)):
+    for name, value, low in (
+        ("producers", producers, 1),
+        ("steps", steps, 1),
+        ("dp", dp, 1),
+        ("cp", cp, 1),
+        ("images_per_slice", images_per_slice, 1),
+    ):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise ConfigError(f"demo: {name} must be an integer >= {low}, got {value!r}")
     if steps < producers:
@@ -412,7 +429,8 @@ def run_demo(
         proc = ctx.Process(
             target=_producer_main,
             args=(url, i, run.shares[i], dp, cp, images_per_slice, str(results), incarnations[i], appended),
-            name=f"batchweave-demo-{producer_id(i)}", daemon=True,
+            name=f"batchweave-demo-{producer_id(i)}",
+            daemon=True,
         )
         proc.start()
         prod_procs[i] = proc
@@ -427,8 +445,12 @@ def run_demo(
         with Live(_render_live(run, appended, progress), console=console, refresh_per_second=4) as live:
             run.started = time.monotonic()
             for r in range(world):
-                proc = ctx.Process(target=_consumer_main, args=(url, dp, cp, r, str(results), progress),
-                                   name=f"batchweave-demo-rank{r}", daemon=True)
+                proc = ctx.Process(
+                    target=_consumer_main,
+                    args=(url, dp, cp, r, str(results), progress),
+                    name=f"batchweave-demo-rank{r}",
+                    daemon=True,
+                )
                 proc.start()
                 cons_procs.append(proc)
             for i in range(producers):
@@ -457,7 +479,9 @@ def run_demo(
                     incarnations[victim] += 1
                     start_producer(victim)
                     run.states[victim] = "[yellow]restarted[/]"
-                    run.event(f"restarted {killed['producer_id']} with the same producer_id (pid {prod_procs[victim].pid})")
+                    run.event(
+                        f"restarted {killed['producer_id']} with the same producer_id (pid {prod_procs[victim].pid})"
+                    )
                 for i, proc in enumerate(prod_procs):
                     if proc.exitcode is not None and run.states[i] not in ("done", "[red]failed[/]"):
                         if proc.exitcode == 0:
@@ -513,8 +537,11 @@ def _summarize(
     info = run.info
     assert info is not None
     world = run.dp * run.cp
-    ranks = [_read_json(results / f"rank-{r}.json") or {"rank": r, "steps": [], "sources": [], "checksums": [],
-                                                         "bytes": 0, "error": "no result file"} for r in range(world)]
+    ranks = [
+        _read_json(results / f"rank-{r}.json")
+        or {"rank": r, "steps": [], "sources": [], "checksums": [], "bytes": 0, "error": "no result file"}
+        for r in range(world)
+    ]
     prod_records = sorted(
         (rec for p in results.glob("producer-*.json") if (rec := _read_json(p))),
         key=lambda rec: (rec["producer_id"], rec["incarnation"]),
@@ -527,38 +554,64 @@ def _summarize(
     def check(name: str, ok: bool, detail: str) -> None:
         checks.append({"name": name, "ok": bool(ok), "detail": detail})
 
-    check("processes", not failures and not any(r["error"] for r in ranks),
-          "; ".join(failures + [f"rank {r['rank']}: {r['error']}" for r in ranks if r["error"]])
-          or f"{len(run.shares)} producers and {world} ranks exited cleanly")
-    check("namespace", info.steps == run.steps and info.end_of_stream,
-          f"{info.steps} steps committed (expected {run.steps}), end of stream: {info.end_of_stream}")
+    check(
+        "processes",
+        not failures and not any(r["error"] for r in ranks),
+        "; ".join(failures + [f"rank {r['rank']}: {r['error']}" for r in ranks if r["error"]])
+        or f"{len(run.shares)} producers and {world} ranks exited cleanly",
+    )
+    check(
+        "namespace",
+        info.steps == run.steps and info.end_of_stream,
+        f"{info.steps} steps committed (expected {run.steps}), end of stream: {info.end_of_stream}",
+    )
 
     expected = list(range(run.steps))
     bad = [r["rank"] for r in ranks if r["steps"] != expected]
-    check("step order", not bad,
-          f"ranks {bad} did not see steps 0..{run.steps - 1} once each in order" if bad
-          else f"all {world} ranks saw steps 0..{run.steps - 1} in order, no duplicate, no gap")
+    check(
+        "step order",
+        not bad,
+        f"ranks {bad} did not see steps 0..{run.steps - 1} once each in order"
+        if bad
+        else f"all {world} ranks saw steps 0..{run.steps - 1} in order, no duplicate, no gap",
+    )
 
     tgb_sources = [tuple(s[:2]) for s in ranks[0]["sources"]]
-    disagree = sorted({i for r in ranks for i, s in enumerate(r["sources"])
-                       if i >= len(tgb_sources) or tuple(s[:2]) != tgb_sources[i]})
+    disagree = sorted(
+        {
+            i
+            for r in ranks
+            for i, s in enumerate(r["sources"])
+            if i >= len(tgb_sources) or tuple(s[:2]) != tgb_sources[i]
+        }
+    )
     wrong_slice = [r["rank"] for r in ranks if any(s[2] != r.get("slice_index") for s in r["sources"])]
-    check("same TGB per step", not disagree and not wrong_slice,
-          (f"steps {disagree[:5]} differ across ranks; " if disagree else "")
-          + (f"ranks {wrong_slice} got another rank's slice" if wrong_slice else "")
-          or "every rank of every step read the same (producer, offset), each its own slice")
+    check(
+        "same TGB per step",
+        not disagree and not wrong_slice,
+        (f"steps {disagree[:5]} differ across ranks; " if disagree else "")
+        + (f"ranks {wrong_slice} got another rank's slice" if wrong_slice else "")
+        or "every rank of every step read the same (producer, offset), each its own slice",
+    )
 
     per_producer: dict[int, list[int]] = {}
     for p, o in tgb_sources:
         per_producer.setdefault(p, []).append(o)
     bad_prod = [
-        producer_id(i) for i, share in enumerate(run.shares)
-        if per_producer.get(i, []) != list(range(share)) or info.producers.get(producer_id(i), {}).get("offset") != share
+        producer_id(i)
+        for i, share in enumerate(run.shares)
+        if per_producer.get(i, []) != list(range(share))
+        or info.producers.get(producer_id(i), {}).get("offset") != share
     ]
-    check("exactly-once offsets", not bad_prod,
-          f"producers {bad_prod} have duplicate, missing or unordered offsets" if bad_prod
-          else "each producer's committed offsets are exactly 0..k-1 (" + ", ".join(
-              f"{producer_id(i)}: {share}" for i, share in enumerate(run.shares)) + ")")
+    check(
+        "exactly-once offsets",
+        not bad_prod,
+        f"producers {bad_prod} have duplicate, missing or unordered offsets"
+        if bad_prod
+        else "each producer's committed offsets are exactly 0..k-1 ("
+        + ", ".join(f"{producer_id(i)}: {share}" for i, share in enumerate(run.shares))
+        + ")",
+    )
 
     if killed is not None:
         pid = killed["producer_id"]
@@ -568,10 +621,13 @@ def _summarize(
         killed["epoch_after"] = restarted[0].get("epoch") if restarted else None
         killed["redone_after_kill"] = killed["appended_before_kill"] - (resumed or 0)
         ok = resumed == killed["committed_at_kill"] and (killed["epoch_after"] or 0) > killed["epoch_before"]
-        check("resume after kill", ok,
-              f"{pid} killed after appending {killed['appended_before_kill']} TGBs with "
-              f"{killed['committed_at_kill']} committed; restarted incarnation resumed at {resumed} "
-              f"(epoch {killed['epoch_before']} -> {killed['epoch_after']})")
+        check(
+            "resume after kill",
+            ok,
+            f"{pid} killed after appending {killed['appended_before_kill']} TGBs with "
+            f"{killed['committed_at_kill']} committed; restarted incarnation resumed at {resumed} "
+            f"(epoch {killed['epoch_before']} -> {killed['epoch_after']})",
+        )
 
     # Payload integrity and determinism: regenerate sampled slices from their provenance
     # and compare with the checksum the rank computed on what it read from the store.
@@ -592,9 +648,13 @@ def _summarize(
         p, o, s = rec["sources"][step]
         if slice_checksum(build_slice(p, o, s, images)) != rec["checksums"][step]:
             mismatched.append((step, r))
-    check("payload", not mismatched,
-          f"{len(mismatched)} of {len(samples)} sampled slices differ from a regeneration: {mismatched[:5]}"
-          if mismatched else f"{len(samples)} sampled slices regenerate bit-identically from their source offset")
+    check(
+        "payload",
+        not mismatched,
+        f"{len(mismatched)} of {len(samples)} sampled slices differ from a regeneration: {mismatched[:5]}"
+        if mismatched
+        else f"{len(samples)} sampled slices regenerate bit-identically from their source offset",
+    )
 
     mb = info.bytes / 1e6
     return {
@@ -632,16 +692,28 @@ def render_summary(summary: dict[str, Any]) -> Any:
         ("steps", f"{summary['steps']} (expected {summary['steps_expected']}), log version {summary['log_version']}"),
         ("mesh", f"{summary['producers']} producers -> dp={summary['dp']} x cp={summary['cp']} ranks"),
         ("wall time", f"{summary['wall_time_s']:.2f} s"),
-        ("throughput", f"{summary['steps_per_s']} steps/s, {summary['mb_per_s']} MB/s committed "
-                       f"({summary['mb_committed']} MB; ranks read {summary['mb_read_by_ranks']} MB)"),
-        ("commits", f"{summary['commit_successes']}/{summary['commit_attempts']} attempts succeeded "
-                    f"({'n/a' if rate is None else f'{rate:.1%}'}), {summary['commit_conflicts']} conflicts"),
+        (
+            "throughput",
+            f"{summary['steps_per_s']} steps/s, {summary['mb_per_s']} MB/s committed "
+            f"({summary['mb_committed']} MB; ranks read {summary['mb_read_by_ranks']} MB)",
+        ),
+        (
+            "commits",
+            f"{summary['commit_successes']}/{summary['commit_attempts']} attempts succeeded "
+            f"({'n/a' if rate is None else f'{rate:.1%}'}), {summary['commit_conflicts']} conflicts",
+        ),
     ]
     k = summary["killed"]
-    rows.append(("killed", "no producer was killed" if k is None else
-                 f"{k['producer_id']} at {k['at_s']} s after appending {k['appended_before_kill']} TGBs "
-                 f"({k['committed_at_kill']} committed); resumed at offset {k['resumed_at']}, "
-                 f"epoch {k['epoch_before']} -> {k['epoch_after']}"))
+    rows.append(
+        (
+            "killed",
+            "no producer was killed"
+            if k is None
+            else f"{k['producer_id']} at {k['at_s']} s after appending {k['appended_before_kill']} TGBs "
+            f"({k['committed_at_kill']} committed); resumed at offset {k['resumed_at']}, "
+            f"epoch {k['epoch_before']} -> {k['epoch_after']}",
+        )
+    )
     for row in rows:
         table.add_row(*row)
     for c in summary["checks"]:

@@ -111,8 +111,13 @@ class LatencyStore(Store):
         state = dict(state)
         model, seed, discard = state.pop("model"), state.pop("seed"), state.pop("discard_prefix")
         self.__init__(
-            state["url"], model, seed=seed, discard_prefix=discard, create=state["create"],
-            max_attempts=state["max_attempts"], **state["options"],
+            state["url"],
+            model,
+            seed=seed,
+            discard_prefix=discard,
+            create=state["create"],
+            max_attempts=state["max_attempts"],
+            **state["options"],
         )
 
     def __repr__(self) -> str:

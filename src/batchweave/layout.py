@@ -121,9 +121,7 @@ def checksum(data: bytes | memoryview) -> int:
 # -- encoding --------------------------------------------------------------------------
 
 
-def encode_tgb(
-    slices: Sequence[Any], dp: int, cp: int, max_object_bytes: int = DEFAULT_MAX_OBJECT_BYTES
-) -> EncodedTGB:
+def encode_tgb(slices: Sequence[Any], dp: int, cp: int, max_object_bytes: int = DEFAULT_MAX_OBJECT_BYTES) -> EncodedTGB:
     """Encode ``dp * cp`` slice payloads into objects of at most ``max_object_bytes``."""
     if isinstance(slices, (bytes, bytearray, memoryview, Mapping)) or not isinstance(slices, Sequence):
         raise LayoutError(f"slices must be a list of dp*cp={dp * cp} payloads, got {type(slices).__name__}")

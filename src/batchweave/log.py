@@ -174,7 +174,9 @@ def decode_snapshot(data: bytes | memoryview, key: str) -> LogState:
 
 def _check_descriptor(tgb: TGBDescriptor, key: str) -> None:
     if tgb.dp < 1 or tgb.cp < 1 or len(tgb.slices) != tgb.dp * tgb.cp:
-        raise CorruptDataError(key, f"TGB {tgb.producer}@{tgb.source_offset}: {len(tgb.slices)} slices for dp={tgb.dp} cp={tgb.cp}")
+        raise CorruptDataError(
+            key, f"TGB {tgb.producer}@{tgb.source_offset}: {len(tgb.slices)} slices for dp={tgb.dp} cp={tgb.cp}"
+        )
     if not tgb.objects:
         raise CorruptDataError(key, f"TGB {tgb.producer}@{tgb.source_offset} names no objects")
     for object_key in tgb.objects:
@@ -227,7 +229,8 @@ def _check_offsets(state: LogState, delta: LogVersion, key: str) -> None:
     for pid in {t.producer for t in delta.tgbs}:
         if delta.producers[pid].offset != next_offset[pid]:
             raise CorruptDataError(
-                key, f"producer {pid!r} records offset {delta.producers[pid].offset}, its TGBs end at {next_offset[pid]}"
+                key,
+                f"producer {pid!r} records offset {delta.producers[pid].offset}, its TGBs end at {next_offset[pid]}",
             )
 
 
@@ -257,9 +260,7 @@ def build_commit(
 def build_claim(state: LogState, producer_id: str, incarnation: str, committed_at: float) -> LogVersion:
     """A version that gives ``producer_id`` a new epoch, fencing every older incarnation."""
     old = state.producers.get(producer_id)
-    claimed = ProducerState(
-        offset=old.offset if old else 0, epoch=old.epoch + 1 if old else 1, incarnation=incarnation
-    )
+    claimed = ProducerState(offset=old.offset if old else 0, epoch=old.epoch + 1 if old else 1, incarnation=incarnation)
     return LogVersion(
         format=LOG_FORMAT,
         version=state.version + 1,
@@ -302,6 +303,7 @@ def pending_after_rebase(
     if remaining and state.end_of_stream:
         raise StreamEndedError(
             f"the stream was ended at or before log version {state.version}; "
-            f"{len(remaining)} TGB(s) of producer {producer_id!r} from offset {remaining[0].source_offset} were not committed"
+            f"{len(remaining)} TGB(s) of producer {producer_id!r} from offset {remaining[0].source_offset} "
+            "were not committed"
         )
     return remaining

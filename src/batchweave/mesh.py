@@ -85,7 +85,9 @@ def resolve_rank(rank: int | None, mesh: Mesh, environ: Mapping[str, str] | None
         if env_rank is None:
             if mesh.world_size == 1:
                 return 0
-            raise ConfigError(f"no rank given and RANK is not set; pass rank= (0..{mesh.world_size - 1}) or run under torchrun")
+            raise ConfigError(
+                f"no rank given and RANK is not set; pass rank= (0..{mesh.world_size - 1}) or run under torchrun"
+            )
         if not env_rank.strip().isdigit():
             raise ConfigError(f"RANK={env_rank!r} is not a non-negative integer")
         rank = int(env_rank)

@@ -108,7 +108,9 @@ class Producer:
         self._next_offset = self._me.offset
         self._thread: threading.Thread | None = None
         if background_commit:
-            self._thread = threading.Thread(target=self._commit_loop, name=f"batchweave-commit-{producer_id}", daemon=True)
+            self._thread = threading.Thread(
+                target=self._commit_loop, name=f"batchweave-commit-{producer_id}", daemon=True
+            )
             self._thread.start()
 
     # -- public API ------------------------------------------------------------------

@@ -93,7 +93,7 @@ class ObjectInfo:
     size: int
 
 
-def open_store(url: "str | os.PathLike[str] | Store", *, create: bool = True, **options: Any) -> "Store":
+def open_store(url: str | os.PathLike[str] | Store, *, create: bool = True, **options: Any) -> Store:
     """Open the namespace at ``url``; ``options`` pass through to obstore.
 
     A ``Store`` passes through unchanged (e.g. a ``batchweave.latency.LatencyStore``).
@@ -137,9 +137,7 @@ class Store:
 
     def put_if_absent(self, key: str, data: bytes | memoryview) -> None:
         """Create ``key`` with ``data``; raise ObjectExistsError if it already exists."""
-        self._call(
-            key, lambda: obstore.put(self._store, key, data, mode="create"), "put", len(data), conditional=True
-        )
+        self._call(key, lambda: obstore.put(self._store, key, data, mode="create"), "put", len(data), conditional=True)
 
     def put(self, key: str, data: bytes | memoryview) -> None:
         """Overwrite ``key``. Only for advisory hints; every other object is create-only."""
@@ -196,7 +194,7 @@ class Store:
                 return self._perform(request, nbytes, op)
             except BatchWeaveError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - translated below, never swallowed
+            except Exception as exc:
                 error = translate_error(exc, key, conditional=conditional)
                 if not isinstance(error, TransientStoreError) or attempt == self.max_attempts:
                     raise error from exc
@@ -214,9 +212,7 @@ def translate_error(exc: BaseException, key: str, *, conditional: bool = False) 
     lowered = text.lower()
     if isinstance(exc, obs_errors.AlreadyExistsError):
         return ObjectExistsError(key, "already exists (create-only put lost)")
-    if isinstance(exc, obs_errors.PreconditionError) or (
-        conditional and any(m in lowered for m in _CONFLICT_MARKERS)
-    ):
+    if isinstance(exc, obs_errors.PreconditionError) or (conditional and any(m in lowered for m in _CONFLICT_MARKERS)):
         # S3 answers a racing conditional put with 409 ConditionalRequestConflict or 412.
         return ObjectExistsError(key, f"conditional put conflict ({_first_line(text)})")
     if isinstance(exc, (obs_errors.NotFoundError, FileNotFoundError)):
@@ -244,9 +240,7 @@ def _normalize_url(url: str) -> str:
         return "file://" + str(Path(path).expanduser().resolve())
     if scheme == "memory" or scheme in _CLOUD_SCHEMES:
         return url.rstrip("/")
-    raise ConfigError(
-        f"unsupported namespace URL {url!r}: use a directory, file://, s3://, az://, gs:// or memory://"
-    )
+    raise ConfigError(f"unsupported namespace URL {url!r}: use a directory, file://, s3://, az://, gs:// or memory://")
 
 
 def _build(url: str, options: dict[str, Any], create: bool) -> Any:
@@ -262,5 +256,5 @@ def _build(url: str, options: dict[str, Any], create: bool) -> Any:
     options = {"retry_config": _OBSTORE_RETRY, **options}
     try:
         return from_url(url, **options)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise ConfigError(f"cannot open {url!r}: {_first_line(str(exc))}") from exc

@@ -176,6 +176,11 @@ def plot(result: BenchResult, figure: Any) -> None:
         xs = [r["history_tgbs"] for r in rows]
         axes.plot(xs, [r["fragile_window_p50_s"] * 1e3 for r in rows], style, label=f"{system} p50")
         axes.plot(xs, [r["fragile_window_p95_s"] * 1e3 for r in rows], style, alpha=0.4, label=f"{system} p95")
-    axes.set(xscale="log", yscale="log", xlabel="committed history (TGBs)", ylabel="fragile window (ms)",
-             title="commit cost as the log grows (latency model)")
+    axes.set(
+        xscale="log",
+        yscale="log",
+        xlabel="committed history (TGBs)",
+        ylabel="fragile window (ms)",
+        title="commit cost as the log grows (latency model)",
+    )
     axes.legend()

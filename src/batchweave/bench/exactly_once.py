@@ -10,6 +10,7 @@ order, so drift in the machine's speed falls on both alike.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 import uuid
@@ -92,7 +93,7 @@ def _measure(slices: int, payload_bytes: int, pairs: int, seed: int) -> dict[str
         for pair in range(pairs):
             producer.append([slice_payload] * slices)  # the upload is not part of the commit
             body = _control_body(reader.read_version(int(producer.metrics()["log_version"])))
-            actions = {"state": producer.flush, "control": lambda: control.commit(body)}
+            actions = {"state": producer.flush, "control": functools.partial(control.commit, body)}
             order = ("state", "control") if pair % 2 == 0 else ("control", "state")
             timed = {name: _timed(actions[name]) for name in order}
             state_s.append(timed["state"])
@@ -141,10 +142,18 @@ def plot(result: BenchResult, figure: Any) -> None:
     axes = figure.subplots(1, 1)
     labels = [f"{r['tgb_slices']}x{r['payload_bytes'] // 1000}KB" for r in result.results]
     xs = range(len(labels))
-    axes.bar([x - 0.2 for x in xs], [r["commit_latency_state_s"] * 1e3 for r in result.results], 0.4,
-             label="with producer state")
-    axes.bar([x + 0.2 for x in xs], [r["commit_latency_control_s"] * 1e3 for r in result.results], 0.4,
-             label="dummy-metadata control")
+    axes.bar(
+        [x - 0.2 for x in xs],
+        [r["commit_latency_state_s"] * 1e3 for r in result.results],
+        0.4,
+        label="with producer state",
+    )
+    axes.bar(
+        [x + 0.2 for x in xs],
+        [r["commit_latency_control_s"] * 1e3 for r in result.results],
+        0.4,
+        label="dummy-metadata control",
+    )
     axes.set_xticks(list(xs), labels, rotation=30)
     axes.set(ylabel="mean commit latency (ms)", title="exactly-once producer state: per-commit cost")
     axes.legend()

@@ -177,7 +177,7 @@ def _produce(producer: Producer, slices: list[bytes], stop: threading.Event, err
         while not stop.is_set():
             producer.append(slices)
         producer.flush()  # finalization: drain what is still pending
-    except Exception as exc:  # noqa: BLE001 - recorded in the result, the run goes on
+    except Exception as exc:
         errors.append(f"{producer.producer_id}: {type(exc).__name__}: {exc}")
 
 

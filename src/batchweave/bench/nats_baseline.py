@@ -63,8 +63,7 @@ STREAM = "TGB"
 SUBJECT = "tgb"
 
 _INSTALL_HINT = (
-    "nats-server not found: install it with `apt-get install nats-server` "
-    "(or run `make test`, which installs it)"
+    "nats-server not found: install it with `apt-get install nats-server` (or run `make test`, which installs it)"
 )
 
 

@@ -36,8 +36,12 @@ def plan(options: BenchOptions) -> dict[str, Any]:
     if options.quick:
         return {"producers": [8, 32], "payloads": [100_000, 10_000_000], "policies": ["dac"], "duration_s": 3.0}
     # 8 to 128 producers in factors of 4: on 2 cores a finer sweep only adds hours.
-    return {"producers": [8, 32, 128], "payloads": [100_000, 1_000_000, 10_000_000],
-            "policies": list(POLICY_NAMES), "duration_s": 15.0}
+    return {
+        "producers": [8, 32, 128],
+        "payloads": [100_000, 1_000_000, 10_000_000],
+        "policies": list(POLICY_NAMES),
+        "duration_s": 15.0,
+    }
 
 
 def run(options: BenchOptions, progress: Any) -> BenchResult:
@@ -62,18 +66,31 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
             else:
                 with tempfile.TemporaryDirectory(prefix="bench-nats-") as workdir:
                     record = measure_nats(producers, payload, sweep["duration_s"], Path(workdir), limit)
-            results.append({**record, "policy": "strict-tgb" if limit is None else "strict-tgb-64MiB",
-                            "store": "nats-loopback"})
+            results.append(
+                {**record, "policy": "strict-tgb" if limit is None else "strict-tgb-64MiB", "store": "nats-loopback"}
+            )
             progress.advance(task)
-    config = {**sweep, "tgb_slices": 8, "quick": options.quick, "store": store_model(options),
-              "nats": {"mode": "strict TGB: one message per TGB, ack awaited", "limits": ["1 MiB", "64 MiB"]},
-              "machine": machine()}
+    config = {
+        **sweep,
+        "tgb_slices": 8,
+        "quick": options.quick,
+        "store": store_model(options),
+        "nats": {"mode": "strict TGB: one message per TGB, ack awaited", "limits": ["1 MiB", "64 MiB"]},
+        "machine": machine(),
+    }
     return BenchResult(NAME, config, results, COLUMNS, summary=verdict(results))
 
 
 def _nats_missing(producers: int, payload: int) -> dict[str, Any]:
-    return {"system": "nats", "producers": producers, "payload_bytes": payload, "throughput_mb_s": 0.0,
-            "commit_success_rate": 0.0, "tgbs_committed": 0, "error": "nats-server not installed"}
+    return {
+        "system": "nats",
+        "producers": producers,
+        "payload_bytes": payload,
+        "throughput_mb_s": 0.0,
+        "commit_success_rate": 0.0,
+        "tgbs_committed": 0,
+        "error": "nats-server not installed",
+    }
 
 
 def verdict(results: list[dict[str, Any]]) -> list[str]:
@@ -108,10 +125,14 @@ def plot(result: BenchResult, figure: Any) -> None:
     for ax, payload in zip(axes, payloads, strict=True):
         rows = [r for r in result.results if r["payload_bytes"] == payload]
         for system, policy in sorted({(r["system"], r["policy"]) for r in rows}):
-            line = sorted((r["producers"], r["throughput_mb_s"]) for r in rows
-                          if (r["system"], r["policy"]) == (system, policy) and r["throughput_mb_s"] > 0)
+            line = sorted(
+                (r["producers"], r["throughput_mb_s"])
+                for r in rows
+                if (r["system"], r["policy"]) == (system, policy) and r["throughput_mb_s"] > 0
+            )
             if line:
                 style = "s--" if system == "nats" else ("o-" if policy == "dac" else ".-")
-                ax.plot(*zip(*line), style, label=f"{system} {policy}")
+                xs, ys = zip(*line, strict=True)
+                ax.plot(xs, ys, style, label=f"{system} {policy}")
         ax.set(title=f"{payload // 1000} KB TGBs", xlabel="producers", ylabel="MB/s", xscale="log")
     axes[0].legend(fontsize="small")
