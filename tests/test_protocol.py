@@ -406,3 +406,32 @@ def test_published_metrics_show_in_inspect(backend_url):
     # Published with the third commit, so they count the two before it plus this attempt.
     assert published["attempts"] == 3 and published["successes"] == 2 and published["tgbs_committed"] == 2
     assert published["fragile_window_ema_s"] > 0
+
+
+class Recording:
+    """A policy that records what the producer tells it."""
+
+    name = "recording"
+
+    def __init__(self):
+        self.observed = []
+
+    def wait_s(self, pending_tgbs, since_last_attempt_s):
+        return float("inf")
+
+    def observe(self, fragile_window_s, producers, success):
+        self.observed.append((fragile_window_s, producers, success))
+
+
+def test_policy_learns_the_producer_count_from_the_log(backend_url):
+    """DAC's N comes from the committed producer states, with no message between producers."""
+    produce(backend_url, "a", 1)
+    produce(backend_url, "b", 1)
+    policy = Recording()
+    with bw.Producer(backend_url, "c", dp=2, commit_policy=policy) as producer:
+        assert policy.observed[0][1:] == (3, True)  # the claim primes it: a, b and itself
+        produce(backend_url, "d", 1)  # a fourth producer joins meanwhile
+        producer.append(tgb("c", 0, 2))
+        producer.flush()
+    assert [(n, ok) for _, n, ok in policy.observed[1:]] == [(4, True)]
+    assert all(window > 0 for window, _, _ in policy.observed)

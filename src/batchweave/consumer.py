@@ -71,7 +71,7 @@ class Consumer:
 
     def __init__(
         self,
-        url: str,
+        url: str | Store,
         dp: int,
         cp: int = 1,
         tp: int = 1,

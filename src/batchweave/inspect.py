@@ -7,7 +7,7 @@ from typing import Any
 
 from batchweave.journal import Journal
 from batchweave.log import ProducerState
-from batchweave.store import open_store
+from batchweave.store import Store, open_store
 
 __all__ = ["NamespaceInfo", "inspect_namespace"]
 
@@ -34,7 +34,7 @@ def _producer(state: ProducerState) -> dict[str, Any]:
     return out
 
 
-def inspect_namespace(url: str, **store_options: Any) -> NamespaceInfo:
+def inspect_namespace(url: str | Store, **store_options: Any) -> NamespaceInfo:
     """Read the newest state of the namespace at ``url`` (O(1) requests plus the log tail)."""
     store = open_store(url, create=False, **store_options)
     state = Journal(store).load_state()

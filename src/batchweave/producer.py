@@ -35,7 +35,7 @@ from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES, encode_tgb
 from batchweave.log import LogState, ProducerState, TGBDescriptor
 from batchweave.mesh import Mesh
 from batchweave.policies import CommitPolicy, resolve_policy
-from batchweave.store import open_store
+from batchweave.store import Store, open_store
 
 __all__ = ["Producer", "end_stream"]
 
@@ -62,7 +62,7 @@ class Producer:
 
     def __init__(
         self,
-        url: str,
+        url: str | Store,
         producer_id: str,
         dp: int,
         cp: int = 1,
@@ -386,7 +386,7 @@ class Producer:
             self._cond.notify_all()
 
 
-def end_stream(url: str, *, create: bool = True, **store_options: Any) -> int:
+def end_stream(url: str | Store, *, create: bool = True, **store_options: Any) -> int:
     """Commit the end-of-stream marker; returns its log version. Idempotent.
 
     ``create=False`` refuses a local namespace directory that does not exist yet.
