@@ -8,7 +8,7 @@ After every step the namespace is read back (log replay, ``inspect_namespace``, 
 producers' own views) and compared with the model; every few steps a consumer rank
 reads all committed steps and checks every byte against the deterministic payloads.
 
-Commits happen only on ``flush()``/``close()`` (the ``Never`` policy), so the model can
+Commits happen only on ``flush()``/``close()`` (the ``Manual`` policy), so the model can
 say exactly which version each action writes. Ambiguous commit outcomes are injected
 per producer instance (its ``Store`` object gets an instance-level ``put_if_absent``
 that applies the next log-version put and then fails), so other producers' background
@@ -39,6 +39,7 @@ import batchweave as bw
 from batchweave import log
 from batchweave import store as bw_store
 from batchweave.journal import Journal
+from batchweave.policies import Manual
 from batchweave.store import Store, open_store
 
 PRODUCER_IDS = ("a", "b", "c")
@@ -54,18 +55,6 @@ _DATA_KEY = re.compile(r"^data/")  # TGB objects
 #   applied-conflict  the same, as Store's own retry reports it (the retried put finds the key)
 #   lost-timeout      the write never landed and the client saw a timeout
 FAULT_MODES = ("applied-timeout", "applied-conflict", "lost-timeout")
-
-
-class Never:
-    """A policy that never commits on its own: only flush()/close() publish."""
-
-    name = "never"
-
-    def wait_s(self, pending_tgbs, since_last_attempt_s):
-        return float("inf")
-
-    def observe(self, fragile_window_s, producers, success):
-        pass
 
 
 class StoreFault:
@@ -167,7 +156,7 @@ class CommitProtocol(RuleBasedStateMachine):
             self.url,
             pid,
             dp=DP,
-            commit_policy=Never(),
+            commit_policy=Manual(),
             snapshot_every=self.snapshot_every,
             background_commit=self.background_commit,
         )
@@ -411,7 +400,7 @@ TestCommitProtocol = CommitProtocol.TestCase
 
 def test_append_refuses_to_skip_source_offsets():
     url = f"memory://model-gap-{uuid.uuid4().hex}"
-    with bw.Producer(url, "p", dp=DP, commit_policy=Never()) as producer:
+    with bw.Producer(url, "p", dp=DP, commit_policy=Manual()) as producer:
         producer.append(tgb("p", 0, DP), source_offset=0)
         with pytest.raises(bw.SourceOffsetError):
             producer.append(tgb("p", 2, DP), source_offset=2)  # offset 1 was never produced

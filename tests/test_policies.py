@@ -8,7 +8,7 @@ import random
 import pytest
 
 from batchweave.errors import ConfigError
-from batchweave.policies import AIMD, DAC, INCR, POLICY_NAMES, CommitPolicy, Fixed, Naive, resolve_policy
+from batchweave.policies import AIMD, DAC, INCR, POLICY_NAMES, CommitPolicy, Fixed, Manual, Naive, resolve_policy
 
 
 class StubRng:
@@ -350,3 +350,9 @@ def test_aimd_adds_on_success_and_halves_on_conflict():
         AIMD(decrease=1.5)
     with pytest.raises(ConfigError):
         Fixed(0)
+
+
+def test_manual_commits_only_on_flush():
+    policy = resolve_policy("manual")
+    assert isinstance(policy, Manual) and policy.name == "manual"
+    assert all(policy.wait_s(n, t) == math.inf for n in (0, 1, 10_000) for t in (0.0, 1e9))

@@ -16,19 +16,8 @@ from worker import Eager, digest, origin_of, tgb
 import batchweave as bw
 from batchweave import log
 from batchweave.journal import Journal
+from batchweave.policies import Manual
 from batchweave.store import Store, open_store
-
-
-class Never:
-    """A policy that never commits on its own: only flush() publishes."""
-
-    name = "never"
-
-    def wait_s(self, pending_tgbs, since_last_attempt_s):
-        return float("inf")
-
-    def observe(self, fragile_window_s, producers, success):
-        pass
 
 
 def read_all(url, mesh, rank, **kw):
@@ -44,7 +33,7 @@ def produce(url, producer_id, count, dp=2, cp=1, policy=None):
 
 def test_uncommitted_tgbs_are_invisible_until_commit(backend_url):
     """I1: objects written by append are invisible until a log version references them."""
-    producer = bw.Producer(backend_url, "p", dp=2, commit_policy=Never())
+    producer = bw.Producer(backend_url, "p", dp=2, commit_policy=Manual())
     for offset in range(3):
         producer.append(tgb("p", offset, 2))
     store = open_store(backend_url)
@@ -89,10 +78,10 @@ def test_restart_resumes_at_committed_offset_with_a_new_epoch(backend_url):
 
 def test_zombie_is_fenced_and_commits_nothing_more(backend_url):
     """I3 with zombies: an older incarnation still running gets ProducerFencedError."""
-    zombie = bw.Producer(backend_url, "p", dp=2, commit_policy=Never())
+    zombie = bw.Producer(backend_url, "p", dp=2, commit_policy=Manual())
     zombie.append(tgb("p", 0, 2))
     zombie.flush()
-    successor = bw.Producer(backend_url, "p", dp=2, commit_policy=Never())
+    successor = bw.Producer(backend_url, "p", dp=2, commit_policy=Manual())
     assert successor.resume_offset == 1 and successor.epoch == zombie.epoch + 1
     zombie.append(tgb("p", 1, 2))
     with pytest.raises(bw.ProducerFencedError, match="fenced by a newer incarnation"):
@@ -120,7 +109,7 @@ def test_ambiguous_commit_outcome_neither_duplicates_nor_drops(backend_url, monk
             raise bw.TransientStoreError(key, "simulated timeout after the write was applied")
 
     monkeypatch.setattr(Store, "put_if_absent", applied_then_timed_out)
-    with bw.Producer(backend_url, "p", dp=2, commit_policy=Never()) as producer:
+    with bw.Producer(backend_url, "p", dp=2, commit_policy=Manual()) as producer:
         for offset in range(12):
             producer.append(tgb("p", offset, 2))
             producer.flush()
@@ -133,7 +122,7 @@ def test_every_object_is_written_once(backend_url, monkeypatch):
     overwritten = []
     real_put = Store.put
     monkeypatch.setattr(Store, "put", lambda self, key, data: (overwritten.append(key), real_put(self, key, data)))
-    with bw.Producer(backend_url, "p", dp=1, commit_policy=Never(), snapshot_every=3) as producer:
+    with bw.Producer(backend_url, "p", dp=1, commit_policy=Manual(), snapshot_every=3) as producer:
         for offset in range(10):
             producer.append(tgb("p", offset, 1))
             producer.flush()
@@ -176,7 +165,7 @@ def test_end_of_stream_stops_consumers_and_refuses_appends(backend_url):
 
 
 def test_running_producer_cannot_append_after_the_stream_ends(backend_url):
-    producer = bw.Producer(backend_url, "p", dp=2, commit_policy=Never())
+    producer = bw.Producer(backend_url, "p", dp=2, commit_policy=Manual())
     producer.append(tgb("p", 0, 2))
     bw.end_stream(backend_url)
     with pytest.raises(bw.StreamEndedError, match="1 TGB\\(s\\) of producer 'p' from offset 0 were not committed"):
@@ -189,7 +178,7 @@ def test_running_producer_cannot_append_after_the_stream_ends(backend_url):
 
 def test_close_without_flush_drops_uncommitted_tgbs(backend_url):
     with pytest.raises(RuntimeError, match="preprocessing failed"):
-        with bw.Producer(backend_url, "p", dp=2, commit_policy=Never()) as producer:
+        with bw.Producer(backend_url, "p", dp=2, commit_policy=Manual()) as producer:
             producer.append(tgb("p", 0, 2))
             producer.flush()
             producer.append(tgb("p", 1, 2))
@@ -331,7 +320,7 @@ def replay(url):
 
 def test_commit_cost_does_not_grow_with_history(backend_url):
     """A commit reads only versions it has not seen: requests per commit stay flat."""
-    with bw.Producer(backend_url, "p", dp=1, commit_policy=Never(), snapshot_every=10) as producer:
+    with bw.Producer(backend_url, "p", dp=1, commit_policy=Manual(), snapshot_every=10) as producer:
         costs = []
         for offset in range(40):
             producer.append(tgb("p", offset, 1))

@@ -23,7 +23,7 @@ from batchweave.errors import (
 )
 from batchweave.inspect import NamespaceInfo, inspect_namespace
 from batchweave.mesh import Mesh
-from batchweave.policies import AIMD, DAC, INCR, CommitPolicy, Fixed, Naive
+from batchweave.policies import AIMD, DAC, INCR, CommitPolicy, Fixed, Manual, Naive
 from batchweave.producer import Producer, end_stream
 
 __version__ = "0.1.0"
@@ -40,6 +40,7 @@ __all__ = [
     "CorruptDataError",
     "Fixed",
     "LayoutError",
+    "Manual",
     "Mesh",
     "Naive",
     "NamespaceInfo",

@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 
 from batchweave.errors import ConfigError
 
-__all__ = ["AIMD", "DAC", "INCR", "POLICY_NAMES", "CommitPolicy", "Fixed", "Naive", "resolve_policy"]
+__all__ = ["AIMD", "DAC", "INCR", "POLICY_NAMES", "CommitPolicy", "Fixed", "Manual", "Naive", "resolve_policy"]
 
 
 @runtime_checkable
@@ -91,6 +91,25 @@ class DAC:
 
     def __repr__(self) -> str:
         return f"DAC(epsilon={self.epsilon}, delta={self.delta}, alpha={self.alpha}, rho={self.rho})"
+
+
+class Manual:
+    """Never commit on its own: TGBs become visible at ``flush()`` or ``close()`` only.
+
+    For producers that want a commit at points of their choosing (the end of a shard, a
+    group of steps), and for measurements where every flush must be exactly one attempt.
+    """
+
+    name = "manual"
+
+    def wait_s(self, pending_tgbs: int, since_last_attempt_s: float) -> float:
+        return math.inf
+
+    def observe(self, fragile_window_s: float, producers: int, success: bool) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return "Manual()"
 
 
 class Fixed:
@@ -175,13 +194,14 @@ _BY_NAME: dict[str, Callable[[], CommitPolicy]] = {
     "fixed100": lambda: Fixed(100),
     "incr": INCR,
     "aimd": AIMD,
+    "manual": Manual,
 }
-POLICY_NAMES = tuple(_BY_NAME)
+POLICY_NAMES = ("dac", "naive", "fixed10", "fixed100", "incr", "aimd")  # the paper's policies, benchmarked
 
 
 def resolve_policy(policy: CommitPolicy | str | None) -> CommitPolicy:
     """A policy object, or a fresh one built from its name (``"dac"``, ``"naive"``,
-    ``"fixed10"``, ``"fixed100"``, ``"incr"``, ``"aimd"``); None means DAC defaults."""
+    ``"fixed10"``, ``"fixed100"``, ``"incr"``, ``"aimd"``, ``"manual"``); None means DAC defaults."""
     if policy is None:
         return DAC()
     if isinstance(policy, str):

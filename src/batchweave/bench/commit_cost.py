@@ -21,6 +21,7 @@ from batchweave.bench.report import BenchOptions, BenchResult, machine
 from batchweave.journal import Journal
 from batchweave.latency import CLOUD_DEFAULTS, LatencyStore
 from batchweave.log import LogState, TGBDescriptor
+from batchweave.policies import Manual
 from batchweave.producer import Producer
 from batchweave.store import Store
 
@@ -37,18 +38,6 @@ COLUMNS = (
     "open_requests",
     "samples",
 )
-
-
-class _Never:
-    """Commit only on flush, so every sample is exactly one attempt."""
-
-    name = "never"
-
-    def wait_s(self, pending_tgbs: int, since_last_attempt_s: float) -> float:
-        return float("inf")
-
-    def observe(self, fragile_window_s: float, producers: int, success: bool) -> None:
-        pass
 
 
 def run(options: BenchOptions, progress: Any) -> BenchResult:
@@ -129,7 +118,7 @@ def _measure_batchweave(history: int, samples: int, seed: int) -> dict[str, Any]
     journal.load_state()
     open_s, open_requests = time.perf_counter() - started, journal.requests
     windows = []
-    with Producer(store, "probe", dp=SLICES, commit_policy=_Never(), background_commit=False) as producer:
+    with Producer(store, "probe", dp=SLICES, commit_policy=Manual(), background_commit=False) as producer:
         for _ in range(samples):
             producer.append([b"x" * 1000] * SLICES)
             producer.flush()

@@ -23,6 +23,7 @@ from batchweave.bench.ingest import store_model
 from batchweave.bench.report import BenchOptions, BenchResult, machine
 from batchweave.journal import Journal
 from batchweave.latency import CLOUD_DEFAULTS, LatencyStore
+from batchweave.policies import Manual
 from batchweave.producer import Producer
 
 NAME = "exactly-once"
@@ -36,16 +37,6 @@ COLUMNS = (
     "overhead",
     "samples",
 )
-
-
-class _Never:
-    name = "never"
-
-    def wait_s(self, pending_tgbs: int, since_last_attempt_s: float) -> float:
-        return float("inf")
-
-    def observe(self, fragile_window_s: float, producers: int, success: bool) -> None:
-        pass
 
 
 def run(options: BenchOptions, progress: Any) -> BenchResult:
@@ -86,7 +77,7 @@ def _measure(slices: int, payload_bytes: int, pairs: int, seed: int) -> dict[str
     control = _Control(Journal(control_store))
     slice_payload = b"\0" * max(1, payload_bytes // slices)
     state_s, control_s = [], []
-    with Producer(state_store, "eo", dp=slices, commit_policy=_Never(), background_commit=False) as producer:
+    with Producer(state_store, "eo", dp=slices, commit_policy=Manual(), background_commit=False) as producer:
         reader = Journal(state_store)
         producer.append([slice_payload] * slices)
         producer.flush()  # warm-up: the control copies the shape of a committed version
