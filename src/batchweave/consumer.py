@@ -4,16 +4,22 @@ A background thread follows the log (only ever probing the next version, backing
 while idle) and schedules one range read per step on a small thread pool, up to
 ``prefetch`` steps ahead. Iteration hands out steps in order; the cursor in
 ``state_dict()`` counts what the caller has received, never what was prefetched.
+
+The cursor counts TGBs consumed, not steps, so a checkpoint taken on one mesh resumes
+on another: when the consumer's DP/CP sizes differ from the TGBs' layout, ``reshard``
+maps each logical step of this mesh onto the slices it must read (paper 4.1).
 """
 
 from __future__ import annotations
 
+import math
 import queue
 import random
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -31,6 +37,7 @@ from batchweave.journal import Journal
 from batchweave.layout import decode_slice
 from batchweave.log import LogVersion, TGBDescriptor
 from batchweave.mesh import Mesh, resolve_rank
+from batchweave.reshard import Reshard, SliceRead
 from batchweave.store import Store, open_store
 
 __all__ = ["Batch", "Consumer"]
@@ -44,13 +51,14 @@ class Batch:
 
     step: int
     data: dict[str, np.ndarray] | bytes
-    version: int  # the log version that committed this step
+    version: int  # the log version that committed the last TGB this step touches
 
 
 @dataclass(frozen=True, slots=True)
 class _Cursor:
-    version: int  # log version holding the last delivered step (0 before any)
-    step: int  # next step to deliver
+    version: int  # log version holding the last TGB the delivered steps touched (0 before any)
+    position: Fraction  # TGBs consumed: the same on every rank, whatever the mesh
+    step: int  # next logical step of this consumer's mesh (for messages; position rules)
 
 
 _END = object()
@@ -66,6 +74,8 @@ class Consumer:
         prefetch: steps fetched ahead on background threads.
         timeout_s: raise StepTimeoutError when no step arrives for this long (None: wait).
         max_poll_interval_s: longest pause between log probes while idle.
+        sequence_axis: the axis along which slices are joined when CP shrank and split
+            when CP grew relative to the TGBs' layout (default: the last axis).
         store_options: passed through to obstore.
     """
 
@@ -81,6 +91,7 @@ class Consumer:
         *,
         timeout_s: float | None = None,
         max_poll_interval_s: float = 1.0,
+        sequence_axis: int = -1,
         **store_options: Any,
     ) -> None:
         self.mesh = Mesh(dp=dp, cp=cp, tp=tp, pp=pp)
@@ -91,8 +102,9 @@ class Consumer:
         self.prefetch = prefetch
         self.timeout_s = timeout_s
         self.max_poll_interval_s = max_poll_interval_s
+        self.sequence_axis = sequence_axis
         self._store = open_store(url, **store_options)
-        self._cursor = _Cursor(version=0, step=0)
+        self._cursor = _Cursor(version=0, position=Fraction(0), step=0)
         self._pipeline: _Pipeline | None = None
 
     # -- iteration -------------------------------------------------------------------
@@ -103,8 +115,8 @@ class Consumer:
     def __next__(self) -> Batch:
         if self._pipeline is None:
             self._pipeline = _Pipeline(self, self._cursor)
-        batch = self._pipeline.next(self.timeout_s)
-        self._cursor = _Cursor(version=batch.version, step=batch.step + 1)
+        batch, position = self._pipeline.next(self.timeout_s)
+        self._cursor = _Cursor(version=batch.version, position=position, step=batch.step + 1)
         return batch
 
     def close(self) -> None:
@@ -127,17 +139,27 @@ class Consumer:
     # -- checkpointing (torch.distributed.checkpoint Stateful) -----------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """The cursor: resume right after the last step this rank received."""
+        """The cursor: resume right after the last step this rank received.
+
+        ``position`` ([numerator, denominator]) counts the TGBs consumed and is what a
+        resume uses; ``step``, ``dp`` and ``cp`` say where it was taken.
+        """
         return {
             "format": CURSOR_FORMAT,
             "version": self._cursor.version,
+            "position": [self._cursor.position.numerator, self._cursor.position.denominator],
             "step": self._cursor.step,
             "dp": self.mesh.dp,
             "cp": self.mesh.cp,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from a cursor saved by ``state_dict()``."""
+        """Resume from a cursor saved by ``state_dict()``, on this mesh or another.
+
+        A mesh whose DP/CP sizes differ from the saved one is fine when the saved position
+        starts one of its steps; otherwise the first ``next()`` raises LayoutError naming
+        the nearest steps that do.
+        """
         cursor = _parse_cursor(state, self.mesh)
         self.close()
         self._cursor = cursor
@@ -156,28 +178,36 @@ class Consumer:
 def _parse_cursor(state: Any, mesh: Mesh) -> _Cursor:
     if not isinstance(state, dict) or state.get("format") != CURSOR_FORMAT:
         raise ConfigError(f"not a BatchWeave consumer state (expected format {CURSOR_FORMAT!r}): {state!r:.200}")
-    version, step = state.get("version"), state.get("step")
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (version, step)):
+    version, step, position = state.get("version"), state.get("step"), state.get("position")
+    if not all(_natural(v) for v in (version, step)):
         raise ConfigError(f"consumer state needs non-negative integer version and step, got {version!r}, {step!r}")
-    if (state.get("dp"), state.get("cp")) != (mesh.dp, mesh.cp):
-        raise LayoutError(
-            f"consumer state was saved at dp={state.get('dp')} cp={state.get('cp')}, "
-            f"this consumer has dp={mesh.dp} cp={mesh.cp}"
-        )
-    return _Cursor(version=version, step=step)
+    if not (isinstance(position, list | tuple) and len(position) == 2 and _natural(position[0]) and position[1]):
+        raise ConfigError(f"consumer state needs position [numerator, denominator], got {position!r}")
+    if not _natural(position[1]):
+        raise ConfigError(f"consumer state position denominator must be a positive integer, got {position[1]!r}")
+    return _Cursor(version=version, position=Fraction(position[0], position[1]), step=step)
+
+
+def _natural(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 class _Pipeline:
-    """Follows the log from a cursor and prefetches this rank's slices in step order."""
+    """Follows the log from a cursor and prefetches this rank's reads in step order."""
 
     def __init__(self, consumer: Consumer, cursor: _Cursor) -> None:
         self._store: Store = consumer._store
         self._journal = Journal(self._store)
         self._url = self._store.url
         self._mesh = consumer.mesh
-        self._slice = consumer.slice_index
+        self._rank = consumer.rank
+        self._axis = consumer.sequence_axis
         self._max_poll_s = consumer.max_poll_interval_s
         self._cursor = cursor
+        self._start = cursor.position
+        self._reshard: Reshard | None = None  # known once the first TGB shows the layout
+        self._next_step = cursor.step
+        self._known: dict[int, tuple[TGBDescriptor, int]] = {}  # TGB index -> (descriptor, version)
         self._ready: queue.Queue[Any] = queue.Queue()
         self._slots = threading.Semaphore(consumer.prefetch)
         self._stop = threading.Event()
@@ -187,7 +217,7 @@ class _Pipeline:
         self._thread = threading.Thread(target=self._follow, name="batchweave-follow", daemon=True)
         self._thread.start()
 
-    def next(self, timeout_s: float | None) -> Batch:
+    def next(self, timeout_s: float | None) -> tuple[Batch, Fraction]:
         if self._broken is not None:
             raise self._broken  # never skip past a step that failed
         try:
@@ -205,19 +235,19 @@ class _Pipeline:
             raise item
         self._slots.release()
         try:
-            batch = item.result()
+            batch, position = item.result()
         except BatchWeaveError as exc:
             self._broken = exc
             raise
-        self._cursor = _Cursor(batch.version, batch.step + 1)
-        return batch
+        self._cursor = _Cursor(batch.version, position, batch.step + 1)
+        return batch, position
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
         self._pool.shutdown(wait=True, cancel_futures=True)
 
-    # -- background ------------------------------------------------------------------
+    # -- background: follow the log ------------------------------------------------------
 
     def _follow(self) -> None:
         try:
@@ -244,47 +274,121 @@ class _Pipeline:
                     log.version_key(version), f"first step {delta.first_step}, expected {expected_step}"
                 )
             expected_step = delta.first_step + len(delta.tgbs)
-            if not self._schedule(delta):
+            self._remember(delta)
+            if not self._schedule_ready():
                 return
             if delta.end_of_stream:
+                # A last logical step whose TGBs never all arrived (DP grown) is not a step.
                 self._ready.put(_END)
                 return
             version += 1
 
-    def _schedule(self, delta: LogVersion) -> bool:
-        for step, tgb in zip(delta.steps(), delta.tgbs, strict=True):
-            if step < self._cursor.step:
-                continue
-            self._check_layout(tgb, delta.version, step)
+    def _remember(self, delta: LogVersion) -> None:
+        first_needed = math.floor(self._start)
+        for index, tgb in zip(delta.steps(), delta.tgbs, strict=True):
+            if index >= first_needed:
+                self._check_layout(tgb, delta.version, index)
+                self._known[index] = (tgb, delta.version)
+
+    def _check_layout(self, tgb: TGBDescriptor, version: int, index: int) -> None:
+        if self._reshard is None:
+            self._reshard = Reshard(tgb.dp, tgb.cp, self._mesh, tgb.kind)
+            self._next_step = self._reshard.step_at(self._start)
+        elif (tgb.dp, tgb.cp, tgb.kind) != (self._reshard.layout_dp, self._reshard.layout_cp, self._reshard.kind):
+            raise LayoutError(
+                f"{self._url}: step {index} (log version {version}) has dp={tgb.dp} cp={tgb.cp} {tgb.kind} slices, "
+                f"earlier steps have dp={self._reshard.layout_dp} cp={self._reshard.layout_cp} {self._reshard.kind}"
+            )
+
+    def _schedule_ready(self) -> bool:
+        """Schedule every logical step whose TGBs are all committed; False when stopping."""
+        while self._reshard is not None:
+            needed = self._reshard.tgbs(self._next_step)
+            if needed[-1] not in self._known:
+                return True  # wait for more commits
+            read = self._reshard.read(self._rank, self._next_step)
+            tgb = self._known[read.tgb][0]
+            version = self._known[needed[-1]][1]
+            position = self._reshard.position(self._next_step + 1)
             while not self._slots.acquire(timeout=0.1):
                 if self._stop.is_set():
                     return False
             if self._stop.is_set():
                 return False
-            self._ready.put(self._pool.submit(self._fetch, tgb, step, delta.version))
+            self._ready.put(self._pool.submit(self._fetch, tgb, read, self._next_step, version, position))
+            self._next_step += 1
+            for index in [i for i in self._known if i < self._reshard.tgbs(self._next_step)[0]]:
+                del self._known[index]
         return True
 
-    def _check_layout(self, tgb: TGBDescriptor, version: int, step: int) -> None:
-        if (tgb.dp, tgb.cp) != (self._mesh.dp, self._mesh.cp):
-            raise LayoutError(
-                f"{self._url}: step {step} (log version {version}) has dp={tgb.dp} cp={tgb.cp} slices, "
-                f"this consumer reads dp={self._mesh.dp} cp={self._mesh.cp}"
-            )
+    # -- background: fetch ---------------------------------------------------------------
 
-    def _fetch(self, tgb: TGBDescriptor, step: int, version: int) -> Batch:
-        obj, offset, length, crc = tgb.slices[self._slice]
+    def _fetch(
+        self, tgb: TGBDescriptor, read: SliceRead, step: int, version: int, position: Fraction
+    ) -> tuple[Batch, Fraction]:
+        indices = range(read.first_slice, read.first_slice + read.count)
+        parts = [self._read_slice_run(tgb, run) for run in _runs_by_object(tgb, indices)]
+        decoded = [item for run in parts for item in run]
+        data = decoded[0] if len(decoded) == 1 else _concat(decoded, self._axis, tgb.objects[0])
+        if read.pieces > 1:
+            data = _piece(data, read.piece, read.pieces, self._axis, tgb.objects[tgb.slices[read.first_slice][0]])
+        return Batch(step=step, data=data, version=version), position
+
+    def _read_slice_run(self, tgb: TGBDescriptor, indices: list[int]) -> list[Any]:
+        """Decode slices that sit back to back in one object, with one range read."""
+        obj = tgb.slices[indices[0]][0]
         key = tgb.objects[obj]
+        start = tgb.slices[indices[0]][1]
+        end = max(tgb.slices[i][1] + tgb.slices[i][2] for i in indices)
+        buf = self._range(key, start, end - start)
+        out = []
+        for i in indices:
+            _, offset, length, crc = tgb.slices[i]
+            out.append(decode_slice(buf[offset - start : offset - start + length], key, crc))
+        return out
+
+    def _range(self, key: str, start: int, length: int) -> memoryview:
         try:
-            data = self._store.get_range(key, offset, length)
+            data = self._store.get_range(key, start, length)
         except StoreError:
             size = self._store.size(key)
-            if size is not None and size < offset + length:
-                raise CorruptDataError(
-                    key, f"truncated to {size} bytes; slice {self._slice} ends at {offset + length}"
-                ) from None
+            if size is not None and size < start + length:
+                raise CorruptDataError(key, f"truncated to {size} bytes; the slice ends at {start + length}") from None
             raise
         if len(data) != length:
-            raise CorruptDataError(
-                key, f"truncated: slice {self._slice} wants {length} bytes at {offset}, got {len(data)}"
+            raise CorruptDataError(key, f"truncated: wanted {length} bytes at {start}, got {len(data)}")
+        return data
+
+
+def _runs_by_object(tgb: TGBDescriptor, indices: range) -> list[list[int]]:
+    """Split consecutive slice indices where they cross into the next object."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and tgb.slices[runs[-1][-1]][0] == tgb.slices[i][0]:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
+def _concat(parts: list[Any], axis: int, key: str) -> Any:
+    """CP shrank: join adjacent slices along the sequence axis (bytes end to end)."""
+    if isinstance(parts[0], bytes):
+        return b"".join(parts)
+    try:
+        return {name: np.concatenate([p[name] for p in parts], axis=axis) for name in parts[0]}
+    except (ValueError, np.exceptions.AxisError) as exc:
+        raise LayoutError(f"{key}: cannot join CP slices along axis {axis}: {exc}") from exc
+
+
+def _piece(data: Any, piece: int, pieces: int, axis: int, key: str) -> Any:
+    """CP grew: this rank's equal piece of every array along the sequence axis (a view)."""
+    out = {}
+    for name, array in data.items():
+        if array.ndim == 0 or array.shape[axis] % pieces:
+            raise LayoutError(
+                f"{key}: array {name!r} of shape {array.shape} cannot be split into {pieces} equal pieces "
+                f"along axis {axis} for cp growth"
             )
-        return Batch(step=step, data=decode_slice(data, key, crc), version=version)
+        out[name] = np.split(array, pieces, axis=axis)[piece]
+    return out
