@@ -109,6 +109,7 @@ def test_docstring_tree_names_every_class():
         "TimeoutError",
         "PermissionError",
         "ConnectionError",
+        "LookupError",
     } <= set(errors.__all__)
 
 
@@ -205,3 +206,9 @@ def test_translate_error_keeps_first_line_of_message():
     got = store.translate_error(exc, "k")
     assert "first line" in str(got)
     assert "second line" not in str(got)
+
+
+def test_data_reclaimed_error_names_the_step_and_the_oldest_available():
+    error = errors.DataReclaimedError("memory://x", 5, 15)
+    assert isinstance(error, LookupError) and isinstance(error, errors.BatchWeaveError)
+    assert (error.step, error.oldest) == (5, 15) and "step 5" in str(error) and "15" in str(error)

@@ -10,6 +10,7 @@ from batchweave.errors import (
     BatchWeaveError,
     ConfigError,
     CorruptDataError,
+    DataReclaimedError,
     LayoutError,
     ObjectExistsError,
     ObjectNotFoundError,
@@ -22,6 +23,7 @@ from batchweave.errors import (
     TransientStoreError,
 )
 from batchweave.inspect import NamespaceInfo, inspect_namespace
+from batchweave.lifecycle import GCReport, collect_garbage, release_checkpoint
 from batchweave.mesh import Mesh
 from batchweave.policies import AIMD, DAC, INCR, CommitPolicy, Fixed, Manual, Naive
 from batchweave.producer import Producer, end_stream
@@ -38,7 +40,9 @@ __all__ = [
     "ConfigError",
     "Consumer",
     "CorruptDataError",
+    "DataReclaimedError",
     "Fixed",
+    "GCReport",
     "LayoutError",
     "Manual",
     "Mesh",
@@ -55,6 +59,8 @@ __all__ = [
     "StreamEndedError",
     "TransientStoreError",
     "__version__",
+    "collect_garbage",
     "end_stream",
     "inspect_namespace",
+    "release_checkpoint",
 ]

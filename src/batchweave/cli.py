@@ -156,6 +156,40 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK if summary["ok"] else EXIT_CHECKS_FAILED
 
 
+# -- gc -------------------------------------------------------------------------------
+
+
+def _add_gc(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "gc",
+        help="delete what no live checkpoint and no producer recovery can reach",
+        description="Garbage-collect a namespace: TGBs below the oldest live checkpoint's watermark, log versions "
+        "and snapshots nothing reads any more, and orphaned objects older than the grace period. Safe to run "
+        "from any process at any time, repeatedly.",
+    )
+    p.add_argument("url", help="namespace URL")
+    p.add_argument("--dry-run", action="store_true", help="only report what would be deleted")
+    p.add_argument("--grace-s", type=float, default=3600.0, help="age before an unreferenced object is an orphan")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.set_defaults(func=_cmd_gc)
+
+
+def _cmd_gc(args: argparse.Namespace) -> int:
+    from batchweave.lifecycle import collect_garbage
+
+    report = collect_garbage(args.url, grace_s=args.grace_s, dry_run=args.dry_run)
+    if args.json:
+        print(json.dumps(report.to_dict(), sort_keys=True))
+        return EXIT_OK
+    verb = "would delete" if args.dry_run else "deleted"
+    print(
+        f"W_global: step {report.w_global_step}; reclaimed below step {report.reclaimed_steps}; {verb} "
+        f"{len(report.deleted_objects)} objects ({report.deleted_bytes} bytes of TGBs), "
+        f"{report.deleted_versions} log versions, {report.deleted_snapshots} snapshots, {len(report.orphans)} orphans"
+    )
+    return EXIT_OK
+
+
 # -- bench ----------------------------------------------------------------------------
 
 
@@ -210,7 +244,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 # -- entry point ----------------------------------------------------------------------
 
 # Each function registers one subcommand.
-SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_inspect, _add_end_stream, _add_demo, _add_bench]
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    _add_inspect,
+    _add_end_stream,
+    _add_gc,
+    _add_demo,
+    _add_bench,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -29,12 +29,15 @@ from batchweave.errors import (
     BatchWeaveError,
     ConfigError,
     CorruptDataError,
+    DataReclaimedError,
     LayoutError,
+    ObjectNotFoundError,
     StepTimeoutError,
     StoreError,
 )
 from batchweave.journal import Journal
 from batchweave.layout import decode_slice
+from batchweave.lifecycle import Watermark, check_checkpoint_id, write_watermark
 from batchweave.log import LogVersion, TGBDescriptor
 from batchweave.mesh import Mesh, resolve_rank
 from batchweave.reshard import Reshard, SliceRead
@@ -118,6 +121,25 @@ class Consumer:
         batch, position = self._pipeline.next(self.timeout_s)
         self._cursor = _Cursor(version=batch.version, position=position, step=batch.step + 1)
         return batch
+
+    def mark_checkpoint(self, checkpoint_id: str) -> None:
+        """Record this rank's cursor as its watermark for ``checkpoint_id``.
+
+        Call it after the training checkpoint holding ``state_dict()`` is durable. Data a
+        live checkpoint's watermark can reach is never garbage-collected; TP/PP ranks of
+        one position write the same watermark, so any one of them marking is enough.
+        """
+        coords = self.mesh.coords(self.rank)
+        mark = Watermark(
+            checkpoint=check_checkpoint_id(checkpoint_id),
+            dp=self.mesh.dp,
+            cp=self.mesh.cp,
+            d=coords.dp,
+            c=coords.cp,
+            position=self._cursor.position,
+            version=self._cursor.version,
+        )
+        write_watermark(self._store, mark)
 
     def close(self) -> None:
         """Stop background threads; iteration can start again from the cursor."""
@@ -213,6 +235,7 @@ class _Pipeline:
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=consumer.prefetch, thread_name_prefix="batchweave-fetch")
         self._known_version = cursor.version
+        self._reclaim_checked = False
         self._broken: BatchWeaveError | None = None
         self._thread = threading.Thread(target=self._follow, name="batchweave-follow", daemon=True)
         self._thread.start()
@@ -262,6 +285,7 @@ class _Pipeline:
         while not self._stop.is_set():
             delta = self._journal.read_version(version)
             if delta is None:
+                self._raise_if_reclaimed(version)
                 if version <= self._cursor.version:
                     raise CorruptDataError(log.version_key(version), "the cursor's log version is missing")
                 pause = min(self._max_poll_s, max(0.01, pause * 2))
@@ -282,6 +306,16 @@ class _Pipeline:
                 self._ready.put(_END)
                 return
             version += 1
+
+    def _raise_if_reclaimed(self, version: int) -> None:
+        """A version that should exist (the cursor's, or version 1) but is missing may have
+        been garbage-collected: say so with DataReclaimedError. Checked once per start."""
+        if self._reclaim_checked or not (version <= self._cursor.version or version == 1):
+            return
+        self._reclaim_checked = True
+        reclaimed = self._journal.load_state().reclaimed
+        if version < reclaimed.versions or self._start < reclaimed.steps:
+            raise DataReclaimedError(self._url, math.floor(self._start), reclaimed.steps)
 
     def _remember(self, delta: LogVersion) -> None:
         first_needed = math.floor(self._start)
@@ -350,6 +384,11 @@ class _Pipeline:
     def _range(self, key: str, start: int, length: int) -> memoryview:
         try:
             data = self._store.get_range(key, start, length)
+        except ObjectNotFoundError:
+            reclaimed = self._journal.load_state().reclaimed
+            if math.floor(self._start) < reclaimed.steps:
+                raise DataReclaimedError(self._url, math.floor(self._start), reclaimed.steps) from None
+            raise
         except StoreError:
             size = self._store.size(key)
             if size is not None and size < start + length:

@@ -8,6 +8,7 @@
     ├── ProducerFencedError                 a newer incarnation of this producer_id took over
     ├── StreamEndedError                    the namespace was closed with end_stream()
     ├── StepTimeoutError (TimeoutError)     a consumer waited longer than its timeout_s
+    ├── DataReclaimedError (LookupError)    a resume point whose data garbage collection deleted
     └── StoreError                          the object store said no
         ├── ObjectNotFoundError (FileNotFoundError)
         ├── ObjectExistsError (FileExistsError)   a create-only put lost the race
@@ -24,6 +25,7 @@ __all__ = [
     "BatchWeaveError",
     "ConfigError",
     "CorruptDataError",
+    "DataReclaimedError",
     "LayoutError",
     "ObjectExistsError",
     "ObjectNotFoundError",
@@ -72,6 +74,18 @@ class StreamEndedError(BatchWeaveError):
 
 class StepTimeoutError(BatchWeaveError, TimeoutError):
     """A consumer waited longer than its ``timeout_s`` for the next step."""
+
+
+class DataReclaimedError(BatchWeaveError, LookupError):
+    """A step below the oldest one garbage collection kept (no live checkpoint needed it)."""
+
+    def __init__(self, url: str, step: int, oldest: int) -> None:
+        super().__init__(
+            f"{url}: step {step} was reclaimed by garbage collection (no live checkpoint needed it); "
+            f"the oldest step still available is {oldest}: resume from a live checkpoint"
+        )
+        self.step = step
+        self.oldest = oldest
 
 
 class StoreError(BatchWeaveError):

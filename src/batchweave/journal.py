@@ -100,8 +100,16 @@ class Journal:
         except StoreError as exc:
             _logger.warning("could not write snapshot at version %d: %s", state.version, exc)
 
+    def newest_snapshot_version(self) -> int:
+        """The version of the newest snapshot (0 if there is none)."""
+        return self._newest_snapshot().version
+
     def _newest_snapshot(self) -> LogState:
-        state = self._read_snapshot(self._hinted_version()) or LogState()
+        state = self._read_snapshot(self._hinted_version())
+        if state is None:
+            # No hint, or it names a snapshot that is gone (garbage collection keeps only
+            # the newest): one listing finds the newest instead of replaying from version 1.
+            state = self._read_snapshot(self._listed_snapshot_version()) or LogState()
         while True:
             # Snapshots sit at multiples of K; a stale hint only costs these probes.
             probe = (state.version // self.snapshot_every + 1) * self.snapshot_every
@@ -109,6 +117,15 @@ class Journal:
             if newer is None:
                 return state
             state = newer
+
+    def _listed_snapshot_version(self) -> int:
+        self.requests += 1
+        versions = [
+            int(name[:-5])
+            for info in self.store.list(log.SNAPSHOT_PREFIX)
+            if (name := info.key[len(log.SNAPSHOT_PREFIX) :]).endswith(".json") and name[:-5].isdigit()
+        ]
+        return max(versions, default=0)
 
     def _hinted_version(self) -> int:
         self.requests += 1

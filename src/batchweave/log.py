@@ -31,11 +31,13 @@ __all__ = [
     "LogState",
     "LogVersion",
     "ProducerState",
+    "Reclaim",
     "TGBDescriptor",
     "apply_version",
     "build_claim",
     "build_commit",
     "build_end_of_stream",
+    "build_reclaim",
     "check_data_key",
     "decode_snapshot",
     "decode_version",
@@ -83,7 +85,16 @@ class TGBDescriptor(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     nbytes: int
 
 
-class LogVersion(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class Reclaim(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What garbage collection has taken so far (cumulative): steps below ``steps`` and log
+    versions below ``versions`` are gone, ``bytes`` of TGB objects with them."""
+
+    steps: int
+    versions: int
+    bytes: int
+
+
+class LogVersion(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """One immutable log version: the delta it commits."""
 
     format: str
@@ -93,6 +104,7 @@ class LogVersion(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     producers: dict[str, ProducerState]
     end_of_stream: bool = False
     committed_at: float = 0.0
+    reclaim: Reclaim | None = None  # set by garbage collection before it deletes anything
 
     def steps(self) -> range:
         return range(self.first_step, self.first_step + len(self.tgbs))
@@ -106,7 +118,8 @@ class LogState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     steps: int = 0
     producers: dict[str, ProducerState] = {}
     end_of_stream: bool = False
-    bytes: int = 0
+    bytes: int = 0  # TGB bytes ever committed
+    reclaimed: Reclaim = Reclaim(0, 0, 0)
 
 
 # -- keys ------------------------------------------------------------------------------
@@ -204,12 +217,21 @@ def apply_version(state: LogState, delta: LogVersion, key: str) -> LogState:
             raise CorruptDataError(key, f"producer {producer_id!r} goes back from {old} to {new}")
     _check_offsets(state, delta, key)
     producers.update(delta.producers)
+    reclaimed = state.reclaimed
+    if delta.reclaim is not None:
+        if delta.reclaim.steps > state.steps or any(
+            new < old
+            for new, old in zip(msgspec.structs.astuple(delta.reclaim), msgspec.structs.astuple(reclaimed), strict=True)
+        ):
+            raise CorruptDataError(key, f"reclaim {delta.reclaim} goes back from {reclaimed} or past the log")
+        reclaimed = delta.reclaim
     return LogState(
         version=delta.version,
         steps=state.steps + len(delta.tgbs),
         producers=producers,
         end_of_stream=state.end_of_stream or delta.end_of_stream,
         bytes=state.bytes + sum(t.nbytes for t in delta.tgbs),
+        reclaimed=reclaimed,
     )
 
 
@@ -280,6 +302,19 @@ def build_end_of_stream(state: LogState, committed_at: float) -> LogVersion:
         producers={},
         end_of_stream=True,
         committed_at=committed_at,
+    )
+
+
+def build_reclaim(state: LogState, reclaim: Reclaim, committed_at: float) -> LogVersion:
+    """A version that records what garbage collection is about to delete."""
+    return LogVersion(
+        format=LOG_FORMAT,
+        version=state.version + 1,
+        first_step=state.steps,
+        tgbs=[],
+        producers={},
+        committed_at=committed_at,
+        reclaim=reclaim,
     )
 
 

@@ -32,6 +32,7 @@ from batchweave.errors import (
 )
 from batchweave.journal import DEFAULT_SNAPSHOT_EVERY, Journal
 from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES, encode_tgb
+from batchweave.lifecycle import global_watermark, read_watermarks
 from batchweave.log import LogState, ProducerState, TGBDescriptor
 from batchweave.mesh import Mesh
 from batchweave.policies import CommitPolicy, resolve_policy
@@ -57,6 +58,9 @@ class Producer:
             the paper's single-loop producer (used by the policy benchmarks).
         publish_metrics: record this producer's counters in the log with every commit,
             so ``batchweave inspect`` shows them (about 200 bytes per commit).
+        max_lag: backpressure: ``append`` blocks while the newest committed step is this
+            many steps or more ahead of ``W_global`` (the oldest live checkpoint), so
+            storage stays bounded even when checkpoints stall. None: never block.
         store_options: passed through to obstore.
     """
 
@@ -72,6 +76,7 @@ class Producer:
         snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
         background_commit: bool = True,
         publish_metrics: bool = False,
+        max_lag: int | None = None,
         **store_options: Any,
     ) -> None:
         self.producer_id = log.check_producer_id(producer_id)
@@ -80,6 +85,10 @@ class Producer:
             raise ConfigError(f"max_object_bytes must be positive, got {max_object_bytes}")
         self.max_object_bytes = max_object_bytes
         self.publish_metrics = publish_metrics
+        if max_lag is not None and (not isinstance(max_lag, int) or max_lag < 1):
+            raise ConfigError(f"max_lag must be a positive number of steps or None, got {max_lag!r}")
+        self.max_lag = max_lag
+        self._w_global_steps = 0  # cached; refreshed only while append is held back
         self.policy = resolve_policy(commit_policy)
         self._store = open_store(url, **store_options)
         self._journal = Journal(self._store, snapshot_every)
@@ -135,6 +144,8 @@ class Producer:
         skipped or repeated offset is refused rather than silently lost or duplicated.
         Returns the TGB's source offset.
         """
+        if self.max_lag is not None:
+            self._wait_for_checkpoints()
         with self._cond:
             self._raise_if_unusable()
             offset = self._next_offset if source_offset is None else source_offset
@@ -370,6 +381,22 @@ class Producer:
         if success and remaining:
             self._journal.after_commit(state)
         return success, window_s
+
+    def _wait_for_checkpoints(self) -> None:
+        """Backpressure: hold ``append`` while the log is ``max_lag`` steps past ``W_global``."""
+        pause = 0.05
+        while True:
+            with self._cond:
+                self._raise_if_unusable()
+                steps = self._state.steps
+            if steps - self._w_global_steps < self.max_lag:
+                return
+            live = global_watermark(read_watermarks(self._store))
+            self._w_global_steps = 0 if live is None else int(live.position)
+            if steps - self._w_global_steps < self.max_lag:
+                return
+            time.sleep(random.uniform(pause / 2, pause))  # a new checkpoint mark releases us
+            pause = min(2.0, pause * 2)
 
     def _put_object(self, key: str, body: bytes) -> None:
         try:

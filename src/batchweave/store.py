@@ -64,6 +64,7 @@ _TRANSIENT_MARKERS = (
     "timeout",
     "connection reset",
     "connection refused",
+    "error sending request",
     "serverbusy",
     "internalerror",
     "throttl",
@@ -87,10 +88,11 @@ _FORK_MESSAGE = (
 
 @dataclass(frozen=True, slots=True)
 class ObjectInfo:
-    """One listed object: its key relative to the namespace and its size in bytes."""
+    """One listed object: key relative to the namespace, size in bytes, last write (Unix s)."""
 
     key: str
     size: int
+    modified_s: float = 0.0
 
 
 def open_store(url: str | os.PathLike[str] | Store, *, create: bool = True, **options: Any) -> Store:
@@ -175,7 +177,10 @@ class Store:
         """Every object under ``prefix`` (relative to the namespace), in no fixed order."""
         listed = self._call(prefix, lambda: obstore.list(self._store, prefix=prefix or None).collect(), "list")
         for meta in listed:
-            yield ObjectInfo(key=str(meta["path"]), size=int(meta["size"]))
+            modified = meta.get("last_modified")
+            yield ObjectInfo(
+                key=str(meta["path"]), size=int(meta["size"]), modified_s=modified.timestamp() if modified else 0.0
+            )
 
     # -- error mapping and retries ---------------------------------------------------
 
