@@ -47,7 +47,6 @@ __all__ = [
 CHECKPOINT_PREFIX = "_checkpoints/"
 WATERMARK_FORMAT = "batchweave.watermark/1"
 _RELEASED = "_released"
-_CHECKPOINT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _DATA_KEY = re.compile(r"data/(?P<producer>[^/]+)/e(?P<epoch>\d+)/(?P<offset>\d+)-[0-9a-f]+\.\d+\.bwb")
 
 
@@ -91,12 +90,7 @@ class Watermark:
 
 
 def check_checkpoint_id(checkpoint_id: str) -> str:
-    if not isinstance(checkpoint_id, str) or not _CHECKPOINT_ID.fullmatch(checkpoint_id):
-        raise ConfigError(
-            f"checkpoint_id {checkpoint_id!r} must be 1-128 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit (e.g. 'step-001000')"
-        )
-    return checkpoint_id
+    return log.check_name(checkpoint_id, "checkpoint_id")
 
 
 def write_watermark(store: Store, mark: Watermark) -> None:

@@ -133,15 +133,20 @@ def snapshot_key(version: int) -> str:
     return f"{SNAPSHOT_PREFIX}{version:020d}.json"
 
 
-def check_producer_id(producer_id: str) -> str:
+def check_name(value: str, what: str) -> str:
+    """A producer or checkpoint id: safe as one segment of an object key."""
     from batchweave.errors import ConfigError
 
-    if not isinstance(producer_id, str) or not _PRODUCER_ID.fullmatch(producer_id):
+    if not isinstance(value, str) or not _PRODUCER_ID.fullmatch(value):
         raise ConfigError(
-            f"producer_id {producer_id!r} must be 1-128 characters of letters, digits, '.', '_' or '-', "
+            f"{what} {value!r} must be 1-128 characters of letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
         )
-    return producer_id
+    return value
+
+
+def check_producer_id(producer_id: str) -> str:
+    return check_name(producer_id, "producer_id")
 
 
 def check_data_key(key: str, where: str) -> str:
@@ -259,6 +264,28 @@ def _check_offsets(state: LogState, delta: LogVersion, key: str) -> None:
 # -- building commits (pure) -----------------------------------------------------------
 
 
+def _next_version(
+    state: LogState,
+    committed_at: float,
+    *,
+    tgbs: Sequence[TGBDescriptor] = (),
+    producers: dict[str, ProducerState] | None = None,
+    end_of_stream: bool = False,
+    reclaim: Reclaim | None = None,
+) -> LogVersion:
+    """The version after ``state``, changing only what the arguments say."""
+    return LogVersion(
+        format=LOG_FORMAT,
+        version=state.version + 1,
+        first_step=state.steps,
+        tgbs=list(tgbs),
+        producers=producers or {},
+        end_of_stream=end_of_stream,
+        committed_at=committed_at,
+        reclaim=reclaim,
+    )
+
+
 def build_commit(
     state: LogState,
     producer_id: str,
@@ -269,53 +296,24 @@ def build_commit(
 ) -> LogVersion:
     """The next version: ``pending`` TGBs appended at the end of the step sequence."""
     next_offset = pending[-1].source_offset + 1 if pending else me.offset
-    return LogVersion(
-        format=LOG_FORMAT,
-        version=state.version + 1,
-        first_step=state.steps,
-        tgbs=list(pending),
-        producers={producer_id: ProducerState(next_offset, me.epoch, me.incarnation, metrics)},
-        committed_at=committed_at,
-    )
+    mine = ProducerState(next_offset, me.epoch, me.incarnation, metrics)
+    return _next_version(state, committed_at, tgbs=pending, producers={producer_id: mine})
 
 
 def build_claim(state: LogState, producer_id: str, incarnation: str, committed_at: float) -> LogVersion:
     """A version that gives ``producer_id`` a new epoch, fencing every older incarnation."""
     old = state.producers.get(producer_id)
     claimed = ProducerState(offset=old.offset if old else 0, epoch=old.epoch + 1 if old else 1, incarnation=incarnation)
-    return LogVersion(
-        format=LOG_FORMAT,
-        version=state.version + 1,
-        first_step=state.steps,
-        tgbs=[],
-        producers={producer_id: claimed},
-        committed_at=committed_at,
-    )
+    return _next_version(state, committed_at, producers={producer_id: claimed})
 
 
 def build_end_of_stream(state: LogState, committed_at: float) -> LogVersion:
-    return LogVersion(
-        format=LOG_FORMAT,
-        version=state.version + 1,
-        first_step=state.steps,
-        tgbs=[],
-        producers={},
-        end_of_stream=True,
-        committed_at=committed_at,
-    )
+    return _next_version(state, committed_at, end_of_stream=True)
 
 
 def build_reclaim(state: LogState, reclaim: Reclaim, committed_at: float) -> LogVersion:
     """A version that records what garbage collection is about to delete."""
-    return LogVersion(
-        format=LOG_FORMAT,
-        version=state.version + 1,
-        first_step=state.steps,
-        tgbs=[],
-        producers={},
-        committed_at=committed_at,
-        reclaim=reclaim,
-    )
+    return _next_version(state, committed_at, reclaim=reclaim)
 
 
 def pending_after_rebase(
