@@ -35,6 +35,7 @@ REQUIRED = {
     },
     "commit-cost": {"history_tgbs", "fragile_window_p50_s", "fragile_window_p95_s"},
     "exactly-once": {"tgb_slices", "payload_bytes", "commit_latency_state_s", "commit_latency_control_s"},
+    "lifecycle": {"deletion", "step", "bytes_stored"},
 }
 
 

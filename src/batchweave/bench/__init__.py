@@ -19,6 +19,7 @@ BENCHMARKS = {
     "producers": "producers",
     "commit-cost": "commit_cost",
     "exactly-once": "exactly_once",
+    "lifecycle": "lifecycle",
 }
 
 
