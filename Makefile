@@ -44,7 +44,7 @@ demo: venv
 	$(VENV)/bin/batchweave demo
 
 test: dev $(AZURITE) $(NATS)
-	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff check src tests examples
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: dev $(NATS)

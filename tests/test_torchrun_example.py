@@ -1,0 +1,171 @@
+"""examples/train_torchrun.py under real torchrun on moto S3: killed twice, resumed, and
+its losses match an uninterrupted run step for step.
+
+The namespace is fed in three rounds by real producer processes, so the training run is
+caught waiting for data at a known step and killed there:
+
+1. 24 TGBs. Run B (``--max-restarts=1``) trains steps 0..23 and waits; SIGKILL rank 1.
+   torchrun restarts the group, which resumes from B's step-20 checkpoint.
+2. 36 TGBs. B replays 20..35 and waits; SIGKILL the agent and every worker (a lost node).
+3. 60 TGBs. Run A trains 0..59 uninterrupted. ``batchweave gc`` then reclaims what no
+   live checkpoint needs (below B's step-20 checkpoint). B is relaunched by hand and
+   resumes from its step-30 checkpoint to the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import batchweave as bw
+
+pytest.importorskip("torch")
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_torchrun.py"
+STEPS = 60
+WAIT_S = 180
+
+
+def produce(url: str, tgbs: int) -> None:
+    subprocess.run(
+        [sys.executable, str(EXAMPLE), "produce", "--data", url, "--producers", "2", "--tgbs", str(tgbs)],
+        check=True,
+        timeout=WAIT_S,
+    )
+
+
+def torchrun(url: str, checkpoints: Path, run_id: str, max_restarts: int = 0) -> subprocess.Popen:
+    checkpoints.mkdir(exist_ok=True)
+    command = [
+        *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"),
+        f"--max-restarts={max_restarts}",
+        *(str(EXAMPLE), "train", "--data", url, "--checkpoints", str(checkpoints)),
+        *("--steps", str(STEPS), "--checkpoint-every", "10", "--run-id", run_id, "--timeout-s", str(WAIT_S)),
+    ]
+    output = (checkpoints / "torchrun.log").open("ab")
+    return subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def records(checkpoints: Path, rank: int) -> list[dict]:
+    path = checkpoints / f"losses-rank{rank}.jsonl"
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    return [json.loads(line) for line in lines if line.endswith("}")]  # a line being written is skipped
+
+
+def steps_done(checkpoints: Path, rank: int, restart: int) -> set[int]:
+    return {r["step"] for r in records(checkpoints, rank) if r["event"] == "step" and r["restart"] == restart}
+
+
+def wait_until(condition, job: subprocess.Popen, checkpoints: Path, what: str) -> None:
+    """Poll ``condition`` until it holds; fail with torchrun's output if the job ends first."""
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        if job.poll() is not None:
+            pytest.fail(f"torchrun exited {job.returncode} before {what}:\n{log_tail(checkpoints)}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}:\n{log_tail(checkpoints)}")
+        time.sleep(0.05)
+
+
+def finish(job: subprocess.Popen, checkpoints: Path) -> None:
+    try:
+        code = job.wait(timeout=WAIT_S)
+    except subprocess.TimeoutExpired:
+        kill_tree(job.pid)
+        pytest.fail(f"torchrun did not finish:\n{log_tail(checkpoints)}")
+    assert code == 0, log_tail(checkpoints)
+
+
+def log_tail(checkpoints: Path) -> str:
+    return (checkpoints / "torchrun.log").read_text(errors="replace")[-4000:]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (torchrun starts each worker in its own session)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited while we looked
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL the agent and all its workers at once, as a node failure would."""
+    for victim in [pid, *descendants(pid)]:
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def losses(checkpoints: Path, rank: int) -> dict[int, tuple[float, float]]:
+    return {r["step"]: (r["loss"], r["mean_loss"]) for r in records(checkpoints, rank) if r["event"] == "step"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("process_backend_url", ["s3"], indirect=True)
+def test_killed_and_resumed_run_matches_an_uninterrupted_one_step_for_step(process_backend_url, tmp_path):
+    url = process_backend_url
+    run_b, run_a = tmp_path / "b", tmp_path / "a"
+
+    produce(url, 24)
+    job = torchrun(url, run_b, "b", max_restarts=1)
+    wait_until(lambda: all(23 in steps_done(run_b, r, 0) for r in (0, 1)), job, run_b, "step 23")
+    assert [steps_done(run_b, r, 0) for r in (0, 1)] == [set(range(24))] * 2
+    rank1 = records(run_b, 1)[-1]["pid"]
+    os.kill(rank1, signal.SIGKILL)
+
+    produce(url, 36)
+    wait_until(lambda: all(35 in steps_done(run_b, r, 1) for r in (0, 1)), job, run_b, "step 35 after the restart")
+    assert [steps_done(run_b, r, 1) for r in (0, 1)] == [set(range(20, 36))] * 2  # resumed at step-20
+    kill_tree(job.pid)
+    assert job.wait(timeout=WAIT_S) == -signal.SIGKILL
+
+    produce(url, STEPS)
+    finish(torchrun(url, run_a, "a"), run_a)
+
+    gc = subprocess.run(
+        [sys.executable, "-m", "batchweave.cli", "gc", url, "--grace-s", "0", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    report = json.loads(gc.stdout)
+    # Live: B's step-20 and step-30 (step-10 was released), A's step-50 and step-60.
+    assert report["w_global_step"] == 20 and report["reclaimed_steps"] == 20, report
+    assert len(report["deleted_objects"]) == 20, report
+    with bw.Consumer(url, dp=2, rank=0) as consumer, pytest.raises(bw.DataReclaimedError, match="20"):
+        next(consumer)  # a run from step 0 is no longer possible; B resumes at 30
+
+    finish(torchrun(url, run_b, "b"), run_b)
+
+    for rank in (0, 1):
+        starts = [(r["restart"], r["resumed_from"], r["step"]) for r in records(run_b, rank) if r["event"] == "start"]
+        assert starts == [(0, None, 0), (1, "step-00000020", 20), (0, "step-00000030", 30)]
+        uninterrupted = losses(run_a, rank)
+        assert sorted(uninterrupted) == list(range(STEPS))
+        b_steps = [r for r in records(run_b, rank) if r["event"] == "step"]
+        assert sorted({r["step"] for r in b_steps}) == list(range(STEPS))
+        assert len(b_steps) == STEPS + 4 + 6  # steps 20..23 and 30..35 were trained twice
+        for record in b_steps:  # every attempt at a step, before and after each kill
+            assert (record["loss"], record["mean_loss"]) == uninterrupted[record["step"]], record
+    first = sum(losses(run_a, 0)[s][1] for s in range(10)) / 10
+    last = sum(losses(run_a, 0)[s][1] for s in range(STEPS - 10, STEPS)) / 10
+    assert last < 0.6 * first, f"the model should learn: mean loss {first:.3f} over steps 0..9, {last:.3f} at the end"
