@@ -182,9 +182,14 @@ class Consumer:
         starts one of its steps; otherwise the first ``next()`` raises LayoutError naming
         the nearest steps that do.
         """
-        cursor = _parse_cursor(state, self.mesh)
+        cursor = _parse_cursor(state)
         self.close()
         self._cursor = cursor
+
+    @staticmethod
+    def check_state(state: Any) -> None:
+        """Raise ConfigError unless ``state`` is a cursor from ``state_dict()``; no I/O."""
+        _parse_cursor(state)
 
     # -- pickling (handles that cross processes) -------------------------------------
 
@@ -197,7 +202,7 @@ class Consumer:
         return f"Consumer({self._store.url!r}, rank={self.rank}, mesh={self.mesh}, next_step={self._cursor.step})"
 
 
-def _parse_cursor(state: Any, mesh: Mesh) -> _Cursor:
+def _parse_cursor(state: Any) -> _Cursor:
     if not isinstance(state, dict) or state.get("format") != CURSOR_FORMAT:
         raise ConfigError(f"not a BatchWeave consumer state (expected format {CURSOR_FORMAT!r}): {state!r:.200}")
     version, step, position = state.get("version"), state.get("step"), state.get("position")

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from batchweave.consumer import CURSOR_FORMAT, Consumer, _parse_cursor
+from batchweave.consumer import CURSOR_FORMAT, Consumer
 from batchweave.errors import ConfigError, LayoutError
 from batchweave.mesh import Coords, Mesh, resolve_rank
 from batchweave.store import Store
@@ -191,7 +191,7 @@ class TGBDataset(torch.utils.data.IterableDataset):
         DP/CP sizes follows ``Consumer.load_state_dict``.
         """
         cursor = _consumer_state(state)
-        _parse_cursor(cursor, self.mesh)  # validate now, without opening the store
+        Consumer.check_state(cursor)  # validate now, without opening the store
         if self._consumer is not None:
             self._consumer.load_state_dict(cursor)
         else:
