@@ -16,6 +16,7 @@ from batchweave.log import (
     LogVersion,
     ProducerState,
     TGBDescriptor,
+    active_producers,
     apply_version,
     build_claim,
     build_commit,
@@ -83,7 +84,7 @@ def test_apply_sequence_of_claims_commits_and_end():
     assert (state.version, state.steps, state.producers, state.end_of_stream, state.bytes) == (0, 0, {}, False, 0)
 
     state, a = claim(state, "a", "inc-a")
-    assert a == ProducerState(offset=0, epoch=1, incarnation="inc-a")
+    assert a == ProducerState(offset=0, epoch=1, incarnation="inc-a", last_version=1)
     assert (state.version, state.steps) == (1, 0)
 
     state, b = claim(state, "b", "inc-b")
@@ -100,12 +101,12 @@ def test_apply_sequence_of_claims_commits_and_end():
     assert list(d.steps()) == [2]
     state = apply_version(state, d, K)
     assert (state.version, state.steps, state.bytes) == (4, 3, 13)
-    assert state.producers["b"] == ProducerState(1, 1, "inc-b")
+    assert state.producers["b"] == ProducerState(1, 1, "inc-b", last_version=4)
     assert state.producers["a"].offset == 2  # untouched
 
     # A restart of "a" keeps its offset and bumps its epoch.
     state, a2 = claim(state, "a", "inc-a2")
-    assert a2 == ProducerState(offset=2, epoch=2, incarnation="inc-a2")
+    assert a2 == ProducerState(offset=2, epoch=2, incarnation="inc-a2", last_version=5)
     assert state.steps == 3
 
     end = build_end_of_stream(state, committed_at=4.0)
@@ -128,6 +129,27 @@ def test_apply_does_not_mutate_inputs():
     new = apply_version(state, build_commit(state, "p", me, [tgb("p", 1, 0)], 0.0), K)
     assert state.producers == before and state.steps == 0
     assert new.producers["p"].offset == 1
+
+
+def test_apply_stamps_last_version_which_only_snapshots_carry():
+    state, a = claim(LogState(), "a", "ia")
+    state, _ = claim(state, "b", "ib")
+    delta = build_commit(state, "a", a, [tgb("a", 1, 0)], committed_at=0.0)
+    assert "last_version" not in json.loads(encode(delta))["producers"]["a"]
+    state = apply_version(state, delta, K)
+    assert {pid: p.last_version for pid, p in state.producers.items()} == {"a": 3, "b": 2}
+    assert decode_snapshot(encode(state), snapshot_key(3)).producers["b"].last_version == 2
+
+
+def test_active_producers_counts_those_recorded_within_the_window():
+    assert active_producers(LogState(), 16) == 1  # never zero: the asking producer contends
+    state, _ = claim(LogState(), "a", "ia")  # v1
+    state, _ = claim(state, "b", "ib")  # v2
+    state, c = claim(state, "c", "ic")  # v3
+    for offset in range(10):  # v4..v13: only c commits
+        state = apply_version(state, build_commit(state, "c", c, [tgb("c", 1, offset)], 0.0), K)
+        c = state.producers["c"]
+    assert [active_producers(state, w) for w in (10, 11, 12, 13, 100)] == [1, 1, 2, 3, 3]
 
 
 # -- encode / decode -------------------------------------------------------------------

@@ -424,3 +424,30 @@ def test_policy_learns_the_producer_count_from_the_log(backend_url):
         producer.flush()
     assert [(n, ok) for _, n, ok in policy.observed[1:]] == [(4, True)]
     assert all(window > 0 for window, _, _ in policy.observed)
+
+
+def test_departed_producers_stop_counting_for_the_policy(backend_url):
+    """A pool that shrinks from 6 producers to 2: the survivors' N falls to 2, not stays at 6."""
+    policies = {pid: Recording() for pid in "abcdef"}
+    producers = {pid: bw.Producer(backend_url, pid, dp=2, commit_policy=policies[pid]) for pid in "abcdef"}
+    try:
+        for offset in range(2):
+            for pid, producer in producers.items():
+                producer.append(tgb(pid, offset, 2))
+                producer.flush()
+        assert policies["a"].observed[-1][1] == 6
+        for pid in "cdef":
+            producers.pop(pid).close()
+        for offset in range(2, 40):
+            for pid, producer in producers.items():
+                producer.append(tgb(pid, offset, 2))
+                producer.flush()
+        counts = [n for _, n, _ in policies["a"].observed]
+        assert counts[-1] == 2 and producers["a"].metrics()["producers_active"] == 2, counts
+        assert producers["a"].metrics()["producers_seen"] == 6
+        # The departed ids age out within the first window (4 x 6 versions), not gradually.
+        assert counts.index(2) <= 2 + 24 // 2, counts
+        assert counts[counts.index(2) :] == [2] * (len(counts) - counts.index(2)), counts
+    finally:
+        for producer in producers.values():
+            producer.close()

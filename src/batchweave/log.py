@@ -33,6 +33,7 @@ __all__ = [
     "ProducerState",
     "Reclaim",
     "TGBDescriptor",
+    "active_producers",
     "apply_version",
     "build_claim",
     "build_commit",
@@ -63,12 +64,15 @@ class ProducerState(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omi
     ``offset`` is the next source offset it must produce; ``epoch`` fences older
     incarnations; ``incarnation`` tells an ambiguous-but-applied claim from a rival's.
     ``metrics`` are the counters a producer chose to publish with its last commit.
+    ``last_version`` is the version that last recorded it (its newest commit or claim);
+    ``apply_version`` stamps it, so log versions never carry it, only snapshots.
     """
 
     offset: int
     epoch: int
     incarnation: str
     metrics: dict[str, float] | None = None
+    last_version: int = 0
 
 
 class TGBDescriptor(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -221,7 +225,9 @@ def apply_version(state: LogState, delta: LogVersion, key: str) -> LogState:
         if old is not None and (new.epoch < old.epoch or new.offset < old.offset):
             raise CorruptDataError(key, f"producer {producer_id!r} goes back from {old} to {new}")
     _check_offsets(state, delta, key)
-    producers.update(delta.producers)
+    producers.update(
+        {pid: msgspec.structs.replace(new, last_version=delta.version) for pid, new in delta.producers.items()}
+    )
     reclaimed = state.reclaimed
     if delta.reclaim is not None:
         if delta.reclaim.steps > state.steps or any(
@@ -238,6 +244,18 @@ def apply_version(state: LogState, delta: LogVersion, key: str) -> LogState:
         bytes=state.bytes + sum(t.nbytes for t in delta.tgbs),
         reclaimed=reclaimed,
     )
+
+
+def active_producers(state: LogState, window_versions: int) -> int:
+    """Producers recorded by one of the newest ``window_versions`` versions (at least 1).
+
+    The DAC conflict model needs the number of producers that actually contend for the
+    next version. Every producer id ever seen overstates it once a pool shrinks or a
+    worker stalls: gaps stay sized for the old pool and commits turn needlessly rare.
+    A producer that commits less often than once per window contends too rarely to count.
+    """
+    horizon = state.version - window_versions
+    return max(1, sum(1 for p in state.producers.values() if p.last_version > horizon))
 
 
 def _check_offsets(state: LogState, delta: LogVersion, key: str) -> None:

@@ -42,6 +42,12 @@ __all__ = ["Producer", "end_stream"]
 
 _logger = logging.getLogger(__name__)
 _MAX_STORE_FAILURES = 10  # consecutive failed commit attempts before the producer gives up
+# The policy counts producers that committed within the newest `window` versions, with
+# window = max(_MIN_ACTIVE_WINDOW, _ACTIVE_WINDOW_PER_PRODUCER * last count). Under DAC each
+# of N producers commits about once per N versions, so a live one is rarely 4N behind,
+# while ids of departed producers age out within 4N versions of their last commit.
+_ACTIVE_WINDOW_PER_PRODUCER = 4
+_MIN_ACTIVE_WINDOW = 16
 
 
 class Producer:
@@ -112,7 +118,8 @@ class Producer:
         # The claim was a commit through the log: it primes the policy with a first
         # fragile-window sample and the producer count, so a pool that starts together
         # spreads its first commits instead of colliding on them.
-        self.policy.observe(claim_window_s, len(self._state.producers), True)
+        self._active_window = _ACTIVE_WINDOW_PER_PRODUCER * len(self._state.producers)
+        self.policy.observe(claim_window_s, self._active_producers(), True)
         self._last_attempt = time.monotonic()
         self._next_offset = self._me.offset
         self._thread: threading.Thread | None = None
@@ -234,6 +241,7 @@ class Producer:
             out: dict[str, float] = dict(self._metrics)
             out["pending_tgbs"] = len(self._pending)
             out["producers_seen"] = len(self._state.producers)
+            out["producers_active"] = log.active_producers(self._state, self._active_window)
             out["log_version"] = self._state.version
         out["fragile_window_ema_s"] = getattr(self.policy, "fragile_window_ema_s", math.nan)
         out["gap_s"] = getattr(self.policy, "gap_s", math.nan)
@@ -253,6 +261,12 @@ class Producer:
 
     def _committed_offset(self) -> int:
         return self._state.producers[self.producer_id].offset
+
+    def _active_producers(self) -> int:
+        """Producers contending for the log now (see ``log.active_producers``); adapts the window."""
+        count = log.active_producers(self._state, self._active_window)
+        self._active_window = max(_MIN_ACTIVE_WINDOW, _ACTIVE_WINDOW_PER_PRODUCER * count)
+        return count
 
     def _raise_if_unusable(self) -> None:
         if self._error is not None:
@@ -316,7 +330,7 @@ class Producer:
         except BatchWeaveError as exc:  # fenced, ended, or a damaged log: all final
             self._fail(exc)
             return False
-        self.policy.observe(window_s, len(self._state.producers), success)
+        self.policy.observe(window_s, self._active_producers(), success)
         self._last_attempt = time.monotonic()
         self._conflict_streak = 0 if success else self._conflict_streak + 1
         if not success and forced:
