@@ -21,13 +21,19 @@ Two commands, run side by side:
 The model learns y = sin(x . u) + 0.5 (x . v) from 16 features. Each TGB is one
 optimizer step: 64 rows, split into ``--dp`` slices (one per rank). The training data a
 step sees is fixed by the log, not by which producer won a race, so an interrupted run
-reproduces an uninterrupted one step for step; each rank appends its losses to
-``<checkpoints>/losses-rank<R>.jsonl`` to show it.
+reproduces an uninterrupted one step for step; each rank appends its losses (and a
+fingerprint of the rows it trained on) to ``<checkpoints>/losses-rank<R>.jsonl``.
+
+A checkpoint also resumes on another number of ranks: copy ``step-N`` into a fresh
+``--checkpoints`` directory and launch with another ``--nproc_per_node``. The dataset
+cursor counts TGBs, so on 1 rank each 2-slice TGB spans two steps (step numbers double,
+so raise ``--steps``) and every remaining row is still read exactly once.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import multiprocessing
 import os
@@ -127,7 +133,7 @@ def train(args: argparse.Namespace) -> None:
         optimizer.step()
         mean_loss = loss.detach().clone()
         dist.all_reduce(mean_loss)
-        log.write(event="step", step=step, loss=loss.item(), mean_loss=mean_loss.item() / world)
+        log.write(event="step", step=step, loss=loss.item(), mean_loss=mean_loss.item() / world, data=digest(batch))
         if (step + 1) % args.checkpoint_every == 0 or step + 1 == args.steps:
             save_checkpoint(state, dataset, checkpoints, step + 1, args)
     dataset.close()
@@ -202,6 +208,11 @@ def complete_checkpoints(checkpoints: Path) -> list[Path]:
 def newest_checkpoint(checkpoints: Path) -> Path | None:
     complete = complete_checkpoints(checkpoints)
     return complete[-1] if complete else None
+
+
+def digest(batch: dict) -> str:
+    """A short fingerprint of the rows a step trained on, to compare runs without storing data."""
+    return hashlib.sha256(batch["x"].numpy().tobytes() + batch["y"].numpy().tobytes()).hexdigest()[:16]
 
 
 class LossLog:

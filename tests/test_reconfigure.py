@@ -126,6 +126,21 @@ def test_resume_inside_a_logical_step_is_refused_with_the_nearest_steps():
     grown.close()
 
 
+@pytest.mark.parametrize(("saved_dp", "taken", "dp", "step"), [(2, 3, 1, 6), (2, 4, 4, 2), (2, 4, 8, 1), (4, 3, 1, 12)])
+def test_a_loaded_cursor_counts_steps_on_the_new_mesh(saved_dp, taken, dp, step):
+    """Right after load_state_dict, before any read, the state already names this mesh's step."""
+    url = f"memory://reconf-{uuid.uuid4().hex}"
+    write(url, 2, 1, tgbs=8)
+    with bw.Consumer(url, dp=saved_dp, rank=0, timeout_s=10) as first:
+        list(itertools.islice(first, taken))
+        state = first.state_dict()
+    with bw.Consumer(url, dp=dp, rank=0, timeout_s=10) as resumed:
+        resumed.load_state_dict(state)
+        assert (resumed.state_dict()["step"], resumed.state_dict()["dp"]) == (step, dp)
+        assert bw.Consumer.state_on_mesh(state, bw.Mesh(dp=dp)) == resumed.state_dict()
+        assert next(resumed).step == step
+
+
 def test_dp_shrunk_run_resumes_mid_tgb_on_its_own_mesh():
     url = f"memory://reconf-{uuid.uuid4().hex}"
     write(url, 4, 1, tgbs=4)

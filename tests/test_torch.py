@@ -101,6 +101,23 @@ def test_dcp_round_trip_resumes_byte_for_byte(url, tmp_path):
     assert ds2.last_step == 7
 
 
+def test_state_loaded_on_another_mesh_names_that_mesh_step_before_iterating(url):
+    produce(url, 8)
+    ds = TGBDataset(url, dp=2, rank=0, timeout_s=20)
+    it = iter(ds)
+    head = [next(it) for _ in range(3)]
+    saved = ds.state_dict()
+    ds.close()
+    one_rank = TGBDataset(url, dp=1, rank=0, timeout_s=20)
+    one_rank.load_state_dict(saved)  # DP shrinks 2-fold: TGB 3 is steps 6 and 7
+    assert (one_rank.state_dict()["step"], one_rank.state_dict()["dp"]) == (6, 1)
+    first = next(iter(one_rank))
+    assert one_rank.last_step == 6 and len(head) == 3
+    expected = plain(url, 0)[3]  # rank 0's half of TGB 3 at dp=2 is slice 0, what step 6 reads
+    same(first, expected)
+    one_rank.close()
+
+
 def test_state_loads_before_and_during_iteration_and_is_validated(url):
     produce(url, 6)
     ds = TGBDataset(url, dp=2, rank=0, timeout_s=20)

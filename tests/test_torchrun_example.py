@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,13 +42,15 @@ def produce(url: str, tgbs: int) -> None:
     )
 
 
-def torchrun(url: str, checkpoints: Path, run_id: str, max_restarts: int = 0) -> subprocess.Popen:
+def torchrun(
+    url: str, checkpoints: Path, run_id: str, max_restarts: int = 0, ranks: int = 2, steps: int = STEPS
+) -> subprocess.Popen:
     checkpoints.mkdir(exist_ok=True)
     command = [
-        *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"),
+        *(sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"),
         f"--max-restarts={max_restarts}",
         *(str(EXAMPLE), "train", "--data", url, "--checkpoints", str(checkpoints)),
-        *("--steps", str(STEPS), "--checkpoint-every", "10", "--run-id", run_id, "--timeout-s", str(WAIT_S)),
+        *("--steps", str(steps), "--checkpoint-every", "10", "--run-id", run_id, "--timeout-s", str(WAIT_S)),
     ]
     output = (checkpoints / "torchrun.log").open("ab")
     return subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
@@ -65,14 +68,19 @@ def steps_done(checkpoints: Path, rank: int, restart: int) -> set[int]:
     return {r["step"] for r in records(checkpoints, rank) if r["event"] == "step" and r["restart"] == restart}
 
 
-def wait_until(condition, job: subprocess.Popen, checkpoints: Path, what: str) -> None:
+def wait_until(condition, job: subprocess.Popen, url: str, checkpoints: Path, what: str) -> None:
     """Poll ``condition`` until it holds; fail with torchrun's output if the job ends first."""
     deadline = time.monotonic() + WAIT_S
     while not condition():
         if job.poll() is not None:
             pytest.fail(f"torchrun exited {job.returncode} before {what}:\n{log_tail(checkpoints)}")
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}:\n{log_tail(checkpoints)}")
+            info = bw.inspect_namespace(url)
+            kill_tree(job.pid)
+            pytest.fail(
+                f"timed out waiting for {what}; the namespace has {info.steps} steps at version "
+                f"{info.latest_version}, producers {info.producers}:\n{log_tail(checkpoints)}"
+            )
         time.sleep(0.05)
 
 
@@ -115,8 +123,11 @@ def kill_tree(pid: int) -> None:
             pass
 
 
-def losses(checkpoints: Path, rank: int) -> dict[int, tuple[float, float]]:
-    return {r["step"]: (r["loss"], r["mean_loss"]) for r in records(checkpoints, rank) if r["event"] == "step"}
+def losses(checkpoints: Path, rank: int) -> dict[int, tuple[float, float, str]]:
+    """step -> (this rank's loss, the mean over ranks, the fingerprint of the rows trained on)."""
+    return {
+        r["step"]: (r["loss"], r["mean_loss"], r["data"]) for r in records(checkpoints, rank) if r["event"] == "step"
+    }
 
 
 @pytest.mark.slow
@@ -127,16 +138,18 @@ def test_killed_and_resumed_run_matches_an_uninterrupted_one_step_for_step(proce
 
     produce(url, 24)
     job = torchrun(url, run_b, "b", max_restarts=1)
-    wait_until(lambda: all(23 in steps_done(run_b, r, 0) for r in (0, 1)), job, run_b, "step 23")
+    wait_until(lambda: all(23 in steps_done(run_b, r, 0) for r in (0, 1)), job, url, run_b, "step 23")
     assert [steps_done(run_b, r, 0) for r in (0, 1)] == [set(range(24))] * 2
     rank1 = records(run_b, 1)[-1]["pid"]
     os.kill(rank1, signal.SIGKILL)
 
     produce(url, 36)
-    wait_until(lambda: all(35 in steps_done(run_b, r, 1) for r in (0, 1)), job, run_b, "step 35 after the restart")
+    wait_until(lambda: all(35 in steps_done(run_b, r, 1) for r in (0, 1)), job, url, run_b, "step 35 after the restart")
     assert [steps_done(run_b, r, 1) for r in (0, 1)] == [set(range(20, 36))] * 2  # resumed at step-20
     kill_tree(job.pid)
     assert job.wait(timeout=WAIT_S) == -signal.SIGKILL
+    run_c = tmp_path / "c"  # for the resume on 1 rank at the end; B will retire step-30
+    shutil.copytree(run_b / "step-00000030", run_c / "step-00000030")
 
     produce(url, STEPS)
     finish(torchrun(url, run_a, "a"), run_a)
@@ -165,7 +178,19 @@ def test_killed_and_resumed_run_matches_an_uninterrupted_one_step_for_step(proce
         assert sorted({r["step"] for r in b_steps}) == list(range(STEPS))
         assert len(b_steps) == STEPS + 4 + 6  # steps 20..23 and 30..35 were trained twice
         for record in b_steps:  # every attempt at a step, before and after each kill
-            assert (record["loss"], record["mean_loss"]) == uninterrupted[record["step"]], record
+            assert (record["loss"], record["mean_loss"], record["data"]) == uninterrupted[record["step"]], record
     first = sum(losses(run_a, 0)[s][1] for s in range(10)) / 10
     last = sum(losses(run_a, 0)[s][1] for s in range(STEPS - 10, STEPS)) / 10
     assert last < 0.6 * first, f"the model should learn: mean loss {first:.3f} over steps 0..9, {last:.3f} at the end"
+
+    # B's step-30 checkpoint resumed on 1 rank: DP shrinks 2-fold, so TGB t is read
+    # as steps 2t (slice 0) and 2t+1 (slice 1), which the 2-rank runs read as step t on
+    # ranks 0 and 1. The model is the one saved at 2 ranks: its first loss is rank 0's at step 30.
+    finish(torchrun(url, run_c, "c", ranks=1, steps=2 * STEPS), run_c)
+    start = [r for r in records(run_c, 0) if r["event"] == "start"]
+    assert [(r["resumed_from"], r["step"]) for r in start] == [("step-00000030", 60)]
+    one_rank = losses(run_c, 0)
+    assert sorted(one_rank) == list(range(60, 2 * STEPS))
+    a = {rank: losses(run_a, rank) for rank in (0, 1)}
+    assert [one_rank[s][2] for s in one_rank] == [a[s % 2][s // 2][2] for s in one_rank]
+    assert one_rank[60][0] == a[0][30][0]

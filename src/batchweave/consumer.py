@@ -164,32 +164,28 @@ class Consumer:
         """The cursor: resume right after the last step this rank received.
 
         ``position`` ([numerator, denominator]) counts the TGBs consumed and is what a
-        resume uses; ``step``, ``dp`` and ``cp`` say where it was taken.
+        resume uses; ``step`` is the next step counted on this mesh of ``dp`` x ``cp``.
         """
-        return {
-            "format": CURSOR_FORMAT,
-            "version": self._cursor.version,
-            "position": [self._cursor.position.numerator, self._cursor.position.denominator],
-            "step": self._cursor.step,
-            "dp": self.mesh.dp,
-            "cp": self.mesh.cp,
-        }
+        return _state_dict(self._cursor, self.mesh)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from a cursor saved by ``state_dict()``, on this mesh or another.
 
         A mesh whose DP/CP sizes differ from the saved one is fine when the saved position
         starts one of its steps; otherwise the first ``next()`` raises LayoutError naming
-        the nearest steps that do.
+        the nearest steps that do. Steps are then counted on this mesh (``state_dict()``
+        says so at once): DP shrunk 2-fold, step 30 resumes as step 60.
         """
-        cursor = _parse_cursor(state)
+        cursor = _parse_cursor(state, self.mesh)
         self.close()
         self._cursor = cursor
 
     @staticmethod
-    def check_state(state: Any) -> None:
-        """Raise ConfigError unless ``state`` is a cursor from ``state_dict()``; no I/O."""
-        _parse_cursor(state)
+    def state_on_mesh(state: Any, mesh: Mesh) -> dict[str, Any]:
+        """``state`` checked and re-expressed on ``mesh``, as ``load_state_dict`` then
+        ``state_dict`` on that mesh would give it; no I/O. Raises ConfigError for anything
+        that is not a cursor."""
+        return _state_dict(_parse_cursor(state, mesh), mesh)
 
     # -- pickling (handles that cross processes) -------------------------------------
 
@@ -202,7 +198,8 @@ class Consumer:
         return f"Consumer({self._store.url!r}, rank={self.rank}, mesh={self.mesh}, next_step={self._cursor.step})"
 
 
-def _parse_cursor(state: Any) -> _Cursor:
+def _parse_cursor(state: Any, mesh: Mesh) -> _Cursor:
+    """A saved cursor, its step recounted in ``mesh``'s steps."""
     if not isinstance(state, dict) or state.get("format") != CURSOR_FORMAT:
         raise ConfigError(f"not a BatchWeave consumer state (expected format {CURSOR_FORMAT!r}): {state!r:.200}")
     version, step, position = state.get("version"), state.get("step"), state.get("position")
@@ -212,7 +209,24 @@ def _parse_cursor(state: Any) -> _Cursor:
         raise ConfigError(f"consumer state needs position [numerator, denominator], got {position!r}")
     if not _natural(position[1]):
         raise ConfigError(f"consumer state position denominator must be a positive integer, got {position[1]!r}")
+    saved_dp = state.get("dp", mesh.dp)
+    if not _natural(saved_dp) or saved_dp == 0:
+        raise ConfigError(f"consumer state dp must be a positive integer, got {saved_dp!r}")
+    # A TGB spans layout_dp / dp steps of a mesh, so the same position is step * saved_dp / dp
+    # here. Rounded down: a position inside a step of this mesh is refused at the first next().
+    step = step * saved_dp // mesh.dp
     return _Cursor(version=version, position=Fraction(position[0], position[1]), step=step)
+
+
+def _state_dict(cursor: _Cursor, mesh: Mesh) -> dict[str, Any]:
+    return {
+        "format": CURSOR_FORMAT,
+        "version": cursor.version,
+        "position": [cursor.position.numerator, cursor.position.denominator],
+        "step": cursor.step,
+        "dp": mesh.dp,
+        "cp": mesh.cp,
+    }
 
 
 def _natural(value: Any) -> bool:

@@ -166,7 +166,7 @@ class TGBDataset(torch.utils.data.IterableDataset):
         """The cursor after the last batch yielded, under constant keys, as plain ints.
 
         ``position_numerator / position_denominator`` counts the TGBs consumed (what a
-        resume uses); ``step``, ``dp`` and ``cp`` say where it was taken.
+        resume uses); ``step`` is the next step counted on this mesh of ``dp`` x ``cp``.
         """
         if self._consumer is not None:
             state = self._consumer.state_dict()
@@ -174,14 +174,15 @@ class TGBDataset(torch.utils.data.IterableDataset):
             state = self._state
         else:
             state = {"format": CURSOR_FORMAT, "version": 0, "position": [0, 1], "step": 0}
+            state = Consumer.state_on_mesh(state, self.mesh)
         return {
             "format": state["format"],
             "version": state["version"],
             "position_numerator": state["position"][0],
             "position_denominator": state["position"][1],
             "step": state["step"],
-            "dp": self.mesh.dp if self._consumer is None else state["dp"],
-            "cp": self.mesh.cp if self._consumer is None else state["cp"],
+            "dp": state["dp"],
+            "cp": state["cp"],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -190,8 +191,7 @@ class TGBDataset(torch.utils.data.IterableDataset):
         Raises ConfigError for anything that is not such a cursor. A resume on different
         DP/CP sizes follows ``Consumer.load_state_dict``.
         """
-        cursor = _consumer_state(state)
-        Consumer.check_state(cursor)  # validate now, without opening the store
+        cursor = Consumer.state_on_mesh(_consumer_state(state), self.mesh)  # checked now, without I/O
         if self._consumer is not None:
             self._consumer.load_state_dict(cursor)
         else:
