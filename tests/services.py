@@ -199,12 +199,12 @@ def _start_with_port_retry(make, ready, attempts: int = 3) -> Service:
 
 
 def start_moto(workdir: Path) -> Service:
-    """Start ``python -m moto.server`` on a free 127.0.0.1 port."""
+    """Start moto (with atomic create-only puts: see batchweave.bench.moto_server) on a free 127.0.0.1 port."""
 
     def make(port: int) -> Service:
         return Service(
             name="moto S3 server",
-            cmd=[sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            cmd=[sys.executable, "-m", "batchweave.bench.moto_server", "-H", "127.0.0.1", "-p", str(port)],
             endpoint=f"http://127.0.0.1:{port}",
             log_path=workdir / f"moto-{port}.log",
         )

@@ -1,4 +1,5 @@
-"""A real S3 server on loopback for benchmarks: moto, started and stopped here."""
+"""A real S3 server on loopback for benchmarks: moto (with atomic create-only puts, see
+``batchweave.bench.moto_server``), started and stopped here."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def moto_s3(timeout_s: float = 30.0) -> Iterator[str]:
     port = _free_port()
     endpoint = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        [sys.executable, "-m", "batchweave.bench.moto_server", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
