@@ -12,7 +12,7 @@ AZURITE := node_modules/.bin/azurite-blob
 NATS    := $(shell command -v nats-server 2>/dev/null || echo /usr/sbin/nats-server)
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
-BENCHMARKS := dac producers commit-cost exactly-once lifecycle
+BENCHMARKS := dac producers commit-cost exactly-once lifecycle pool-shrink
 
 .PHONY: venv dev demo test bench clean
 

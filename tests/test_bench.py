@@ -36,6 +36,7 @@ REQUIRED = {
     "commit-cost": {"history_tgbs", "fragile_window_p50_s", "fragile_window_p95_s"},
     "exactly-once": {"tgb_slices", "payload_bytes", "commit_latency_state_s", "commit_latency_control_s"},
     "lifecycle": {"deletion", "step", "bytes_stored"},
+    "pool-shrink": {"counting", "producers", "stay", "producers_counted", "after_visibility_wait_s", "system"},
 }
 
 
@@ -56,6 +57,11 @@ def test_quick_benchmark_writes_its_three_files(name, tmp_path):
     for record in result["results"]:
         assert REQUIRED[name] <= record.keys(), REQUIRED[name] - record.keys()
         assert not isinstance(record.get("error"), str) or record.get("system") == "nats", record["error"]
+    if name == "pool-shrink":
+        counted = {r["counting"]: r["producers_counted"] for r in result["results"]}
+        assert counted["every id ever seen"] == result["config"]["producers"], counted
+        # (a quick run ends before the departed age out: their last commits are seconds old)
+        assert 1 <= counted["recent committers"] <= result["config"]["producers"], counted
     if name in ("dac", "producers"):
         ours = [r for r in result["results"] if r["system"] == "batchweave"]
         assert all(r["tgbs_committed"] > 0 and 0 < r["commit_success_rate"] <= 1 for r in ours)

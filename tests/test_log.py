@@ -16,7 +16,6 @@ from batchweave.log import (
     LogVersion,
     ProducerState,
     TGBDescriptor,
-    active_producers,
     apply_version,
     build_claim,
     build_commit,
@@ -139,17 +138,6 @@ def test_apply_stamps_last_version_which_only_snapshots_carry():
     state = apply_version(state, delta, K)
     assert {pid: p.last_version for pid, p in state.producers.items()} == {"a": 3, "b": 2}
     assert decode_snapshot(encode(state), snapshot_key(3)).producers["b"].last_version == 2
-
-
-def test_active_producers_counts_those_recorded_within_the_window():
-    assert active_producers(LogState(), 16) == 1  # never zero: the asking producer contends
-    state, _ = claim(LogState(), "a", "ia")  # v1
-    state, _ = claim(state, "b", "ib")  # v2
-    state, c = claim(state, "c", "ic")  # v3
-    for offset in range(10):  # v4..v13: only c commits
-        state = apply_version(state, build_commit(state, "c", c, [tgb("c", 1, offset)], 0.0), K)
-        c = state.producers["c"]
-    assert [active_producers(state, w) for w in (10, 11, 12, 13, 100)] == [1, 1, 2, 3, 3]
 
 
 # -- encode / decode -------------------------------------------------------------------

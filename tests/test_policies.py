@@ -6,9 +6,22 @@ import math
 import random
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from batchweave.errors import ConfigError
-from batchweave.policies import AIMD, DAC, INCR, POLICY_NAMES, CommitPolicy, Fixed, Manual, Naive, resolve_policy
+from batchweave.policies import (
+    AIMD,
+    DAC,
+    INCR,
+    POLICY_NAMES,
+    CommitPolicy,
+    Fixed,
+    Manual,
+    Naive,
+    RecentCommitters,
+    resolve_policy,
+)
 
 
 class StubRng:
@@ -356,3 +369,51 @@ def test_manual_commits_only_on_flush():
     policy = resolve_policy("manual")
     assert isinstance(policy, Manual) and policy.name == "manual"
     assert all(policy.wait_s(n, t) == math.inf for n in (0, 1, 10_000) for t in (0.0, 1e9))
+
+
+# -- RecentCommitters: the producer count -----------------------------------------------
+
+
+def test_recent_committers_count_everyone_first_then_only_who_keeps_committing():
+    committers = RecentCommitters(window_gaps=4.0, min_window_s=10.0)
+    assert committers.count(now=0.0, gap_s=1.0) == 1  # nobody seen: the asking producer itself
+    committers.update({"a": 1, "b": 2, "c": 3}, now=0.0)
+    assert committers.count(now=0.0, gap_s=1.0) == 3  # first sight counts, whatever the version
+    committers.update({"a": 1, "b": 2, "c": 7}, now=6.0)  # only c committed since
+    assert committers.count(now=10.0, gap_s=1.0) == 3  # the 10 s floor
+    assert committers.count(now=10.5, gap_s=1.0) == 1  # a and b last seen 10.5 s ago
+    assert committers.count(now=10.5, gap_s=5.0) == 3  # 4 gaps of 5 s: still within
+    assert committers.count(now=20.5, gap_s=5.0) == 1
+
+
+def test_recent_committers_see_a_new_producer_and_a_return_at_once():
+    committers = RecentCommitters(min_window_s=1.0)
+    committers.update({"a": 1}, now=0.0)
+    committers.update({"a": 1, "b": 9}, now=100.0)
+    assert committers.count(now=100.0, gap_s=0.0) == 1  # a aged out, b new
+    committers.update({"a": 10, "b": 9}, now=100.5)
+    assert committers.count(now=100.5, gap_s=0.0) == 2
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from("abcdef"), st.floats(0, 50)), max_size=40),
+    st.floats(0, 60),
+    st.floats(0, 10),
+)
+def test_recent_committers_count_is_between_one_and_the_ids_seen(commits, now, gap_s):
+    committers = RecentCommitters()
+    versions: dict[str, int] = {}
+    last_commit_at: dict[str, float] = {}
+    for version, (producer_id, at) in enumerate(sorted(commits, key=lambda c: c[1]), start=1):
+        versions[producer_id] = version
+        last_commit_at[producer_id] = at
+        committers.update(dict(versions), now=at)
+    asked_at = max((at for _, at in commits), default=0.0) + now
+    window = max(10.0, 4 * gap_s)
+    expected = sum(1 for at in last_commit_at.values() if asked_at - at <= window)
+    assert committers.count(now=asked_at, gap_s=gap_s) == max(1, expected)
+
+
+def test_recent_committers_refuse_bad_windows():
+    with pytest.raises(ConfigError, match="window_gaps"):
+        RecentCommitters(window_gaps=0)

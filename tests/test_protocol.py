@@ -7,6 +7,8 @@ crash tests with real processes and SIGKILL are in test_crashes.py.
 from __future__ import annotations
 
 import threading
+import time
+from functools import partial
 
 import numpy as np
 import pytest
@@ -15,8 +17,9 @@ from worker import Eager, digest, origin_of, tgb
 
 import batchweave as bw
 from batchweave import log
+from batchweave import producer as producer_module
 from batchweave.journal import Journal
-from batchweave.policies import Manual
+from batchweave.policies import Manual, RecentCommitters
 from batchweave.store import Store, open_store
 
 
@@ -426,28 +429,34 @@ def test_policy_learns_the_producer_count_from_the_log(backend_url):
     assert all(window > 0 for window, _, _ in policy.observed)
 
 
-def test_departed_producers_stop_counting_for_the_policy(backend_url):
+def test_departed_producers_stop_counting_for_the_policy(backend_url, monkeypatch):
     """A pool that shrinks from 6 producers to 2: the survivors' N falls to 2, not stays at 6."""
+    window_s = 2.0  # RecentCommitters' floor, shortened from 10 s for the test
+    monkeypatch.setattr(producer_module, "RecentCommitters", partial(RecentCommitters, min_window_s=window_s))
     policies = {pid: Recording() for pid in "abcdef"}
     producers = {pid: bw.Producer(backend_url, pid, dp=2, commit_policy=policies[pid]) for pid in "abcdef"}
+    offsets = dict.fromkeys(producers, 0)
+
+    def one_round():
+        for pid, producer in producers.items():
+            producer.append(tgb(pid, offsets[pid], 2))
+            producer.flush()
+            offsets[pid] += 1
+
     try:
-        for offset in range(2):
-            for pid, producer in producers.items():
-                producer.append(tgb(pid, offset, 2))
-                producer.flush()
-        assert policies["a"].observed[-1][1] == 6
+        one_round()
+        assert [n for _, n, _ in policies["f"].observed] == [6, 6]  # claim, then its first commit
         for pid in "cdef":
             producers.pop(pid).close()
-        for offset in range(2, 40):
-            for pid, producer in producers.items():
-                producer.append(tgb(pid, offset, 2))
-                producer.flush()
-        counts = [n for _, n, _ in policies["a"].observed]
-        assert counts[-1] == 2 and producers["a"].metrics()["producers_active"] == 2, counts
+        left_at = time.monotonic()
+        while policies["a"].observed[-1][1] != 2 or policies["b"].observed[-1][1] != 2:
+            assert time.monotonic() - left_at < 30, (policies["a"].observed, policies["b"].observed)
+            one_round()
+        assert time.monotonic() - left_at >= window_s  # not before the departed aged out
+        after_claim = [n for _, n, _ in policies["a"].observed][1:]  # its claim saw only itself
+        assert set(after_claim) == {6, 2} and after_claim == sorted(after_claim, reverse=True), after_claim
+        assert producers["a"].metrics()["producers_active"] == 2
         assert producers["a"].metrics()["producers_seen"] == 6
-        # The departed ids age out within the first window (4 x 6 versions), not gradually.
-        assert counts.index(2) <= 2 + 24 // 2, counts
-        assert counts[counts.index(2) :] == [2] * (len(counts) - counts.index(2)), counts
     finally:
         for producer in producers.values():
             producer.close()

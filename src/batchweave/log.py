@@ -33,7 +33,6 @@ __all__ = [
     "ProducerState",
     "Reclaim",
     "TGBDescriptor",
-    "active_producers",
     "apply_version",
     "build_claim",
     "build_commit",
@@ -244,18 +243,6 @@ def apply_version(state: LogState, delta: LogVersion, key: str) -> LogState:
         bytes=state.bytes + sum(t.nbytes for t in delta.tgbs),
         reclaimed=reclaimed,
     )
-
-
-def active_producers(state: LogState, window_versions: int) -> int:
-    """Producers recorded by one of the newest ``window_versions`` versions (at least 1).
-
-    The DAC conflict model needs the number of producers that actually contend for the
-    next version. Every producer id ever seen overstates it once a pool shrinks or a
-    worker stalls: gaps stay sized for the old pool and commits turn needlessly rare.
-    A producer that commits less often than once per window contends too rarely to count.
-    """
-    horizon = state.version - window_versions
-    return max(1, sum(1 for p in state.producers.values() if p.last_version > horizon))
 
 
 def _check_offsets(state: LogState, delta: LogVersion, key: str) -> None:

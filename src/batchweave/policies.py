@@ -15,7 +15,18 @@ from typing import Protocol, runtime_checkable
 
 from batchweave.errors import ConfigError
 
-__all__ = ["AIMD", "DAC", "INCR", "POLICY_NAMES", "CommitPolicy", "Fixed", "Manual", "Naive", "resolve_policy"]
+__all__ = [
+    "AIMD",
+    "DAC",
+    "INCR",
+    "POLICY_NAMES",
+    "CommitPolicy",
+    "Fixed",
+    "Manual",
+    "Naive",
+    "RecentCommitters",
+    "resolve_policy",
+]
 
 
 @runtime_checkable
@@ -91,6 +102,41 @@ class DAC:
 
     def __repr__(self) -> str:
         return f"DAC(epsilon={self.epsilon}, delta={self.delta}, alpha={self.alpha}, rho={self.rho})"
+
+
+class RecentCommitters:
+    """The producer count N a policy is given: producers seen committing lately. Pure.
+
+    DAC's conflict model (eq. 8) needs the producers that contend for the next version.
+    Every id ever recorded overstates it once a pool shrinks or a worker stalls, and the
+    gaps then stay sized for the old pool: commits turn rare and TGBs wait to be visible.
+    So a producer counts while its newest commit was noticed (on this producer's clock,
+    so hosts' clocks never meet) within ``window_gaps`` commit gaps, and at least
+    ``min_window_s``. A live producer commits about once per gap, so it is missed only
+    after several failed attempts in a row; a departed one stops counting a few gaps
+    after its last commit. Every producer in the log counts when first seen.
+    """
+
+    def __init__(self, window_gaps: float = 4.0, min_window_s: float = 10.0) -> None:
+        if window_gaps <= 0 or min_window_s < 0:
+            raise ConfigError(
+                f"RecentCommitters needs window_gaps > 0 and min_window_s >= 0, got {window_gaps}, {min_window_s}"
+            )
+        self.window_gaps = window_gaps
+        self.min_window_s = min_window_s
+        self._noticed: dict[str, tuple[int, float]] = {}  # id -> (its last version, when that was first seen)
+
+    def update(self, last_versions: dict[str, int], now: float) -> None:
+        """Record the log's ``producer id -> version of its newest commit`` as seen at ``now``."""
+        for producer_id, version in last_versions.items():
+            known = self._noticed.get(producer_id)
+            if known is None or known[0] != version:
+                self._noticed[producer_id] = (version, now)
+
+    def count(self, now: float, gap_s: float) -> int:
+        """Producers whose newest commit was noticed within the window ending at ``now``; at least 1."""
+        window = max(self.min_window_s, self.window_gaps * gap_s)
+        return max(1, sum(1 for _, seen in self._noticed.values() if now - seen <= window))
 
 
 class Manual:

@@ -35,19 +35,13 @@ from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES, encode_tgb
 from batchweave.lifecycle import global_watermark, read_watermarks
 from batchweave.log import LogState, ProducerState, TGBDescriptor
 from batchweave.mesh import Mesh
-from batchweave.policies import CommitPolicy, resolve_policy
+from batchweave.policies import CommitPolicy, RecentCommitters, resolve_policy
 from batchweave.store import Store, open_store
 
 __all__ = ["Producer", "end_stream"]
 
 _logger = logging.getLogger(__name__)
 _MAX_STORE_FAILURES = 10  # consecutive failed commit attempts before the producer gives up
-# The policy counts producers that committed within the newest `window` versions, with
-# window = max(_MIN_ACTIVE_WINDOW, _ACTIVE_WINDOW_PER_PRODUCER * last count). Under DAC each
-# of N producers commits about once per N versions, so a live one is rarely 4N behind,
-# while ids of departed producers age out within 4N versions of their last commit.
-_ACTIVE_WINDOW_PER_PRODUCER = 4
-_MIN_ACTIVE_WINDOW = 16
 
 
 class Producer:
@@ -118,7 +112,7 @@ class Producer:
         # The claim was a commit through the log: it primes the policy with a first
         # fragile-window sample and the producer count, so a pool that starts together
         # spreads its first commits instead of colliding on them.
-        self._active_window = _ACTIVE_WINDOW_PER_PRODUCER * len(self._state.producers)
+        self._committers = RecentCommitters()
         self.policy.observe(claim_window_s, self._active_producers(), True)
         self._last_attempt = time.monotonic()
         self._next_offset = self._me.offset
@@ -241,7 +235,7 @@ class Producer:
             out: dict[str, float] = dict(self._metrics)
             out["pending_tgbs"] = len(self._pending)
             out["producers_seen"] = len(self._state.producers)
-            out["producers_active"] = log.active_producers(self._state, self._active_window)
+            out["producers_active"] = self._committers.count(time.monotonic(), self._policy_gap_s())
             out["log_version"] = self._state.version
         out["fragile_window_ema_s"] = getattr(self.policy, "fragile_window_ema_s", math.nan)
         out["gap_s"] = getattr(self.policy, "gap_s", math.nan)
@@ -263,10 +257,14 @@ class Producer:
         return self._state.producers[self.producer_id].offset
 
     def _active_producers(self) -> int:
-        """Producers contending for the log now (see ``log.active_producers``); adapts the window."""
-        count = log.active_producers(self._state, self._active_window)
-        self._active_window = max(_MIN_ACTIVE_WINDOW, _ACTIVE_WINDOW_PER_PRODUCER * count)
-        return count
+        """Producers contending for the log now: those seen committing lately (``RecentCommitters``)."""
+        now = time.monotonic()
+        self._committers.update({pid: p.last_version for pid, p in self._state.producers.items()}, now)
+        return self._committers.count(now, self._policy_gap_s())
+
+    def _policy_gap_s(self) -> float:
+        gap = getattr(self.policy, "gap_s", 0.0)  # DAC's; policies that ignore N have none
+        return gap if isinstance(gap, float | int) and math.isfinite(gap) else 0.0
 
     def _raise_if_unusable(self) -> None:
         if self._error is not None:

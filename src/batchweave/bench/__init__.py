@@ -20,6 +20,7 @@ BENCHMARKS = {
     "commit-cost": "commit_cost",
     "exactly-once": "exactly_once",
     "lifecycle": "lifecycle",
+    "pool-shrink": "pool_shrink",
 }
 
 

@@ -15,6 +15,8 @@ beside it. Commit success rate is successful attempts over all attempts.
 
 from __future__ import annotations
 
+import functools
+import math
 import multiprocessing as mp
 import os
 import shutil
@@ -27,9 +29,11 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from batchweave import producer as producer_module
 from batchweave.bench.report import BenchOptions
 from batchweave.journal import Journal
 from batchweave.latency import CLOUD_DEFAULTS, LatencyStore
+from batchweave.policies import RecentCommitters
 from batchweave.producer import Producer
 from batchweave.store import Store, open_store
 
@@ -46,6 +50,12 @@ class IngestSpec:
     duration_s: float
     tgb_slices: int = 8
     sample_s: float = 1.0
+    # The pool shrinks: at `leave_at_s` every producer but the first `stay` stops for good
+    # (its id stays in the log). `count_all_ids` gives DAC every id ever seen as its
+    # producer count, the behaviour before it counted recent committers only.
+    leave_at_s: float | None = None
+    stay: int | None = None
+    count_all_ids: bool = False
 
 
 @contextmanager
@@ -118,25 +128,61 @@ def run_ingest(spec: IngestSpec, store: Store, processes: int | None = None) -> 
         "log_steps": state.steps,
         "error": errors[0] if errors else None,
     }
+    if spec.leave_at_s is not None:
+        record.update(_after_leaving(spec, series, [s for r in reports for s in r["survivors"]]))
     return record, series
+
+
+def _after_leaving(spec: IngestSpec, series: list[dict], survivors: list[dict]) -> dict[str, Any]:
+    """How the producers that stayed committed once the others had left.
+
+    A TGB becomes visible at its producer's next successful commit, so with commits every
+    ``interval`` seconds per producer it waits ``interval / 2`` on average.
+    """
+    assert spec.leave_at_s is not None
+    left = min(series, key=lambda p: abs(p["t_s"] - spec.leave_at_s))
+    last = series[-1]
+    seconds = last["t_s"] - left["t_s"]
+    commits = last["stay_successes"] - left["stay_successes"]
+    tgbs = last["stay_tgbs_committed"] - left["stay_tgbs_committed"]
+    interval = seconds * len(survivors) / commits if commits else math.inf
+    return {
+        "counting": "every id ever seen" if spec.count_all_ids else "recent committers",
+        "after_s": seconds,
+        "after_commits_per_s": commits / seconds if seconds else math.nan,
+        "after_throughput_mb_s": tgbs * spec.payload_bytes / seconds / 1e6 if seconds else math.nan,
+        "after_tgbs_per_commit": tgbs / commits if commits else math.nan,
+        "after_visibility_wait_s": interval / 2,
+        "producers_counted": sum(s["producers_counted"] for s in survivors) / len(survivors),
+        "gap_s": sum(s["gap_s"] for s in survivors) / len(survivors),
+    }
 
 
 def _worker(spec: IngestSpec, store: Store, share: list[int], start: Any, results: Any) -> None:
     """One process: its share of the producers as threads, sampled once a second."""
+    if spec.count_all_ids:  # an endless window: every id ever seen counts, as before RecentCommitters
+        producer_module.RecentCommitters = functools.partial(RecentCommitters, min_window_s=math.inf)
     producers = _start_producers(spec, store, share)
+    survivors = [p for index, p in zip(share, producers, strict=True) if spec.stay is None or index < spec.stay]
     slice_bytes = max(1, spec.payload_bytes // spec.tgb_slices)
-    stop = threading.Event()
+    stop, leave = threading.Event(), threading.Event()
     errors: list[str] = []
     threads = [
-        threading.Thread(target=_produce, args=(p, [os.urandom(slice_bytes)] * spec.tgb_slices, stop, errors))
+        threading.Thread(
+            target=_produce,
+            args=(p, [os.urandom(slice_bytes)] * spec.tgb_slices, stop if p in survivors else leave, errors),
+        )
         for p in producers
     ]
     start.wait(timeout=300)
     started = time.monotonic()
+    if spec.leave_at_s is not None:
+        threading.Timer(spec.leave_at_s, leave.set).start()
     for thread in threads:
         thread.start()
-    series, window = _sample_until(producers, started, spec)
+    series, window = _sample_until(producers, survivors, started, spec)
     stop.set()
+    leave.set()
     for thread in threads:
         thread.join()
     report = {
@@ -145,6 +191,9 @@ def _worker(spec: IngestSpec, store: Store, share: list[int], start: Any, result
         "series": series,
         "errors": errors,
         "finished_s": time.monotonic() - started,
+        "survivors": [
+            {"gap_s": p.metrics()["gap_s"], "producers_counted": p.policy.producers} for p in survivors if spec.stay
+        ],
     }
     for producer in producers:
         producer.close(flush=False)
@@ -181,13 +230,19 @@ def _produce(producer: Producer, slices: list[bytes], stop: threading.Event, err
         errors.append(f"{producer.producer_id}: {type(exc).__name__}: {exc}")
 
 
-def _sample_until(producers: list[Producer], started: float, spec: IngestSpec) -> tuple[list[dict], dict[str, int]]:
-    """Sample the counters every ``sample_s`` until the window closes; also the last sample."""
+def _sample_until(
+    producers: list[Producer], survivors: list[Producer], started: float, spec: IngestSpec
+) -> tuple[list[dict], dict[str, int]]:
+    """Sample the counters every ``sample_s`` until the window closes; also the last sample.
+
+    Each sample also sums the survivors' counters (``stay_*``), for runs where the pool shrinks.
+    """
     series = []
     for tick in range(1, int(spec.duration_s / spec.sample_s) + 1):
         time.sleep(max(0.0, started + tick * spec.sample_s - time.monotonic()))  # a fixed sampling clock
         totals = _totals(producers)
-        series.append({"t_s": tick * spec.sample_s, **totals})
+        staying = {f"stay_{k}": v for k, v in _totals(survivors).items()}
+        series.append({"t_s": tick * spec.sample_s, **totals, **staying})
     time.sleep(max(0.0, started + spec.duration_s - time.monotonic()))
     return series, _totals(producers)
 
@@ -196,7 +251,7 @@ def _merge_series(per_worker: list[list[dict]]) -> list[dict]:
     """Sum the workers' samples tick by tick (they share the sampling clock)."""
     merged = []
     for points in zip(*per_worker, strict=False):
-        merged.append({"t_s": points[0]["t_s"], **{k: sum(p[k] for p in points) for k in _COUNTERS}})
+        merged.append({"t_s": points[0]["t_s"], **{k: sum(p[k] for p in points) for k in points[0] if k != "t_s"}})
     return merged
 
 
