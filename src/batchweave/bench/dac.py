@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from batchweave.bench.ingest import IngestSpec, bench_store, run_ingest, store_model
-from batchweave.bench.report import BenchOptions, BenchResult, machine
+from batchweave.bench.ingest import IngestSpec, bench_store, ingest_config, run_ingest
+from batchweave.bench.report import BenchOptions, BenchResult
 from batchweave.policies import POLICY_NAMES
 
 NAME = "dac"
@@ -42,17 +42,7 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
         results.append(record)
         series[spec.policy] = points
         progress.advance(task)
-    config = {
-        "policies": list(POLICY_NAMES),
-        "producers": runs[0].producers,
-        "payload_bytes": runs[0].payload_bytes,
-        "duration_s": runs[0].duration_s,
-        "tgb_slices": runs[0].tgb_slices,
-        "producer_mode": "inline commits (paper Algorithm 1)",
-        "quick": options.quick,
-        "store": store_model(options),
-        "machine": machine(),
-    }
+    config = {"policies": list(POLICY_NAMES), **ingest_config(runs[0], options)}
     return BenchResult(NAME, config, results, COLUMNS, summary=verdict(results), series=series)
 
 

@@ -30,14 +30,14 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from batchweave import producer as producer_module
-from batchweave.bench.report import BenchOptions
+from batchweave.bench.report import BenchOptions, machine
 from batchweave.journal import Journal
 from batchweave.latency import CLOUD_DEFAULTS, LatencyStore
 from batchweave.policies import RecentCommitters
 from batchweave.producer import Producer
 from batchweave.store import Store, open_store
 
-__all__ = ["IngestSpec", "bench_store", "run_ingest", "store_model"]
+__all__ = ["IngestSpec", "bench_store", "ingest_config", "run_ingest", "store_model"]
 
 _COUNTERS = ("tgbs_committed", "attempts", "successes", "conflicts")
 
@@ -86,6 +86,20 @@ def store_model(options: BenchOptions) -> dict[str, Any]:
     if options.store == "local":
         return {"kind": "local", "where": "a temporary directory on this machine's disk"}
     return {"kind": "s3", "server": "moto on 127.0.0.1"}
+
+
+def ingest_config(spec: IngestSpec, options: BenchOptions) -> dict[str, Any]:
+    """The config entries every ingestion benchmark reports for its runs."""
+    return {
+        "producers": spec.producers,
+        "payload_bytes": spec.payload_bytes,
+        "duration_s": spec.duration_s,
+        "tgb_slices": spec.tgb_slices,
+        "producer_mode": "inline commits (paper Algorithm 1)",
+        "quick": options.quick,
+        "store": store_model(options),
+        "machine": machine(),
+    }
 
 
 def run_ingest(spec: IngestSpec, store: Store, processes: int | None = None) -> tuple[dict[str, Any], list[dict]]:

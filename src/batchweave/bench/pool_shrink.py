@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from batchweave.bench.ingest import IngestSpec, bench_store, run_ingest, store_model
-from batchweave.bench.report import BenchOptions, BenchResult, machine
+from batchweave.bench.ingest import IngestSpec, bench_store, ingest_config, run_ingest
+from batchweave.bench.report import BenchOptions, BenchResult
 
 NAME = "pool-shrink"
 COLUMNS = (
@@ -56,19 +56,7 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
         series[label] = points
         progress.advance(task)
     first = runs[0]
-    config = {
-        "policy": "dac",
-        "producers": first.producers,
-        "stay": first.stay,
-        "leave_at_s": first.leave_at_s,
-        "duration_s": first.duration_s,
-        "payload_bytes": first.payload_bytes,
-        "tgb_slices": first.tgb_slices,
-        "producer_mode": "inline commits (paper Algorithm 1)",
-        "quick": options.quick,
-        "store": store_model(options),
-        "machine": machine(),
-    }
+    config = {"policy": "dac", "stay": first.stay, "leave_at_s": first.leave_at_s, **ingest_config(first, options)}
     return BenchResult(NAME, config, results, COLUMNS, summary=verdict(results), series=series)
 
 
