@@ -27,7 +27,7 @@ COLUMNS = (
 def specs(options: BenchOptions, producers: int = 32, payload_bytes: int = 100_000) -> list[IngestSpec]:
     # DAC's gap at 32 producers is tens of seconds (eq. 8), so only the full run shows
     # its steady state; the quick run checks that everything works end to end.
-    duration = 8.0 if options.quick else 180.0
+    duration = 4.0 if options.quick else 180.0
     return [IngestSpec(policy, producers, payload_bytes, duration) for policy in POLICY_NAMES]
 
 
