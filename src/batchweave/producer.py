@@ -328,7 +328,9 @@ class Producer:
         except BatchWeaveError as exc:  # fenced, ended, or a damaged log: all final
             self._fail(exc)
             return False
-        self.policy.observe(window_s, self._active_producers(), success)
+        with self._cond:  # metrics() reads the same tracker from the caller's thread
+            producers = self._active_producers()
+        self.policy.observe(window_s, producers, success)
         self._last_attempt = time.monotonic()
         self._conflict_streak = 0 if success else self._conflict_streak + 1
         if not success and forced:
