@@ -143,18 +143,18 @@ def run_ingest(spec: IngestSpec, store: Store, processes: int | None = None) -> 
         "error": errors[0] if errors else None,
     }
     if spec.leave_at_s is not None:
-        record.update(_after_leaving(spec, series, [s for r in reports for s in r["survivors"]]))
+        survivors = [s for r in reports for s in r["survivors"]]
+        record.update(_after_leaving(spec, spec.leave_at_s, series, survivors))
     return record, series
 
 
-def _after_leaving(spec: IngestSpec, series: list[dict], survivors: list[dict]) -> dict[str, Any]:
+def _after_leaving(spec: IngestSpec, leave_at_s: float, series: list[dict], survivors: list[dict]) -> dict[str, Any]:
     """How the producers that stayed committed once the others had left.
 
     A TGB becomes visible at its producer's next successful commit, so with commits every
     ``interval`` seconds per producer it waits ``interval / 2`` on average.
     """
-    assert spec.leave_at_s is not None
-    left = min(series, key=lambda p: abs(p["t_s"] - spec.leave_at_s))
+    left = min(series, key=lambda p: abs(p["t_s"] - leave_at_s))
     last = series[-1]
     seconds = last["t_s"] - left["t_s"]
     commits = last["stay_successes"] - left["stay_successes"]
