@@ -6,7 +6,6 @@ snapshot it names, probe forward for newer snapshots, then read the versions aft
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Iterator
@@ -134,13 +133,10 @@ class Journal:
         except ObjectNotFoundError:
             return 0
         try:
-            version = json.loads(data)["version"]
-        except (ValueError, KeyError, TypeError):
-            version = None
-        if not isinstance(version, int) or version < 0:
-            _logger.warning("ignoring a damaged snapshot hint %s", log.HINT_KEY)
+            return log.decode_hint(data)
+        except CorruptDataError as exc:
+            _logger.warning("ignoring a damaged snapshot hint: %s", exc)
             return 0
-        return version
 
     def _read_snapshot(self, version: int) -> LogState | None:
         if version <= 0:
