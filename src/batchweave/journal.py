@@ -2,23 +2,67 @@
 
 Opening a namespace costs O(1) requests plus the tail: read the snapshot hint, the
 snapshot it names, probe forward for newer snapshots, then read the versions after it.
+
+Every write to the log goes through ``Journal.commit``: catch up, build the next
+version from the newest state, validate it, put it create-only, verify, retry. That
+one loop is where invariant I8 (a version number is never used twice) is enforced:
+
+- Garbage collection deletes log versions only in ascending order, one at a time
+  (``lifecycle``), so while version ``b`` is present no version above ``b`` has ever
+  been deleted.
+- Each journal holds an *anchor*: a version it knows to be genuine, with a digest of
+  its bytes (a snapshot records the digest of its own version; a verified commit
+  becomes the new anchor). A version re-created in a freed key has other bytes.
+- After every successful create-only put, the journal re-reads its anchor. Same bytes:
+  nothing at or above the anchor had been deleted when the put landed, so every version
+  read since and the one just written are first creations. Otherwise the put may have
+  landed in a key that garbage collection freed: the journal reloads the newest state
+  and builds again; builds are idempotent (they drop what the log already records), so
+  a put that did land legitimately is not repeated, and one that landed in the
+  reclaimed region, where no reader looks, is deleted again.
+- With no snapshot at all (anchor version 0), "no version was ever deleted" is checked
+  by listing snapshots: collection deletes versions only below an existing snapshot and
+  never deletes the newest one.
+
+See docs/invariants.md for the whole argument.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Literal
 
 from batchweave import log
 from batchweave.errors import CorruptDataError, ObjectExistsError, ObjectNotFoundError, StoreError
 from batchweave.log import LogState, LogVersion
 from batchweave.store import Store
 
-__all__ = ["DEFAULT_SNAPSHOT_EVERY", "Journal"]
+__all__ = ["DEFAULT_SNAPSHOT_EVERY", "Committed", "Journal"]
 
 _logger = logging.getLogger(__name__)
 DEFAULT_SNAPSHOT_EVERY = 100
+_LOAD_ATTEMPTS = 8  # reloads when garbage collection keeps deleting the snapshot we found
+
+Build = Callable[[LogState], LogVersion | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """What one ``Journal.commit`` call did.
+
+    ``outcome``: "committed" (``delta`` is the version written), "nothing" (the build
+    found nothing left to do on the newest state), or "conflict" (another writer took
+    the version and ``max_attempts`` ran out). ``state`` is the newest state known.
+    """
+
+    outcome: Literal["committed", "nothing", "conflict"]
+    state: LogState
+    delta: LogVersion | None
+    fragile_window_s: float
+    conflicts: int
 
 
 class Journal:
@@ -31,57 +75,166 @@ class Journal:
         # When the newest probe began: a commit's fragile window opens at the read that
         # found no newer version (paper 5.2), not at the catch-up reads before it.
         self.last_probe_started = time.monotonic()
+        self._anchor: tuple[int, str] | None = None  # (version, digest) known genuine; None: not loaded
+        self._store_checked = False
 
     # -- versions --------------------------------------------------------------------
 
     def read_version(self, version: int) -> LogVersion | None:
         """Version ``version``, or None if it is not committed (yet)."""
+        read = self._read(version)
+        return None if read is None else read[0]
+
+    def _read(self, version: int) -> tuple[LogVersion, str] | None:
         key = log.version_key(version)
         self.requests += 1
         try:
             data = self.store.get(key)
         except ObjectNotFoundError:
             return None
-        return log.decode_version(data, key, version)
+        return log.decode_version(data, key, version), log.digest(data)
 
     def versions_after(self, version: int) -> Iterator[LogVersion]:
         """Committed versions ``version+1, version+2, ...`` up to the newest one."""
+        for delta, _ in self._read_after(version):
+            yield delta
+
+    def _read_after(self, version: int) -> Iterator[tuple[LogVersion, str]]:
         while True:
             self.last_probe_started = time.monotonic()
-            delta = self.read_version(version + 1)
-            if delta is None:
+            read = self._read(version + 1)
+            if read is None:
                 return
-            yield delta
+            yield read
             version += 1
 
     def catch_up(self, state: LogState) -> tuple[LogState, int]:
         """``state`` advanced to the newest version; also how many versions were read."""
         read = 0
-        for delta in self.versions_after(state.version):
-            state = log.apply_version(state, delta, log.version_key(delta.version))
+        for delta, digest in self._read_after(state.version):
+            state = log.apply_version(state, delta, log.version_key(delta.version), digest)
             read += 1
         return state, read
 
-    def try_commit(self, delta: LogVersion) -> bool:
-        """Create-only put of ``delta``. False when another writer took that version."""
+    # -- the one commit loop ---------------------------------------------------------
+
+    def commit(self, state: LogState, build: Build, *, max_attempts: int | None = None) -> Committed:
+        """Commit ``build(newest state)`` as the next version; see the module doc.
+
+        ``build`` is called with the newest state before every attempt and must be
+        idempotent: it returns None when the state already holds what it would commit
+        (an ambiguous earlier attempt that landed), and may raise to give up (fenced,
+        ended, wrong layout). The version is validated against the state before it is
+        put, so nothing the log would reject is ever written. On a lost race the loop
+        catches up and builds again, at most ``max_attempts`` times (None: until done).
+        """
+        self._check_store()
+        if self._anchor is None:
+            state = self.load_state()
+        conflicts = 0
+        while True:
+            state, _ = self.catch_up(state)
+            delta = build(state)
+            if delta is None:
+                if conflicts and not self.verify():
+                    # What we saw land (maybe our own ambiguous put) may sit in a freed key.
+                    state = self.load_state(trust_hint=False)
+                    conflicts = 0
+                    continue
+                return Committed("nothing", state, None, self._window_s(), conflicts)
+            key = log.version_key(delta.version)
+            data = log.encode(delta)
+            after = log.apply_version(state, delta, key, log.digest(data))  # validate before writing
+            if not self._put(key, data):
+                conflicts += 1
+                window_s = self._window_s()
+                if max_attempts is not None and conflicts >= max_attempts:
+                    return Committed("conflict", state, None, window_s, conflicts)
+                continue
+            window_s = self._window_s()
+            if self.verify():
+                self._anchor = (after.version, after.digest)
+                self.after_commit(after)
+                return Committed("committed", after, delta, window_s, conflicts)
+            state = self._recover_from_stale_view(delta)
+
+    def _put(self, key: str, data: bytes) -> bool:
+        """Create-only put of one log version. False when another writer took that version."""
         self.requests += 1
         try:
-            self.store.put_if_absent(log.version_key(delta.version), log.encode(delta))
+            self.store.put_if_absent(key, data)
         except ObjectExistsError:
             return False
         return True
 
+    def _window_s(self) -> float:
+        return time.monotonic() - self.last_probe_started
+
+    def _check_store(self) -> None:
+        """I8 also needs a store that honours create-only puts: refuse one that does not."""
+        if not self._store_checked:
+            getattr(self.store, "require_create_only", lambda: None)()  # TEMPWIRE
+            self._store_checked = True
+
+    def _recover_from_stale_view(self, written: LogVersion) -> LogState:
+        """Our anchor vanished around our put: the view may have been stale. Reload; if
+        what we wrote sits below what collection reclaimed, no reader ever looks there,
+        and deleting it keeps the reclaimed region empty."""
+        _logger.warning(
+            "log version %d was written from a view that garbage collection overtook; reloading", written.version
+        )
+        state = self.load_state(trust_hint=False)
+        if written.version < state.reclaimed.versions:
+            self.store.delete(log.version_key(written.version))
+        return state
+
+    def verify(self) -> bool:
+        """True when this journal's view is still anchored: nothing it read or wrote since
+        loading can have come from a key that garbage collection freed (module doc)."""
+        if self._anchor is None:
+            return False
+        version, expected = self._anchor
+        if version == 0:
+            return self._listed_snapshot_version() == 0
+        read = self._read_raw(log.version_key(version))
+        return read is not None and log.digest(read) == expected
+
+    def _read_raw(self, key: str) -> memoryview | None:
+        self.requests += 1
+        try:
+            return self.store.get(key)
+        except ObjectNotFoundError:
+            return None
+
     # -- state and snapshots ---------------------------------------------------------
 
-    def load_state(self) -> LogState:
-        """The newest state: hint, snapshot, forward probe, then the tail of versions."""
-        state = self._newest_snapshot()
-        state, read = self.catch_up(state)
-        if read >= 2 * self.snapshot_every:
-            # A snapshot went missing (a committer crashed before writing it): heal it so
-            # the next reader does not pay for this long tail again.
-            self.write_snapshot(state)
-        return state
+    def load_state(self, *, trust_hint: bool = True) -> LogState:
+        """The newest state: hint, snapshot, forward probe, then the tail of versions.
+
+        Raises CorruptDataError naming the key when the snapshot the state depends on is
+        damaged: never an older state. ``trust_hint=False`` lists snapshots instead.
+        """
+        for attempt in range(_LOAD_ATTEMPTS):
+            state = self._newest_snapshot(trust_hint=trust_hint and attempt == 0)
+            anchor = self._anchor_of(state)
+            if anchor is None:
+                continue  # collection deleted that snapshot's version meanwhile: find a newer one
+            state, read = self.catch_up(state)
+            self._anchor = anchor
+            if read >= 2 * self.snapshot_every and self.verify():
+                # A snapshot went missing (a committer crashed before writing it): heal it so
+                # the next reader does not pay for this long tail again.
+                self.write_snapshot(state)
+            return state
+        raise StoreError(log.SNAPSHOT_PREFIX, f"the newest snapshot kept changing over {_LOAD_ATTEMPTS} reloads")
+
+    def _anchor_of(self, state: LogState) -> tuple[int, str] | None:
+        """The anchor a load from ``state`` starts with; None if its version is gone."""
+        if state.version == 0 or state.digest:
+            return state.version, state.digest
+        # A snapshot from before digests: take its version's bytes as they are now.
+        data = self._read_raw(log.version_key(state.version))
+        return None if data is None else (state.version, log.digest(data))
 
     def after_commit(self, state: LogState) -> None:
         """Called by the committer of ``state.version``; writes a snapshot every K versions."""
@@ -101,18 +254,25 @@ class Journal:
 
     def newest_snapshot_version(self) -> int:
         """The version of the newest snapshot (0 if there is none)."""
-        return self._newest_snapshot().version
+        return self._newest_snapshot(trust_hint=True).version
 
-    def _newest_snapshot(self) -> LogState:
-        state = self._read_snapshot(self._hinted_version())
+    def _newest_snapshot(self, trust_hint: bool) -> LogState:
+        """The newest snapshot: from the hint (or a listing), then probing forward.
+
+        A snapshot that is missing was deleted by collection (a newer one exists); one
+        that is damaged raises, unless a newer snapshot makes it irrelevant.
+        """
+        state = None
+        if trust_hint:
+            state = self._read_snapshot(self._hinted_version(), newest=False)
         if state is None:
             # No hint, or it names a snapshot that is gone (garbage collection keeps only
             # the newest): one listing finds the newest instead of replaying from version 1.
-            state = self._read_snapshot(self._listed_snapshot_version()) or LogState()
+            state = self._read_snapshot(self._listed_snapshot_version(), newest=True) or LogState()
         while True:
             # Snapshots sit at multiples of K; a stale hint only costs these probes.
             probe = (state.version // self.snapshot_every + 1) * self.snapshot_every
-            newer = self._read_snapshot(probe)
+            newer = self._read_snapshot(probe, newest=True)
             if newer is None:
                 return state
             state = newer
@@ -138,18 +298,26 @@ class Journal:
             _logger.warning("ignoring a damaged snapshot hint: %s", exc)
             return 0
 
-    def _read_snapshot(self, version: int) -> LogState | None:
+    def _read_snapshot(self, version: int, *, newest: bool) -> LogState | None:
+        """The snapshot at ``version``; None if there is none. Damage raises when the
+        snapshot may be the newest (``newest``), else it is skipped for a listing."""
         if version <= 0:
             return None
         key = log.snapshot_key(version)
-        self.requests += 1
-        try:
-            data = self.store.get(key)
-        except ObjectNotFoundError:
+        data = self._read_raw(key)
+        if data is None:
             return None
         try:
             state = log.decode_snapshot(data, key)
+            if state.version != version:
+                raise CorruptDataError(key, f"snapshot says it is of version {state.version}")
         except CorruptDataError as exc:
-            _logger.warning("ignoring a damaged snapshot: %s", exc)
+            if newest:
+                raise CorruptDataError(
+                    key,
+                    f"{exc.problem}; the namespace state depends on it. If the log versions after the "
+                    "previous snapshot are intact, deleting this object lets readers rebuild the state",
+                ) from exc
+            _logger.warning("ignoring a damaged snapshot named by the hint: %s", exc)
             return None
-        return state if state.version == version else None
+        return state

@@ -17,17 +17,20 @@ probe forward from it, so a stale or missing hint only costs extra reads.
 
 from __future__ import annotations
 
+import hashlib
 import re
+import uuid
 from collections.abc import Iterable, Sequence
 
 import msgspec
 
-from batchweave.errors import CorruptDataError, ProducerFencedError, StreamEndedError
+from batchweave.errors import CorruptDataError, LayoutError, ProducerFencedError, StreamEndedError
 from batchweave.layout import Kind
 
 __all__ = [
     "LOG_FORMAT",
     "SNAPSHOT_FORMAT",
+    "Layout",
     "LogState",
     "LogVersion",
     "ProducerState",
@@ -42,6 +45,7 @@ __all__ = [
     "decode_hint",
     "decode_snapshot",
     "decode_version",
+    "digest",
     "encode",
     "pending_after_rebase",
     "snapshot_key",
@@ -73,6 +77,18 @@ class ProducerState(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omi
     incarnation: str
     metrics: dict[str, float] | None = None
     last_version: int = 0
+
+
+class Layout(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """What every TGB of a namespace shares (invariant I9): ``dp * cp`` slices of one
+    payload kind. ``kind`` is None until the first TGB is committed."""
+
+    dp: int
+    cp: int
+    kind: Kind | None = None
+
+    def describe(self) -> str:
+        return f"dp={self.dp} cp={self.cp}" + (f" {self.kind}" if self.kind else "")
 
 
 class TGBDescriptor(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -109,6 +125,8 @@ class LogVersion(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_d
     end_of_stream: bool = False
     committed_at: float = 0.0
     reclaim: Reclaim | None = None  # set by garbage collection before it deletes anything
+    namespace: str = ""  # version 1 only: the namespace's id, fixed forever
+    layout: Layout | None = None  # set once, by the first producer's claim
 
     def steps(self) -> range:
         return range(self.first_step, self.first_step + len(self.tgbs))
@@ -124,6 +142,9 @@ class LogState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     end_of_stream: bool = False
     bytes: int = 0  # TGB bytes ever committed
     reclaimed: Reclaim = Reclaim(0, 0, 0)
+    namespace: str = ""  # the id version 1 recorded ("" for logs older than ids)
+    layout: Layout | None = None
+    digest: str = ""  # of version ``version``'s bytes: lets a writer anchor its view (see journal)
 
 
 # -- keys ------------------------------------------------------------------------------
@@ -167,6 +188,11 @@ _encoder = msgspec.json.Encoder()
 
 def encode(value: LogVersion | LogState) -> bytes:
     return _encoder.encode(value)
+
+
+def digest(data: bytes | memoryview) -> str:
+    """A fingerprint of one log version's bytes (two different versions never share it)."""
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
 def decode_version(data: bytes | memoryview, key: str, expected_version: int) -> LogVersion:
@@ -226,14 +252,18 @@ def _check_descriptor(tgb: TGBDescriptor, key: str) -> None:
 # -- applying --------------------------------------------------------------------------
 
 
-def apply_version(state: LogState, delta: LogVersion, key: str) -> LogState:
-    """The state after ``delta``; raises CorruptDataError if ``delta`` breaks the log's rules."""
+def apply_version(state: LogState, delta: LogVersion, key: str, digest: str = "") -> LogState:
+    """The state after ``delta`` (whose bytes have ``digest``); raises CorruptDataError if
+    ``delta`` breaks the log's rules."""
     if delta.version != state.version + 1:
         raise CorruptDataError(key, f"version {delta.version} does not follow {state.version}")
     if delta.first_step != state.steps:
         raise CorruptDataError(key, f"first step {delta.first_step}, but {state.steps} steps are committed")
     if state.end_of_stream and delta.tgbs:
         raise CorruptDataError(key, "commits TGBs after the end-of-stream marker")
+    if delta.namespace and state.version != 0:
+        raise CorruptDataError(key, f"names namespace {delta.namespace!r}, but only version 1 may")
+    layout = _next_layout(state.layout, delta, key)
     producers = dict(state.producers)
     for producer_id, new in delta.producers.items():
         old = producers.get(producer_id)
@@ -258,6 +288,38 @@ def apply_version(state: LogState, delta: LogVersion, key: str) -> LogState:
         end_of_stream=state.end_of_stream or delta.end_of_stream,
         bytes=state.bytes + sum(t.nbytes for t in delta.tgbs),
         reclaimed=reclaimed,
+        namespace=delta.namespace or state.namespace,
+        layout=layout,
+        digest=digest,
+    )
+
+
+def _next_layout(layout: Layout | None, delta: LogVersion, key: str) -> Layout | None:
+    """I9: the layout is set once (by a claim, or by the first TGB of a log older than
+    layouts); every TGB must fit it, and the first TGB fixes the payload kind."""
+    if delta.layout is not None:
+        if layout is not None and (layout.dp, layout.cp) != (delta.layout.dp, delta.layout.cp):
+            raise CorruptDataError(key, f"sets layout {delta.layout.describe()}, the namespace has {layout.describe()}")
+        layout = layout or Layout(delta.layout.dp, delta.layout.cp)
+    for tgb in delta.tgbs:
+        layout = layout or Layout(tgb.dp, tgb.cp)
+        problem = layout_mismatch(layout, tgb)
+        if problem:
+            raise CorruptDataError(key, problem)
+        if layout.kind is None:
+            layout = Layout(layout.dp, layout.cp, tgb.kind)
+    return layout
+
+
+def layout_mismatch(layout: Layout | None, tgb: TGBDescriptor) -> str:
+    """Why ``tgb`` does not fit ``layout`` ("" when it does)."""
+    if layout is None or (
+        (tgb.dp, tgb.cp) == (layout.dp, layout.cp) and (layout.kind is None or tgb.kind == layout.kind)
+    ):
+        return ""
+    return (
+        f"TGB {tgb.producer}@{tgb.source_offset} has layout dp={tgb.dp} cp={tgb.cp} {tgb.kind}, "
+        f"the namespace has {layout.describe()}"
     )
 
 
@@ -293,6 +355,7 @@ def _next_version(
     producers: dict[str, ProducerState] | None = None,
     end_of_stream: bool = False,
     reclaim: Reclaim | None = None,
+    layout: Layout | None = None,
 ) -> LogVersion:
     """The version after ``state``, changing only what the arguments say."""
     return LogVersion(
@@ -304,6 +367,9 @@ def _next_version(
         end_of_stream=end_of_stream,
         committed_at=committed_at,
         reclaim=reclaim,
+        # Whoever writes version 1 creates the namespace and gives it its id (I9).
+        namespace=uuid.uuid4().hex if state.version == 0 else "",
+        layout=layout,
     )
 
 
@@ -321,11 +387,23 @@ def build_commit(
     return _next_version(state, committed_at, tgbs=pending, producers={producer_id: mine})
 
 
-def build_claim(state: LogState, producer_id: str, incarnation: str, committed_at: float) -> LogVersion:
-    """A version that gives ``producer_id`` a new epoch, fencing every older incarnation."""
+def build_claim(
+    state: LogState, producer_id: str, incarnation: str, committed_at: float, layout: Layout | None = None
+) -> LogVersion:
+    """A version that gives ``producer_id`` a new epoch, fencing every older incarnation.
+
+    ``layout`` (dp, cp) must be the namespace's; the first claim of a namespace sets it.
+    """
+    if layout is not None and state.layout is not None and (layout.dp, layout.cp) != (state.layout.dp, state.layout.cp):
+        raise LayoutError(
+            f"producer {producer_id!r} has layout {layout.describe()}, but the namespace was created with "
+            f"{state.layout.describe()} (log version {state.version}); "
+            "use the namespace's dp and cp, or a new namespace"
+        )
     old = state.producers.get(producer_id)
     claimed = ProducerState(offset=old.offset if old else 0, epoch=old.epoch + 1 if old else 1, incarnation=incarnation)
-    return _next_version(state, committed_at, producers={producer_id: claimed})
+    new_layout = Layout(layout.dp, layout.cp) if layout is not None and state.layout is None else None
+    return _next_version(state, committed_at, producers={producer_id: claimed}, layout=new_layout)
 
 
 def build_end_of_stream(state: LogState, committed_at: float) -> LogVersion:
@@ -354,6 +432,10 @@ def pending_after_rebase(
         )
     committed_up_to = recorded.offset if recorded is not None else 0
     remaining = [t for t in pending if t.source_offset >= committed_up_to]
+    for tgb in remaining:
+        problem = layout_mismatch(state.layout, tgb)
+        if problem:
+            raise LayoutError(f"producer {producer_id!r} cannot commit: {problem} (log version {state.version})")
     if remaining and state.end_of_stream:
         raise StreamEndedError(
             f"the stream was ended at or before log version {state.version}; "

@@ -23,8 +23,8 @@ from typing import Any
 
 from batchweave import log
 from batchweave.errors import (
-    BatchWeaveError,
     ConfigError,
+    LayoutError,
     ObjectExistsError,
     SourceOffsetError,
     StoreError,
@@ -94,7 +94,7 @@ class Producer:
         self._journal = Journal(self._store, snapshot_every)
         self._cond = threading.Condition()
         self._pending: list[TGBDescriptor] = []
-        self._error: BatchWeaveError | None = None
+        self._error: Exception | None = None  # the commit thread's final error, raised to the caller
         self._closed = False
         self._abandon = False  # close(flush=False): drop what is not committed
         self._flush_waiters = 0
@@ -162,8 +162,6 @@ class Producer:
             f"data/{self.producer_id}/e{self._me.epoch:06d}/{offset:012d}-{token}.{part}.bwb"
             for part in range(len(encoded.objects))
         ]
-        for key, body in zip(keys, encoded.objects, strict=True):
-            self._put_object(key, body)
         descriptor = TGBDescriptor(
             producer=self.producer_id,
             epoch=self._me.epoch,
@@ -175,6 +173,11 @@ class Producer:
             slices=[(r.object_index, r.offset, r.length, r.crc32c) for r in encoded.slices],
             nbytes=encoded.nbytes,
         )
+        mismatch = log.layout_mismatch(self._state.layout, descriptor)
+        if mismatch:  # before uploading anything: every consumer would fail at this step
+            raise LayoutError(f"producer {self.producer_id!r}: {mismatch}; nothing was written")
+        for key, body in zip(keys, encoded.objects, strict=True):
+            self._put_object(key, body)
         with self._cond:
             self._raise_if_unusable()
             if offset != self._next_offset:
@@ -280,25 +283,23 @@ class Producer:
         """Commit a version that gives this incarnation the next epoch of producer_id.
 
         Returns the new state, this incarnation's producer state, and the fragile window
-        (seconds) of the successful attempt.
+        (seconds) of the successful attempt. Refuses a namespace of another layout (I9).
         """
-        state = self._journal.load_state()
-        while True:
+        layout = log.Layout(self.mesh.dp, self.mesh.cp)
+
+        def claim(state: LogState) -> log.LogVersion | None:
+            mine = state.producers.get(self.producer_id)
+            if mine is not None and mine.incarnation == incarnation:
+                return None  # the claim landed although the store reported a conflict
             if state.end_of_stream:
                 raise StreamEndedError(
                     f"namespace {self._store.url} was ended at log version {state.version}; "
                     f"producer {self.producer_id!r} cannot start (use a fresh namespace)"
                 )
-            claim = log.build_claim(state, self.producer_id, incarnation, time.time())
-            if self._journal.try_commit(claim):
-                state = log.apply_version(state, claim, log.version_key(claim.version))
-                self._journal.after_commit(state)
-                return state, claim.producers[self.producer_id], time.monotonic() - self._journal.last_probe_started
-            state, _ = self._journal.catch_up(state)
-            mine = state.producers.get(self.producer_id)
-            if mine is not None and mine.incarnation == incarnation:
-                # The write landed although the store reported a conflict.
-                return state, mine, time.monotonic() - self._journal.last_probe_started
+            return log.build_claim(state, self.producer_id, incarnation, time.time(), layout)
+
+        result = self._journal.commit(self._journal.load_state(), claim)
+        return result.state, result.state.producers[self.producer_id], result.fragile_window_s
 
     def _commit_loop(self) -> None:
         while True:
@@ -325,7 +326,9 @@ class Producer:
                 return False
             time.sleep(min(5.0, 0.1 * 2**self._store_failures) * random.random())
             return True
-        except BatchWeaveError as exc:  # fenced, ended, or a damaged log: all final
+        except Exception as exc:  # fenced, ended, a damaged log, or a bug: all final
+            # Whatever it is, the caller's next append/flush raises it instead of waiting
+            # for a commit thread that is gone.
             self._fail(exc)
             return False
         with self._cond:  # metrics() reads the same tracker from the caller's thread
@@ -369,32 +372,29 @@ class Producer:
 
     def _attempt(self, batch: list[TGBDescriptor]) -> tuple[bool, float]:
         """One commit attempt: catch up, rebase, conditional put. Returns (success, fragile window s)."""
-        state, _ = self._journal.catch_up(self._state)
-        remaining = log.pending_after_rebase(state, self.producer_id, self._me, batch)
-        success = True
-        if remaining:
-            self._metrics["attempts"] += 1
+
+        def commit(state: LogState) -> log.LogVersion | None:
+            remaining = log.pending_after_rebase(state, self.producer_id, self._me, batch)
+            if not remaining:
+                return None
+            self._metrics["attempts"] += 1  # before publishing: the counters include this attempt
             published = self._published_metrics() if self.publish_metrics else None
-            delta = log.build_commit(state, self.producer_id, self._me, remaining, time.time(), published)
-            success = self._journal.try_commit(delta)
-            if success:
-                state = log.apply_version(state, delta, log.version_key(delta.version))
-                self._metrics["successes"] += 1
-            else:
-                self._metrics["conflicts"] += 1
-        window_s = time.monotonic() - self._journal.last_probe_started
-        if remaining:
-            self._metrics["last_fragile_window_s"] = window_s
+            return log.build_commit(state, self.producer_id, self._me, remaining, time.time(), published)
+
+        result = self._journal.commit(self._state, commit, max_attempts=1)
+        committed = result.outcome == "committed"
+        self._metrics["successes"] += committed
+        self._metrics["conflicts"] += result.conflicts
+        if result.outcome != "nothing":
+            self._metrics["last_fragile_window_s"] = result.fragile_window_s
         with self._cond:
             before = len(self._pending)
-            self._state = state
-            committed = self._committed_offset()
-            self._pending = [t for t in self._pending if t.source_offset >= committed]
+            self._state = result.state
+            offset = self._committed_offset()
+            self._pending = [t for t in self._pending if t.source_offset >= offset]
             self._metrics["tgbs_committed"] += before - len(self._pending)
             self._cond.notify_all()
-        if success and remaining:
-            self._journal.after_commit(state)
-        return success, window_s
+        return result.outcome != "conflict", result.fragile_window_s
 
     def _wait_for_checkpoints(self) -> None:
         """Backpressure: hold ``append`` while the log is ``max_lag`` steps past ``W_global``."""
@@ -421,7 +421,7 @@ class Producer:
             if self._store.size(key) != len(body):
                 raise
 
-    def _fail(self, exc: BatchWeaveError) -> None:
+    def _fail(self, exc: Exception) -> None:
         with self._cond:
             self._error = exc
             self._cond.notify_all()
@@ -433,12 +433,7 @@ def end_stream(url: str | Store, *, create: bool = True, **store_options: Any) -
     ``create=False`` refuses a local namespace directory that does not exist yet.
     """
     journal = Journal(open_store(url, create=create, **store_options))
-    state = journal.load_state()
-    while not state.end_of_stream:
-        marker = log.build_end_of_stream(state, time.time())
-        if journal.try_commit(marker):
-            state = log.apply_version(state, marker, log.version_key(marker.version))
-            journal.after_commit(state)
-            return state.version
-        state, _ = journal.catch_up(state)
-    return state.version
+    result = journal.commit(
+        journal.load_state(), lambda state: None if state.end_of_stream else log.build_end_of_stream(state, time.time())
+    )
+    return result.state.version

@@ -94,18 +94,13 @@ def _descriptor(offset: int) -> TGBDescriptor:
 def build_history(store: Store, tgbs: int) -> LogState:
     """Commit ``tgbs`` TGBs straight into ``store`` (no latency), with snapshots as usual."""
     journal = Journal(store)
-    state = LogState()
-    claim = log.build_claim(state, "history", "history-writer", time.time())
-    journal.try_commit(claim)
-    state = log.apply_version(state, claim, log.version_key(claim.version))
-    me = claim.producers["history"]
+    state = journal.commit(
+        LogState(), lambda s: log.build_claim(s, "history", "history-writer", time.time()) if not s.producers else None
+    ).state
     for first in range(0, tgbs, TGBS_PER_VERSION):
         batch = [_descriptor(o) for o in range(first, min(tgbs, first + TGBS_PER_VERSION))]
-        delta = log.build_commit(state, "history", me, batch, time.time())
-        journal.try_commit(delta)
-        state = log.apply_version(state, delta, log.version_key(delta.version))
-        me = delta.producers["history"]
-        journal.after_commit(state)
+        me = state.producers["history"]
+        state = journal.commit(state, lambda s, b=batch, m=me: log.build_commit(s, "history", m, b, time.time())).state
     return state
 
 
