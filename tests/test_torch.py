@@ -129,10 +129,12 @@ def test_state_loads_before_and_during_iteration_and_is_validated(url):
         "step": 0,
         "dp": 2,
         "cp": 1,
+        "namespace": "",  # not known before the log is read
     }
     it = iter(ds)
     next(it), next(it)
     saved = ds.state_dict()
+    assert saved["namespace"] == bw.inspect_namespace(url).namespace
     next(it)
     ds.load_state_dict(saved)  # rewinds a running dataset
     assert [ds.last_step for _ in iter(ds)] == [2, 3, 4, 5]

@@ -65,10 +65,14 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     table.add_column(style="bold")
     table.add_column(overflow="fold")
     table.add_row("url", info.url)
+    table.add_row("namespace id", info.namespace or "-")
+    layout = info.layout or {}
+    table.add_row("layout", " ".join(f"{k}={layout[k]}" for k in ("dp", "cp", "kind") if layout.get(k)) or "-")
     table.add_row("latest version", str(info.latest_version))
     table.add_row("steps", str(info.steps))
     table.add_row("end of stream", "yes" if info.end_of_stream else "no")
     table.add_row("bytes", f"{_human_bytes(info.bytes)} ({info.bytes:,})")
+    table.add_row("reclaimed below step", str(info.reclaimed_steps))
     table.add_row("producers", str(len(info.producers)))
     console.print(table)
     if info.producers:

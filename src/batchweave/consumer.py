@@ -26,7 +26,6 @@ import numpy as np
 
 from batchweave import log
 from batchweave.errors import (
-    BatchWeaveError,
     ConfigError,
     CorruptDataError,
     DataReclaimedError,
@@ -38,7 +37,7 @@ from batchweave.errors import (
 from batchweave.journal import Journal
 from batchweave.layout import decode_slice
 from batchweave.lifecycle import Watermark, check_checkpoint_id, write_watermark
-from batchweave.log import LogVersion, TGBDescriptor
+from batchweave.log import LogState, LogVersion, TGBDescriptor
 from batchweave.mesh import Mesh, resolve_rank
 from batchweave.reshard import Reshard, SliceRead
 from batchweave.store import Store, open_store
@@ -62,6 +61,7 @@ class _Cursor:
     version: int  # log version holding the last TGB the delivered steps touched (0 before any)
     position: Fraction  # TGBs consumed: the same on every rank, whatever the mesh
     step: int  # next logical step of this consumer's mesh (for messages; position rules)
+    namespace: str = ""  # the namespace's id ("" until the log has been read)
 
 
 _END = object()
@@ -119,7 +119,7 @@ class Consumer:
         if self._pipeline is None:
             self._pipeline = _Pipeline(self, self._cursor)
         batch, position = self._pipeline.next(self.timeout_s)
-        self._cursor = _Cursor(version=batch.version, position=position, step=batch.step + 1)
+        self._cursor = _Cursor(batch.version, position, batch.step + 1, self._pipeline.namespace)
         return batch
 
     def mark_checkpoint(self, checkpoint_id: str) -> None:
@@ -175,8 +175,16 @@ class Consumer:
         starts one of its steps; otherwise the first ``next()`` raises LayoutError naming
         the nearest steps that do. Steps are then counted on this mesh (``state_dict()``
         says so at once): DP shrunk 2-fold, step 30 resumes as step 60.
+
+        The cursor is checked against the namespace now (a few reads): one saved from
+        another namespace, or one whose version and position do not agree with the log,
+        raises ConfigError; one whose data was garbage-collected raises DataReclaimedError.
         """
         cursor = _parse_cursor(state, self.mesh)
+        journal = Journal(self._store)
+        newest = _newest_state(journal)
+        if newest is not None:
+            cursor = _checked_cursor(cursor, newest, journal, self._store.url)
         self.close()
         self._cursor = cursor
 
@@ -209,13 +217,62 @@ def _parse_cursor(state: Any, mesh: Mesh) -> _Cursor:
         raise ConfigError(f"consumer state needs position [numerator, denominator], got {position!r}")
     if not _natural(position[1]):
         raise ConfigError(f"consumer state position denominator must be a positive integer, got {position[1]!r}")
+    namespace = state.get("namespace", "")
+    if not isinstance(namespace, str) or len(namespace) > 64:
+        raise ConfigError(f"consumer state namespace must be the namespace's id string, got {namespace!r:.80}")
     saved_dp = state.get("dp", mesh.dp)
     if not _natural(saved_dp) or saved_dp == 0:
         raise ConfigError(f"consumer state dp must be a positive integer, got {saved_dp!r}")
     # A TGB spans layout_dp / dp steps of a mesh, so the same position is step * saved_dp / dp
     # here. Rounded down: a position inside a step of this mesh is refused at the first next().
     step = step * saved_dp // mesh.dp
-    return _Cursor(version=version, position=Fraction(position[0], position[1]), step=step)
+    return _Cursor(version, Fraction(position[0], position[1]), step, namespace)
+
+
+def _newest_state(journal: Journal) -> LogState | None:
+    """The namespace's newest state, or None when a damaged version lies ahead: reading
+    then delivers every step before it and raises CorruptDataError naming it in order."""
+    try:
+        state = journal.load_state()
+        if not journal.verify():
+            state = journal.load_state(trust_hint=False)  # a collector overtook the load
+    except CorruptDataError:
+        return None
+    return state
+
+
+def _checked_cursor(cursor: _Cursor, state: LogState, journal: Journal, url: str) -> _Cursor:
+    """``cursor`` checked against the namespace's newest ``state`` (I9 and exact replay):
+    same namespace, a version the log has, and that version holding the cursor's last TGB.
+    Returns it with the namespace id filled in."""
+    if cursor.namespace and state.namespace and cursor.namespace != state.namespace:
+        raise ConfigError(
+            f"{url}: the consumer state was saved from namespace {cursor.namespace}, this is namespace "
+            f"{state.namespace}; load a checkpoint of a run that read this namespace"
+        )
+    if cursor.version > state.version:
+        raise ConfigError(
+            f"{url}: the consumer state is at log version {cursor.version}, but the log ends at version "
+            f"{state.version}: the state is from another namespace or was edited"
+        )
+    reclaimed = state.reclaimed
+    if cursor.position < reclaimed.steps or (cursor.version and cursor.version < reclaimed.versions):
+        raise DataReclaimedError(url, math.floor(cursor.position), reclaimed.steps)
+    last_tgb = math.ceil(cursor.position) - 1  # the newest TGB the delivered steps touched
+    if cursor.version == 0:
+        if last_tgb >= 0:
+            raise ConfigError(f"{url}: the consumer state has consumed {cursor.position} TGBs at log version 0")
+    else:
+        delta = journal.read_version(cursor.version)
+        if delta is None:
+            raise DataReclaimedError(url, math.floor(cursor.position), reclaimed.steps)
+        if last_tgb not in delta.steps():
+            raise ConfigError(
+                f"{url}: the consumer state says log version {cursor.version} holds TGB {last_tgb}, but it holds "
+                f"steps {delta.first_step}..{delta.first_step + len(delta.tgbs) - 1}: the state was edited or is "
+                "from another namespace"
+            )
+    return _Cursor(cursor.version, cursor.position, cursor.step, state.namespace)
 
 
 def _state_dict(cursor: _Cursor, mesh: Mesh) -> dict[str, Any]:
@@ -226,6 +283,7 @@ def _state_dict(cursor: _Cursor, mesh: Mesh) -> dict[str, Any]:
         "step": cursor.step,
         "dp": mesh.dp,
         "cp": mesh.cp,
+        "namespace": cursor.namespace,
     }
 
 
@@ -255,7 +313,9 @@ class _Pipeline:
         self._pool = ThreadPoolExecutor(max_workers=consumer.prefetch, thread_name_prefix="batchweave-fetch")
         self._known_version = cursor.version
         self._reclaim_checked = False
-        self._broken: BatchWeaveError | None = None
+        self._offsets: dict[str, tuple[int, int]] = {}  # producer -> (epoch, next offset), as read
+        self.namespace = cursor.namespace
+        self._broken: Exception | None = None
         self._thread = threading.Thread(target=self._follow, name="batchweave-follow", daemon=True)
         self._thread.start()
 
@@ -278,7 +338,7 @@ class _Pipeline:
         self._slots.release()
         try:
             batch, position = item.result()
-        except BatchWeaveError as exc:
+        except Exception as exc:  # a failed fetch is final: never skip past a step
             self._broken = exc
             raise
         self._cursor = _Cursor(batch.version, position, batch.step + 1)
@@ -293,9 +353,19 @@ class _Pipeline:
 
     def _follow(self) -> None:
         try:
+            self._open()
             self._follow_log()
-        except BatchWeaveError as exc:
+        except Exception as exc:  # of any type: next() raises it instead of waiting forever
             self._ready.put(exc)
+
+    def _open(self) -> None:
+        """Check the cursor against the namespace before reading from it (one load)."""
+        state = _newest_state(self._journal)
+        if state is None:
+            return
+        self._cursor = _checked_cursor(self._cursor, state, self._journal, self._url)
+        self.namespace = state.namespace
+        self._reclaim_checked = True
 
     def _follow_log(self) -> None:
         version = max(self._cursor.version, 1)
@@ -317,6 +387,7 @@ class _Pipeline:
                     log.version_key(version), f"first step {delta.first_step}, expected {expected_step}"
                 )
             expected_step = delta.first_step + len(delta.tgbs)
+            log.check_continuity(self._offsets, delta, log.version_key(version))
             self._remember(delta)
             if not self._schedule_ready():
                 return
@@ -382,6 +453,8 @@ class _Pipeline:
         indices = range(read.first_slice, read.first_slice + read.count)
         parts = [self._read_slice_run(tgb, run) for run in _runs_by_object(tgb, indices)]
         decoded = [item for run in parts for item in run]
+        if any(isinstance(item, bytes) != (tgb.kind == "bytes") for item in decoded):
+            raise CorruptDataError(tgb.objects[0], f"a slice's payload kind is not the log's {tgb.kind!r}")
         data = decoded[0] if len(decoded) == 1 else _concat(decoded, self._axis, tgb.objects[0])
         if read.pieces > 1:
             data = _piece(data, read.piece, read.pieces, self._axis, tgb.objects[tgb.slices[read.first_slice][0]])

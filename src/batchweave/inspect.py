@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import msgspec
+
 from batchweave.journal import Journal
 from batchweave.log import ProducerState
 from batchweave.store import Store, open_store
@@ -22,6 +24,9 @@ class NamespaceInfo:
     producers: dict[str, dict[str, Any]]  # id -> {"offset", "epoch"[, "metrics"]}
     end_of_stream: bool
     bytes: int  # bytes of committed TGB objects
+    namespace: str = ""  # the id fixed when the namespace was created
+    layout: dict[str, Any] | None = None  # {"dp", "cp", "kind"} every TGB has
+    reclaimed_steps: int = 0  # steps below this were garbage-collected
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -45,4 +50,7 @@ def inspect_namespace(url: str | Store, **store_options: Any) -> NamespaceInfo:
         producers={pid: _producer(ps) for pid, ps in sorted(state.producers.items())},
         end_of_stream=state.end_of_stream,
         bytes=state.bytes,
+        namespace=state.namespace,
+        layout=None if state.layout is None else msgspec.structs.asdict(state.layout),
+        reclaimed_steps=state.reclaimed.steps,
     )

@@ -41,6 +41,7 @@ __all__ = [
     "build_commit",
     "build_end_of_stream",
     "build_reclaim",
+    "check_continuity",
     "check_data_key",
     "decode_hint",
     "decode_snapshot",
@@ -342,6 +343,25 @@ def _check_offsets(state: LogState, delta: LogVersion, key: str) -> None:
                 key,
                 f"producer {pid!r} records offset {delta.producers[pid].offset}, its TGBs end at {next_offset[pid]}",
             )
+
+
+def check_continuity(seen: dict[str, tuple[int, int]], delta: LogVersion, key: str) -> None:
+    """I3 as a reader that starts mid-log sees it: ``seen`` maps each producer met so far to
+    (epoch, next offset); every later TGB of it must continue exactly there. Updated in place.
+
+    A reader that did not replay the whole log cannot check a producer's first TGB, only
+    every one after it: a store that let two racing commits both "win" shows up here.
+    """
+    for tgb in delta.tgbs:
+        known = seen.get(tgb.producer)
+        if known is not None and (tgb.epoch < known[0] or tgb.source_offset != known[1]):
+            raise CorruptDataError(
+                key,
+                f"TGB {tgb.producer}@{tgb.source_offset} (epoch {tgb.epoch}) does not continue that producer's "
+                f"offsets at {known[1]} (epoch {known[0]}): the log was forked; does the store honour "
+                "conditional puts?",
+            )
+        seen[tgb.producer] = (tgb.epoch, tgb.source_offset + 1)
 
 
 # -- building commits (pure) -----------------------------------------------------------

@@ -183,6 +183,7 @@ class TGBDataset(torch.utils.data.IterableDataset):
             "step": state["step"],
             "dp": state["dp"],
             "cp": state["cp"],
+            "namespace": state.get("namespace", ""),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -226,6 +227,7 @@ def _consumer_state(state: Any) -> dict[str, Any]:
         raise ConfigError(f"BatchWeave dataset state lacks {missing}: {dict(state)!r:.200}")
     out = {key: state[key] for key in ("format", "version", "step", "dp", "cp")}
     out["position"] = [state["position_numerator"], state["position_denominator"]]
+    out["namespace"] = state.get("namespace", "")  # absent from cursors saved before namespace ids
     return out
 
 
