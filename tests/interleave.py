@@ -1,0 +1,140 @@
+"""A store that holds a chosen operation until the test lets it go: interleavings on demand.
+
+    store = PausingStore(url)
+    gate = store.pause("put_if_absent", r"_log/\\d+\\.json")   # the next commit attempt
+    thread = start(collect_garbage, store)                 # runs until it reaches the put
+    gate.wait_reached()                                     # ... and is held there
+    ...                                                     # anything else happens now
+    gate.release(); thread.join()
+
+A gate holds the first matching operation (optionally the n-th), once. The holding
+thread waits at most ``HOLD_S`` seconds and then fails loudly, so a test that forgets to
+release a gate ends with an error instead of hanging.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from batchweave.store import Store
+
+HOLD_S = 60.0
+
+
+class Gate:
+    """One pause point: ``wait_reached`` until an operation arrives, ``release`` it."""
+
+    def __init__(self, op: str, key: str, skip: int) -> None:
+        self.op = op
+        self.pattern = re.compile(key)
+        self.skip = skip  # matching operations to let through before holding one
+        self.key: str | None = None  # the key of the held operation
+        self._reached = threading.Event()
+        self._released = threading.Event()
+
+    def matches(self, op: str, key: str) -> bool:
+        if self.key is not None or op != self.op or not self.pattern.fullmatch(key):
+            return False
+        if self.skip:
+            self.skip -= 1
+            return False
+        self.key = key
+        return True
+
+    def hold(self) -> None:
+        self._reached.set()
+        if not self._released.wait(HOLD_S):
+            raise AssertionError(f"gate on {self.op} {self.key} was never released")
+
+    def wait_reached(self, timeout_s: float = 30.0) -> str:
+        """Block until an operation is held here; returns its key."""
+        if not self._reached.wait(timeout_s):
+            raise AssertionError(f"no {self.op} on {self.pattern.pattern} within {timeout_s} s")
+        assert self.key is not None
+        return self.key
+
+    @property
+    def reached(self) -> bool:
+        return self._reached.is_set()
+
+    def release(self) -> None:
+        self._released.set()
+
+
+class PausingStore(Store):
+    """A real ``Store`` (any URL) whose operations can be held at gates."""
+
+    def __init__(self, url: str, **options: Any) -> None:
+        super().__init__(url, **options)
+        self._gates: list[Gate] = []
+        self._lock = threading.Lock()
+
+    def pause(self, op: str, key: str, *, skip: int = 0) -> Gate:
+        """Hold the next ``op`` ("get", "put_if_absent", "put", "delete", "list", ...) on a key
+        matching the regular expression ``key`` (after ``skip`` matching ones pass)."""
+        gate = Gate(op, key, skip)
+        with self._lock:
+            self._gates.append(gate)
+        return gate
+
+    def release_all(self) -> None:
+        with self._lock:
+            for gate in self._gates:
+                gate.release()
+
+    def _gated(self, op: str, key: str) -> None:
+        with self._lock:
+            held = next((g for g in self._gates if g.matches(op, key)), None)
+        if held is not None:
+            held.hold()
+
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> None:
+        self._gated("put_if_absent", key)
+        super().put_if_absent(key, data)
+
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        self._gated("put", key)
+        super().put(key, data)
+
+    def delete(self, key: str) -> None:
+        self._gated("delete", key)
+        super().delete(key)
+
+    def get(self, key: str) -> memoryview:
+        self._gated("get", key)
+        return super().get(key)
+
+    def get_range(self, key: str, start: int, length: int) -> memoryview:
+        self._gated("get_range", key)
+        return super().get_range(key, start, length)
+
+    def list(self, prefix: str = ""):
+        self._gated("list", prefix)
+        return super().list(prefix)
+
+
+class Background:
+    """Run ``fn`` on a thread; ``result()`` joins it and returns or re-raises."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn, args, kwargs), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        try:
+            self._value = fn(*args, **kwargs)
+        except BaseException as exc:
+            self._error = exc
+
+    def result(self, timeout_s: float = 60.0) -> Any:
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            raise AssertionError(f"still running after {timeout_s} s")
+        if self._error is not None:
+            raise self._error
+        return self._value
