@@ -635,3 +635,149 @@ def test_footer_slice_outside_body():
     footer["slices"][0].update(offset=-1, length=1)
     with pytest.raises(CorruptDataError):
         read_footer(_object_with_footer(b"x" * 10, footer), KEY)
+
+
+# -- hostile headers and footers (issue #9): CorruptDataError, never an untyped error ----
+
+
+def _array_header(**fields) -> dict:
+    array = {"name": "a", "dtype": "<i8", "shape": [1], "offset": 0, "nbytes": 8}
+    array.update(fields)
+    return {"kind": "arrays", "arrays": [array]}
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        # Zero itemsize: the element count was nbytes // itemsize (ZeroDivisionError).
+        {"dtype": "|S0", "shape": [3], "nbytes": 0},
+        {"dtype": "<U0", "shape": [3], "nbytes": 0},
+        {"dtype": "S", "shape": [0], "nbytes": 0},
+        # np.dtype() raised ValueError (only TypeError was caught) or parsed more than a dtype.
+        {"dtype": "(4611686018427387904,4611686018427387904)i4"},
+        {"dtype": "1e22i4"},
+        {"dtype": "i4,i4"},
+        {"dtype": "(2,)i4"},
+        {"dtype": "float64"},  # was accepted: a spelling no writer produces
+        {"dtype": " <i8"},
+        {"dtype": "|V8"},
+        {"dtype": "<M8"},
+        {"dtype": "<m8"},
+        {"dtype": "|O8"},
+        {"dtype": "|S99999999999999999999", "shape": [0], "nbytes": 0},
+        # Shapes: overflowing, negative, too many dims, extents past ssize_t.
+        {"shape": [2**62, 2**62, 0], "nbytes": 0},
+        {"shape": [2**64], "nbytes": 8},
+        {"shape": [10**4000], "nbytes": 8},
+        {"shape": [1] * 33},
+        {"shape": [0, 2**60], "nbytes": 0},
+        # Offsets and sizes: negative, huge, not 64-aligned (was accepted).
+        {"offset": -64},
+        {"offset": 2**64},
+        {"offset": 8},
+        {"nbytes": -8},
+        {"nbytes": 10**30},
+        # Names: empty (the encoder refuses them; the decoder used to accept).
+        {"name": ""},
+    ],
+    ids=lambda fields: str(fields)[:60],
+)
+def test_hostile_array_headers(fields):
+    with pytest.raises(CorruptDataError) as info:
+        decode_slice(_slice_with_header(_array_header(**fields), b"\0" * 128), KEY)
+    assert info.value.key == KEY
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        # The same name twice: one array silently replaced the other.
+        {"kind": "arrays", "arrays": _array_header()["arrays"] * 2},
+        {"kind": "arrays", "arrays": []},  # no arrays: was an empty dict, which encode_tgb refuses
+        {"kind": "arrays", "arrays": _array_header()["arrays"], "nbytes": 64},
+        {"kind": "bytes", "arrays": _array_header()["arrays"], "nbytes": 64},
+    ],
+    ids=["duplicate-name", "no-arrays", "arrays-with-nbytes", "bytes-with-arrays"],
+)
+def test_slice_header_contradictions(header):
+    with pytest.raises(CorruptDataError):
+        decode_slice(_slice_with_header(header), KEY)
+
+
+def test_text_array_with_a_code_point_numpy_cannot_read():
+    # Was decoded, then reading the element raised SystemError far from the reader.
+    raw = bytearray(slice_bytes(encode_tgb([{"t": np.array(["ab", "c"])}], 1, 1), 0))
+    at = raw.index("a".encode("utf-32-le"))
+    raw[at : at + 4] = struct.pack("<I", 0x110000)
+    with pytest.raises(CorruptDataError, match="code point"):
+        decode_slice(bytes(raw), KEY)
+
+
+def test_invalid_utf8_in_a_header_key():
+    # msgspec raises UnicodeDecodeError, not DecodeError, for a bad key of a strict Struct.
+    body = b'{"\xebind":"bytes","nbytes":0}'
+    with pytest.raises(CorruptDataError):
+        decode_slice(b"BWS1" + struct.pack("<I", len(body)) + body, KEY)
+    with pytest.raises(CorruptDataError):
+        read_footer(body + struct.pack("<Q", len(body)) + b"BWTGB001", KEY)
+
+
+def test_unicode_names_and_text_round_trip():
+    want = {"tökens😀": np.arange(3), "\u0000": np.array(["é", "😀"]), "big": np.array(["x"], dtype=">U3")}
+    got = roundtrip(encode_tgb([want], 1, 1), 0)
+    assert got.keys() == want.keys()
+    for name in want:
+        assert_same_array(got[name], want[name])
+        assert got[name].tolist() == want[name].tolist()
+
+
+def _footer(**fields) -> dict:
+    footer = {
+        "format": "batchweave.tgb/1",
+        "part": 0,
+        "parts": 1,
+        "dp": 2,
+        "cp": 1,
+        "kind": "bytes",
+        "slices": [
+            {"index": 0, "offset": 0, "length": 10, "crc32c": 0},
+            {"index": 1, "offset": 10, "length": 10, "crc32c": 1},
+        ],
+    }
+    footer.update(fields)
+    return footer
+
+
+def _slices(*rows) -> list[dict]:
+    return [{"index": i, "offset": o, "length": n, "crc32c": c} for i, o, n, c in rows]
+
+
+def test_footer_fixture_is_valid():
+    assert [fs.index for fs in read_footer(_object_with_footer(b"x" * 20, _footer()), KEY).slices] == [0, 1]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"slices": _slices((0, 0, -5, 0))},  # negative length: was accepted
+        {"slices": _slices((2, 0, 10, 0))},  # index outside dp*cp: was accepted
+        {"slices": _slices((-1, 0, 10, 0))},
+        {"slices": _slices((1, 0, 10, 0), (0, 10, 10, 0))},  # out of order
+        {"slices": _slices((0, 0, 10, 0), (0, 10, 10, 0))},  # the same slice twice
+        {"slices": _slices((0, 0, 10, 0), (1, 5, 10, 0))},  # overlapping
+        {"slices": _slices((0, 0, 10, 2**32))},  # not a CRC32C
+        {"slices": _slices((0, 0, 10, -1))},
+        {"slices": []},
+        {"dp": 0},
+        {"cp": -1},
+        {"parts": 0},
+        {"part": 1},
+        {"part": -1},
+        {"slices": _slices((10**4000, 0, 10, 0))},  # the message still prints (under 4300 digits)
+    ],
+    ids=lambda fields: str(fields)[:60],
+)
+def test_hostile_footers(fields):
+    with pytest.raises(CorruptDataError) as info:
+        read_footer(_object_with_footer(b"x" * 20, _footer(**fields)), KEY)
+    assert info.value.key == KEY

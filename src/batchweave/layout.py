@@ -16,7 +16,9 @@ Nothing is pickled: a consumer can be pointed at a namespace it does not trust.
 from __future__ import annotations
 
 import math
+import re
 import struct
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -50,7 +52,18 @@ _ALIGN = 64
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _ALLOWED_DTYPE_KINDS = set("biufcSU")  # no object or structured dtypes: they hide pickles
+# The only dtype spellings a reader accepts: what ``ndarray.dtype.str`` writes for the kinds
+# above (byte order, kind, itemsize). np.dtype() parses far more (comma lists, subarray
+# shapes, type names) and fails in many ways; untrusted text never reaches it otherwise.
+# Ten digits bound the itemsize; the size checks reject anything larger than the slice.
+_DTYPE_STR = re.compile(r"[<>|][biufcSU][1-9][0-9]{0,9}")
 _MAX_DIMS = 32
+_MAX_UNICODE = 0x10FFFF  # numpy's "U" stores UCS-4 code points; larger ones crash on access
+# What msgspec raises for bad JSON besides DecodeError: UnicodeDecodeError for invalid
+# UTF-8 in an object key or a string value it turns into str (not a DecodeError in msgspec
+# 0.22), RecursionError defensively (it nests on the C stack; the Structs here forbid the
+# unknown fields it would otherwise skip by recursing).
+_JSON_ERRORS = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,7 +280,12 @@ def _frame(header: bytes, buffers: list[bytes | memoryview], offsets: list[int])
 
 
 def decode_slice(buf: bytes | memoryview, key: str, expected_crc32c: int | None = None) -> SliceData:
-    """Verify and decode one slice. Arrays are zero-copy, read-only views of ``buf``."""
+    """Verify and decode one slice. Arrays are zero-copy, read-only views of ``buf``.
+
+    Any damage, accidental or crafted, raises CorruptDataError naming ``key``; the work
+    is linear in ``len(buf)`` and nothing is allocated beyond the header and the views
+    (a ``bytes`` slice is copied once).
+    """
     view = memoryview(buf).cast("B")
     if expected_crc32c is not None and checksum(view) != expected_crc32c:
         raise CorruptDataError(key, f"slice checksum mismatch (expected crc32c {expected_crc32c:#010x})")
@@ -278,29 +296,71 @@ def decode_slice(buf: bytes | memoryview, key: str, expected_crc32c: int | None 
         raise CorruptDataError(key, f"slice header length {header_len} runs past the slice ({len(view)} bytes)")
     try:
         header = msgspec.json.decode(view[8 : 8 + header_len], type=_SliceHeader)
-    except msgspec.DecodeError as exc:
+    except _JSON_ERRORS as exc:
         raise CorruptDataError(key, f"unreadable slice header: {exc}") from exc
     data = view[_align(8 + header_len) :]
     if header.kind == "bytes":
+        if header.arrays:
+            raise CorruptDataError(key, f"bytes slice also lists {len(header.arrays)} arrays")
         if header.nbytes != len(data):
             raise CorruptDataError(key, f"bytes slice says {header.nbytes} bytes, holds {len(data)}")
         return bytes(data)
-    return {h.name: _array_from(data, h, key) for h in header.arrays}
+    # What encode_tgb writes: at least one array, distinct non-empty names, no byte count.
+    if not header.arrays:
+        raise CorruptDataError(key, "arrays slice lists no arrays")
+    if header.nbytes != 0:
+        raise CorruptDataError(key, f"arrays slice carries a bytes count ({header.nbytes})")
+    arrays: dict[str, np.ndarray] = {}
+    for h in header.arrays:
+        if not h.name:
+            raise CorruptDataError(key, "an array has an empty name")
+        if h.name in arrays:
+            raise CorruptDataError(key, f"array {h.name[:80]!r} is listed twice")
+        arrays[h.name] = _array_from(data, h, key)
+    return arrays
 
 
 def _array_from(data: memoryview, h: _ArrayHeader, key: str) -> np.ndarray:
+    where = f"array {h.name[:80]!r}"  # names come from the header: keep the message bounded
+    if not _DTYPE_STR.fullmatch(h.dtype):
+        raise CorruptDataError(key, f"{where}: unsupported dtype {h.dtype[:40]!r}")
     try:
         dtype = np.dtype(h.dtype)
-    except TypeError as exc:
-        raise CorruptDataError(key, f"array {h.name!r}: unknown dtype {h.dtype!r}") from exc
-    if dtype.kind not in _ALLOWED_DTYPE_KINDS or len(h.shape) > _MAX_DIMS or any(n < 0 for n in h.shape):
-        raise CorruptDataError(key, f"array {h.name!r}: bad dtype {h.dtype!r} or shape {h.shape}")
-    if math.prod(h.shape) * dtype.itemsize != h.nbytes or h.offset < 0 or h.offset + h.nbytes > len(data):
-        raise CorruptDataError(key, f"array {h.name!r}: size or offset does not fit the slice")
+    except (TypeError, ValueError, OverflowError) as exc:  # e.g. "<i3", "<f16" where long double is 8 bytes
+        raise CorruptDataError(key, f"{where}: unknown dtype {h.dtype!r}") from exc
+    # "S0"/"U0"-like spellings are kept out by the pattern; the itemsize check is why the
+    # element count below can be derived without dividing by it.
+    if dtype.kind not in _ALLOWED_DTYPE_KINDS or dtype.itemsize < 1:
+        raise CorruptDataError(key, f"{where}: unsupported dtype {h.dtype!r}")
+    # Extents beyond ssize_t are never representable; refusing them first also keeps the
+    # products below small integers (a header may spell a 4000-digit extent).
+    if len(h.shape) > _MAX_DIMS or any(not 0 <= n <= sys.maxsize for n in h.shape):
+        raise CorruptDataError(
+            key, f"{where}: bad shape {h.shape[: _MAX_DIMS + 1]} (at most {_MAX_DIMS} dims, each 0..2**63-1)"
+        )
+    # numpy refuses shapes whose non-zero extents times the itemsize overflow ssize_t, even
+    # for zero-size arrays (the strides would overflow); check first instead of catching.
+    if math.prod(n for n in h.shape if n) * dtype.itemsize > sys.maxsize:
+        raise CorruptDataError(key, f"{where}: shape {h.shape} of {h.dtype} is too large to represent")
+    count = math.prod(h.shape)
+    if count * dtype.itemsize != h.nbytes:
+        raise CorruptDataError(key, f"{where}: shape {h.shape} of {h.dtype} is not {h.nbytes} bytes")
+    if h.offset < 0 or h.offset % _ALIGN or h.offset + h.nbytes > len(data):
+        raise CorruptDataError(
+            key, f"{where}: offset {h.offset} is not {_ALIGN}-aligned or {h.nbytes} bytes from it leave the slice"
+        )
     try:
-        array = np.frombuffer(data, dtype=dtype, count=h.nbytes // dtype.itemsize, offset=h.offset).reshape(h.shape)
-    except ValueError as exc:  # e.g. a zero-size shape numpy cannot represent
-        raise CorruptDataError(key, f"array {h.name!r}: shape {h.shape} is not representable ({exc})") from exc
+        array = np.frombuffer(data, dtype=dtype, count=count, offset=h.offset).reshape(h.shape)
+    except ValueError as exc:  # not expected after the checks above; kept so numpy's limits stay typed
+        raise CorruptDataError(key, f"{where}: shape {h.shape} is not representable ({exc})") from exc
+    if dtype.kind == "U" and count:
+        # A code point past U+10FFFF makes numpy raise SystemError when the element is read,
+        # far from here; one vectorised pass over text arrays (rare, small) keeps it typed.
+        code_points = np.frombuffer(
+            data, dtype=np.dtype("u4").newbyteorder(dtype.byteorder), count=h.nbytes // 4, offset=h.offset
+        )
+        if int(code_points.max()) > _MAX_UNICODE:
+            raise CorruptDataError(key, f"{where}: holds a code point above U+10FFFF")
     array.flags.writeable = False  # a view of the read buffer: immutable like the object it came from
     return array
 
@@ -317,11 +377,29 @@ def read_footer(obj: bytes | memoryview, key: str) -> Footer:
     start = len(view) - tail - footer_len
     try:
         footer = msgspec.json.decode(view[start : len(view) - tail], type=Footer)
-    except msgspec.DecodeError as exc:
+    except _JSON_ERRORS as exc:
         raise CorruptDataError(key, f"unreadable footer: {exc}") from exc
     if footer.format != FOOTER_FORMAT:
-        raise CorruptDataError(key, f"unsupported TGB format {footer.format!r} (this reader knows {FOOTER_FORMAT})")
+        raise CorruptDataError(
+            key, f"unsupported TGB format {footer.format[:80]!r} (this reader knows {FOOTER_FORMAT})"
+        )
+    if footer.dp < 1 or footer.cp < 1 or not 0 <= footer.part < footer.parts:
+        raise CorruptDataError(
+            key, f"footer says part {footer.part} of {footer.parts} of a dp={footer.dp} cp={footer.cp} TGB"
+        )
+    if not footer.slices:
+        raise CorruptDataError(key, "footer lists no slices")  # encode_tgb never writes an empty object
+    # What encode_tgb writes: slices in index order, laid end to end in the body. Checked in
+    # one pass, so a reader may index the body by any listed slice without checking again.
+    previous_index, previous_end = -1, 0
     for fs in footer.slices:
-        if fs.offset < 0 or fs.offset + fs.length > start:
-            raise CorruptDataError(key, f"footer places slice {fs.index} outside the object body")
+        if not previous_index < fs.index < footer.dp * footer.cp:
+            raise CorruptDataError(
+                key, f"footer lists slice {fs.index} after slice {previous_index} (dp={footer.dp} cp={footer.cp})"
+            )
+        if fs.offset < previous_end or fs.length < 0 or fs.offset + fs.length > start:
+            raise CorruptDataError(key, f"footer places slice {fs.index} outside the object body or over another")
+        if not 0 <= fs.crc32c < 1 << 32:
+            raise CorruptDataError(key, f"footer gives slice {fs.index} crc32c {fs.crc32c}, not a 32-bit value")
+        previous_index, previous_end = fs.index, fs.offset + fs.length
     return footer
