@@ -15,6 +15,15 @@ that applies the next log-version put and then fails), so other producers' backg
 threads are never affected. Actions run one at a time: commit races between live
 processes are the business of test_protocol.py and test_crashes.py.
 
+Since issue 9 the machine also runs the lifecycle: both ranks mark checkpoints (read from
+the oldest live one), checkpoints are released, garbage collection runs (also two
+collectors at once, the first held at its reclaim put while the second runs whole), and
+objects are damaged (the advisory hint for good; the newest snapshot, which must then
+make every load fail with its key, and is restored). Producers stay open across all of
+it, so idle producers whose view a collection overtook commit afterwards. Invariants
+I1-I9 are checked after every step: the retained log replays to the model, the steps a
+rank can still reach read back byte for byte, nothing reclaimed is referenced.
+
 ``--hypothesis-show-statistics`` lists how often the interesting paths were taken.
 """
 
@@ -33,6 +42,8 @@ from checks import assert_referenced_objects_exist
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from interleave import Background, PausingStore
+from soak import examples
 from worker import digest, origin_of, payload, tgb
 
 import batchweave as bw
@@ -112,6 +123,9 @@ class CommitProtocol(RuleBasedStateMachine):
         self.ended_at: int | None = None  # log version of the end-of-stream marker
         self.checks_since_read = 0
         self.reads = 0
+        self.checkpoints: dict[str, tuple[int, list[dict]]] = {}  # live: name -> (steps, cursor per rank)
+        self.reclaimed = 0  # steps below this were collected
+        self.marks = 0
 
     # -- model helpers ---------------------------------------------------------------
 
@@ -327,28 +341,125 @@ class CommitProtocol(RuleBasedStateMachine):
             self.ended_at = self.versions
         assert version == self.ended_at
 
+    # -- the lifecycle: checkpoints, releases, collections, damage ---------------------
+
+    def cursor_before(self, steps: int) -> list[dict] | None:
+        """Per-rank cursors of the live checkpoint nearest below ``steps`` (None: from step 0)."""
+        below = [c for c in self.checkpoints.values() if c[0] <= steps]
+        return max(below, key=lambda c: c[0])[1] if below else None
+
+    @precondition(lambda self: self.committed)
+    @rule(data=st.data())
+    def mark_checkpoint(self, data: st.DataObject) -> None:
+        """Both ranks read to a step and mark it: a complete checkpoint (from a live one)."""
+        steps = data.draw(st.integers(self.reclaimed, len(self.committed)), label="checkpoint steps")
+        start = self.cursor_before(steps)
+        if start is None and self.reclaimed:
+            return  # nothing live to resume from: a real run could not be there
+        name = f"ck{self.marks}"
+        self.marks += 1
+        cursors = []
+        for rank in range(DP):
+            with bw.Consumer(self.url, dp=DP, rank=rank, timeout_s=5) as consumer:
+                if start is not None:
+                    consumer.load_state_dict(start[rank])
+                while consumer.state_dict()["step"] < steps:
+                    next(consumer)
+                consumer.mark_checkpoint(name)
+                cursors.append(consumer.state_dict())
+        self.checkpoints[name] = (steps, cursors)
+
+    @precondition(lambda self: self.checkpoints)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        name = data.draw(st.sampled_from(sorted(self.checkpoints)), label="released")
+        bw.release_checkpoint(self.url, name)
+        del self.checkpoints[name]
+
+    def collected(self, report: bw.GCReport) -> None:
+        """The model after a collection: steps below W_global are gone."""
+        if self.checkpoints:
+            self.reclaimed = max(self.reclaimed, min(steps for steps, _ in self.checkpoints.values()))
+        assert report.reclaimed_steps == self.reclaimed
+        # A collection may add one version recording its reclaim (exactly when is the
+        # planner's business: tests/test_lifecycle.py); the invariants check the rest.
+        self.versions = bw.inspect_namespace(self.url).latest_version
+
+    @rule()
+    def collect(self) -> None:
+        self.collected(bw.collect_garbage(self.url, grace_s=0))
+        event("collect")
+
+    @precondition(lambda self: self.checkpoints)
+    @rule()
+    def collect_twice_at_once(self) -> None:
+        """The first collector is held at its reclaim put while the second runs whole."""
+        held_store = PausingStore(self.url)
+        gate = held_store.pause("put_if_absent", r"_log/\d{20}\.json")
+        first = Background(bw.collect_garbage, held_store, grace_s=0)
+        try:
+            second = bw.collect_garbage(self.url, grace_s=0)
+        finally:
+            gate.release()
+        self.collected(first.result())
+        self.collected(second)
+        event(f"two collectors, first {'held' if gate.reached else 'had nothing to commit'}")
+
+    @rule()
+    def damage_hint(self) -> None:
+        """The hint is advisory: garbage in it only costs a listing."""
+        open_store(self.url).put(log.HINT_KEY, b'{"version": [[[')
+
+    @rule()
+    def damage_newest_snapshot(self) -> None:
+        """Every load fails naming the snapshot, never an older state; then it is restored."""
+        store = open_store(self.url)
+        journal = Journal(store)
+        newest = journal._listed_snapshot_version()
+        if newest == 0:
+            return
+        key = log.snapshot_key(newest)
+        original = bytes(store.get(key))
+        store.put(key, original[: len(original) // 2])
+        try:
+            with pytest.raises(bw.CorruptDataError, match=key):
+                bw.inspect_namespace(self.url)
+            if not self.ended:
+                with pytest.raises(bw.CorruptDataError, match=key):
+                    self.new_producer(PRODUCER_IDS[0])
+        finally:
+            store.put(key, original)
+        event("damaged snapshot refused")
+
     # -- invariants ------------------------------------------------------------------
 
     @invariant()
     def log_replays_to_the_model(self) -> None:
-        state = log.LogState()
-        replayed = []
-        for delta in Journal(open_store(self.url)).versions_after(0):
-            state = log.apply_version(state, delta, log.version_key(delta.version))
-            replayed.extend((step, t.producer, t.source_offset, t.epoch) for step, t in zip(delta.steps(), delta.tgbs))
-        assert [r[0] for r in replayed] == list(range(len(replayed))), "steps are not dense from 0"
-        assert [r[1:] for r in replayed] == self.committed
-        for pid in PRODUCER_IDS:
-            offsets = [offset for _, p, offset, _ in replayed if p == pid]
-            assert offsets == list(range(len(offsets))), f"{pid}: offsets with a gap or a repeat"
-        assert state.version == self.versions, "one log version per claim, commit and end marker"
+        """The newest state and every retained version agree with the model (I1-I3, I8)."""
+        journal = Journal(open_store(self.url))
+        state = journal.load_state()
+        assert state.version == self.versions, "one log version per claim, commit, end marker and reclaim"
         assert state.end_of_stream == self.ended
+        assert (state.steps, state.reclaimed.steps) == (len(self.committed), self.reclaimed)
+        assert {p: s.offset for p, s in state.producers.items()} == self.offsets
+        replayed = []
+        first = max(1, state.reclaimed.versions)
+        for version in range(first, state.version + 1):
+            delta = journal.read_version(version)
+            assert delta is not None, f"retained version {version} is missing"
+            replayed.extend((step, t.producer, t.source_offset, t.epoch) for step, t in zip(delta.steps(), delta.tgbs))
+        if replayed:
+            start = replayed[0][0]
+            assert [r[0] for r in replayed] == list(range(start, len(self.committed))), "steps are not dense"
+            assert [r[1:] for r in replayed] == self.committed[start:]
 
     @invariant()
     def inspect_matches_the_model(self) -> None:
         info = bw.inspect_namespace(self.url)
         assert info.producers == {p: {"offset": self.offsets[p], "epoch": self.epochs[p]} for p in sorted(self.epochs)}
         assert (info.steps, info.latest_version, info.end_of_stream) == (len(self.committed), self.versions, self.ended)
+        if self.epochs:
+            assert info.layout is not None and (info.layout["dp"], info.layout["cp"]) == (DP, 1)  # I9
 
     @invariant()
     def producers_see_themselves_as_the_model_does(self) -> None:
@@ -368,14 +479,23 @@ class CommitProtocol(RuleBasedStateMachine):
         self.checks_since_read = 0
         rank = self.reads % DP
         self.reads += 1
+        live = sorted(self.checkpoints.values(), key=lambda c: c[0])
+        if self.reclaimed and not live:
+            with bw.Consumer(self.url, dp=DP, rank=rank, timeout_s=5) as fresh, pytest.raises(bw.DataReclaimedError):
+                next(fresh)
+            return
+        start = live[0][0] if self.reclaimed else 0  # the oldest step a checkpoint still reaches
         consumer = bw.Consumer(self.url, dp=DP, rank=rank, timeout_s=5)
+        if self.reclaimed:
+            consumer.load_state_dict(live[0][1][rank])
         try:
             # After the end marker the iteration must stop by itself, right after the last step.
-            batches = list(consumer if self.ended else itertools.islice(consumer, len(self.committed)))
+            wanted = len(self.committed) - start
+            batches = list(consumer if self.ended else itertools.islice(consumer, wanted))
         finally:
             consumer.close()
-        assert [b.step for b in batches] == list(range(len(self.committed)))
-        for batch, (pid, offset, _) in zip(batches, self.committed, strict=True):
+        assert [b.step for b in batches] == list(range(start, len(self.committed)))
+        for batch, (pid, offset, _) in zip(batches, self.committed[start:], strict=True):
             assert origin_of(batch.data) == (pid, offset)
             assert digest(batch.data) == digest(payload(pid, offset, rank))
         assert_referenced_objects_exist(self.url)
@@ -390,7 +510,7 @@ class CommitProtocol(RuleBasedStateMachine):
 
 
 CommitProtocol.TestCase.settings = settings(
-    max_examples=100,
+    max_examples=examples(200),
     stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
