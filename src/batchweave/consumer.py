@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import queue
 import random
+import reprlib
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -209,20 +210,22 @@ class Consumer:
 def _parse_cursor(state: Any, mesh: Mesh) -> _Cursor:
     """A saved cursor, its step recounted in ``mesh``'s steps."""
     if not isinstance(state, dict) or state.get("format") != CURSOR_FORMAT:
-        raise ConfigError(f"not a BatchWeave consumer state (expected format {CURSOR_FORMAT!r}): {state!r:.200}")
+        raise ConfigError(f"not a BatchWeave consumer state (expected format {_shown(CURSOR_FORMAT)}): {_shown(state)}")
     version, step, position = state.get("version"), state.get("step"), state.get("position")
     if not all(_natural(v) for v in (version, step)):
-        raise ConfigError(f"consumer state needs non-negative integer version and step, got {version!r}, {step!r}")
+        raise ConfigError(
+            f"consumer state needs non-negative integer version and step, got {_shown(version)}, {_shown(step)}"
+        )
     if not (isinstance(position, list | tuple) and len(position) == 2 and _natural(position[0]) and position[1]):
-        raise ConfigError(f"consumer state needs position [numerator, denominator], got {position!r}")
+        raise ConfigError(f"consumer state needs position [numerator, denominator], got {_shown(position)}")
     if not _natural(position[1]):
-        raise ConfigError(f"consumer state position denominator must be a positive integer, got {position[1]!r}")
+        raise ConfigError(f"consumer state position denominator must be a positive integer, got {_shown(position[1])}")
     namespace = state.get("namespace", "")
     if not isinstance(namespace, str) or len(namespace) > 64:
-        raise ConfigError(f"consumer state namespace must be the namespace's id string, got {namespace!r:.80}")
+        raise ConfigError(f"consumer state namespace must be the namespace's id string, got {_shown(namespace)}")
     saved_dp = state.get("dp", mesh.dp)
     if not _natural(saved_dp) or saved_dp == 0:
-        raise ConfigError(f"consumer state dp must be a positive integer, got {saved_dp!r}")
+        raise ConfigError(f"consumer state dp must be a positive integer, got {_shown(saved_dp)}")
     # A TGB spans layout_dp / dp steps of a mesh, so the same position is step * saved_dp / dp
     # here. Rounded down: a position inside a step of this mesh is refused at the first next().
     step = step * saved_dp // mesh.dp
@@ -285,6 +288,11 @@ def _state_dict(cursor: _Cursor, mesh: Mesh) -> dict[str, Any]:
         "cp": mesh.cp,
         "namespace": cursor.namespace,
     }
+
+
+def _shown(value: Any) -> str:
+    """A short repr, bounded in depth and length: cursors come from files users edit."""
+    return reprlib.repr(value)
 
 
 def _natural(value: Any) -> bool:

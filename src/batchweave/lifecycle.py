@@ -20,16 +20,18 @@ older than the grace period. Deletes are idempotent, so a crash half-way is harm
 
 from __future__ import annotations
 
-import json
+import functools
 import re
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import Annotated, Any
+
+import msgspec
 
 from batchweave import log
-from batchweave.errors import ConfigError, CorruptDataError, ObjectExistsError
+from batchweave.errors import ConfigError, CorruptDataError, ObjectExistsError, StoreError
 from batchweave.journal import Journal
 from batchweave.log import LogState, Reclaim
 from batchweave.store import ObjectInfo, Store, open_store
@@ -62,31 +64,62 @@ class Watermark:
     position: Fraction  # TGBs consumed when the checkpoint was taken
     version: int  # the cursor's log version (a resume reads from it)
 
+    @property
+    def key(self) -> str:
+        """The object this watermark is stored in (create-only, one per position)."""
+        return f"{CHECKPOINT_PREFIX}{self.checkpoint}/{self.d}-{self.c}.json"
+
     def to_json(self) -> bytes:
-        body = {
-            "format": WATERMARK_FORMAT,
-            "checkpoint": self.checkpoint,
-            "dp": self.dp,
-            "cp": self.cp,
-            "d": self.d,
-            "c": self.c,
-            "position": [self.position.numerator, self.position.denominator],
-            "version": self.version,
-        }
-        return json.dumps(body, sort_keys=True).encode()
+        position = (self.position.numerator, self.position.denominator)
+        return _WATERMARK_JSON.encode(
+            _WatermarkJSON(WATERMARK_FORMAT, self.checkpoint, self.dp, self.cp, self.d, self.c, position, self.version)
+        )
 
     @classmethod
     def from_json(cls, data: bytes | memoryview, key: str) -> Watermark:
+        """Parse the watermark stored at ``key``: a Watermark, or CorruptDataError naming
+        ``key`` and the damage. Strict, because GC trusts what it returns: a mark that a
+        later step would trip over (a string ``dp``, ``d >= dp``, a mark filed under
+        another checkpoint or position) is refused here, in time linear in ``len(data)``."""
         try:
-            body = json.loads(bytes(data))
-            if body.get("format") != WATERMARK_FORMAT:
-                raise ValueError(f"format {body.get('format')!r}")
-            num, den = body["position"]
-            return cls(
-                body["checkpoint"], body["dp"], body["cp"], body["d"], body["c"], Fraction(num, den), body["version"]
-            )
-        except (ValueError, KeyError, TypeError, ZeroDivisionError) as exc:
+            body = _WATERMARK_DECODER.decode(data)
+        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:  # as layout._JSON_ERRORS says
             raise CorruptDataError(key, f"damaged watermark: {exc}") from exc
+        if body.format != WATERMARK_FORMAT:
+            raise CorruptDataError(key, f"watermark format {body.format[:80]!r} is not {WATERMARK_FORMAT}")
+        if body.d >= body.dp or body.c >= body.cp:
+            raise CorruptDataError(key, f"watermark position ({body.d}, {body.c}) is outside dp={body.dp} cp={body.cp}")
+        try:
+            check_checkpoint_id(body.checkpoint)  # a name with "/" would not round-trip the listing
+        except ConfigError as exc:
+            raise CorruptDataError(key, f"damaged watermark: {exc}") from exc
+        num, den = body.position
+        mark = cls(body.checkpoint, body.dp, body.cp, body.d, body.c, Fraction(num, den), body.version)
+        if mark.key != key:  # filed elsewhere, it would count towards another checkpoint or position
+            raise CorruptDataError(key, f"holds the watermark that belongs at {mark.key!r}")
+        return mark
+
+
+# The watermark's JSON: the fields and order are the format (batchweave.watermark/1). Every
+# integer is a JSON integer (not a bool, not a float) in 0..2**63-1, so nothing a watermark
+# feeds (Fractions, GC arithmetic, keys) ever handles a huge or oddly typed number.
+_Count = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+_Size = Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)]
+
+
+class _WatermarkJSON(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    format: str
+    checkpoint: str
+    dp: _Size
+    cp: _Size
+    d: _Count
+    c: _Count
+    position: tuple[_Count, _Size]  # [numerator, denominator] of TGBs consumed
+    version: _Count
+
+
+_WATERMARK_JSON = msgspec.json.Encoder()
+_WATERMARK_DECODER = msgspec.json.Decoder(_WatermarkJSON)
 
 
 def check_checkpoint_id(checkpoint_id: str) -> str:
@@ -95,7 +128,7 @@ def check_checkpoint_id(checkpoint_id: str) -> str:
 
 def write_watermark(store: Store, mark: Watermark) -> None:
     """Record ``mark`` once; marking the same position again with the same cursor is a no-op."""
-    key = f"{CHECKPOINT_PREFIX}{mark.checkpoint}/{mark.d}-{mark.c}.json"
+    key = mark.key
     try:
         store.put_if_absent(key, mark.to_json())
     except ObjectExistsError:
@@ -127,13 +160,17 @@ class Checkpoint:
 
     @property
     def complete(self) -> bool:
-        """Every position of the marking mesh has marked, all under the same mesh."""
+        """Every position of the marking mesh has marked, all under the same mesh.
+
+        O(marks), whatever the mesh a mark claims: counting the distinct in-range
+        positions is enough, and dp * cp (maybe 2**126 in a crafted mark) is only compared.
+        """
         if not self.marks:
             return False
         dp, cp = self.marks[0].dp, self.marks[0].cp
-        if any((m.dp, m.cp) != (dp, cp) for m in self.marks):
+        if any((m.dp, m.cp) != (dp, cp) for m in self.marks) or len(self.marks) < dp * cp:
             return False
-        return {(m.d, m.c) for m in self.marks} == {(d, c) for d in range(dp) for c in range(cp)}
+        return len({(m.d, m.c) for m in self.marks if 0 <= m.d < dp and 0 <= m.c < cp}) == dp * cp
 
     @property
     def live(self) -> bool:
@@ -173,7 +210,7 @@ def global_watermark(checkpoints: Iterable[Checkpoint]) -> Checkpoint | None:
 
 @dataclass(slots=True)
 class GCReport:
-    """What one collection found and did."""
+    """What one collection found and did (with ``dry_run``: what it would do)."""
 
     w_global_step: int | None  # TGBs below this index are unreachable (None: no live checkpoint)
     reclaimed_steps: int = 0  # steps below this are reclaimed after this run
@@ -181,11 +218,29 @@ class GCReport:
     deleted_bytes: int = 0
     deleted_versions: int = 0
     deleted_snapshots: int = 0
+    deleted_watermarks: int = 0  # objects of released checkpoints
     orphans: list[str] = field(default_factory=list)
     dry_run: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What one collection will delete, computed from one state of the log."""
+
+    base: Reclaim  # the state's reclaim the plan was computed from
+    target: Reclaim
+    doomed: list[tuple[str, int]]  # TGB objects of reclaimed steps, with their share of bytes
+    orphans: set[str]
+
+
+class _Replan(Exception):
+    """Another collector moved the reclaim since we planned: plan again from its state."""
+
+
+_PLAN_ATTEMPTS = 8
 
 
 def collect_garbage(
@@ -195,6 +250,11 @@ def collect_garbage(
 
     ``grace_s`` protects objects not (yet) referenced by the log: a producer may have
     written them and not committed yet. ``now`` (Unix seconds) is for tests.
+
+    Safe against any interleaving (docs/invariants.md): the reclaim is computed from the
+    newest state and validated before it is put, a collector whose view is overtaken
+    plans again, and log versions are deleted one at a time in ascending order, which is
+    what lets writers prove their view was not cut short (``journal``).
     """
     store = open_store(url, create=False, **store_options)
     journal = Journal(store)
@@ -202,30 +262,79 @@ def collect_garbage(
     # an incarnation whose claim is already in the log, so a producer that started while
     # we listed is known below and its uncommitted objects are not mistaken for orphans.
     listed = list(store.list(log.DATA_PREFIX))
-    state = journal.load_state()
-    w_global = global_watermark(read_watermarks(store))
+    checkpoints = read_watermarks(store)
+    w_global = global_watermark(checkpoints)
     report = GCReport(w_global_step=None if w_global is None else int(w_global.position), dry_run=dry_run)
-    target = _plan_reclaim(journal, state, w_global)
-    doomed, kept_keys = _scan_versions(journal, state, target)
-    target = Reclaim(target.steps, target.versions, state.reclaimed.bytes + sum(size for _, size in doomed))
-    orphans = _orphans(listed, state, kept_keys | {k for k, _ in doomed}, grace_s, time.time() if now is None else now)
-    report.orphans = sorted(orphans)
-    report.reclaimed_steps = target.steps
+    state, plan = _settle(journal, listed, w_global, grace_s, time.time() if now is None else now, dry_run)
+    report.reclaimed_steps = plan.target.steps
+    report.orphans = sorted(plan.orphans)
+    released = [c for c in checkpoints if c.released]
     if dry_run:
-        report.deleted_objects = sorted({k for k, _ in doomed} | orphans)
+        report.deleted_objects = sorted({k for k, _ in plan.doomed} | plan.orphans)
+        report.deleted_bytes = sum(size for _, size in plan.doomed)
+        report.deleted_versions = len(_old_versions(store, plan.target.versions))
+        report.deleted_snapshots = len(_old_snapshots(store, journal, plan.target.versions))
+        report.deleted_watermarks = sum(len(c.marks) + 1 for c in released)
         return report
-    if target != state.reclaimed:
-        state = _commit_reclaim(journal, state, target)
-    for key, size in doomed:
+    for key, size in plan.doomed:
         store.delete(key)
         report.deleted_objects.append(key)
         report.deleted_bytes += size
-    for key in sorted(orphans):
+    for key in sorted(plan.orphans):
         store.delete(key)
         report.deleted_objects.append(key)
-    report.deleted_versions = _delete_old_versions(store, state.reclaimed.versions)
-    report.deleted_snapshots = _delete_old_snapshots(store, journal, state.reclaimed.versions)
+    # Ascending and one at a time: while a version is present, none above it is gone.
+    for key in _old_versions(store, state.reclaimed.versions):
+        store.delete(key)
+        report.deleted_versions += 1
+    for key in _old_snapshots(store, journal, state.reclaimed.versions):
+        store.delete(key)
+        report.deleted_snapshots += 1
+    report.deleted_watermarks = _delete_released(store, released)
     return report
+
+
+def _settle(
+    journal: Journal, listed: list[ObjectInfo], w_global: Checkpoint | None, grace_s: float, now: float, dry_run: bool
+) -> tuple[LogState, _Plan]:
+    """Plan from the newest state and commit the reclaim; replan whenever the log moves
+    under us. Returns a state whose view is verified (nothing it read came from a key
+    collection had freed) and the plan to carry out."""
+    for _ in range(_PLAN_ATTEMPTS):
+        state = journal.load_state()
+        plan = _plan(journal, state, w_global, listed, grace_s, now)
+        if dry_run:
+            return state, plan
+        if plan.target == state.reclaimed:
+            if journal.verify():
+                return state, plan
+            continue  # our view was cut short by another collector: read it again
+        try:
+            result = journal.commit(state, functools.partial(_reclaim_version, plan))
+        except _Replan:
+            continue
+        return result.state, plan
+    raise StoreError(log.LOG_PREFIX, f"the log kept moving under garbage collection over {_PLAN_ATTEMPTS} plans")
+
+
+def _reclaim_version(plan: _Plan, state: LogState) -> log.LogVersion | None:
+    """The build of the reclaim version, on the newest state (see ``Journal.commit``)."""
+    done = state.reclaimed
+    if done.steps >= plan.target.steps and done.versions >= plan.target.versions:
+        return None  # this plan, or a larger one, is recorded already
+    if done != plan.base:
+        raise _Replan  # another collector reclaimed part of it: our byte count is off
+    return log.build_reclaim(state, plan.target, time.time())
+
+
+def _plan(
+    journal: Journal, state: LogState, w_global: Checkpoint | None, listed: list[ObjectInfo], grace_s: float, now: float
+) -> _Plan:
+    target = _plan_reclaim(journal, state, w_global)
+    doomed, kept_keys = _scan_versions(journal, state, target)
+    target = Reclaim(target.steps, target.versions, state.reclaimed.bytes + sum(size for _, size in doomed))
+    orphans = _orphans(listed, state, kept_keys | {k for k, _ in doomed}, grace_s, now)
+    return _Plan(state.reclaimed, target, doomed, orphans)
 
 
 def _plan_reclaim(journal: Journal, state: LogState, w_global: Checkpoint | None) -> Reclaim:
@@ -235,7 +344,7 @@ def _plan_reclaim(journal: Journal, state: LogState, w_global: Checkpoint | None
         return state.reclaimed
     steps = max(state.reclaimed.steps, min(int(w_global.position), state.steps))
     snapshot = journal.newest_snapshot_version()
-    versions = max(state.reclaimed.versions, min(w_global.version, snapshot))
+    versions = max(state.reclaimed.versions, min(w_global.version, snapshot, state.version))
     return Reclaim(steps=steps, versions=versions, bytes=state.reclaimed.bytes)
 
 
@@ -271,35 +380,35 @@ def _orphans(listed: list[ObjectInfo], state: LogState, referenced: set[str], gr
     return orphans
 
 
-def _commit_reclaim(journal: Journal, state: LogState, target: Reclaim) -> LogState:
-    """Record the reclaim in the log before deleting anything (create-only, rebase on conflict)."""
-    while True:
-        delta = log.build_reclaim(state, target, time.time())
-        if journal.try_commit(delta):
-            state = log.apply_version(state, delta, log.version_key(delta.version))
-            journal.after_commit(state)
-            return state
-        state, _ = journal.catch_up(state)
-        if state.reclaimed.steps >= target.steps and state.reclaimed.versions >= target.versions:
-            return state  # another collector got there first
+def _numbered(store: Store, prefix: str) -> list[tuple[int, str]]:
+    """(number, key) of the ``<prefix><digits>.json`` objects, in ascending order."""
+    found = []
+    for info in store.list(prefix):
+        name = info.key[len(prefix) :]
+        if "/" not in name and name.endswith(".json") and name[:-5].isdigit():
+            found.append((int(name[:-5]), info.key))
+    return sorted(found)
 
 
-def _delete_old_versions(store: Store, below: int) -> int:
-    deleted = 0
-    for info in store.list(log.LOG_PREFIX):
-        name = info.key[len(log.LOG_PREFIX) :]
-        if "/" not in name and name.endswith(".json") and name[:-5].isdigit() and int(name[:-5]) < below:
-            store.delete(info.key)
-            deleted += 1
-    return deleted
+def _old_versions(store: Store, below: int) -> list[str]:
+    return [key for number, key in _numbered(store, log.LOG_PREFIX) if number < below]
 
 
-def _delete_old_snapshots(store: Store, journal: Journal, below: int) -> int:
+def _old_snapshots(store: Store, journal: Journal, below: int) -> list[str]:
+    """Snapshots below ``below``, never the newest (a writer with no snapshot in sight
+    proves that no version was ever deleted by finding none: ``Journal.verify``)."""
     newest = journal.newest_snapshot_version()
+    return [key for number, key in _numbered(store, log.SNAPSHOT_PREFIX) if number < min(below, newest)]
+
+
+def _delete_released(store: Store, released: list[Checkpoint]) -> int:
+    """Watermarks of released checkpoints, then their release marker (so a crash half-way
+    leaves a checkpoint that is still released, never one that looks live again)."""
     deleted = 0
-    for info in store.list(log.SNAPSHOT_PREFIX):
-        name = info.key[len(log.SNAPSHOT_PREFIX) :]
-        if name.endswith(".json") and name[:-5].isdigit() and int(name[:-5]) < min(below, newest):
-            store.delete(info.key)
+    for checkpoint in released:
+        for mark in checkpoint.marks:
+            store.delete(mark.key)
             deleted += 1
+        store.delete(f"{CHECKPOINT_PREFIX}{checkpoint.checkpoint}/{_RELEASED}")
+        deleted += 1
     return deleted

@@ -200,7 +200,7 @@ def decode_version(data: bytes | memoryview, key: str, expected_version: int) ->
     """Parse and validate one log version read from ``key``."""
     try:
         version = msgspec.json.decode(data, type=LogVersion)
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError) as exc:
         raise CorruptDataError(key, f"damaged log version: {exc}") from exc
     if version.format != LOG_FORMAT:
         raise CorruptDataError(key, f"unsupported log format {version.format!r} (this reader knows {LOG_FORMAT})")
@@ -219,7 +219,7 @@ def decode_hint(data: bytes | memoryview, key: str = HINT_KEY) -> int:
     """The snapshot version the hint names; CorruptDataError if it is not a hint."""
     try:
         version = msgspec.json.decode(data, type=_Hint).version
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError) as exc:
         raise CorruptDataError(key, f"damaged snapshot hint: {exc}") from exc
     if version < 0:
         raise CorruptDataError(key, f"snapshot hint names version {version}")
@@ -229,7 +229,7 @@ def decode_hint(data: bytes | memoryview, key: str = HINT_KEY) -> int:
 def decode_snapshot(data: bytes | memoryview, key: str) -> LogState:
     try:
         state = msgspec.json.decode(data, type=LogState)
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError) as exc:
         raise CorruptDataError(key, f"damaged snapshot: {exc}") from exc
     if state.format != SNAPSHOT_FORMAT:
         raise CorruptDataError(key, f"unsupported snapshot format {state.format!r}")
