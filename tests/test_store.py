@@ -12,9 +12,23 @@ from pathlib import Path
 
 import pytest
 from obstore import exceptions as obs_errors
+from obstore_errors import obstore_status_message
 
 import batchweave as bw
+from batchweave import store as store_module
 from batchweave.store import Store, open_store
+
+
+# The conformance suite also runs on SeaweedFS, a real S3 server (the other modules use
+# the four backends of conftest's backend_url).
+@pytest.fixture
+def backend_url(store_backend_url):
+    return store_backend_url
+
+
+@pytest.fixture
+def process_backend_url(store_process_backend_url):
+    return store_process_backend_url
 
 
 def test_create_only_put_conflicts_on_the_second_write(backend_url):
@@ -30,6 +44,7 @@ def test_racing_create_only_puts_have_exactly_one_winner(backend_url):
     """The commit protocol's one assumption about a store; plain moto breaks it about once
     in 30 keys under 8 racing writers (see batchweave.bench.moto_server)."""
     store = open_store(backend_url)
+    writers, keys, keys_at_once = 8, 50, 10
 
     def attempt(key: str, writer: int) -> int:
         try:
@@ -38,10 +53,16 @@ def test_racing_create_only_puts_have_exactly_one_winner(backend_url):
             return 0
         return writer + 1  # who won, 1-based
 
-    with ThreadPoolExecutor(8) as pool:
-        for index in range(50):
-            key = f"race/{index}"
-            winners = [w for w in pool.map(lambda writer, key=key: attempt(key, writer), range(8)) if w]
+    # Several keys race at once: SeaweedFS makes each loser of a key wait for the winner's
+    # lock in steps of 1 s, so one key at a time would take ~100 s there. The writers of
+    # one key are queued next to each other and start together.
+    with ThreadPoolExecutor(writers * keys_at_once) as pool:
+        races = {
+            f"race/{index}": [pool.submit(attempt, f"race/{index}", writer) for writer in range(writers)]
+            for index in range(keys)
+        }
+        for key, attempts in races.items():
+            winners = [w for w in (a.result() for a in attempts) if w]
             assert len(winners) == 1, f"{key}: writers {winners} all succeeded"
             assert bytes(store.get(key)) == f"writer {winners[0] - 1}".encode() * 30_000
 
@@ -134,7 +155,7 @@ def test_transient_errors_are_retried_then_reported(monkeypatch, tmp_path):
     def flaky(handle, key, **kw):
         calls.append(key)
         if len(calls) <= 2:
-            raise obs_errors.GenericError("503 Service Unavailable: SlowDown")
+            _always_503()
         return real_get(handle, key, **kw)
 
     monkeypatch.setattr(obstore, "get", flaky)
@@ -147,7 +168,7 @@ def test_transient_errors_are_retried_then_reported(monkeypatch, tmp_path):
 
 
 def _always_503():
-    raise obs_errors.GenericError("503 Service Unavailable: SlowDown")
+    raise obs_errors.GenericError(obstore_status_message("k", 503, method="GET", code="SlowDown"))
 
 
 def test_urls(tmp_path, monkeypatch):
@@ -169,3 +190,90 @@ def test_memory_stores_are_shared_by_name():
     open_store("memory://shared-name").put_if_absent("k", b"v")
     assert bytes(open_store("memory://shared-name").get("k")) == b"v"
     assert open_store("memory://other-name").size("k") is None
+
+
+# -- the conditional-put probe -----------------------------------------------------------
+
+
+class CountingStore(Store):
+    """Records every request the store makes (the hook a simulated store uses)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.requests: list[str] = []
+
+    def __setstate__(self, state) -> None:
+        super().__setstate__(state)
+        self.requests = []
+
+    def _perform(self, request, nbytes, op):
+        self.requests.append(request)
+        return super()._perform(request, nbytes, op)
+
+
+@pytest.fixture
+def fresh_probe_cache(monkeypatch):
+    """An empty probe cache, as in a new process (other tests probe the same buckets)."""
+    monkeypatch.setattr(store_module, "_create_only_checked", {})
+
+
+def test_require_create_only_passes_once_per_store_root(backend_url, fresh_probe_cache):
+    store = CountingStore(backend_url)
+    store.require_create_only()
+    if backend_url.startswith(("memory:", "file:")):
+        assert store.requests == []  # create-only by construction: no request
+    else:
+        assert store.requests == ["put", "put", "delete"]
+    assert list(open_store(backend_url).list("_probe/")) == []  # the probe key is gone
+    probed = list(store.requests)
+    store.require_create_only()
+    sibling = CountingStore(backend_url + "-sibling")  # another namespace in the same bucket
+    sibling.require_create_only()
+    assert store.requests == probed and sibling.requests == []
+
+
+def _probe_in_child(store: CountingStore) -> list[str]:
+    store.require_create_only()
+    return store.requests
+
+
+@pytest.mark.parametrize("store_backend_url", ["s3"], indirect=True)
+def test_require_create_only_probes_again_in_another_process(backend_url, fresh_probe_cache):
+    store = CountingStore(backend_url)
+    store.require_create_only()
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        assert pool.apply(_probe_in_child, (store,)) == ["put", "put", "delete"]
+    store.require_create_only()
+    assert store.requests == ["put", "put", "delete"]
+
+
+@pytest.mark.s3rver
+def test_require_create_only_refuses_a_store_that_ignores_conditional_puts(s3rver_url, fresh_probe_cache):
+    store = CountingStore(s3rver_url)
+    with pytest.raises(bw.ConfigError, match=r"If-None-Match") as info:
+        store.require_create_only()
+    message = str(info.value)
+    assert s3rver_url in message and "not honoured" in message and "racing commits would both win" in message
+    assert "SeaweedFS" in message  # says what to use instead
+    assert store.requests == ["put", "put", "delete"] and list(open_store(s3rver_url).list("_probe/")) == []
+    with pytest.raises(bw.ConfigError, match=r"If-None-Match"):
+        CountingStore(s3rver_url + "-sibling").require_create_only()  # the verdict is cached too
+    assert store.requests == ["put", "put", "delete"]
+
+
+@pytest.mark.s3rver
+def test_producer_refuses_a_store_that_ignores_conditional_puts(s3rver_url, fresh_probe_cache):
+    # wired by journal: the producer calls Store.require_create_only before its first write.
+    with pytest.raises(bw.ConfigError, match=r"If-None-Match"):
+        bw.Producer(s3rver_url, "p", dp=1)
+
+
+@pytest.mark.seaweedfs
+@pytest.mark.parametrize("store_backend_url", ["seaweedfs"], indirect=True)
+def test_real_denied_conditional_put_of_a_409_key_is_a_permission_error(backend_url, monkeypatch):
+    """A 403 whose message names `_log/...409.json` once read as a lost race."""
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    store = open_store(backend_url, max_attempts=1)
+    with pytest.raises(bw.StorePermissionError, match="access denied") as info:
+        store.put_if_absent("_log/00000000000000000409.json", b"{}")
+    assert not isinstance(info.value, bw.ObjectExistsError)

@@ -15,16 +15,19 @@ Extra keyword options pass through to obstore's store constructor.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import re
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlparse
+from urllib.parse import quote, urlparse
 
 import obstore
 from obstore import exceptions as obs_errors
@@ -54,25 +57,47 @@ _OBSTORE_RETRY = {
     "retry_timeout": timedelta(seconds=30),
     "backoff": {"init_backoff": timedelta(milliseconds=50), "max_backoff": timedelta(seconds=2), "base": 2},
 }
-_TRANSIENT_MARKERS = (
-    "slowdown",
-    "503",
-    "500 ",
-    "502",
-    "504",
-    "timed out",
-    "timeout",
-    "connection reset",
-    "connection refused",
-    "error sending request",
-    "serverbusy",
-    "internalerror",
-    "throttl",
-)
-_CONFLICT_MARKERS = ("conditionalrequestconflict", "409", "412", "precondition")
-
 _memory_stores: dict[str, MemoryStore] = {}
 _memory_lock = threading.Lock()
+
+# Store roots (see _store_root) whose handling of create-only puts this process checked:
+# True if a second create-only put of a key failed as it must, False if it succeeded.
+# One probe per process per root, however many namespaces share the bucket.
+_create_only_checked: dict[str, bool] = {}
+_create_only_lock = threading.Lock()
+
+# The settings that choose which server and account answer a URL; obstore takes them as
+# options or, upper-cased, from the environment. With the bucket or container they name
+# one store root: a server honours create-only puts for all of it or for none.
+_ROOT_SETTINGS = {
+    "s3": ("aws_endpoint_url", "aws_endpoint", "endpoint_url", "endpoint"),
+    "az": (
+        "azure_storage_endpoint",
+        "azure_endpoint",
+        "endpoint",
+        "azure_storage_account_name",
+        "account_name",
+        "azure_storage_use_emulator",
+        "use_emulator",
+        "azurite_blob_storage_url",
+    ),
+    "gs": ("endpoint",),
+}
+_SCHEME_FAMILY = {
+    "s3": "s3",
+    "s3a": "s3",
+    "az": "az",
+    "azure": "az",
+    "abfs": "az",
+    "abfss": "az",
+    "adl": "az",
+    "gs": "gs",
+}
+_PROBE_PREFIX = "_probe/"
+_CONDITIONAL_STORES = (
+    "Use a store (or a newer version of this server) that supports conditional writes: "
+    "AWS S3, MinIO, SeaweedFS, GCS or Azure Blob Storage."
+)
 
 # obstore runs its I/O on a tokio runtime that starts at the first request and does not
 # survive fork(): a child that inherits a started runtime hangs on its first request.
@@ -152,6 +177,65 @@ class Store:
         except ObjectNotFoundError:
             pass
 
+    def require_create_only(self) -> None:
+        """Refuse a store that does not honour create-only puts (``If-None-Match: *``).
+
+        Every commit is a create-only put of the next log version, and exactly one of two
+        racing writers must lose; on a store that ignores the condition both would win
+        and one commit would silently vanish. The check puts a random key under
+        ``_probe/`` in this namespace twice with create-only puts, expects the second to
+        fail, and deletes the key: three requests, once per process for each store root
+        (endpoint and bucket or container), however many namespaces it holds. Local
+        directories and memory stores honour create-only puts by construction and are
+        not probed. Raises ``ConfigError`` when the store does not honour them.
+        """
+        root = _store_root(self.url, self.options)
+        if root is None:
+            return
+        with _create_only_lock:
+            honoured = _create_only_checked.get(root)
+            if honoured is None:
+                honoured = self._probe_create_only()
+                _create_only_checked[root] = honoured
+        if not honoured:
+            raise ConfigError(
+                f"conditional puts (If-None-Match: *) are not honoured by {self.url}: a second "
+                "create-only put of the same key succeeded instead of failing. BatchWeave refuses "
+                f"such a store because racing commits would both win and one of them would be lost. "
+                f"{_CONDITIONAL_STORES}"
+            )
+
+    def _probe_create_only(self) -> bool:
+        """Whether a second create-only put of one fresh key fails (see require_create_only)."""
+        key = f"{_PROBE_PREFIX}{uuid.uuid4().hex}"
+        try:
+            try:
+                self.put_if_absent(key, b"1")
+            except ObjectExistsError:
+                # Our own first attempt landed but its answer was lost, and the retry was
+                # refused: that refusal is the behaviour being checked.
+                return True
+            except (ObjectNotFoundError, StorePermissionError, TransientStoreError):
+                raise  # no bucket, no rights, no answer: not a verdict on conditional puts
+            except StoreError as exc:
+                # A store that rejects the condition header itself (400, 501) cannot do
+                # create-only puts either.
+                raise ConfigError(
+                    f"conditional puts (If-None-Match: *) are not supported by {self.url}: a "
+                    f"create-only put failed ({exc.problem}). BatchWeave refuses such a store because "
+                    f"racing commits would both win. {_CONDITIONAL_STORES}"
+                ) from exc
+            try:
+                self.put_if_absent(key, b"2")
+            except ObjectExistsError:
+                return True
+            return False
+        finally:
+            # The verdict stands without the cleanup: a writer without delete rights, or a
+            # failing delete, leaves one tiny object under _probe/.
+            with contextlib.suppress(StoreError):
+                self.delete(key)
+
     # -- reads -----------------------------------------------------------------------
 
     def get(self, key: str) -> memoryview:
@@ -211,29 +295,148 @@ class Store:
         raise AssertionError("unreachable")
 
 
+# -- error classification ------------------------------------------------------------
+#
+# An error is classified by its type and, for obstore's generic HTTP errors, by the HTTP
+# status obstore reports, never by words found anywhere in the message: the message holds
+# the object's URL and the server's body, so a key like `_log/00000000000000000409.json`
+# or `.../00503.json` must not read as a lost race or an outage.
+#
+# obstore 0.12 keeps the status only in the text: its message is the Rust error's Display,
+# then "\n\nDebug source:\n" and the pretty-printed Debug of the error tree, e.g.
+#     ... - Server returned non-2xx status code: 503 Service Unavailable: <body>
+#     Debug source:
+#     Generic {
+#         store: "S3",
+#         source: RetryError(
+#             RetryErrorImpl {
+#                 method: PUT,
+#                 uri: Some(
+#                     http://host/bucket/prefix/_log/00000000000000000409.json,
+#                 ),
+#                 ...
+#                 inner: Status {          (or Response {, or Http(HttpError { kind: Timeout, ...)
+#                     status: 503,
+#                     body: Some("<Error>...</Error>"),
+# In the Debug part every path and body is a quoted, escaped string and the URI is
+# percent-encoded (no spaces, no newlines): once the quoted strings and URIs are dropped,
+# no copy of the key is left, and a line that is exactly `status: NNN,` can only be the
+# status field.
+
+# A create-only put that lost: S3 and SeaweedFS answer 412, S3 also 409 ConditionalRequestConflict.
+_RACE_STATUSES = frozenset({409, 412})
+# Throttling, server errors and request timeouts: the same request may succeed later.
+_TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+# object_store's HttpErrorKind values for a request that never got an answer: connect
+# failures, dropped connections, timeouts (Decode and Unknown are not known to be transient).
+_TRANSIENT_HTTP_KINDS = frozenset({"Connect", "Request", "Timeout", "Interrupted"})
+
+_DEBUG_SEPARATOR = "\n\nDebug source:\n"
+_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
+_URI = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://\S+")
+_DEBUG_STATUS = re.compile(r"^\s*status: (\d{3}),$", re.MULTILINE)
+_DEBUG_HTTP_KIND = re.compile(r"HttpError \{\n\s*kind: (\w+),$", re.MULTILINE)
+# `inner: Response {`: a 200 whose body says InternalError or SlowDown, which obstore
+# treats as a 5xx (it already retried it).
+_DEBUG_ERROR_BODY = re.compile(r"^\s*inner: Response \{$", re.MULTILINE)
+# Without a Debug part (older obstore, or an error built by hand), the Display's status
+# field: "Server returned non-2xx status code: 503 ..." (object_store 0.11+) or
+# "Client error with status 409 ..." (object_store 0.10).
+_DISPLAY_STATUS = re.compile(r"(?:Server returned (?:non-2xx status code: )?|Client error with status )(\d{3})\b")
+# The error code of an S3 or Azure XML body (NoSuchBucket, SlowDown): for messages only.
+_BODY_CODE = re.compile(r"<Code>(\w+)</Code>")
+
+
+@dataclass(frozen=True, slots=True)
+class _Failure:
+    """What obstore's message says about a failed request, read from its structured fields."""
+
+    status: int | None = None  # the HTTP status, if the server answered
+    transport: str | None = None  # object_store's HttpErrorKind, if it did not
+    error_body: bool = False  # a 2xx whose body was an S3 error (InternalError, SlowDown)
+    code: str = ""  # the body's error code, for messages
+
+    def answer(self) -> str:
+        """`` (HTTP 412 PreconditionFailed)``, or as much of it as is known."""
+        said = " ".join(part for part in (f"HTTP {self.status}" if self.status else "", self.code) if part)
+        return f" ({said})" if said else ""
+
+
+def _failure_of(exc: BaseException, key: str) -> _Failure:
+    text = str(exc)
+    found_code = _BODY_CODE.search(text)
+    code = found_code.group(1) if found_code else ""
+    display, separator, debug = text.partition(_DEBUG_SEPARATOR)
+    if separator:
+        # Quoted strings first (a URI inside a body goes with it), then the bare URIs:
+        # together they hold every copy of the key in the Debug part.
+        debug = _URI.sub("<uri>", _QUOTED.sub('""', debug))
+        status = _DEBUG_STATUS.search(debug)
+        kind = _DEBUG_HTTP_KIND.search(debug)
+        return _Failure(
+            status=int(status.group(1)) if status else None,
+            transport=kind.group(1) if kind else None,
+            error_body=_DEBUG_ERROR_BODY.search(debug) is not None,
+            code=code,
+        )
+    # The Display part names the key raw ("Object at location <key> not found: ..."), in
+    # the URI (percent-encoded) and in the body: drop the key, then the URIs.
+    for form in {key, quote(key, safe="/")} - {""}:
+        display = display.replace(form, "<key>")
+    status = _DISPLAY_STATUS.search(_URI.sub("<uri>", display))
+    return _Failure(status=int(status.group(1)) if status else None, code=code)
+
+
 def translate_error(exc: BaseException, key: str, *, conditional: bool = False) -> StoreError:
-    """Map an obstore exception to ours. The one place that knows obstore's errors."""
-    text = f"{type(exc).__name__}: {exc}"
-    lowered = text.lower()
-    if isinstance(exc, obs_errors.AlreadyExistsError):
-        return ObjectExistsError(key, "already exists (create-only put lost)")
-    if isinstance(exc, obs_errors.PreconditionError) or (conditional and any(m in lowered for m in _CONFLICT_MARKERS)):
-        # S3 answers a racing conditional put with 409 ConditionalRequestConflict or 412.
-        return ObjectExistsError(key, f"conditional put conflict ({_first_line(text)})")
-    if isinstance(exc, (obs_errors.NotFoundError, FileNotFoundError)):
-        return ObjectNotFoundError(key, "no such object")
-    if isinstance(exc, (obs_errors.PermissionDeniedError, obs_errors.UnauthenticatedError)):
-        return StorePermissionError(key, f"access denied, check credentials ({_first_line(text)})")
+    """Map an obstore exception to ours. The one place that knows obstore's errors.
+
+    ``conditional`` says the request was a create-only put: only then does a conflict
+    (obstore's AlreadyExists or Precondition, HTTP 409 or 412) mean that the put lost
+    to another writer; on any other request it is a plain ``StoreError``.
+    """
+    failure = _failure_of(exc, key)
+    status, answer = failure.status, failure.answer()
+    detail = _first_line(f"{type(exc).__name__}: {exc}")
+    if isinstance(exc, (obs_errors.AlreadyExistsError, obs_errors.PreconditionError)) or status in _RACE_STATUSES:
+        if conditional:
+            return ObjectExistsError(key, f"already exists, the create-only put lost{answer}")
+        return StoreError(key, f"conflict on a request that was not a create-only put{answer}: {detail}")
+    if isinstance(exc, (obs_errors.NotFoundError, FileNotFoundError)) or status == 404:
+        return ObjectNotFoundError(key, f"no such object{answer}")
+    if isinstance(exc, (obs_errors.PermissionDeniedError, obs_errors.UnauthenticatedError, PermissionError)) or (
+        status in (401, 403)
+    ):
+        return StorePermissionError(key, f"access denied, check credentials{answer}: {detail}")
     if isinstance(exc, (obs_errors.UnknownConfigurationKeyError, obs_errors.InvalidPathError)):
-        return StoreError(key, f"bad store configuration or key ({_first_line(text)})")
-    if isinstance(exc, (TimeoutError, ConnectionError)) or any(m in lowered for m in _TRANSIENT_MARKERS):
-        return TransientStoreError(key, f"store unavailable after retries ({_first_line(text)})")
-    return StoreError(key, _first_line(text))
+        return StoreError(key, f"bad store configuration or key ({detail})")
+    if isinstance(exc, obs_errors.NotSupportedError):
+        return StoreError(key, f"the store does not support this request ({detail})")
+    if (
+        isinstance(exc, (TimeoutError, ConnectionError))
+        or status in _TRANSIENT_STATUSES
+        or failure.transport in _TRANSIENT_HTTP_KINDS
+        or failure.error_body
+    ):
+        return TransientStoreError(key, f"store unavailable after retries{answer}: {detail}")
+    return StoreError(key, f"request failed{answer}: {detail}")
 
 
 def _first_line(text: str) -> str:
     line = text.strip().splitlines()[0] if text.strip() else text
     return line[:300]
+
+
+def _store_root(url: str, options: dict[str, Any]) -> str | None:
+    """The bucket or container behind ``url`` and the server that answers for it, or None
+    for a local directory or memory store (which need no probe)."""
+    parsed = urlparse(url)
+    family = _SCHEME_FAMILY.get(parsed.scheme)
+    if family is None:
+        return None
+    given = {name.lower(): value for name, value in os.environ.items()}
+    given.update((name.lower(), value) for name, value in options.items())
+    settings = [f"{name}={given[name]}" for name in _ROOT_SETTINGS[family] if name in given]
+    return f"{family}://{parsed.netloc}?{'&'.join(settings)}"
 
 
 def _normalize_url(url: str) -> str:

@@ -1,0 +1,241 @@
+"""Store errors are classified by type and HTTP status, never by words in the message.
+
+obstore's messages hold the object's URL and the server's body, so a key such as
+`_log/00000000000000000409.json` once read as a lost create-only race and one ending in
+`00503.json` as an outage. These tests build errors the way obstore 0.12 formats them,
+and provoke real ones from a tiny HTTP server that answers what each test asks for.
+"""
+
+from __future__ import annotations
+
+import http.server
+import socket
+import threading
+from datetime import timedelta
+
+import pytest
+import services
+from obstore import exceptions as obs_errors
+from obstore_errors import obstore_status_message, obstore_transport_message
+
+import batchweave as bw
+from batchweave.store import Store, translate_error
+
+RACE_KEY = "_log/00000000000000000409.json"  # a log version whose number reads like HTTP 409
+OUTAGE_KEY = "_log/00000000000000000503.json"
+KEYS = [RACE_KEY, OUTAGE_KEY, "_log/00000000000000000412.json", "data/timeout/connection reset/SlowDown.bwb"]
+
+# -- errors built like obstore's -------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", KEYS)
+@pytest.mark.parametrize(
+    "make,want",
+    [
+        (lambda key: obs_errors.PermissionDeniedError(obstore_status_message(key, 403)), bw.StorePermissionError),
+        (lambda key: FileNotFoundError(obstore_status_message(key, 404, code="NoSuchKey")), bw.ObjectNotFoundError),
+        (lambda key: obs_errors.GenericError(obstore_status_message(key, 400, code="InvalidRequest")), bw.StoreError),
+        (lambda key: obs_errors.GenericError(obstore_status_message(key, 501, code="NotImplemented")), bw.StoreError),
+        (lambda key: obs_errors.GenericError(f"Generic error at {key}: something odd"), bw.StoreError),
+    ],
+    ids=["403", "404", "400", "501", "no-status"],
+)
+def test_a_key_that_reads_like_a_status_does_not_change_the_class(make, want, key):
+    for conditional in (True, False):
+        got = translate_error(make(key), key, conditional=conditional)
+        assert type(got) is want, f"conditional={conditional}: {got!r}"
+        assert got.key == key and key in str(got)
+
+
+@pytest.mark.parametrize("key", KEYS)
+@pytest.mark.parametrize("status", [429, 500, 502, 503, 504])
+def test_throttling_and_server_errors_are_transient(status, key):
+    for conditional in (True, False):
+        got = translate_error(
+            obs_errors.GenericError(obstore_status_message(key, status)), key, conditional=conditional
+        )
+        assert type(got) is bw.TransientStoreError and f"HTTP {status}" in str(got)
+
+
+@pytest.mark.parametrize("kind", ["Connect", "Request", "Timeout", "Interrupted"])
+def test_requests_without_an_answer_are_transient(kind):
+    got = translate_error(obs_errors.GenericError(obstore_transport_message(RACE_KEY, kind)), RACE_KEY)
+    assert type(got) is bw.TransientStoreError
+
+
+def test_an_undecodable_answer_is_not_transient():
+    got = translate_error(obs_errors.GenericError(obstore_transport_message(OUTAGE_KEY, "Decode")), OUTAGE_KEY)
+    assert type(got) is bw.StoreError
+
+
+def test_a_2xx_with_an_s3_error_body_is_transient():
+    """S3 may answer 200 with an InternalError or SlowDown body; obstore reports it as a
+    `Response` (status 200) after retrying it like a 5xx."""
+    message = obstore_status_message(RACE_KEY, 503).replace("inner: Status {", "inner: Response {")
+    message = message.replace("status: 503,", "status: 200,")
+    assert type(translate_error(obs_errors.GenericError(message), RACE_KEY)) is bw.TransientStoreError
+
+
+@pytest.mark.parametrize("status", [409, 412])
+def test_conflicts_are_a_lost_race_only_for_create_only_puts(status):
+    for exc in (
+        obs_errors.GenericError(obstore_status_message(OUTAGE_KEY, status)),
+        obs_errors.AlreadyExistsError(obstore_status_message(OUTAGE_KEY, status)),
+        obs_errors.PreconditionError(obstore_status_message(OUTAGE_KEY, status)),
+    ):
+        lost = translate_error(exc, OUTAGE_KEY, conditional=True)
+        assert type(lost) is bw.ObjectExistsError and f"HTTP {status}" in str(lost)
+        other = translate_error(exc, OUTAGE_KEY, conditional=False)
+        assert type(other) is bw.StoreError and "not a create-only put" in str(other)
+
+
+def test_a_status_phrase_inside_the_key_is_not_the_status():
+    """Without obstore's Debug part the Display is read, with the key and URIs taken out."""
+    key = "data/Server returned non-2xx status code: 503/x.bwb"
+    message = f"Generic S3 error: Error performing GET http://h/b/{key} in 1ms - Client error: bad range at {key}"
+    assert type(translate_error(obs_errors.GenericError(message), key)) is bw.StoreError
+    quoted = f"Object at location {key} not found: Error performing GET http://h/b/data/Server%20returned - x"
+    assert type(translate_error(obs_errors.GenericError(quoted), key)) is bw.StoreError
+
+
+def test_messages_name_the_key_status_and_error_code():
+    got = translate_error(FileNotFoundError(obstore_status_message(RACE_KEY, 404, code="NoSuchBucket")), RACE_KEY)
+    assert str(got) == f"{RACE_KEY}: no such object (HTTP 404 NoSuchBucket)"
+    got = translate_error(
+        obs_errors.PreconditionError(obstore_status_message(RACE_KEY, 412)), RACE_KEY, conditional=True
+    )
+    assert str(got).startswith(f"{RACE_KEY}: already exists, the create-only put lost (HTTP 412")
+
+
+# -- real errors from a server that answers what the test asks -------------------------
+
+
+class _FaultHandler(http.server.BaseHTTPRequestHandler):
+    """Answers every request with the server's current ``status``, or misbehaves."""
+
+    protocol_version = "HTTP/1.1"
+
+    def handle_one_request(self):
+        mode = self.server.mode
+        if mode == "reset":
+            # SO_LINGER with a zero timeout: close() sends RST instead of FIN.
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            self.close_connection = True
+            return
+        if mode == "hang":
+            self.server.release.wait(30)  # until the client gave up (its timeout is 1 s)
+            self.close_connection = True
+            return
+        super().handle_one_request()
+
+    def _answer(self):
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        status = self.server.status
+        body = f"<Error><Code>Test{status}</Code><Key>{self.path}</Key></Error>".encode()
+        self.send_response(status)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_PUT = do_DELETE = do_HEAD = _answer
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def fault_server():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FaultHandler)
+    server.daemon_threads = True
+    server.mode, server.status, server.release = "status", 200, threading.Event()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.release.set()
+    server.shutdown()
+    server.server_close()
+    thread.join(10)
+
+
+@pytest.fixture
+def fault_store(fault_server, monkeypatch):
+    """A namespace on the fault server: no retries, a 1 s request timeout."""
+    for var in services.S3_ENV_UNSET:
+        monkeypatch.delenv(var, raising=False)
+    endpoint = f"http://127.0.0.1:{fault_server.server_address[1]}"
+    for var, value in services.s3_env(endpoint).items():
+        monkeypatch.setenv(var, value)
+    no_retries = {"max_retries": 0, "retry_timeout": timedelta(seconds=5), "backoff": {"base": 2}}
+
+    def answer(status: int = 200, mode: str = "status") -> Store:
+        fault_server.status, fault_server.mode = status, mode
+        return Store(
+            "s3://bucket/run-1",
+            max_attempts=1,
+            retry_config=no_retries,
+            client_options={"timeout": "1s", "allow_http": True},
+        )
+
+    return answer
+
+
+@pytest.mark.parametrize(
+    "status,want",
+    [
+        (400, bw.StoreError),
+        (403, bw.StorePermissionError),
+        (429, bw.TransientStoreError),
+        (500, bw.TransientStoreError),
+        (501, bw.StoreError),
+        (502, bw.TransientStoreError),
+        (503, bw.TransientStoreError),
+        (504, bw.TransientStoreError),
+    ],
+)
+def test_real_http_errors_on_a_409_key(fault_store, status, want):
+    store = fault_store(status)
+    for call in (
+        lambda: store.put_if_absent(RACE_KEY, b"{}"),
+        lambda: store.put(RACE_KEY, b"{}"),
+        lambda: store.get(RACE_KEY),
+    ):
+        with pytest.raises(bw.StoreError) as info:
+            call()
+        assert type(info.value) is want and info.value.key == RACE_KEY
+        assert f"HTTP {status} Test{status}" in str(info.value)
+
+
+@pytest.mark.parametrize("status", [409, 412])
+def test_real_conflicts_are_a_lost_race_only_for_create_only_puts(fault_store, status):
+    store = fault_store(status)
+    with pytest.raises(bw.ObjectExistsError):
+        store.put_if_absent(OUTAGE_KEY, b"{}")
+    with pytest.raises(bw.StoreError) as info:
+        store.put(OUTAGE_KEY, b"{}")
+    assert type(info.value) is bw.StoreError
+
+
+def test_real_missing_object_on_a_503_key(fault_store):
+    store = fault_store(404)
+    with pytest.raises(bw.ObjectNotFoundError, match=r"HTTP 404 Test404"):
+        store.get(OUTAGE_KEY)
+    assert store.size(OUTAGE_KEY) is None
+
+
+@pytest.mark.parametrize("mode", ["reset", "hang"])
+def test_real_dropped_and_timed_out_requests_are_transient(fault_store, mode):
+    store = fault_store(mode=mode)
+    with pytest.raises(bw.TransientStoreError):
+        store.get(RACE_KEY)
+
+
+def test_real_refused_connection_is_transient(monkeypatch):
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    for var, value in services.s3_env(f"http://127.0.0.1:{port}").items():
+        monkeypatch.setenv(var, value)
+    no_retries = {"max_retries": 0, "retry_timeout": timedelta(seconds=5), "backoff": {"base": 2}}
+    store = Store("s3://bucket/run-1", max_attempts=1, retry_config=no_retries)
+    with pytest.raises(bw.TransientStoreError):
+        store.put_if_absent(RACE_KEY, b"{}")
