@@ -173,7 +173,7 @@ class Journal:
     def _check_store(self) -> None:
         """I8 also needs a store that honours create-only puts: refuse one that does not."""
         if not self._store_checked:
-            getattr(self.store, "require_create_only", lambda: None)()  # TEMPWIRE
+            self.store.require_create_only()
             self._store_checked = True
 
     def _recover_from_stale_view(self, written: LogVersion) -> LogState:
