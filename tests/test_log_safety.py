@@ -355,3 +355,31 @@ def test_gc_deletes_watermarks_of_released_checkpoints_and_dry_run_counts(url):
     )
     assert sorted(i.key for i in store.list("_checkpoints/")) == ["_checkpoints/new/0-0.json"]
     assert math.isclose(bw.inspect_namespace(url).reclaimed_steps, 25)
+
+
+# -- 5. a fork that got past the store: consumers check offsets as the replay does ------
+
+
+def test_consumer_refuses_a_forked_stream_instead_of_reading_it(url):
+    """On a store that let two racing commits "win", a later version may repeat or skip a
+    producer's offsets. A consumer that starts mid-log cannot replay the whole log, but it
+    checks every producer's offsets continue where they left off."""
+    with producer(url, "p") as p:
+        commit(p, 3)  # versions 2..4: p@0, p@1, p@2
+    store = open_store(url)
+    journal = Journal(store)
+    state = journal.load_state()
+    forked = log.LogVersion(  # as if a racing writer's p@1 had overwritten version 5
+        format=log.LOG_FORMAT,
+        version=5,
+        first_step=3,
+        tgbs=[journal.read_version(3).tgbs[0]],
+        producers={"p": state.producers["p"]},
+    )
+    store.put_if_absent(log.version_key(5), log.encode(forked))
+    cursor = checkpoint_at(url, 1, "ck1")
+    with bw.Consumer(url, dp=1, rank=0, timeout_s=5) as consumer:
+        consumer.load_state_dict(cursor)
+        assert [next(consumer).step for _ in range(2)] == [1, 2]
+        with pytest.raises(bw.CorruptDataError, match=r"p@1 .* does not continue .* at 3"):
+            next(consumer)
