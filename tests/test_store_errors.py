@@ -19,6 +19,7 @@ from obstore import exceptions as obs_errors
 from obstore_errors import obstore_status_message, obstore_transport_message
 
 import batchweave as bw
+from batchweave import store as store_module
 from batchweave.store import Store, translate_error
 
 RACE_KEY = "_log/00000000000000000409.json"  # a log version whose number reads like HTTP 409
@@ -239,3 +240,34 @@ def test_real_refused_connection_is_transient(monkeypatch):
     store = Store("s3://bucket/run-1", max_attempts=1, retry_config=no_retries)
     with pytest.raises(bw.TransientStoreError):
         store.put_if_absent(RACE_KEY, b"{}")
+
+
+# -- the conditional-put probe on a misbehaving server ---------------------------------
+
+
+@pytest.fixture
+def fresh_probe_cache(monkeypatch):
+    monkeypatch.setattr(store_module, "_create_only_checked", {})
+
+
+@pytest.mark.parametrize("status", [400, 501])
+def test_probe_refuses_a_store_that_rejects_the_condition(fault_store, fresh_probe_cache, status):
+    store = fault_store(status)
+    with pytest.raises(bw.ConfigError, match=r"If-None-Match.*not supported") as info:
+        store.require_create_only()
+    assert f"HTTP {status}" in str(info.value) and "racing commits would both win" in str(info.value)
+
+
+@pytest.mark.parametrize("status,want", [(403, bw.StorePermissionError), (503, bw.TransientStoreError)])
+def test_probe_without_a_verdict_is_not_cached(fault_store, fresh_probe_cache, status, want):
+    store = fault_store(status)
+    with pytest.raises(want):
+        store.require_create_only()
+    assert store_module._create_only_checked == {}  # the next call asks again
+
+
+def test_probe_counts_a_refused_first_put_as_honoured(fault_store, fresh_probe_cache):
+    """A first put whose answer was lost is retried and refused by its own write: that
+    refusal is what the probe looks for."""
+    fault_store(412).require_create_only()
+    assert list(store_module._create_only_checked.values()) == [True]

@@ -192,6 +192,8 @@ class Store:
         root = _store_root(self.url, self.options)
         if root is None:
             return
+        # Held through the probe, so that threads opening namespaces of one bucket at once
+        # probe it once; it is taken at most once per store root per process.
         with _create_only_lock:
             honoured = _create_only_checked.get(root)
             if honoured is None:
