@@ -383,3 +383,20 @@ def test_consumer_refuses_a_forked_stream_instead_of_reading_it(url):
         assert [next(consumer).step for _ in range(2)] == [1, 2]
         with pytest.raises(bw.CorruptDataError, match=r"p@1 .* does not continue .* at 3"):
             next(consumer)
+
+
+def test_collector_reading_marks_another_collector_deletes_carries_on(url):
+    """Found by the state machine: a collector lists a released checkpoint's mark, another
+    collector deletes it, and the first one's read of it must not fail the collection."""
+    with producer(url, "p") as p:
+        commit(p, 12)
+    checkpoint_at(url, 3, "old")
+    bw.release_checkpoint(url, "old")
+    checkpoint_at(url, 10, "new")
+    store = PausingStore(url)
+    held = store.pause("get", r"_checkpoints/old/0-0\.json")
+    first = Background(bw.collect_garbage, store, grace_s=0)
+    held.wait_reached()
+    assert bw.collect_garbage(url, grace_s=0).deleted_watermarks == 2
+    held.release()
+    assert first.result().reclaimed_steps == 10

@@ -31,7 +31,7 @@ from typing import Annotated, Any
 import msgspec
 
 from batchweave import log
-from batchweave.errors import ConfigError, CorruptDataError, ObjectExistsError, StoreError
+from batchweave.errors import ConfigError, CorruptDataError, ObjectExistsError, ObjectNotFoundError, StoreError
 from batchweave.journal import Journal
 from batchweave.log import LogState, Reclaim
 from batchweave.store import ObjectInfo, Store, open_store
@@ -194,7 +194,14 @@ def read_watermarks(store: Store) -> list[Checkpoint]:
         if name == _RELEASED:
             released.add(checkpoint)
         elif name.endswith(".json"):
-            marks.setdefault(checkpoint, []).append(Watermark.from_json(store.get(info.key), info.key))
+            try:
+                data = store.get(info.key)
+            except ObjectNotFoundError:
+                # Listed, then deleted by a concurrent collector, which deletes the marks of
+                # released checkpoints only: this one protects nothing.
+                released.add(checkpoint)
+                continue
+            marks.setdefault(checkpoint, []).append(Watermark.from_json(data, info.key))
     ids = sorted(marks.keys() | released)
     return [Checkpoint(i, tuple(marks.get(i, ())), i in released) for i in ids]
 
