@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from batchweave.policies import POLICY_NAMES
+
 pytestmark = pytest.mark.slow
 
 # Every ingestion run (dac, producers, pool-shrink) records these.
@@ -57,6 +59,11 @@ def test_quick_benchmark_writes_its_three_files(name, tmp_path):
         assert {r["system"] for r in result["results"]} == (
             {"batchweave", "nats"} if name == "producers" else {"batchweave"}
         )
+        policies = {(r["system"], r["policy"]) for r in result["results"]}
+        if name == "dac":  # every policy, however short the run
+            assert policies == {("batchweave", p) for p in POLICY_NAMES}, policies
+        else:  # NATS at its default message limit and with the limit raised
+            assert {("nats", "strict-tgb"), ("nats", "strict-tgb-64MiB")} <= policies, policies
     assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (out / f"{name}.md").read_text()
     assert table.startswith(f"# {name}") and table.count("\n|") >= len(result["results"]) + 1

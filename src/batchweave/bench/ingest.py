@@ -25,7 +25,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -123,7 +123,8 @@ def run_ingest(spec: IngestSpec, store: Store, processes: int | None = None) -> 
     window = {k: sum(r["window"][k] for r in reports) for k in _COUNTERS}
     total_s = max(r["finished_s"] for r in reports)
     series = _merge_series([r["series"] for r in reports])
-    state = Journal(store).load_state()
+    with store.paused() if isinstance(store, LatencyStore) else nullcontext():
+        state = Journal(store).load_state()  # bookkeeping after the run: no modelled latency
     record = {
         "system": "batchweave",
         **asdict(spec),

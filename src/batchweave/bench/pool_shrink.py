@@ -34,11 +34,20 @@ COLUMNS = (
 
 def specs(options: BenchOptions) -> list[IngestSpec]:
     if options.quick:
-        producers, stay, leave_at_s, duration_s = 8, 2, 3.0, 8.0
+        producers, stay, leave_at_s, duration_s, sample_s = 2, 1, 0.5, 2.0, 0.25
     else:
-        producers, stay, leave_at_s, duration_s = 16, 4, 60.0, 240.0
+        producers, stay, leave_at_s, duration_s, sample_s = 16, 4, 60.0, 240.0, 1.0
     return [
-        IngestSpec("dac", producers, 100_000, duration_s, leave_at_s=leave_at_s, stay=stay, count_all_ids=count_all)
+        IngestSpec(
+            "dac",
+            producers,
+            100_000,
+            duration_s,
+            sample_s=sample_s,
+            leave_at_s=leave_at_s,
+            stay=stay,
+            count_all_ids=count_all,
+        )
         for count_all in (False, True)
     ]
 
