@@ -207,7 +207,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--quick", action="store_true", help="a short run that checks the plumbing, not the figures (seconds each)")
+    p.add_argument("--quick", action="store_true", help="a short run: checks the plumbing, not the figures")
     p.add_argument(
         "--store",
         choices=("latency", "local", "s3"),
