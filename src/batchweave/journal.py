@@ -76,6 +76,7 @@ class Journal:
         # found no newer version (paper 5.2), not at the catch-up reads before it.
         self.last_probe_started = time.monotonic()
         self._anchor: tuple[int, str] | None = None  # (version, digest) known genuine; None: not loaded
+        self._unverified: set[int] = set()  # versions we put (or may have put) since the last verified commit
         self._store_checked = False
 
     # -- versions --------------------------------------------------------------------
@@ -133,18 +134,25 @@ class Journal:
             state = self.load_state()
         conflicts = 0
         while True:
-            state, _ = self.catch_up(state)
+            try:
+                state, _ = self.catch_up(state)
+            except CorruptDataError:
+                if self.verify():
+                    raise  # the log itself is damaged
+                state = self._recover_from_stale_view()  # we read a version re-created in a freed key
+                continue
             delta = build(state)
             if delta is None:
-                if conflicts and not self.verify():
+                if (conflicts or self._unverified) and not self.verify():
                     # What we saw land (maybe our own ambiguous put) may sit in a freed key.
-                    state = self.load_state(trust_hint=False)
+                    state = self._recover_from_stale_view()
                     conflicts = 0
                     continue
                 return Committed("nothing", state, None, self._window_s(), conflicts)
             key = log.version_key(delta.version)
             data = log.encode(delta)
             after = log.apply_version(state, delta, key, log.digest(data))  # validate before writing
+            self._unverified.add(delta.version)  # also if the put's outcome is ambiguous (it raises)
             if not self._put(key, data):
                 conflicts += 1
                 window_s = self._window_s()
@@ -154,9 +162,10 @@ class Journal:
             window_s = self._window_s()
             if self.verify():
                 self._anchor = (after.version, after.digest)
+                self._unverified.clear()
                 self.after_commit(after)
                 return Committed("committed", after, delta, window_s, conflicts)
-            state = self._recover_from_stale_view(delta)
+            state = self._recover_from_stale_view()
 
     def _put(self, key: str, data: bytes) -> bool:
         """Create-only put of one log version. False when another writer took that version."""
@@ -176,16 +185,17 @@ class Journal:
             self.store.require_create_only()
             self._store_checked = True
 
-    def _recover_from_stale_view(self, written: LogVersion) -> LogState:
-        """Our anchor vanished around our put: the view may have been stale. Reload; if
-        what we wrote sits below what collection reclaimed, no reader ever looks there,
-        and deleting it keeps the reclaimed region empty."""
-        _logger.warning(
-            "log version %d was written from a view that garbage collection overtook; reloading", written.version
-        )
+    def _recover_from_stale_view(self) -> LogState:
+        """Our anchor vanished: garbage collection overtook our view, and what we read or
+        wrote since may sit in keys it freed. Reload the newest state; versions we wrote
+        below what collection reclaimed are in a region no reader looks at, and deleting
+        them keeps it empty (any left over, collection deletes)."""
+        _logger.warning("garbage collection overtook this writer's view of the log; reloading")
         state = self.load_state(trust_hint=False)
-        if written.version < state.reclaimed.versions:
-            self.store.delete(log.version_key(written.version))
+        for version in sorted(self._unverified):
+            if version < state.reclaimed.versions:
+                self.store.delete(log.version_key(version))
+        self._unverified.clear()
         return state
 
     def verify(self) -> bool:

@@ -146,6 +146,7 @@ class LogState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     namespace: str = ""  # the id version 1 recorded ("" for logs older than ids)
     layout: Layout | None = None
     digest: str = ""  # of version ``version``'s bytes: lets a writer anchor its view (see journal)
+    ended_at: int = 0  # the version of the end-of-stream marker (0: not ended)
 
 
 # -- keys ------------------------------------------------------------------------------
@@ -292,6 +293,7 @@ def apply_version(state: LogState, delta: LogVersion, key: str, digest: str = ""
         namespace=delta.namespace or state.namespace,
         layout=layout,
         digest=digest,
+        ended_at=state.ended_at or (delta.version if delta.end_of_stream else 0),
     )
 
 

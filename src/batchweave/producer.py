@@ -436,4 +436,4 @@ def end_stream(url: str | Store, *, create: bool = True, **store_options: Any) -
     result = journal.commit(
         journal.load_state(), lambda state: None if state.end_of_stream else log.build_end_of_stream(state, time.time())
     )
-    return result.state.version
+    return result.state.ended_at or result.state.version  # (a log from before ended_at was recorded)
