@@ -400,3 +400,48 @@ def test_collector_reading_marks_another_collector_deletes_carries_on(url):
     assert bw.collect_garbage(url, grace_s=0).deleted_watermarks == 2
     held.release()
     assert first.result().reclaimed_steps == 10
+
+
+class AmbiguousOnceStore(Store):
+    """Once armed, the next log-version put is applied, then reported as a timeout (an
+    ambiguous outcome)."""
+
+    armed = False
+    fired: str | None = None
+
+    def put_if_absent(self, key, data):
+        super().put_if_absent(key, data)
+        if self.armed and self.fired is None and key.startswith("_log/0"):
+            self.fired = key
+            raise bw.TransientStoreError(key, "simulated timeout after the write was applied")
+
+
+def test_zombie_with_an_ambiguous_put_into_a_freed_key_is_fenced_and_leaves_nothing(url):
+    """Found by the state machine: a zombie whose view GC overtook re-creates a freed log
+    version with an ambiguous outcome; its retry then reads that version and one that does
+    not follow it. That is a stale view, not a damaged log: the zombie must be fenced."""
+    store = AmbiguousOnceStore(url)
+    zombie = bw.Producer(store, "p", dp=1, commit_policy=Manual(), snapshot_every=2)  # version 1
+    with bw.Producer(url, "p", dp=1, commit_policy=Manual(), snapshot_every=2) as p:  # versions 2..6
+        commit(p, 4)
+    checkpoint_at(url, 3, "ck3")
+    bw.collect_garbage(url, grace_s=0)
+    assert open_store(url).size(log.version_key(2)) is None
+    store.armed = True
+    zombie.append(tgb("p", 0, 1))
+    with pytest.raises(bw.ProducerFencedError):
+        zombie.flush(timeout_s=30)
+    zombie.close(flush=False)
+    assert store.fired == log.version_key(2)
+    assert open_store(url).size(store.fired) is None  # deleted again
+    assert_offsets_dense(url, {"p": 4})
+
+
+def test_end_stream_is_idempotent_across_later_collections(url):
+    with producer(url, "p") as p:
+        commit(p, 5)
+    ended = bw.end_stream(url)
+    checkpoint_at(url, 4, "ck4")
+    bw.collect_garbage(url, grace_s=0)  # commits a reclaim version after the marker
+    assert bw.inspect_namespace(url).latest_version == ended + 1
+    assert bw.end_stream(url) == ended
