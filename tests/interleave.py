@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +49,10 @@ class Gate:
         self._reached.set()
         if not self._released.wait(HOLD_S):
             raise AssertionError(f"gate on {self.op} {self.key} was never released")
+
+    @property
+    def reached_event(self) -> threading.Event:
+        return self._reached
 
     def wait_reached(self, timeout_s: float = 30.0) -> str:
         """Block until an operation is held here; returns its key."""
@@ -122,6 +127,7 @@ class Background:
     def __init__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         self._value: Any = None
         self._error: BaseException | None = None
+        self.finished = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(fn, args, kwargs), daemon=True)
         self._thread.start()
 
@@ -130,6 +136,8 @@ class Background:
             self._value = fn(*args, **kwargs)
         except BaseException as exc:
             self._error = exc
+        finally:
+            self.finished.set()
 
     def result(self, timeout_s: float = 60.0) -> Any:
         self._thread.join(timeout_s)
@@ -138,3 +146,12 @@ class Background:
         if self._error is not None:
             raise self._error
         return self._value
+
+
+def wait_for_any(*events: threading.Event, timeout_s: float = 30.0) -> None:
+    """Block until one of ``events`` is set (a held gate, a finished thread, ...)."""
+    deadline = time.monotonic() + timeout_s
+    while not any(e.is_set() for e in events):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"none of {len(events)} events within {timeout_s} s")
+        events[0].wait(0.005)  # the first event wakes us at once; the others within 5 ms

@@ -42,7 +42,7 @@ from checks import assert_referenced_objects_exist
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from interleave import Background, PausingStore
+from interleave import Background, PausingStore, wait_for_any
 from soak import examples
 from worker import digest, origin_of, payload, tgb
 
@@ -359,7 +359,9 @@ class CommitProtocol(RuleBasedStateMachine):
     @rule(data=st.data())
     def mark_checkpoint(self, data: st.DataObject) -> None:
         """Both ranks read to a step and mark it: a complete checkpoint (from a live one)."""
-        steps = data.draw(st.integers(self.reclaimed, len(self.committed)), label="checkpoint steps")
+        # Mostly at the newest step, as training does; sometimes anywhere still reachable.
+        newest = st.just(len(self.committed))
+        steps = data.draw(newest | st.integers(self.reclaimed, len(self.committed)), label="checkpoint steps")
         start = self.cursor_before(steps)
         if start is None and self.reclaimed:
             return  # nothing live to resume from: a real run could not be there
@@ -397,7 +399,7 @@ class CommitProtocol(RuleBasedStateMachine):
         self.collected(bw.collect_garbage(self.url, grace_s=0))
         event("collect")
 
-    @precondition(lambda self: self.checkpoints)
+    @precondition(lambda self: self.checkpoints and min(s for s, _ in self.checkpoints.values()) > self.reclaimed)
     @rule()
     def collect_twice_at_once(self) -> None:
         """The first collector is held at its reclaim put while the second runs whole."""
@@ -405,6 +407,7 @@ class CommitProtocol(RuleBasedStateMachine):
         gate = held_store.pause("put_if_absent", r"_log/\d{20}\.json")
         first = Background(bw.collect_garbage, held_store, grace_s=0)
         try:
+            wait_for_any(gate.reached_event, first.finished)  # held at its put, or nothing to commit
             second = bw.collect_garbage(self.url, grace_s=0)
         finally:
             gate.release()
