@@ -143,11 +143,13 @@ class Journal:
                 continue
             delta = build(state)
             if delta is None:
-                if (conflicts or self._unverified) and not self.verify():
+                if conflicts or self._unverified:
                     # What we saw land (maybe our own ambiguous put) may sit in a freed key.
-                    state = self._recover_from_stale_view()
-                    conflicts = 0
-                    continue
+                    if not self.verify():
+                        state = self._recover_from_stale_view()
+                        conflicts = 0
+                        continue
+                    self._advance_anchor(state)
                 return Committed("nothing", state, None, self._window_s(), conflicts)
             key = log.version_key(delta.version)
             data = log.encode(delta)
@@ -161,11 +163,16 @@ class Journal:
                 continue
             window_s = self._window_s()
             if self.verify():
-                self._anchor = (after.version, after.digest)
-                self._unverified.clear()
+                self._advance_anchor(after)
                 self.after_commit(after)
                 return Committed("committed", after, delta, window_s, conflicts)
             state = self._recover_from_stale_view()
+
+    def _advance_anchor(self, state: LogState) -> None:
+        """Just verified: every version up to ``state.version`` is genuine, our puts too."""
+        if state.digest:
+            self._anchor = (state.version, state.digest)
+        self._unverified.clear()
 
     def _put(self, key: str, data: bytes) -> bool:
         """Create-only put of one log version. False when another writer took that version."""

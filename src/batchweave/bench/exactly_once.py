@@ -122,7 +122,12 @@ class _Control:
         self.version += 1
         self.journal.read_version(self.version)  # the probe for a newer version
         self.journal.store.put_if_absent(log.version_key(self.version), body)
-        self.journal.read_version(self.version - 1)  # the anchor re-read every commit makes (I8)
+        # The anchor check every commit makes (I8): re-read the previous version's bytes,
+        # or, before there is one, list snapshots.
+        if self.version > 1:
+            self.journal.store.get(log.version_key(self.version - 1))
+        else:
+            list(self.journal.store.list(log.SNAPSHOT_PREFIX))
 
 
 def _control_body(delta: log.LogVersion | None) -> bytes:
