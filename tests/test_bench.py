@@ -25,7 +25,14 @@ REQUIRED = {
     "dac": INGESTION,
     "producers": INGESTION,
     "commit-cost": {"history_tgbs", "fragile_window_p50_s", "fragile_window_p95_s"},
-    "exactly-once": {"tgb_slices", "payload_bytes", "commit_latency_state_s", "commit_latency_control_s"},
+    "exactly-once": {
+        "tgb_slices",
+        "payload_bytes",
+        "commit_latency_state_s",
+        "commit_latency_control_s",
+        "commit_latency_unanchored_s",
+        "anchor_check_cost",
+    },
     "lifecycle": {"deletion", "step", "bytes_stored"},
     "pool-shrink": INGESTION | {"counting", "stay", "producers_counted", "after_visibility_wait_s"},
 }
