@@ -168,5 +168,7 @@ def plot(result: BenchResult, figure: Any) -> None:
     for offset, (column, label) in zip((-0.27, 0.0, 0.27), arms, strict=True):
         axes.bar([x + offset for x in xs], [r[column] * 1e3 for r in result.results], 0.27, label=label)
     axes.set_xticks(list(xs), labels, rotation=30)
+    top = max(r["commit_latency_state_s"] for r in result.results) * 1e3
+    axes.set_ylim(0, top * 1.3)  # room for the legend above the bars
     axes.set(ylabel="mean commit latency (ms)", title="exactly-once producer state: per-commit cost")
-    axes.legend()
+    axes.legend(loc="upper center", ncols=3, fontsize="small")
