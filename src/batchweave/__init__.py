@@ -26,6 +26,7 @@ from batchweave.inspect import NamespaceInfo, inspect_namespace
 from batchweave.lifecycle import GCReport, collect_garbage, release_checkpoint
 from batchweave.mesh import Mesh
 from batchweave.policies import AIMD, DAC, INCR, CommitPolicy, Fixed, Manual, Naive
+from batchweave.pool import PoolReport, run_pool
 from batchweave.producer import Producer, end_stream
 
 __version__ = "0.1.0"
@@ -50,6 +51,7 @@ __all__ = [
     "NamespaceInfo",
     "ObjectExistsError",
     "ObjectNotFoundError",
+    "PoolReport",
     "Producer",
     "ProducerFencedError",
     "SourceOffsetError",
@@ -63,4 +65,5 @@ __all__ = [
     "end_stream",
     "inspect_namespace",
     "release_checkpoint",
+    "run_pool",
 ]

@@ -1,0 +1,311 @@
+"""Producer pools: a preprocessing function over a source of shards, with N producers.
+
+    report = bw.run_pool("s3://bucket/run-7", "prep", shards, tokenize_and_pack, producers=16, dp=8)
+
+``source`` is a sequence of shards (paths, URLs, or small items); ``preprocess(shard)``
+turns one shard into one TGB: a list of ``dp * cp`` slice payloads, as ``Producer.append``
+takes them. Every shard becomes exactly one TGB, exactly once, whatever crashes:
+
+- Producer ``i`` of ``N`` is named ``<name>.<i>-of-<N>`` (stable across restarts) and owns
+  shards ``i, i + N, i + 2N, ...``; its ``k``-th shard is its source offset ``k``. The
+  log records each producer's next offset (exactly-once, invariant I3), so a restarted
+  producer resumes at ``resume_offset`` and maps it back to its next shard: nothing is
+  repeated or skipped, and an old incarnation still running is fenced.
+- The mapping needs N to stay the same: a pool restarted with another producer count is
+  refused with ``ConfigError`` (its shard assignment would differ).
+- A worker process that dies (an exception, an OOM kill, a SIGKILL) is started again, up
+  to ``max_restarts`` times per producer; a whole pool started again after a crash of
+  its driver resumes every producer where the log says it is.
+
+Backends: ``"local"`` runs one spawned process per producer on this machine. Each worker
+imports ``preprocess`` by reference, so it must be a module-level function.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchweave.errors import BatchWeaveError, ConfigError
+from batchweave.journal import Journal
+from batchweave.log import check_name
+from batchweave.producer import Producer, end_stream
+from batchweave.store import open_store
+
+__all__ = ["PoolPlan", "PoolReport", "produce_shards", "run_pool"]
+
+_BACKENDS = ("local",)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolPlan:
+    """Which producer owns which shard: pure, the same in every process and every restart."""
+
+    name: str
+    producers: int
+    shards: int
+
+    def __post_init__(self) -> None:
+        check_name(self.name, "pool name")
+        if not isinstance(self.producers, int) or self.producers < 1:
+            raise ConfigError(f"a pool needs at least one producer, got {self.producers!r}")
+        if self.shards < 0:
+            raise ConfigError(f"shard count must be non-negative, got {self.shards}")
+
+    def producer_id(self, index: int) -> str:
+        return f"{self.name}.{index:04d}-of-{self.producers:04d}"
+
+    def shard(self, index: int, offset: int) -> int:
+        """The shard producer ``index`` turns into its TGB at source offset ``offset``."""
+        return index + offset * self.producers
+
+    def shard_count(self, index: int) -> int:
+        """How many shards producer ``index`` owns (its final offset)."""
+        return len(range(index, self.shards, self.producers))
+
+    def check_log(self, producer_ids: Sequence[str]) -> None:
+        """Refuse a pool of the same name that the log knows with another producer count."""
+        pattern = re.compile(rf"^{re.escape(self.name)}\.\d{{4,}}-of-(\d{{4,}})$")
+        sizes = {int(m[1]) for pid in producer_ids if (m := pattern.match(pid))}
+        other = sorted(sizes - {self.producers})
+        if other:
+            raise ConfigError(
+                f"pool {self.name!r} was started with {other[0]} producers, now with {self.producers}: "
+                f"its shards are assigned by producer count, so restart it with {other[0]} producers "
+                "(or give the new pool another name and namespace)"
+            )
+
+
+@dataclass(slots=True)
+class PoolReport:
+    """What a pool run did: per producer, the shards it owns and where it started."""
+
+    name: str
+    producers: int
+    shards: int
+    resumed_at: dict[str, int] = field(default_factory=dict)  # producer id -> first offset of this run
+    restarts: dict[str, int] = field(default_factory=dict)  # producer id -> worker restarts
+    metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # producer id -> Producer.metrics()
+    seconds: float = 0.0
+
+    @property
+    def produced(self) -> int:
+        """Shards turned into TGBs by this run (not by earlier runs of the same pool)."""
+        return sum(int(m.get("tgbs_committed", 0)) for m in self.metrics.values())
+
+
+def produce_shards(
+    url: str,
+    plan: PoolPlan,
+    index: int,
+    source: Sequence[Any],
+    preprocess: Callable[[Any], Sequence[Any]],
+    dp: int,
+    cp: int = 1,
+    commit_policy: str | None = None,
+    on_append: Callable[[int, int], None] | None = None,
+    **store_options: Any,
+) -> tuple[int, dict[str, float]]:
+    """One producer of the pool, from where the log says it is to its last shard.
+
+    The body of every backend's worker. ``on_append(index, offset)`` is called once with
+    the offset it resumes at minus one, then after each TGB is appended (for progress).
+    Returns (the offset it resumed at, its metrics).
+    """
+    with Producer(url, plan.producer_id(index), dp, cp, commit_policy, **store_options) as producer:
+        resumed_at = producer.resume_offset
+        if on_append is not None:
+            on_append(index, resumed_at - 1)
+        for offset in range(resumed_at, plan.shard_count(index)):
+            try:
+                slices = preprocess(source[plan.shard(index, offset)])
+            except Exception:
+                producer.flush()  # keep what came before the bad shard: a restart resumes there
+                raise
+            producer.append(slices, source_offset=offset)
+            if on_append is not None:
+                on_append(index, offset)
+        producer.flush()
+        return resumed_at, producer.metrics()
+
+
+def run_pool(
+    url: str,
+    name: str,
+    source: Sequence[Any],
+    preprocess: Callable[[Any], Sequence[Any]],
+    *,
+    producers: int,
+    dp: int,
+    cp: int = 1,
+    backend: str = "local",
+    commit_policy: str | None = None,
+    max_restarts: int = 3,
+    end_of_stream: bool = False,
+    progress: bool = True,
+    **store_options: Any,
+) -> PoolReport:
+    """Turn every shard of ``source`` into one TGB of the namespace at ``url``; see the module doc.
+
+    ``commit_policy`` is a policy name (``"dac"`` by default; names cross processes).
+    ``end_of_stream`` commits the end marker once every shard is committed. Raises the
+    first worker error that restarts did not cure (a ``BatchWeaveError`` as it is).
+    """
+    if backend not in _BACKENDS:
+        raise ConfigError(f"unknown pool backend {backend!r}; known: {list(_BACKENDS)}")
+    if not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ConfigError(f"max_restarts must be a non-negative integer, got {max_restarts!r}")
+    plan = PoolPlan(name, producers, len(source))
+    store = open_store(url, **store_options)
+    plan.check_log(list(Journal(store).load_state().producers))
+    started = time.monotonic()
+    report = PoolReport(name, producers, len(source))
+    _LocalPool(store.url, plan, source, preprocess, dp, cp, commit_policy, max_restarts, store_options).run(
+        report, progress
+    )
+    report.seconds = time.monotonic() - started
+    if end_of_stream:
+        end_stream(store)
+    return report
+
+
+class _LocalPool:
+    """One spawned process per producer; a dead worker is started again, up to a limit.
+
+    Each worker reports over a pipe of its own: a shared multiprocessing.Queue has one
+    lock for all writers, and a worker SIGKILLed while holding it would block the rest.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        plan: PoolPlan,
+        source: Sequence[Any],
+        preprocess: Callable[[Any], Sequence[Any]],
+        dp: int,
+        cp: int,
+        commit_policy: str | None,
+        max_restarts: int,
+        store_options: dict[str, Any],
+    ) -> None:
+        # spawn, not fork: obstore's I/O runtime does not survive fork (store.py).
+        self._context = multiprocessing.get_context("spawn")
+        self._args = (url, plan, source, preprocess, dp, cp, commit_policy, store_options)
+        self._plan = plan
+        self._max_restarts = max_restarts
+        self._errors: dict[str, str] = {}  # producer id -> its worker's last error
+
+    def run(self, report: PoolReport, progress: bool) -> None:
+        workers = {i: self._start(i) for i in range(self._plan.producers)}
+        report.restarts = {self._plan.producer_id(i): 0 for i in workers}
+        try:
+            with _Progress(self._plan, progress) as shown:
+                while workers:
+                    waitables = [w for process, pipe in workers.values() for w in (process.sentinel, pipe)]
+                    multiprocessing.connection.wait(waitables)
+                    for index, (process, pipe) in list(workers.items()):
+                        self._drain(index, pipe, report, shown, until_eof=process.exitcode is not None)
+                        if process.exitcode is None:
+                            continue
+                        if self._plan.producer_id(index) in report.metrics:
+                            del workers[index]  # finished and reported
+                        else:
+                            workers[index] = self._restart(index, process.exitcode, report)
+        finally:
+            for process, pipe in workers.values():
+                process.kill()  # only our own workers, by their handles
+                process.join()
+                pipe.close()
+
+    def _start(self, index: int) -> tuple[Any, Any]:
+        reader, writer = self._context.Pipe(duplex=False)
+        process = self._context.Process(
+            target=_local_worker, args=(index, writer, *self._args), name=self._plan.producer_id(index)
+        )
+        process.start()
+        writer.close()  # the worker holds the only writing end: its exit is our end of file
+        return process, reader
+
+    def _restart(self, index: int, exitcode: int, report: PoolReport) -> tuple[Any, Any]:
+        pid = self._plan.producer_id(index)
+        if report.restarts[pid] >= self._max_restarts:
+            detail = f": {self._errors[pid]}" if pid in self._errors else " (killed?)"
+            raise BatchWeaveError(
+                f"pool {self._plan.name!r}: producer {pid} failed {report.restarts[pid] + 1} times "
+                f"(last exit code {exitcode}){detail}"
+            )
+        report.restarts[pid] += 1
+        return self._start(index)
+
+    def _drain(self, index: int, pipe: Any, report: PoolReport, shown: _Progress, until_eof: bool) -> None:
+        """Apply a worker's messages: appended offsets, final metrics, errors. With
+        ``until_eof`` (the worker has exited) read everything it left in the pipe."""
+        pid = self._plan.producer_id(index)
+        while until_eof or pipe.poll():
+            try:
+                kind, body = pipe.recv()
+            except (EOFError, OSError):
+                return  # the worker is gone (a message cut short by a kill counts as none)
+            if kind == "appended":
+                report.resumed_at.setdefault(pid, body + 1)  # the first message says where it resumed
+                shown.appended(index, body)
+            elif kind == "done":
+                resumed_at, metrics = body
+                report.resumed_at.setdefault(pid, resumed_at)
+                report.metrics[pid] = metrics
+            else:  # "error": kept for the message if the restarts run out
+                self._errors[pid] = body
+
+
+def _local_worker(index: int, pipe: Any, url: str, plan: PoolPlan, *args: Any) -> None:
+    source, preprocess, dp, cp, commit_policy, store_options = args
+    try:
+        resumed_at, metrics = produce_shards(
+            url,
+            plan,
+            index,
+            source,
+            preprocess,
+            dp,
+            cp,
+            commit_policy,
+            on_append=lambda i, offset: pipe.send(("appended", offset)),
+            **store_options,
+        )
+    except BaseException as exc:
+        pipe.send(("error", f"{type(exc).__name__}: {exc}"))
+        raise
+    pipe.send(("done", (resumed_at, metrics)))
+    pipe.close()
+
+
+class _Progress:
+    """A rich progress bar per pool (shards appended), or nothing when not wanted."""
+
+    def __init__(self, plan: PoolPlan, enabled: bool) -> None:
+        self._plan = plan
+        self._enabled = enabled
+        self._done: dict[int, int] = {}
+
+    def __enter__(self) -> _Progress:
+        if self._enabled:
+            from rich.progress import Progress
+
+            self._bar = Progress(transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task(f"pool {self._plan.name}", total=self._plan.shards)
+        return self
+
+    def appended(self, index: int, offset: int) -> None:
+        self._done[index] = max(self._done.get(index, 0), offset + 1)
+        if self._enabled:
+            self._bar.update(self._task, completed=sum(self._done.values()))
+
+    def __exit__(self, *exc: object) -> None:
+        if self._enabled:
+            self._bar.stop()
