@@ -133,3 +133,35 @@ def test_subcommands_are_registered():
 def test_version():
     result = run_cli("--version")
     assert result.returncode == 0 and batchweave.__version__ in result.stdout
+
+
+def test_pool_runs_a_function_over_a_shards_file_and_resumes(tmp_path, capsys):
+    shards = tmp_path / "shards.txt"
+    shards.write_text("".join(f"{n}\n" for n in range(9)) + "\n")  # a blank line is skipped
+    url = str(tmp_path / "ns")
+    args = ["pool", url, "prep", "--fn", "pool_work:tgb_of_line", "--shards", str(shards), "--producers", "2"]
+    assert main([*args, "--dp", "2", "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert (first["produced"], first["shards"], first["producers"]) == (9, 9, 2)
+    assert main([*args, "--dp", "2", "--end-stream"]) == 0  # everything is committed: nothing to redo
+    assert "0 TGBs committed this run (9 shards in all)" in capsys.readouterr().out
+    info = batchweave.inspect_namespace(url)
+    assert info.steps == 9 and info.end_of_stream
+
+
+@pytest.mark.parametrize(
+    ("fn", "message"),
+    [("pool_work", "give MODULE:FUNCTION"), ("no_such_module:f", "No module named"), ("pool_work:nope", "nope")],
+)
+def test_pool_names_a_bad_function(tmp_path, capsys, fn, message):
+    shards = tmp_path / "shards.txt"
+    shards.write_text("1\n")
+    args = ["pool", str(tmp_path / "ns"), "prep", "--fn", fn, "--shards", str(shards), "--producers", "1", "--dp", "2"]
+    assert main(args) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_pool_names_a_missing_shards_file(tmp_path, capsys):
+    args = ["pool", str(tmp_path / "ns"), "prep", "--fn", "pool_work:tgb_of_line", "--shards", str(tmp_path / "no")]
+    assert main([*args, "--producers", "1", "--dp", "2"]) == 2
+    assert "cannot read the shards file" in capsys.readouterr().err

@@ -3,6 +3,8 @@
     batchweave inspect URL [--json]     what a namespace holds
     batchweave end-stream URL           commit the end-of-stream marker
     batchweave demo [...]               producer and consumer processes with a crash
+    batchweave pool URL NAME --fn M:F --shards FILE --producers N --dp D
+                                        a producer pool over a list of shards
 
 Each subcommand is registered by one ``_add_<name>`` function that builds its parser
 and points ``func`` at its handler, so new subcommands (``bench``) slot in the same way.
@@ -13,14 +15,16 @@ errors print ``error: <message>`` on stderr, never a traceback.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 
 from batchweave import __version__
-from batchweave.errors import BatchWeaveError
+from batchweave.errors import BatchWeaveError, ConfigError
 
 __all__ = ["main"]
 
@@ -194,6 +198,80 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- pool -----------------------------------------------------------------------------
+
+
+def _add_pool(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "pool",
+        help="turn every shard of a list into one TGB with a pool of producer processes",
+        description="Run a producer pool: FUNCTION(shard) is called once per line of the shards file (a path, "
+        "a URL, any string) and returns the dp*cp slices of that shard's TGB. Every shard is committed exactly "
+        "once: dead workers are restarted, and running the same command again resumes where the log says.",
+    )
+    p.add_argument("url", help="namespace URL")
+    p.add_argument("name", help="pool name; producers are NAME.<i>-of-<N>")
+    p.add_argument("--fn", required=True, metavar="MODULE:FUNCTION", help="the preprocessing function")
+    p.add_argument("--shards", required=True, type=Path, help="a file with one shard per line")
+    p.add_argument("--producers", type=int, required=True, help="producer processes (keep it across restarts)")
+    p.add_argument("--dp", type=int, required=True)
+    p.add_argument("--cp", type=int, default=1)
+    p.add_argument("--policy", default="dac", help="commit policy name")
+    p.add_argument("--max-restarts", type=int, default=3, help="restarts per producer before giving up")
+    p.add_argument("--end-stream", action="store_true", help="commit the end-of-stream marker when done")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.set_defaults(func=_cmd_pool)
+
+
+def _cmd_pool(args: argparse.Namespace) -> int:
+    from batchweave.pool import run_pool
+
+    preprocess = _import_function(args.fn)
+    try:
+        shards = [line.strip() for line in args.shards.read_text().splitlines() if line.strip()]
+    except OSError as exc:
+        raise ConfigError(f"cannot read the shards file {args.shards}: {exc.strerror}") from exc
+    report = run_pool(
+        args.url,
+        args.name,
+        shards,
+        preprocess,
+        producers=args.producers,
+        dp=args.dp,
+        cp=args.cp,
+        commit_policy=args.policy,
+        max_restarts=args.max_restarts,
+        end_of_stream=args.end_stream,
+        progress=not args.json,
+    )
+    summary = {"produced": report.produced, "shards": report.shards, "seconds": report.seconds, **asdict(report)}
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    else:
+        restarts = sum(report.restarts.values())
+        print(
+            f"pool {report.name}: {report.produced} TGBs committed this run ({report.shards} shards in all) "
+            f"by {report.producers} producers in {report.seconds:.1f} s, {restarts} worker restarts"
+        )
+    return EXIT_OK
+
+
+def _import_function(spec: str) -> Callable[..., object]:
+    """``package.module:function``, importable by the spawned workers too."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ConfigError(f"--fn {spec!r}: give MODULE:FUNCTION, e.g. mypackage.prep:tokenize_shard")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` would; spawned workers inherit sys.path
+    try:
+        function = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"--fn {spec!r}: {exc}") from exc
+    if not callable(function):
+        raise ConfigError(f"--fn {spec!r} is not a function")
+    return function
+
+
 # -- bench ----------------------------------------------------------------------------
 
 
@@ -253,6 +331,7 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_end_stream,
     _add_gc,
     _add_demo,
+    _add_pool,
     _add_bench,
 ]
 
