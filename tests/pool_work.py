@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,11 @@ DP = 2
 def tgb_of(shard: int) -> list[dict[str, np.ndarray]]:
     """One TGB per shard; every slice says which shard and which slice it is."""
     return [{"shard": np.full(4, shard, np.int64), "slice": np.full(4, d, np.int64)} for d in range(DP)]
+
+
+def tgb_of_line(line: str) -> list[dict[str, np.ndarray]]:
+    """For ``batchweave pool``: a shards file line holding the shard number."""
+    return tgb_of(int(line))
 
 
 def killed_once_at(item: tuple[int, int, str]) -> list[dict[str, np.ndarray]]:
@@ -31,4 +37,19 @@ def fails_at(item: tuple[int, int]) -> list[dict[str, np.ndarray]]:
     shard, bad = item
     if shard == bad:
         raise ValueError(f"cannot parse shard {shard}")
+    return tgb_of(shard)
+
+
+def held_at(item: tuple[int, int, str]) -> list[dict[str, np.ndarray]]:
+    """``(shard, victim, marker_dir)``: at shard ``victim``, the first time only, the worker
+    writes its PID to ``<marker_dir>/held`` and waits there to be killed (at most 60 s)."""
+    shard, victim, marker_dir = item
+    marker = Path(marker_dir) / "held"
+    if shard == victim and not marker.exists():
+        partial = marker.with_suffix(".tmp")
+        partial.write_text(str(os.getpid()))
+        partial.rename(marker)  # the test sees the PID whole or not at all
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
     return tgb_of(shard)

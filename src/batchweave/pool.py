@@ -39,7 +39,7 @@ from batchweave.store import open_store
 
 __all__ = ["PoolPlan", "PoolReport", "produce_shards", "run_pool"]
 
-_BACKENDS = ("local",)
+_BACKENDS = ("local", "ray")  # "ray": batchweave.ray_pool, imported only when asked for
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,9 +165,15 @@ def run_pool(
     plan.check_log(list(Journal(store).load_state().producers))
     started = time.monotonic()
     report = PoolReport(name, producers, len(source))
-    _LocalPool(store.url, plan, source, preprocess, dp, cp, commit_policy, max_restarts, store_options).run(
-        report, progress
-    )
+    if backend == "ray":
+        from batchweave.ray_pool import run_ray_pool
+
+        args = (store.url, plan, source, preprocess, dp, cp, commit_policy, max_restarts, store_options)
+        run_ray_pool(report, *args, progress)
+    else:
+        _LocalPool(store.url, plan, source, preprocess, dp, cp, commit_policy, max_restarts, store_options).run(
+            report, progress
+        )
     report.seconds = time.monotonic() - started
     if end_of_stream:
         end_stream(store)

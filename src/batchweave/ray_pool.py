@@ -1,0 +1,164 @@
+"""The Ray backend of producer pools: ``run_pool(..., backend="ray")``, for pools across machines.
+
+Needs the ``batchweave[ray]`` extra; ``batchweave.pool`` imports this module only when the Ray
+backend is asked for. The pool attaches to the Ray the calling process has initialised
+(``ray.is_initialized()``); otherwise it calls ``ray.init()`` with no address, which joins the
+cluster ``RAY_ADDRESS`` or a running local head names, or starts a new local one (left running
+until the process exits, as Ray does).
+
+Each producer is one Ray actor, named ``batchweave-pool:<producer id>`` in the job's namespace,
+whose ``run`` method is ``batchweave.pool.produce_shards``: the same shard assignment
+(``PoolPlan``) and the same resume from the log as the local backend. Recovery is Ray's: an
+actor that dies (``ray.kill``, a SIGKILL, an OOM kill, its node lost) is restarted by Ray up to
+``max_restarts`` times, and its ``run`` task is retried on the new incarnation
+(``max_task_retries=-1``); the new ``Producer`` resumes where the log says, so nothing is
+repeated or skipped and the old incarnation, if it still runs somewhere, is fenced. A
+preprocessing error is not a death: the driver calls ``run`` again on the same actor, and both
+kinds of retry count against the same ``max_restarts`` per producer.
+
+The ``source`` is put in Ray's object store once and shared by every actor; ``preprocess`` is
+pickled by reference when it is a module-level function, so its module must be importable on
+every worker (install it, or give Ray a ``runtime_env``). The namespace URL must be reachable
+from every node: an object store, or a directory they share (never ``memory://``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ray
+
+from batchweave.errors import BatchWeaveError
+from batchweave.pool import PoolPlan, PoolReport, _Progress, produce_shards
+
+__all__ = ["actor_name", "run_ray_pool"]
+
+
+def actor_name(producer_id: str) -> str:
+    """The Ray actor name of a pool producer (``ray.get_actor(actor_name(pid))``)."""
+    return f"batchweave-pool:{producer_id}"
+
+
+@ray.remote
+class _Tracker:
+    """Progress and incarnations per producer, told by the producers (fire and forget)."""
+
+    def __init__(self) -> None:
+        self._starts: dict[int, list[int]] = {}  # index -> where each run began (incarnations, retries)
+        self._appended: dict[int, int] = {}
+
+    def appended(self, index: int, offset: int) -> None:
+        self._appended[index] = offset
+
+    def started(self, index: int, resumed_at: int) -> None:
+        self._starts.setdefault(index, []).append(resumed_at)
+
+    def snapshot(self) -> tuple[dict[int, list[int]], dict[int, int]]:
+        return self._starts, self._appended
+
+
+@ray.remote
+class _ProducerActor:
+    def __init__(self, tracker: Any, url: str, plan: PoolPlan, index: int, *args: Any) -> None:
+        self._tracker = tracker
+        self._url = url
+        self._plan = plan
+        self._index = index
+        self._args = args
+
+    def run(self) -> tuple[int, dict[str, float]]:
+        source, preprocess, dp, cp, commit_policy, store_options = self._args
+        first = [True]
+
+        def on_append(index: int, offset: int) -> None:
+            if first[0]:
+                first[0] = False
+                self._tracker.started.remote(index, offset + 1)
+            else:
+                self._tracker.appended.remote(index, offset)
+
+        return produce_shards(
+            self._url,
+            self._plan,
+            self._index,
+            source,
+            preprocess,
+            dp,
+            cp,
+            commit_policy,
+            on_append=on_append,
+            **store_options,
+        )
+
+
+def run_ray_pool(
+    report: PoolReport,
+    url: str,
+    plan: PoolPlan,
+    source: Sequence[Any],
+    preprocess: Callable[[Any], Sequence[Any]],
+    dp: int,
+    cp: int,
+    commit_policy: str | None,
+    max_restarts: int,
+    store_options: dict[str, Any],
+    progress: bool,
+) -> None:
+    """Run every producer of ``plan`` as a Ray actor until all are done; fill ``report``."""
+    if not ray.is_initialized():
+        ray.init()
+    tracker = _Tracker.remote()
+    source_ref = ray.put(list(source))
+    actors = {
+        index: _ProducerActor.options(
+            name=actor_name(plan.producer_id(index)), max_restarts=max_restarts, max_task_retries=-1
+        ).remote(tracker, url, plan, index, source_ref, preprocess, dp, cp, commit_policy, store_options)
+        for index in range(plan.producers)
+    }
+    pending = {actors[index].run.remote(): index for index in actors}
+    retries = dict.fromkeys(actors, 0)  # preprocessing errors retried by the driver
+    report.restarts = {plan.producer_id(i): 0 for i in actors}
+    shown_upto: dict[int, int] = {}
+    try:
+        with _Progress(plan, progress) as shown:
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.2)
+                if progress:
+                    for index, offset in ray.get(tracker.snapshot.remote())[1].items():
+                        if shown_upto.get(index) != offset:
+                            shown_upto[index] = offset
+                            shown.appended(index, offset)
+                for ref in ready:
+                    index = pending.pop(ref)
+                    pid = plan.producer_id(index)
+                    try:
+                        resumed_at, metrics = ray.get(ref)
+                    except ray.exceptions.RayTaskError as exc:  # preprocess (or the store) raised
+                        retries[index] += 1
+                        if retries[index] > max_restarts:
+                            raise _failed(plan, pid, max_restarts, exc) from exc
+                        pending[actors[index].run.remote()] = index
+                        continue
+                    except ray.exceptions.RayActorError as exc:  # Ray's restarts ran out
+                        raise _failed(plan, pid, max_restarts, exc) from exc
+                    report.resumed_at.setdefault(pid, resumed_at)
+                    report.metrics[pid] = metrics
+        starts, _ = ray.get(tracker.snapshot.remote())
+        for index in actors:
+            pid = plan.producer_id(index)
+            runs = starts.get(index, [])
+            if runs:
+                report.resumed_at[pid] = runs[0]  # where this pool run began, not the last incarnation
+            report.restarts[pid] = max(len(runs) - 1, retries[index])
+    finally:
+        for actor in (*actors.values(), tracker):
+            ray.kill(actor, no_restart=True)
+
+
+def _failed(plan: PoolPlan, pid: str, max_restarts: int, exc: BaseException) -> BatchWeaveError:
+    cause = getattr(exc, "cause", None) or exc
+    return BatchWeaveError(
+        f"pool {plan.name!r}: producer {pid} failed {max_restarts + 1} times (Ray backend): "
+        f"{type(cause).__name__}: {cause}"
+    )

@@ -1,0 +1,108 @@
+"""The Ray backend of producer pools (``batchweave.ray_pool``) on a real local Ray cluster,
+shared by the module: every shard exactly once, in order, across ``ray.kill`` and SIGKILLs
+of producer actors at chosen shards, and across a restart of the whole pool."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pool_work
+import pytest
+
+import batchweave as bw
+from batchweave.pool import PoolPlan, run_pool
+
+ray = pytest.importorskip("ray")
+from batchweave.ray_pool import actor_name  # noqa: E402  (needs ray)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster():
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    tests = str(Path(__file__).parent)
+    ray.init(
+        address="local",  # never attach to another cluster on this machine
+        num_cpus=2,
+        include_dashboard=False,
+        runtime_env={"env_vars": {"PYTHONPATH": tests}},  # workers import pool_work
+        log_to_driver=False,
+    )
+    yield
+    ray.shutdown()
+
+
+def read_shards(url) -> list[int]:
+    with bw.Consumer(url, dp=pool_work.DP, rank=0, timeout_s=30) as consumer:
+        return [int(batch.data["shard"][0]) for batch in consumer]
+
+
+def check_exactly_once_in_order(url, shards: int, producers: int) -> None:
+    seen = read_shards(url)
+    assert sorted(seen) == list(range(shards))
+    for owner in range(producers):
+        mine = [s for s in seen if s % producers == owner]
+        assert mine == sorted(mine)
+
+
+def wait_for(path: Path, timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+    return path.read_text()
+
+
+def test_ray_pool_commits_every_shard_once_and_a_rerun_commits_nothing(tmp_path):
+    url = (tmp_path / "ns").as_uri()
+    shards = list(range(23))
+    report = run_pool(
+        url, "prep", shards, pool_work.tgb_of, producers=3, dp=pool_work.DP, backend="ray", progress=False
+    )
+    assert report.produced == 23 and set(report.resumed_at.values()) == {0}
+    assert report.restarts == {f"prep.000{i}-of-0003": 0 for i in range(3)}
+    again = run_pool(
+        url, "prep", shards, pool_work.tgb_of, producers=3, dp=pool_work.DP, backend="ray", progress=False,
+        end_of_stream=True,
+    )  # fmt: skip
+    assert again.produced == 0
+    assert again.resumed_at == {PoolPlan("prep", 3, 23).producer_id(i): n for i, n in enumerate((8, 8, 7))}
+    check_exactly_once_in_order(url, 23, 3)
+
+
+@pytest.mark.parametrize("kill", ["ray.kill", "SIGKILL"])
+def test_a_killed_producer_actor_is_restarted_by_ray_and_no_shard_repeats_or_goes_missing(tmp_path, kill):
+    url = (tmp_path / "ns").as_uri()
+    source = [(shard, 13, str(tmp_path)) for shard in range(20)]  # shard 13: producer 1, offset 6
+    with ThreadPoolExecutor(1) as driver:
+        running = driver.submit(
+            run_pool, url, "prep", source, pool_work.held_at, producers=2, dp=pool_work.DP, backend="ray",
+            progress=False, end_of_stream=True,
+        )  # fmt: skip
+        pid = int(wait_for(tmp_path / "held"))  # the actor's own PID, written from inside it
+        assert bw.inspect_namespace(url).producers["prep.0001-of-0002"]["offset"] <= 6
+        if kill == "ray.kill":
+            ray.kill(ray.get_actor(actor_name("prep.0001-of-0002")), no_restart=False)
+        else:
+            os.kill(pid, signal.SIGKILL)  # only that worker process
+        report = running.result(timeout=120)
+    assert report.restarts == {"prep.0000-of-0002": 0, "prep.0001-of-0002": 1}
+    assert report.resumed_at == {"prep.0000-of-0002": 0, "prep.0001-of-0002": 0}
+    # report.produced counts the last incarnation only: the killed one's metrics died with it.
+    check_exactly_once_in_order(url, 20, 2)
+
+
+def test_a_preprocessing_bug_surfaces_after_the_retries_run_out(tmp_path):
+    url = (tmp_path / "ns").as_uri()
+    source = [(shard, 5) for shard in range(8)]
+    with pytest.raises(bw.BatchWeaveError, match=r"prep.0001-of-0002 failed 2 times .*cannot parse shard 5"):
+        run_pool(
+            url, "prep", source, pool_work.fails_at, producers=2, dp=pool_work.DP, backend="ray", max_restarts=1,
+            progress=False,
+        )  # fmt: skip
+    assert bw.inspect_namespace(url).producers["prep.0001-of-0002"]["offset"] == 2
