@@ -217,6 +217,9 @@ def _add_pool(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dp", type=int, required=True)
     p.add_argument("--cp", type=int, default=1)
     p.add_argument("--policy", default="dac", help="commit policy name")
+    p.add_argument(
+        "--backend", choices=("local", "ray"), default="local", help="local processes, or Ray actors (batchweave[ray])"
+    )
     p.add_argument("--max-restarts", type=int, default=3, help="restarts per producer before giving up")
     p.add_argument("--end-stream", action="store_true", help="commit the end-of-stream marker when done")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
@@ -240,6 +243,7 @@ def _cmd_pool(args: argparse.Namespace) -> int:
         dp=args.dp,
         cp=args.cp,
         commit_policy=args.policy,
+        backend=args.backend,
         max_restarts=args.max_restarts,
         end_of_stream=args.end_stream,
         progress=not args.json,

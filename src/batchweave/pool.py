@@ -17,8 +17,11 @@ takes them. Every shard becomes exactly one TGB, exactly once, whatever crashes:
   to ``max_restarts`` times per producer; a whole pool started again after a crash of
   its driver resumes every producer where the log says it is.
 
-Backends: ``"local"`` runs one spawned process per producer on this machine. Each worker
-imports ``preprocess`` by reference, so it must be a module-level function.
+Backends: ``"local"`` runs one spawned process per producer on this machine; ``"ray"``
+runs one Ray actor per producer on the Ray cluster this process is attached to, with
+Ray's own actor restarts doing recovery (``batchweave.ray_pool``, the ``batchweave[ray]``
+extra). Either way each worker imports ``preprocess`` by reference, so it must be a
+module-level function of a module the workers can import.
 """
 
 from __future__ import annotations
