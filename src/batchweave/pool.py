@@ -40,7 +40,7 @@ from batchweave.log import check_name
 from batchweave.producer import Producer, end_stream
 from batchweave.store import open_store
 
-__all__ = ["PoolPlan", "PoolReport", "produce_shards", "run_pool"]
+__all__ = ["PoolJob", "PoolPlan", "PoolReport", "produce_shards", "run_pool"]
 
 _BACKENDS = ("local", "ray")  # "ray": batchweave.ray_pool, imported only when asked for
 
@@ -100,6 +100,36 @@ class PoolReport:
     def produced(self) -> int:
         """Shards turned into TGBs by this run (not by earlier runs of the same pool)."""
         return sum(int(m.get("tgbs_committed", 0)) for m in self.metrics.values())
+
+
+@dataclass(frozen=True)
+class PoolJob:
+    """Everything a worker of either backend needs: the same value crosses to every process."""
+
+    url: str
+    plan: PoolPlan
+    source: Sequence[Any]
+    preprocess: Callable[[Any], Sequence[Any]]
+    dp: int
+    cp: int
+    commit_policy: str | None
+    max_restarts: int
+    store_options: dict[str, Any]
+
+    def produce(self, index: int, on_append: Callable[[int, int], None] | None = None) -> tuple[int, dict[str, float]]:
+        """Run producer ``index`` of this job (``produce_shards``)."""
+        return produce_shards(
+            self.url,
+            self.plan,
+            index,
+            self.source,
+            self.preprocess,
+            self.dp,
+            self.cp,
+            self.commit_policy,
+            on_append=on_append,
+            **self.store_options,
+        )
 
 
 def produce_shards(
@@ -168,15 +198,13 @@ def run_pool(
     plan.check_log(list(Journal(store).load_state().producers))
     started = time.monotonic()
     report = PoolReport(name, producers, len(source))
+    job = PoolJob(store.url, plan, source, preprocess, dp, cp, commit_policy, max_restarts, store_options)
     if backend == "ray":
         from batchweave.ray_pool import run_ray_pool
 
-        args = (store.url, plan, source, preprocess, dp, cp, commit_policy, max_restarts, store_options)
-        run_ray_pool(report, *args, progress)
+        run_ray_pool(job, report, progress)
     else:
-        _LocalPool(store.url, plan, source, preprocess, dp, cp, commit_policy, max_restarts, store_options).run(
-            report, progress
-        )
+        _LocalPool(job).run(report, progress)
     report.seconds = time.monotonic() - started
     if end_of_stream:
         end_stream(store)
@@ -190,23 +218,11 @@ class _LocalPool:
     lock for all writers, and a worker SIGKILLed while holding it would block the rest.
     """
 
-    def __init__(
-        self,
-        url: str,
-        plan: PoolPlan,
-        source: Sequence[Any],
-        preprocess: Callable[[Any], Sequence[Any]],
-        dp: int,
-        cp: int,
-        commit_policy: str | None,
-        max_restarts: int,
-        store_options: dict[str, Any],
-    ) -> None:
+    def __init__(self, job: PoolJob) -> None:
         # spawn, not fork: obstore's I/O runtime does not survive fork (store.py).
         self._context = multiprocessing.get_context("spawn")
-        self._args = (url, plan, source, preprocess, dp, cp, commit_policy, store_options)
-        self._plan = plan
-        self._max_restarts = max_restarts
+        self._job = job
+        self._plan = job.plan
         self._errors: dict[str, str] = {}  # producer id -> its worker's last error
 
     def run(self, report: PoolReport, progress: bool) -> None:
@@ -234,7 +250,7 @@ class _LocalPool:
     def _start(self, index: int) -> tuple[Any, Any]:
         reader, writer = self._context.Pipe(duplex=False)
         process = self._context.Process(
-            target=_local_worker, args=(index, writer, *self._args), name=self._plan.producer_id(index)
+            target=_local_worker, args=(self._job, index, writer), name=self._plan.producer_id(index)
         )
         process.start()
         writer.close()  # the worker holds the only writing end: its exit is our end of file
@@ -242,7 +258,7 @@ class _LocalPool:
 
     def _restart(self, index: int, exitcode: int, report: PoolReport) -> tuple[Any, Any]:
         pid = self._plan.producer_id(index)
-        if report.restarts[pid] >= self._max_restarts:
+        if report.restarts[pid] >= self._job.max_restarts:
             detail = f": {self._errors[pid]}" if pid in self._errors else " (killed?)"
             raise BatchWeaveError(
                 f"pool {self._plan.name!r}: producer {pid} failed {report.restarts[pid] + 1} times "
@@ -271,21 +287,9 @@ class _LocalPool:
                 self._errors[pid] = body
 
 
-def _local_worker(index: int, pipe: Any, url: str, plan: PoolPlan, *args: Any) -> None:
-    source, preprocess, dp, cp, commit_policy, store_options = args
+def _local_worker(job: PoolJob, index: int, pipe: Any) -> None:
     try:
-        resumed_at, metrics = produce_shards(
-            url,
-            plan,
-            index,
-            source,
-            preprocess,
-            dp,
-            cp,
-            commit_policy,
-            on_append=lambda i, offset: pipe.send(("appended", offset)),
-            **store_options,
-        )
+        resumed_at, metrics = job.produce(index, on_append=lambda i, offset: pipe.send(("appended", offset)))
     except BaseException as exc:
         pipe.send(("error", f"{type(exc).__name__}: {exc}"))
         raise

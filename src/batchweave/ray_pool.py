@@ -24,13 +24,13 @@ from every node: an object store, or a directory they share (never ``memory://``
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import dataclasses
 from typing import Any
 
 import ray
 
 from batchweave.errors import BatchWeaveError
-from batchweave.pool import PoolPlan, PoolReport, _Progress, produce_shards
+from batchweave.pool import PoolJob, PoolPlan, PoolReport, _Progress
 
 __all__ = ["actor_name", "run_ray_pool"]
 
@@ -60,15 +60,12 @@ class _Tracker:
 
 @ray.remote
 class _ProducerActor:
-    def __init__(self, tracker: Any, url: str, plan: PoolPlan, index: int, *args: Any) -> None:
+    def __init__(self, tracker: Any, job: PoolJob, index: int) -> None:
         self._tracker = tracker
-        self._url = url
-        self._plan = plan
+        self._job = job
         self._index = index
-        self._args = args
 
     def run(self) -> tuple[int, dict[str, float]]:
-        source, preprocess, dp, cp, commit_policy, store_options = self._args
         first = [True]
 
         def on_append(index: int, offset: int) -> None:
@@ -78,42 +75,21 @@ class _ProducerActor:
             else:
                 self._tracker.appended.remote(index, offset)
 
-        return produce_shards(
-            self._url,
-            self._plan,
-            self._index,
-            source,
-            preprocess,
-            dp,
-            cp,
-            commit_policy,
-            on_append=on_append,
-            **store_options,
-        )
+        return self._job.produce(self._index, on_append=on_append)
 
 
-def run_ray_pool(
-    report: PoolReport,
-    url: str,
-    plan: PoolPlan,
-    source: Sequence[Any],
-    preprocess: Callable[[Any], Sequence[Any]],
-    dp: int,
-    cp: int,
-    commit_policy: str | None,
-    max_restarts: int,
-    store_options: dict[str, Any],
-    progress: bool,
-) -> None:
-    """Run every producer of ``plan`` as a Ray actor until all are done; fill ``report``."""
+def run_ray_pool(job: PoolJob, report: PoolReport, progress: bool) -> None:
+    """Run every producer of ``job`` as a Ray actor until all are done; fill ``report``."""
     if not ray.is_initialized():
         ray.init()
+    plan, max_restarts = job.plan, job.max_restarts
     tracker = _Tracker.remote()
-    source_ref = ray.put(list(source))
+    # The job (with the source) goes to Ray's object store once; every actor reads it there.
+    job_ref = ray.put(dataclasses.replace(job, source=list(job.source)))
     actors = {
         index: _ProducerActor.options(
             name=actor_name(plan.producer_id(index)), max_restarts=max_restarts, max_task_retries=-1
-        ).remote(tracker, url, plan, index, source_ref, preprocess, dp, cp, commit_policy, store_options)
+        ).remote(tracker, job_ref, index)
         for index in range(plan.producers)
     }
     pending = {actors[index].run.remote(): index for index in actors}
