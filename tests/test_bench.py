@@ -23,7 +23,7 @@ INGESTION = {
 }
 REQUIRED = {
     "dac": INGESTION,
-    "producers": INGESTION,
+    "producers": INGESTION | {"visibility_p50_s", "visibility_p95_s"},
     "commit-cost": {"history_tgbs", "fragile_window_p50_s", "fragile_window_p95_s"},
     "exactly-once": {
         "tgb_slices",
@@ -64,8 +64,11 @@ def test_quick_benchmark_writes_its_three_files(name, tmp_path):
         ours = [r for r in result["results"] if r["system"] == "batchweave"]
         assert all(r["tgbs_committed"] > 0 and 0 < r["commit_success_rate"] <= 1 for r in ours)
         assert {r["system"] for r in result["results"]} == (
-            {"batchweave", "nats"} if name == "producers" else {"batchweave"}
+            {"batchweave", "nats", "raw-puts"} if name == "producers" else {"batchweave"}
         )
+        if name == "producers":  # visible after the append, and no sooner than the raw put alone
+            for record in ours + [r for r in result["results"] if r["system"] == "raw-puts"]:
+                assert 0 < record["visibility_p50_s"] <= record["visibility_p95_s"], record
         policies = {(r["system"], r["policy"]) for r in result["results"]}
         if name == "dac":  # every policy, however short the run
             assert policies == {("batchweave", p) for p in POLICY_NAMES}, policies

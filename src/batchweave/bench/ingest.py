@@ -15,6 +15,7 @@ beside it. Commit success rate is successful attempts over all attempts.
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
 import multiprocessing as mp
@@ -30,7 +31,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from batchweave import producer as producer_module
-from batchweave.bench.report import BenchOptions, machine
+from batchweave.bench.report import BenchOptions, machine, visibility_percentiles
 from batchweave.journal import Journal
 from batchweave.latency import CLOUD_DEFAULTS, LatencyStore
 from batchweave.policies import RecentCommitters
@@ -119,6 +120,7 @@ def run_ingest(spec: IngestSpec, store: Store, processes: int | None = None) -> 
     for worker in workers:
         worker.join(timeout=60)
     errors = [e for r in reports for e in r["errors"]]
+    visible = sorted(v for r in reports for v in r["visibility_s"])
     totals = {k: sum(r["totals"][k] for r in reports) for k in _COUNTERS}
     window = {k: sum(r["window"][k] for r in reports) for k in _COUNTERS}
     total_s = max(r["finished_s"] for r in reports)
@@ -141,6 +143,7 @@ def run_ingest(spec: IngestSpec, store: Store, processes: int | None = None) -> 
         "conflicts": totals["conflicts"],
         "log_versions": state.version,
         "log_steps": state.steps,
+        **visibility_percentiles(visible),
         "error": errors[0] if errors else None,
     }
     if spec.leave_at_s is not None:
@@ -182,10 +185,11 @@ def _worker(spec: IngestSpec, store: Store, share: list[int], start: Any, result
     slice_bytes = max(1, spec.payload_bytes // spec.tgb_slices)
     stop, leave = threading.Event(), threading.Event()
     errors: list[str] = []
+    visible: list[float] = []  # append -> visible, seconds, every TGB of every producer here
     threads = [
         threading.Thread(
             target=_produce,
-            args=(p, [os.urandom(slice_bytes)] * spec.tgb_slices, stop if p in survivors else leave, errors),
+            args=(p, [os.urandom(slice_bytes)] * spec.tgb_slices, stop if p in survivors else leave, errors, visible),
         )
         for p in producers
     ]
@@ -205,6 +209,7 @@ def _worker(spec: IngestSpec, store: Store, share: list[int], start: Any, result
         "window": window,
         "series": series,
         "errors": errors,
+        "visibility_s": visible,
         "finished_s": time.monotonic() - started,
         "survivors": [
             {"gap_s": p.metrics()["gap_s"], "producers_counted": p.policy.producers} for p in survivors if spec.stay
@@ -236,11 +241,25 @@ def _start_producers(spec: IngestSpec, store: Store, share: list[int]) -> list[P
     return [producers[index] for index in share]
 
 
-def _produce(producer: Producer, slices: list[bytes], stop: threading.Event, errors: list[str]) -> None:
+def _produce(
+    producer: Producer, slices: list[bytes], stop: threading.Event, errors: list[str], visible: list[float]
+) -> None:
+    """Append until told to stop. Visibility of a TGB: from the call that hands it over
+    (its upload included) to the return of the call whose commit made it visible."""
+    handed: collections.deque[tuple[int, float]] = collections.deque()
+
+    def note_visible() -> None:
+        now, committed = time.monotonic(), producer.resume_offset
+        while handed and handed[0][0] < committed:
+            visible.append(now - handed.popleft()[1])
+
     try:
         while not stop.is_set():
-            producer.append(slices)
+            started = time.monotonic()
+            handed.append((producer.append(slices), started))
+            note_visible()
         producer.flush()  # finalization: drain what is still pending
+        note_visible()
     except Exception as exc:
         errors.append(f"{producer.producer_id}: {type(exc).__name__}: {exc}")
 

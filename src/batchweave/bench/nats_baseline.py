@@ -43,6 +43,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from batchweave.bench.report import visibility_percentiles
 from batchweave.errors import ConfigError
 
 __all__ = [
@@ -224,6 +225,7 @@ async def run_nats_ingest(
         all_primed = asyncio.Event()
         committed = failed = 0
         first_error: str | None = None
+        acked_s: list[float] = []  # publish -> ack of each TGB in the window: its visibility latency
 
         def done(index: int) -> None:
             if not primed[index]:
@@ -236,6 +238,7 @@ async def run_nats_ingest(
             js = nc.jetstream(timeout=PUBLISH_TIMEOUT_S)
             tgb = _make_tgb(payload_bytes, tgb_slices, index)
             while time.monotonic() < window[1]:
+                started = time.monotonic()
                 try:
                     await js.publish(SUBJECT, tgb, timeout=PUBLISH_TIMEOUT_S, stream=STREAM)
                 except Exception as exc:  # every failure of one TGB is a failed TGB
@@ -253,6 +256,7 @@ async def run_nats_ingest(
                 done(index)
                 if window[0] <= time.monotonic() <= window[1]:
                     committed += 1
+                    acked_s.append(time.monotonic() - started)
 
         tasks = [asyncio.create_task(producer(i, nc)) for i, nc in enumerate(conns)]
         # Warm-up: at least warmup_s, and until every producer has finished one publish
@@ -280,6 +284,7 @@ async def run_nats_ingest(
         "throughput_mb_s": committed * payload_bytes / duration_s / 1e6,
         "commit_success_rate": committed / attempted if attempted else 0.0,
         "max_payload_bytes": max_payload,
+        **visibility_percentiles(acked_s),
         "error": first_error,
     }
 

@@ -1,5 +1,9 @@
 """``bench producers``: ingestion throughput against producer count and payload size,
-for BatchWeave under every commit policy and for NATS JetStream in strict-TGB mode.
+for BatchWeave under every commit policy, for NATS JetStream in strict-TGB mode, and for
+raw create-only puts of the same bytes at the same concurrency with no commit protocol
+(the store's own limit). Every point also reports visibility latency P50/P95: from the
+call that hands a TGB over to the moment a commit made it visible (for raw puts, the
+put itself).
 
 NATS runs on loopback with no latency model, so the like-for-like comparison with it is
 ``--store local`` (both write to this machine's disk); on the default latency model the
@@ -10,13 +14,18 @@ the paper's Kafka did) and with the limit raised to 64 MiB.
 
 from __future__ import annotations
 
+import itertools
+import os
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from batchweave.bench.ingest import IngestSpec, bench_store, run_ingest, store_model
-from batchweave.bench.report import BenchOptions, BenchResult, machine
+from batchweave.bench.report import BenchOptions, BenchResult, machine, visibility_percentiles
 from batchweave.policies import POLICY_NAMES
+from batchweave.store import Store
 
 NAME = "producers"
 COLUMNS = (
@@ -27,6 +36,8 @@ COLUMNS = (
     "throughput_mb_s",
     "commit_success_rate",
     "tgbs_committed",
+    "visibility_p50_s",
+    "visibility_p95_s",
     "error",
 )
 RAISED_NATS_LIMIT = 64 * 1024 * 1024
@@ -51,7 +62,7 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
 
     sweep = plan(options)
     points = [(n, size) for size in sweep["payloads"] for n in sweep["producers"]]
-    task = progress.add_task("bench producers", total=len(points) * (len(sweep["policies"]) + 2))
+    task = progress.add_task("bench producers", total=len(points) * (len(sweep["policies"]) + 3))
     results: list[dict[str, Any]] = []
     for producers, payload in points:
         for policy in sweep["policies"]:
@@ -61,6 +72,10 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
                 record, _ = run_ingest(spec, store)
             results.append({**record, "store": options.store})
             progress.advance(task)
+        progress.update(task, description=f"producers: raw puts x{producers}, {payload // 1000} KB")
+        with bench_store(options, "prod-raw") as store:
+            results.append({**measure_raw_puts(store, producers, payload, sweep["duration_s"]), "store": options.store})
+        progress.advance(task)
         for limit in (None, RAISED_NATS_LIMIT):
             progress.update(task, description=f"producers: nats x{producers}, {payload // 1000} KB, limit {limit}")
             if find_nats_server() is None:
@@ -81,6 +96,46 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
         "machine": machine(),
     }
     return BenchResult(NAME, config, results, COLUMNS, summary=verdict(results))
+
+
+def measure_raw_puts(store: Store, writers: int, payload_bytes: int, duration_s: float) -> dict[str, Any]:
+    """``writers`` threads doing create-only puts of ``payload_bytes`` objects for
+    ``duration_s``: what the store gives with no log, no commit and no exactly-once."""
+    body = os.urandom(payload_bytes)
+    latencies: list[float] = []
+    errors: list[str] = []
+    deadline = time.monotonic() + duration_s
+
+    def write(writer: int) -> None:
+        for n in itertools.count():
+            if time.monotonic() >= deadline:
+                return
+            started = time.monotonic()
+            try:
+                store.put_if_absent(f"data/raw/{writer:04d}/{n:09d}", body)
+            except Exception as exc:
+                errors.append(f"{type(exc).__name__}: {exc}")
+                return
+            latencies.append(time.monotonic() - started)
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=write, args=(w,)) for w in range(writers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seconds = time.monotonic() - started
+    return {
+        "system": "raw-puts",
+        "policy": "none",
+        "producers": writers,
+        "payload_bytes": payload_bytes,
+        "throughput_mb_s": len(latencies) * payload_bytes / seconds / 1e6,
+        "commit_success_rate": 1.0,
+        "tgbs_committed": len(latencies),
+        **visibility_percentiles(latencies),
+        "error": errors[0] if errors else None,
+    }
 
 
 def _nats_missing(producers: int, payload: int) -> dict[str, Any]:

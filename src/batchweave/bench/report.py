@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 from collections.abc import Callable, Sequence
@@ -10,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BenchOptions", "BenchResult", "machine", "markdown_table", "write_outputs"]
+__all__ = ["BenchOptions", "BenchResult", "machine", "markdown_table", "visibility_percentiles", "write_outputs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,3 +76,15 @@ def write_outputs(result: BenchResult, out: Path, plot: Callable[[BenchResult, A
     figure.savefig(png_path)
     plt.close(figure)
     return [json_path, png_path, md_path]
+
+
+def visibility_percentiles(latencies_s: list[float]) -> dict[str, float]:
+    """P50 and P95 of append -> visible, in seconds (NaN when nothing became visible)."""
+    if not latencies_s:
+        return {"visibility_p50_s": math.nan, "visibility_p95_s": math.nan}
+    ordered = sorted(latencies_s)
+
+    def nearest_rank(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return {"visibility_p50_s": nearest_rank(0.50), "visibility_p95_s": nearest_rank(0.95)}
