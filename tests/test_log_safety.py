@@ -444,3 +444,23 @@ def test_end_stream_is_idempotent_across_later_collections(url):
     bw.collect_garbage(url, grace_s=0)  # commits a reclaim version after the marker
     assert bw.inspect_namespace(url).latest_version == ended + 1
     assert bw.end_stream(url) == ended
+
+
+def test_a_young_log_growing_its_first_snapshot_is_not_mistaken_for_a_collection(url, caplog):
+    """Found by `bench producers`: a writer that opened a log with versions but no snapshot
+    anchored on "no snapshot exists", so a first snapshot written by anyone else before
+    its first commit looked like a collection, and it reloaded. It anchors on version 1."""
+    with producer(url, "first") as first:
+        commit(first, 2)  # versions 1..3, no snapshot yet
+    store = PausingStore(url)
+    held = store.pause("put_if_absent", VERSION_KEY)
+    opening = Background(producer, store, "late")  # loads versions 1..3, held at its claim
+    held.wait_reached()
+    with producer(url, "busy") as busy:
+        commit(busy, 12)  # snapshot 10 appears
+    with caplog.at_level("INFO", logger="batchweave.journal"):
+        held.release()
+        late = opening.result()
+    late.close()
+    assert "overtook" not in caplog.text
+    assert_offsets_dense(url, {"first": 2, "busy": 12, "late": 0})

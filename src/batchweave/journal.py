@@ -197,7 +197,11 @@ class Journal:
         wrote since may sit in keys it freed. Reload the newest state; versions we wrote
         below what collection reclaimed are in a region no reader looks at, and deleting
         them keeps it empty (any left over, collection deletes)."""
-        _logger.warning("garbage collection overtook this writer's view of the log; reloading")
+        if self._anchor is not None and self._anchor[0] == 0:
+            # Opened on an empty log, which then grew its first snapshot: expected once.
+            _logger.info("the log grew its first snapshot before this writer's first commit; reloading")
+        else:
+            _logger.warning("garbage collection overtook this writer's view of the log; reloading")
         state = self.load_state(trust_hint=False)
         for version in sorted(self._unverified):
             if version < state.reclaimed.versions:
@@ -236,6 +240,10 @@ class Journal:
             anchor = self._anchor_of(state)
             if anchor is None:
                 continue  # collection deleted that snapshot's version meanwhile: find a newer one
+            if state.version == 0:
+                state, anchor = self._first_version(state)
+                if anchor is None:
+                    continue  # a snapshot appeared meanwhile: load from it
             state, read = self.catch_up(state)
             self._anchor = anchor
             if read >= 2 * self.snapshot_every and self.verify():
@@ -244,6 +252,19 @@ class Journal:
                 self.write_snapshot(state)
             return state
         raise StoreError(log.SNAPSHOT_PREFIX, f"the newest snapshot kept changing over {_LOAD_ATTEMPTS} reloads")
+
+    def _first_version(self, empty: LogState) -> tuple[LogState, tuple[int, str] | None]:
+        """With no snapshot, anchor on version 1: read it, then list snapshots. None seen
+        after the read means no version had ever been deleted (collection deletes only
+        below a snapshot, and never the newest), so the version 1 read is genuine. A
+        namespace with no version yet keeps the anchor "no snapshot exists"."""
+        first = self._read(1)
+        if self._listed_snapshot_version() != 0:
+            return empty, None
+        if first is None:
+            return empty, (0, "")
+        delta, digest = first
+        return log.apply_version(empty, delta, log.version_key(1), digest), (1, digest)
 
     def _anchor_of(self, state: LogState) -> tuple[int, str] | None:
         """The anchor a load from ``state`` starts with; None if its version is gone."""
