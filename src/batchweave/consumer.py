@@ -367,7 +367,14 @@ class _Pipeline:
             self._ready.put(exc)
 
     def _open(self) -> None:
-        """Check the cursor against the namespace before reading from it (one load)."""
+        """Check the cursor against the namespace before reading from it (one load).
+
+        A cursor that knows its namespace was checked already: by ``load_state_dict``, or
+        it is this consumer's own from an earlier pipeline; loading again would only
+        repeat the same requests on every resume and every restart of iteration.
+        """
+        if self._cursor.namespace:
+            return
         state = _newest_state(self._journal)
         if state is None:
             return
