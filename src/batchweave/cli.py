@@ -292,10 +292,10 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="a short run: checks the plumbing, not the figures")
     p.add_argument(
         "--store",
-        choices=("latency", "local", "s3"),
+        choices=("latency", "local", "s3", "seaweedfs"),
         default="latency",
         help="latency: the cloud latency model over memory (default); local: a directory on this "
-        "disk; s3: a moto server on loopback",
+        "disk; s3: a moto server on loopback; seaweedfs: a SeaweedFS S3 server on loopback",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the latency model's jitter")
     p.set_defaults(func=_cmd_bench)

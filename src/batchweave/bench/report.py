@@ -19,7 +19,7 @@ class BenchOptions:
     """What the command line chose."""
 
     quick: bool = False
-    store: str = "latency"  # "latency" (LatencyStore over memory), "local" (a temp dir) or "s3" (moto)
+    store: str = "latency"  # "latency" (LatencyStore over memory), "local" (a temp dir), "s3" (moto) or "seaweedfs"
     seed: int = 0
 
 
