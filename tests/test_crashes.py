@@ -112,6 +112,31 @@ def test_sigkilled_producer_restarts_exactly_once(process_backend_url, tmp_path)
             assert record["digest"] == digest(tgb(producer, offset, 2)[rank])
 
 
+def test_sigkilled_producer_in_group_mode_restarts_exactly_once(process_backend_url):
+    """I3 with group commit: another producer keeps folding the victim's intents, also
+    while the victim lies dead; SIGKILL anywhere, restart, and every offset is there once."""
+    rng = random.Random(int.from_bytes(os.urandom(4), "little"))
+    total = 30
+    steady = spawn("produce", process_backend_url, "steady", "40", "--policy", "group", "--pace", "0.1")
+    for _ in range(2):
+        victim = spawn("produce", process_backend_url, "victim", str(total), "--policy", "group", "--pace", "0.05")
+        assert victim.stdout.readline().startswith("started")
+        target = min(total - 1, committed_offset(process_backend_url, "victim") + rng.randint(1, 6))
+        wait_until(lambda t=target: committed_offset(process_backend_url, "victim") >= t, what="victim progress")
+        time.sleep(rng.uniform(0, 0.3))  # anywhere in a turn: publishing, folding, committing
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+    finish(spawn("produce", process_backend_url, "victim", str(total), "--policy", "group"))
+    finish(steady)
+    bw.end_stream(process_backend_url)
+    tgbs = assert_exactly_once(process_backend_url, {"victim": total, "steady": 40})
+    assert_referenced_objects_exist(process_backend_url)
+    folded = {version for _, producer, _, version in tgbs if producer == "victim"} & {
+        version for _, producer, _, version in tgbs if producer == "steady"
+    }
+    assert folded, "no version carried both producers' TGBs: group commit did not fold"
+
+
 def test_zombie_process_is_fenced(process_backend_url):
     zombie = spawn("produce", process_backend_url, "p", "3", "--hold", stdin=subprocess.PIPE)
     assert zombie.stdout.readline().startswith("started epoch=1")

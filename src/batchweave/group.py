@@ -1,0 +1,270 @@
+"""Group commit: one log version carries many producers' TGBs. Pure: no clock, no I/O.
+
+With DAC every producer commits its own TGBs, and the gap that keeps conflicts rare
+grows with the pool (paper eq. 8), so at 128 producers a TGB waits tens of seconds to
+become visible. Group commit separates publishing from committing:
+
+- A producer writes each batch of its pending descriptors as a small immutable
+  *intent*, create-only, at ``_intents/<producer>/e<epoch>/<first offset>.json``.
+- Whoever commits next folds every visible intent into its version, so one commit
+  makes many producers' work visible and a lost race loses nothing: the intents stay
+  for the winner or the next committer.
+- Producers take turns: the committer after version ``v`` is the ``v``-th of the
+  active producers in a rotation every producer computes alike from the log; the
+  others wait a little longer each (their *rank*), and a newer version resets every
+  clock. So commits come about once per ``interval_s`` whatever the pool size, and a
+  dead or idle producer's turn passes to the next after one stagger.
+
+Exactly-once and fencing hold as with direct commits (invariant I3): an intent is
+folded only when its epoch is the producer's epoch in the log and it covers the
+producer's next offset; only the TGBs from that offset on are taken (a producer may
+have committed a prefix itself), and the version records the producer's new offset, so
+no intent is ever folded twice and a fenced incarnation's intents never are.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterable, Sequence
+
+import msgspec
+
+from batchweave import log
+from batchweave.errors import ConfigError, CorruptDataError
+from batchweave.log import LogState, LogVersion, ProducerState, TGBDescriptor
+
+__all__ = [
+    "INTENT_FORMAT",
+    "INTENT_PREFIX",
+    "GroupCommit",
+    "Intent",
+    "build_group_commit",
+    "decode_intent",
+    "encode_intent",
+    "fold_intents",
+    "intent_key",
+    "parse_intent_key",
+    "turn_rank",
+]
+
+INTENT_FORMAT = "batchweave.intent/1"
+INTENT_PREFIX = "_intents/"
+_MIN_STAGGER_S = 0.05
+_DEFAULT_COMMIT_S = 0.25  # before any commit was timed: a few cloud round trips
+
+
+class Intent(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Descriptors of consecutive TGBs of one producer incarnation, waiting to be folded."""
+
+    format: str
+    producer: str
+    epoch: int
+    tgbs: list[TGBDescriptor]
+
+    @property
+    def first_offset(self) -> int:
+        return self.tgbs[0].source_offset
+
+    @property
+    def end_offset(self) -> int:
+        """One past the last offset it carries."""
+        return self.tgbs[-1].source_offset + 1
+
+
+def intent_key(producer: str, epoch: int, first_offset: int) -> str:
+    return f"{INTENT_PREFIX}{producer}/e{epoch:06d}/{first_offset:012d}.json"
+
+
+def parse_intent_key(key: str) -> tuple[str, int, int] | None:
+    """(producer, epoch, first offset) of an intent key; None for anything else."""
+    parts = key[len(INTENT_PREFIX) :].split("/") if key.startswith(INTENT_PREFIX) else []
+    if len(parts) != 3 or not parts[1].startswith("e") or not parts[2].endswith(".json"):
+        return None
+    epoch, offset = parts[1][1:], parts[2][: -len(".json")]
+    if not (epoch.isdigit() and offset.isdigit()):
+        return None
+    return parts[0], int(epoch), int(offset)
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def encode_intent(intent: Intent) -> bytes:
+    return _encoder.encode(intent)
+
+
+def decode_intent(data: bytes | memoryview, key: str) -> Intent:
+    """Parse an intent and check it against its key: one producer, one epoch, dense offsets."""
+    try:
+        intent = msgspec.json.decode(data, type=Intent)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError) as exc:
+        raise CorruptDataError(key, f"damaged intent: {exc}") from exc
+    if intent.format != INTENT_FORMAT:
+        raise CorruptDataError(key, f"unsupported intent format {intent.format!r} (this reader knows {INTENT_FORMAT})")
+    if not intent.tgbs:
+        raise CorruptDataError(key, "intent carries no TGB")
+    if parse_intent_key(key) != (intent.producer, intent.epoch, intent.first_offset):
+        raise CorruptDataError(key, f"intent of {intent.producer}@{intent.first_offset} e{intent.epoch} under this key")
+    for expected, tgb in enumerate(intent.tgbs, start=intent.first_offset):
+        if (tgb.producer, tgb.epoch, tgb.source_offset) != (intent.producer, intent.epoch, expected):
+            raise CorruptDataError(key, f"TGB {tgb.producer}@{tgb.source_offset} e{tgb.epoch} breaks the intent")
+    log.check_descriptors(intent.tgbs, key)
+    return intent
+
+
+def fold_intents(state: LogState, intents: Iterable[Intent]) -> dict[str, list[TGBDescriptor]]:
+    """Per producer, the TGBs the next version may commit from ``intents``: those that
+    continue the producer's offset in ``state`` under its current epoch, chained across
+    consecutive intents. Anything else (folded already, a fenced epoch, a gap, a layout
+    that does not fit) is left out."""
+    by_producer: dict[str, list[Intent]] = {}
+    for intent in intents:
+        by_producer.setdefault(intent.producer, []).append(intent)
+    folded: dict[str, list[TGBDescriptor]] = {}
+    for producer, mine in sorted(by_producer.items()):
+        recorded = state.producers.get(producer)
+        if recorded is None:
+            continue  # an intent is always written after its producer's claim: not caught up yet
+        tgbs = _chain(recorded, sorted(mine, key=lambda i: i.first_offset))
+        tgbs = [t for t in tgbs if not log.layout_mismatch(state.layout, t)]
+        if tgbs:
+            folded[producer] = tgbs
+    return folded
+
+
+def _chain(recorded: ProducerState, intents: Sequence[Intent]) -> list[TGBDescriptor]:
+    next_offset, tgbs = recorded.offset, []
+    for intent in intents:
+        if intent.epoch != recorded.epoch or not intent.first_offset <= next_offset < intent.end_offset:
+            continue
+        tgbs.extend(intent.tgbs[next_offset - intent.first_offset :])
+        next_offset = intent.end_offset
+    return tgbs
+
+
+def build_group_commit(
+    state: LogState,
+    producer_id: str,
+    me: ProducerState,
+    own: Sequence[TGBDescriptor],
+    intents: Iterable[Intent],
+    committed_at: float,
+    metrics: dict[str, float] | None = None,
+) -> LogVersion | None:
+    """The next version: the committer's own pending TGBs (already rebased) and every
+    other producer's foldable intents, producers in id order. None if there is nothing."""
+    folded = fold_intents(state, (i for i in intents if i.producer != producer_id))
+    if own:
+        folded[producer_id] = list(own)
+    if not folded:
+        return None
+    tgbs: list[TGBDescriptor] = []
+    producers: dict[str, ProducerState] = {}
+    for producer in sorted(folded):
+        batch = folded[producer]
+        tgbs.extend(batch)
+        if producer == producer_id:
+            producers[producer] = ProducerState(batch[-1].source_offset + 1, me.epoch, me.incarnation, metrics)
+        else:
+            recorded = state.producers[producer]
+            producers[producer] = msgspec.structs.replace(
+                recorded,
+                offset=batch[-1].source_offset + 1,
+                last_version=0,  # stamped when applied
+            )
+    return log.next_version(state, committed_at, tgbs=tgbs, producers=producers)
+
+
+def turn_rank(state: LogState, producer_id: str, active_versions: int) -> int:
+    """This producer's place in the rotation for the version after ``state.version``: 0
+    commits first, rank ``r`` after ``r`` staggers. The rotation is the producers the log
+    recorded within the last ``active_versions`` versions (an idle one drops out, so its
+    turn is not waited for), plus this one; every producer computes the same from the
+    same version, so only one has rank 0."""
+    horizon = state.version - active_versions
+    active = sorted({p for p, s in state.producers.items() if s.last_version > horizon} | {producer_id})
+    return (active.index(producer_id) - state.version) % len(active)
+
+
+class GroupCommit:
+    """The group-commit mode, as a commit policy: ``Producer(..., commit_policy="group")``.
+
+    Args:
+        interval_s: target time between two versions; visibility latency is about this
+            plus one commit, whatever the pool size.
+        stagger_s: extra wait per rank before a producer takes a turn that is not its
+            own; None: twice the smoothed duration of a whole commit (intents listed and
+            read, version put), so the next in line waits until the first must be done.
+        active_versions: a producer is in the rotation while the log recorded it within
+            this many versions.
+        intent_lead_s: how long before the next turn a producer writes its TGBs so far
+            as one intent; None: a fifth of ``interval_s``. One intent per producer per
+            version, not one per append: each is a put now and a delete later.
+        alpha: EMA coefficient of the commit duration.
+    """
+
+    name = "group"
+
+    def __init__(
+        self,
+        interval_s: float = 0.5,
+        stagger_s: float | None = None,
+        active_versions: int = 8,
+        intent_lead_s: float | None = None,
+        alpha: float = 0.2,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not (interval_s > 0 and (stagger_s is None or stagger_s > 0) and active_versions >= 1):
+            raise ConfigError(
+                f"GroupCommit needs interval_s > 0, stagger_s > 0 or None, active_versions >= 1; got "
+                f"interval_s={interval_s}, stagger_s={stagger_s}, active_versions={active_versions}"
+            )
+        if not ((intent_lead_s is None or intent_lead_s >= 0) and 0 < alpha <= 1):
+            raise ConfigError(f"GroupCommit needs intent_lead_s >= 0 and 0 < alpha <= 1; got {intent_lead_s}, {alpha}")
+        self.interval_s = interval_s
+        self.stagger_s = stagger_s
+        self.active_versions = active_versions
+        self.intent_lead_s = interval_s / 5 if intent_lead_s is None else min(intent_lead_s, interval_s)
+        self.alpha = alpha
+        self.rng = rng or random.Random()
+        self.commit_ema_s: float | None = None  # seeded by the first observation
+        self.gap_s = interval_s  # read by Producer.metrics()
+
+    def observe_commit(self, duration_s: float) -> None:
+        """Fold the duration of one whole commit (list, reads, put) into the EMA. The
+        producer seeds it with its claim, so a producer that never had a turn yet still
+        waits about as long as a commit takes before it stands in for another."""
+        if self.commit_ema_s is None:
+            self.commit_ema_s = duration_s
+        else:
+            self.commit_ema_s = (1 - self.alpha) * self.commit_ema_s + self.alpha * duration_s
+
+    def stagger(self) -> float:
+        if self.stagger_s is not None:
+            return self.stagger_s
+        return max(_MIN_STAGGER_S, 2 * (self.commit_ema_s or _DEFAULT_COMMIT_S))
+
+    def publish_after_version_s(self) -> float:
+        """Seconds after a new version is seen until intents are written for the next."""
+        return self.interval_s - self.intent_lead_s
+
+    def wait_after_version_s(self, rank: int) -> float:
+        """Seconds after a new version is seen until this producer (at ``rank``) commits,
+        with a little jitter so two producers that disagree on the rotation rarely
+        collide on the same instant."""
+        return (self.interval_s + rank * self.stagger()) * (1 + 0.1 * self.rng.random())
+
+    # The CommitPolicy protocol, for code that treats every policy alike; the producer
+    # drives group commit through the methods above instead.
+    def wait_s(self, pending_tgbs: int, since_last_attempt_s: float) -> float:
+        return math.inf if pending_tgbs == 0 else max(0.0, self.interval_s - since_last_attempt_s)
+
+    def observe(self, fragile_window_s: float, producers: int, success: bool) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return (
+            f"GroupCommit(interval_s={self.interval_s}, stagger_s={self.stagger_s}, "
+            f"active_versions={self.active_versions})"
+        )

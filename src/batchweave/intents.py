@@ -1,0 +1,118 @@
+"""Intents on the store: the I/O half of group commit (``group`` is the pure half).
+
+An ``IntentBoard`` writes one producer's intents, reads everybody else's (each intent
+once: they are immutable, so a read is cached until the intent leaves the listing),
+and deletes intents that the log has made useless.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+from batchweave.errors import CorruptDataError, ObjectExistsError, ObjectNotFoundError, StoreError
+from batchweave.group import (
+    INTENT_FORMAT,
+    INTENT_PREFIX,
+    Intent,
+    decode_intent,
+    encode_intent,
+    intent_key,
+    parse_intent_key,
+)
+from batchweave.log import LogState, TGBDescriptor
+from batchweave.store import Store
+
+__all__ = ["IntentBoard"]
+
+_logger = logging.getLogger(__name__)
+_READERS = 16  # intents read at once: one round trip for many producers' intents
+
+
+class IntentBoard:
+    """Intents of one namespace, as seen by producer ``producer_id``."""
+
+    def __init__(self, store: Store, producer_id: str) -> None:
+        self.store = store
+        self.producer_id = producer_id
+        self.requests = 0
+        self._cache: dict[str, Intent | None] = {}  # key -> intent (None: damaged or gone)
+        self._pool: ThreadPoolExecutor | None = None
+
+    def publish(self, epoch: int, tgbs: list[TGBDescriptor]) -> int:
+        """Write ``tgbs`` (consecutive, this producer's) as one intent; returns one past
+        the last offset the stored intent carries. A retry whose first try landed finds
+        the intent there, maybe shorter than this one: its end is what was published."""
+        key = intent_key(self.producer_id, epoch, tgbs[0].source_offset)
+        self.requests += 1
+        try:
+            self.store.put_if_absent(key, encode_intent(Intent(INTENT_FORMAT, self.producer_id, epoch, tgbs)))
+        except ObjectExistsError:
+            self.requests += 1
+            return decode_intent(self.store.get(key), key).end_offset
+        return tgbs[-1].source_offset + 1
+
+    def others(self) -> list[Intent]:
+        """Every other producer's intent now listed (one LIST, a GET for each new one)."""
+        self.requests += 1
+        listed = [info.key for info in self.store.list(INTENT_PREFIX)]
+        wanted = [k for k in listed if (parsed := parse_intent_key(k)) is not None and parsed[0] != self.producer_id]
+        fresh = [k for k in wanted if k not in self._cache]
+        if fresh:
+            for key, intent in zip(fresh, self._reader().map(self._read, fresh), strict=True):
+                self._cache[key] = intent
+        keep = set(wanted)
+        self._cache = {k: v for k, v in self._cache.items() if k in keep}
+        return [intent for intent in self._cache.values() if intent is not None]
+
+    def _read(self, key: str) -> Intent | None:
+        self.requests += 1
+        try:
+            return decode_intent(self.store.get(key), key)
+        except ObjectNotFoundError:
+            return None  # its producer saw it committed and deleted it since the listing
+        except CorruptDataError as exc:
+            # One producer's damaged intent must not stop the others' commits; its own
+            # producer commits those TGBs itself (it never folds its own intents).
+            _logger.warning("skipping a damaged intent: %s", exc)
+            return None
+
+    def collect(self, state: LogState, published: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """Delete this producer's intents whose TGBs the log holds; returns those left.
+        ``published`` is (key, end offset) of each intent written, oldest first."""
+        committed = state.producers[self.producer_id].offset
+        left = []
+        for key, end in published:
+            if end > committed:
+                left.append((key, end))
+                continue
+            try:
+                self.requests += 1
+                self.store.delete(key)
+            except StoreError as exc:  # it is harmless where it is; the next collection retries
+                _logger.info("could not delete committed intent %s: %s", key, exc)
+                left.append((key, end))
+        return left
+
+    def sweep_older_epochs(self, epoch: int) -> int:
+        """Delete this producer's intents from epochs before ``epoch``: they can never be
+        folded (the log's epoch moved past them). Called after a claim; returns how many."""
+        self.requests += 1
+        doomed = [
+            info.key
+            for info in self.store.list(f"{INTENT_PREFIX}{self.producer_id}/")
+            if (parsed := parse_intent_key(info.key)) is not None and parsed[1] < epoch
+        ]
+        for key in doomed:
+            self.requests += 1
+            self.store.delete(key)
+        return len(doomed)
+
+    def _reader(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(_READERS, thread_name_prefix=f"batchweave-intents-{self.producer_id}")
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)

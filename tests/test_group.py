@@ -1,0 +1,358 @@
+"""Group commit (issue 10): intents, folding, turns, and exactly-once under forced races.
+
+The pure half (``batchweave.group``) is tested with values; the producer's group mode
+on real stores (memory and a local directory), with the races forced by
+``interleave.PausingStore``.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+
+import msgspec
+import pytest
+from checks import assert_exactly_once
+from interleave import Background, PausingStore
+from worker import origin_of, tgb
+
+import batchweave as bw
+from batchweave import group, log
+from batchweave.errors import ConfigError, CorruptDataError, ProducerFencedError
+from batchweave.group import INTENT_FORMAT, GroupCommit, Intent
+from batchweave.journal import Journal
+from batchweave.log import Layout, LogState, ProducerState, TGBDescriptor
+from batchweave.store import open_store
+
+VERSION_KEY = r"_log/\d{20}\.json"
+
+
+def desc(producer: str, offset: int, epoch: int = 1, dp: int = 1) -> TGBDescriptor:
+    return TGBDescriptor(
+        producer=producer,
+        epoch=epoch,
+        source_offset=offset,
+        dp=dp,
+        cp=1,
+        kind="arrays",
+        objects=[f"data/{producer}/e{epoch:06d}/{offset:012d}-t.0.bwb"],
+        slices=[(0, 0, 10, 0)] * dp,
+        nbytes=10 * dp,
+    )
+
+
+def intent(producer: str, first: int, count: int, epoch: int = 1) -> Intent:
+    return Intent(INTENT_FORMAT, producer, epoch, [desc(producer, o, epoch) for o in range(first, first + count)])
+
+
+def state_with(**producers: tuple[int, int]) -> LogState:
+    """A state whose producers have (next offset, epoch); layout dp=1 cp=1."""
+    return LogState(
+        version=5,
+        steps=sum(o for o, _ in producers.values()),
+        producers={p: ProducerState(o, e, f"inc-{p}", last_version=5) for p, (o, e) in producers.items()},
+        layout=Layout(1, 1),
+    )
+
+
+# -- pure: keys, decoding, folding -----------------------------------------------------
+
+
+def test_intent_key_round_trips_and_rejects_other_keys():
+    key = group.intent_key("pool.0003-of-0008", 12, 345)
+    assert key == "_intents/pool.0003-of-0008/e000012/000000000345.json"
+    assert group.parse_intent_key(key) == ("pool.0003-of-0008", 12, 345)
+    for other in (
+        "_log/00000000000000000001.json",
+        "_intents/p/e1/x.json",
+        "_intents/p/000001.json",
+        "_intents/p/7/1.json",
+    ):
+        assert group.parse_intent_key(other) is None
+
+
+def test_intent_decodes_back_and_damage_names_the_key():
+    it = intent("a", 3, 2)
+    key = group.intent_key("a", 1, 3)
+    assert group.decode_intent(group.encode_intent(it), key) == it
+    with pytest.raises(CorruptDataError, match="e000001/000000000003"):
+        group.decode_intent(b"{not json", key)
+
+
+@pytest.mark.parametrize(
+    "bad, problem",
+    [
+        (intent("a", 3, 2), "under this key"),  # stored under another producer's key below
+        (Intent(INTENT_FORMAT, "b", 1, [desc("b", 0), desc("b", 2)]), "breaks the intent"),  # a gap
+        (Intent(INTENT_FORMAT, "b", 1, [desc("b", 0), desc("b", 1, epoch=2)]), "breaks the intent"),
+        (Intent(INTENT_FORMAT, "b", 1, []), "no TGB"),
+        (Intent("batchweave.intent/99", "b", 1, [desc("b", 0)]), "unsupported intent format"),
+    ],
+)
+def test_malformed_intents_are_refused(bad, problem):
+    with pytest.raises(CorruptDataError, match=problem):
+        group.decode_intent(msgspec.json.encode(bad), group.intent_key("b", 1, 0))
+
+
+def test_fold_takes_intents_that_continue_each_producer_in_order():
+    state = state_with(a=(4, 1), b=(0, 2), c=(7, 1))
+    folded = group.fold_intents(
+        state,
+        [
+            intent("a", 6, 2),  # chained after the next one
+            intent("a", 4, 2),
+            intent("b", 0, 3, epoch=1),  # a fenced epoch: never
+            intent("c", 9, 1),  # a gap after offset 7: not yet
+            intent("d", 0, 1),  # a producer the state does not know: not caught up
+        ],
+    )
+    assert {p: [t.source_offset for t in ts] for p, ts in folded.items()} == {"a": [4, 5, 6, 7]}
+
+
+def test_fold_takes_only_the_suffix_a_producer_has_not_committed_itself():
+    folded = group.fold_intents(state_with(a=(5, 1)), [intent("a", 3, 4), intent("a", 0, 3)])
+    assert [t.source_offset for t in folded["a"]] == [5, 6]
+
+
+def test_fold_skips_tgbs_of_another_layout():
+    state = state_with(a=(0, 1))
+    wide = Intent(INTENT_FORMAT, "a", 1, [desc("a", 0, dp=2)])
+    assert group.fold_intents(state, [wide]) == {}
+
+
+def test_group_version_applies_and_records_every_folded_producer():
+    state = state_with(a=(4, 1), b=(2, 3), me=(10, 2))
+    state = msgspec.structs.replace(
+        state, producers={**state.producers, "b": msgspec.structs.replace(state.producers["b"], metrics={"x": 1.0})}
+    )
+    me = state.producers["me"]
+    own = [desc("me", 10, epoch=2), desc("me", 11, epoch=2)]
+    intents = [intent("b", 2, 1, epoch=3), intent("a", 4, 2), intent("me", 10, 5, epoch=2)]  # its own: ignored
+    version = group.build_group_commit(state, "me", me, own, intents, 123.0, {"attempts": 1.0})
+    assert version is not None
+    assert [(t.producer, t.source_offset) for t in version.tgbs] == [
+        ("a", 4),
+        ("a", 5),
+        ("b", 2),
+        ("me", 10),
+        ("me", 11),
+    ]
+    after = log.apply_version(state, version, log.version_key(version.version))  # the log's own rules accept it
+    assert {p: (s.offset, s.epoch) for p, s in after.producers.items()} == {"a": (6, 1), "b": (3, 3), "me": (12, 2)}
+    assert after.producers["b"].metrics == {"x": 1.0}  # another producer's published counters are kept
+    assert after.producers["me"].metrics == {"attempts": 1.0}
+    assert after.producers["a"].incarnation == "inc-a" and after.steps == state.steps + 5
+
+
+def test_group_version_with_nothing_to_fold_is_none():
+    state = state_with(a=(4, 1), me=(0, 1))
+    assert group.build_group_commit(state, "me", state.producers["me"], [], [intent("a", 0, 2)], 1.0) is None
+
+
+def test_turns_give_rank_zero_to_exactly_one_active_producer_and_rotate():
+    state = state_with(**{f"p{i}": (0, 1) for i in range(5)})
+    for version in range(5, 12):
+        at = msgspec.structs.replace(state, version=version)
+        ranks = sorted(group.turn_rank(at, f"p{i}", 8) for i in range(5))
+        assert ranks == [0, 1, 2, 3, 4]
+    firsts = {
+        next(p for p in state.producers if group.turn_rank(msgspec.structs.replace(state, version=v), p, 8) == 0)
+        for v in range(5, 10)
+    }
+    assert len(firsts) == 5  # five versions, five different first committers
+
+
+def test_idle_producers_leave_the_rotation():
+    state = state_with(busy=(3, 1), idle=(1, 1), me=(0, 1))
+    producers = dict(state.producers)
+    producers = {p: msgspec.structs.replace(s, last_version=19) for p, s in producers.items()}
+    producers["idle"] = msgspec.structs.replace(producers["idle"], last_version=1)
+    state = msgspec.structs.replace(state, version=20, producers=producers)
+    ranks = {p: group.turn_rank(state, p, 8) for p in ("busy", "me")}
+    assert sorted(ranks.values()) == [0, 1]  # two in the rotation: the idle one is not waited for
+    assert group.turn_rank(state, "newcomer", 8) in (0, 1, 2)  # one not in the log yet counts itself
+
+
+def test_turn_waits_grow_by_one_stagger_per_rank():
+    policy = GroupCommit(interval_s=0.5, stagger_s=0.2, rng=random.Random(1))
+    waits = [policy.wait_after_version_s(rank) for rank in range(4)]
+    for rank, wait in enumerate(waits):
+        assert 0.5 + 0.2 * rank <= wait <= (0.5 + 0.2 * rank) * 1.1
+    auto = GroupCommit(interval_s=0.5)
+    auto.observe_commit(0.3)
+    auto.observe_commit(0.3)
+    assert auto.stagger() == pytest.approx(2 * 0.3)  # the first observation seeds the average
+    auto.observe_commit(0.8)
+    assert auto.stagger() == pytest.approx(2 * (0.8 * 0.3 + 0.2 * 0.8))
+    assert GroupCommit().stagger() == pytest.approx(0.5)  # nothing timed yet
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"interval_s": 0}, {"stagger_s": -1}, {"active_versions": 0}, {"intent_lead_s": -1}, {"alpha": 0}]
+)
+def test_group_commit_settings_are_checked(kwargs):
+    with pytest.raises(ConfigError, match="GroupCommit"):
+        GroupCommit(**kwargs)
+
+
+def test_group_commit_needs_the_background_thread(tmp_path):
+    with pytest.raises(ConfigError, match="background_commit=True"):
+        bw.Producer(tmp_path / "ns", "p", dp=1, commit_policy="group", background_commit=False)
+
+
+# -- producers on real stores -----------------------------------------------------------
+
+
+@pytest.fixture(params=["memory", "local"])
+def url(request, tmp_path) -> str:
+    if request.param == "memory":
+        return f"memory://group-{uuid.uuid4().hex}"
+    return (tmp_path / "ns").as_uri()
+
+
+def quiet(**kwargs) -> GroupCommit:
+    """A group policy whose turns never come on their own: commits happen at flush()."""
+    return GroupCommit(interval_s=3600.0, intent_lead_s=3600.0, **kwargs)
+
+
+def intents_of(store, producer: str | None = None) -> list[str]:
+    prefix = group.INTENT_PREFIX + (f"{producer}/" if producer else "")
+    return sorted(info.key for info in store.list(prefix))
+
+
+def wait_for(condition, what: str, timeout_s: float = 20.0):
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+    return value
+
+
+def test_a_pool_in_group_mode_commits_every_tgb_once_in_shared_versions(tmp_path):
+    """Six producers with real turns: versions carry several producers' TGBs, every offset
+    lands once, and no intent outlives its commit."""
+    url = str(tmp_path / "ns")
+    producers = [bw.Producer(url, f"p{i}", dp=2, commit_policy=GroupCommit(interval_s=0.05)) for i in range(6)]
+
+    def produce(prod: bw.Producer) -> None:
+        for offset in range(30):
+            prod.append(tgb(prod.producer_id, offset, 2))
+            if offset % 10 == 9:  # let turns come and go between bursts
+                wait_for(lambda o=offset: prod.resume_offset > o, "a turn to commit the burst")
+        prod.close()
+
+    runs = [Background(produce, p) for p in producers]
+    for run in runs:
+        run.result()
+    tgbs = assert_exactly_once(url, {f"p{i}": 30 for i in range(6)})
+    producers_per_version: dict[int, set[str]] = {}
+    for _, producer, _, version in tgbs:
+        producers_per_version.setdefault(version, set()).add(producer)
+    assert max(len(p) for p in producers_per_version.values()) > 1, "no version folded another producer's intent"
+    assert intents_of(open_store(url)) == []
+    with bw.Consumer(url, dp=2, rank=1, timeout_s=10) as consumer:
+        bw.end_stream(url)
+        seen = [origin_of(batch.data) for batch in consumer]
+    assert sorted(seen) == sorted((p, o) for _, p, o, _ in tgbs)
+
+
+def test_committer_losing_to_the_owner_folds_only_what_is_left(url):
+    """The owner commits its own TGBs while a committer that read its intent is held at
+    its put: the committer's retry must not commit those TGBs again."""
+    store = PausingStore(url)
+    owner = bw.Producer(store, "owner", dp=1, commit_policy=quiet())
+    other = bw.Producer(store, "other", dp=1, commit_policy=quiet())
+    for offset in range(3):
+        owner.append(tgb("owner", offset, 1))
+    wait_for(lambda: intents_of(store, "owner"), "the owner's intent")
+    other.append(tgb("other", 0, 1))
+    held = store.pause("put_if_absent", VERSION_KEY)
+    flushing = Background(other.flush)
+    held.wait_reached()  # the committer has folded owner@0..2 into the version it is putting
+    kept = store.pause("delete", r"_intents/owner/.*")  # the stale intent stays listed for the retry
+    owner.append(tgb("owner", 3, 1))
+    owner.flush()  # the owner commits 0..3 itself; its intent for 0..2 is now stale
+    held.release()
+    flushing.result()
+    kept.release()
+    owner.close()
+    other.close()
+    assert_exactly_once(url, {"owner": 4, "other": 1})
+    assert other.metrics()["conflicts"] >= 1  # the race really happened
+
+
+def test_intent_of_a_fenced_incarnation_is_never_folded(url):
+    """A committer read a crashed incarnation's intent, then the restart claimed a new
+    epoch before the committer's put: its retry leaves the old intent out, the restart
+    resumes where the log says, and its sweep deletes the old intent."""
+    store = PausingStore(url)
+    crashed = bw.Producer(store, "victim", dp=1, commit_policy=quiet())
+    for offset in range(3):
+        crashed.append(tgb("victim", offset, 1))
+    wait_for(lambda: intents_of(store, "victim"), "the crashed incarnation's intent")
+    crashed.close(flush=False)  # it dies with its TGBs uncommitted, its intent on the store
+    committer = bw.Producer(store, "committer", dp=1, commit_policy=quiet())
+    committer.append(tgb("committer", 0, 1))
+    held = store.pause("put_if_absent", VERSION_KEY)
+    flushing = Background(committer.flush)
+    held.wait_reached()  # it folded victim@0..2 (epoch 1) into the version it is putting
+    kept = store.pause("delete", r"_intents/victim/.*")  # the old intent stays listed for the retry
+    restarted = Background(bw.Producer, store, "victim", dp=1, commit_policy=quiet())
+    kept.wait_reached()  # the restart has claimed epoch 2 and is sweeping
+    held.release()
+    flushing.result()
+    kept.release()
+    victim = restarted.result()
+    assert victim.epoch == 2 and victim.resume_offset == 0
+    assert intents_of(store, "victim") == []  # swept at the restart
+    victim.append(tgb("victim", 0, 1))
+    victim.close()
+    committer.close()
+    assert_exactly_once(url, {"victim": 1, "committer": 1})
+
+
+def test_zombie_committing_in_group_mode_is_fenced(url):
+    zombie = bw.Producer(url, "p", dp=1, commit_policy=quiet())
+    zombie.append(tgb("p", 0, 1))
+    successor = bw.Producer(url, "p", dp=1, commit_policy=quiet())
+    with pytest.raises(ProducerFencedError, match="fenced"):
+        zombie.flush()
+    successor.append(tgb("p", 0, 1))
+    successor.close()
+    assert_exactly_once(url, {"p": 1})
+
+
+def test_a_damaged_intent_stops_nobody(url, caplog):
+    """Another producer's damaged intent is skipped with a warning naming it; its owner
+    commits its TGBs itself, so nothing is lost."""
+    store = open_store(url)
+    owner = bw.Producer(store, "owner", dp=1, commit_policy=quiet())
+    owner.append(tgb("owner", 0, 1))
+    key = wait_for(lambda: intents_of(store, "owner"), "the owner's intent")[0]
+    store.delete(key)
+    store.put_if_absent(key, b'{"format": "batchweave.intent/1", "producer": "owner"')
+    other = bw.Producer(store, "other", dp=1, commit_policy=quiet())
+    other.append(tgb("other", 0, 1))
+    other.flush()
+    assert "damaged intent" in caplog.text and key in caplog.text
+    assert Journal(store).load_state().producers["owner"].offset == 0  # not folded from the damaged intent
+    owner.close()
+    other.close()
+    assert_exactly_once(url, {"owner": 1, "other": 1})
+
+
+def test_no_intent_is_folded_after_the_end_of_stream(url):
+    store = open_store(url)
+    late = bw.Producer(store, "late", dp=1, commit_policy=quiet())
+    late.append(tgb("late", 0, 1))
+    wait_for(lambda: intents_of(store, "late"), "the late producer's intent")
+    other = bw.Producer(store, "other", dp=1, commit_policy=quiet())
+    bw.end_stream(store)
+    other.flush()  # nothing of its own: it must not commit the late producer's intent either
+    state = Journal(store).load_state()
+    assert state.end_of_stream and state.steps == 0
+    with pytest.raises(bw.StreamEndedError):
+        late.flush()
+    other.close()
