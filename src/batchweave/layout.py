@@ -122,6 +122,11 @@ class Footer(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     slices: list[FooterSlice]
 
 
+# Built once at import (see log._DECODERS: concurrent first use of a type can crash msgspec).
+_SLICE_HEADER_DECODER = msgspec.json.Decoder(_SliceHeader)
+_FOOTER_DECODER = msgspec.json.Decoder(Footer)
+
+
 def slice_index(d: int, c: int, cp: int) -> int:
     """Index of slice ``(d, c)`` in a TGB with ``cp`` context-parallel ranks."""
     return d * cp + c
@@ -295,7 +300,7 @@ def decode_slice(buf: bytes | memoryview, key: str, expected_crc32c: int | None 
     if 8 + header_len > len(view):
         raise CorruptDataError(key, f"slice header length {header_len} runs past the slice ({len(view)} bytes)")
     try:
-        header = msgspec.json.decode(view[8 : 8 + header_len], type=_SliceHeader)
+        header = _SLICE_HEADER_DECODER.decode(view[8 : 8 + header_len])
     except _JSON_ERRORS as exc:
         raise CorruptDataError(key, f"unreadable slice header: {exc}") from exc
     data = view[_align(8 + header_len) :]
@@ -376,7 +381,7 @@ def read_footer(obj: bytes | memoryview, key: str) -> Footer:
         raise CorruptDataError(key, f"footer length {footer_len} exceeds the object size {len(view)}")
     start = len(view) - tail - footer_len
     try:
-        footer = msgspec.json.decode(view[start : len(view) - tail], type=Footer)
+        footer = _FOOTER_DECODER.decode(view[start : len(view) - tail])
     except _JSON_ERRORS as exc:
         raise CorruptDataError(key, f"unreadable footer: {exc}") from exc
     if footer.format != FOOTER_FORMAT:

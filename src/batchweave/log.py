@@ -248,7 +248,7 @@ def decode_version_head(data: bytes | memoryview, key: str, expected_version: in
 
 def _decode(data: bytes | memoryview, key: str, expected_version: int, kind: type[_V]) -> _V:
     try:
-        version = msgspec.json.decode(data, type=kind)
+        version = _DECODERS[kind].decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError) as exc:
         raise CorruptDataError(key, f"damaged log version: {exc}") from exc
     if version.format != LOG_FORMAT:
@@ -262,10 +262,18 @@ class _Hint(msgspec.Struct, frozen=True):
     version: int
 
 
+# Built here, once, by the importing thread: msgspec 0.22 prepares a type's decoding
+# information on its first use, and threads that first-decode the same type at once can
+# crash the interpreter (a producer pool's claims do exactly that).
+_DECODERS = {kind: msgspec.json.Decoder(kind) for kind in (LogVersion, LogVersionHead)}
+_HINT_DECODER = msgspec.json.Decoder(_Hint)
+_STATE_DECODER = msgspec.json.Decoder(LogState)
+
+
 def decode_hint(data: bytes | memoryview, key: str = HINT_KEY) -> int:
     """The snapshot version the hint names; CorruptDataError if it is not a hint."""
     try:
-        version = msgspec.json.decode(data, type=_Hint).version
+        version = _HINT_DECODER.decode(data).version
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError) as exc:
         raise CorruptDataError(key, f"damaged snapshot hint: {exc}") from exc
     if version < 0:
@@ -275,7 +283,7 @@ def decode_hint(data: bytes | memoryview, key: str = HINT_KEY) -> int:
 
 def decode_snapshot(data: bytes | memoryview, key: str) -> LogState:
     try:
-        state = msgspec.json.decode(data, type=LogState)
+        state = _STATE_DECODER.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError) as exc:
         raise CorruptDataError(key, f"damaged snapshot: {exc}") from exc
     if state.format != SNAPSHOT_FORMAT:
