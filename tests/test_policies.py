@@ -141,8 +141,9 @@ def test_ema_sequence_matches_hand_computation():
     alpha, eps, delta = 0.3, 0.05, 0.1
     policy = DAC(epsilon=eps, delta=delta, alpha=alpha, rho=0.0)
     observations = [(0.5, 4, True), (1.0, 4, False), (0.2, 8, True), (0.2, 8, True), (2.0, 1, False)]
-    # Hand-computed EMA (starting from 0): 0.15, 0.405, 0.3435, 0.30045, 0.810315
-    want_ema = [0.15, 0.405, 0.3435, 0.30045, 0.810315]
+    # The EMA from 0 (0.15, 0.405, 0.3435, 0.30045, 0.810315) over its weight 1 - 0.7**k
+    # (0.3, 0.51, 0.657, 0.7599, 0.83193).
+    want_ema = [0.5, 0.405 / 0.51, 0.3435 / 0.657, 0.30045 / 0.7599, 0.810315 / 0.83193]
     for (tau_obs, n, ok), ema in zip(observations, want_ema, strict=True):
         gap = policy.next_gap(tau_obs, n, ok)
         assert policy.fragile_window_ema_s == pytest.approx(ema, rel=1e-12)
@@ -154,7 +155,48 @@ def test_ema_updates_on_failure_too():
     a = DAC(alpha=0.5, rho=0.0)
     b = DAC(alpha=0.5, rho=0.0)
     assert a.next_gap(0.4, 3, True) == b.next_gap(0.4, 3, False)
-    assert a.fragile_window_ema_s == b.fragile_window_ema_s == pytest.approx(0.2)
+    assert a.fragile_window_ema_s == b.fragile_window_ema_s == pytest.approx(0.4)
+    assert a.next_gap(0.1, 3, False) == b.next_gap(0.1, 3, True)
+    assert a.fragile_window_ema_s == b.fragile_window_ema_s == pytest.approx((0.5 * 0.4 + 0.1) / 1.5)
+
+
+# -- the fragile-window estimate: no bias from the EMA's start at 0 ------------------------
+
+
+def test_a_steady_window_is_estimated_exactly_from_the_first_sample():
+    # Algorithm 1's EMA from 0 gives 0.2, 0.36, 0.488, ... of the window: with gaps of a
+    # minute a producer stays in that range for its whole run, and eq. 8 with it.
+    policy = DAC(epsilon=0.05, delta=0.1, alpha=0.2, rho=0.0)
+    for _ in range(6):
+        gap = policy.next_gap(0.08, 32, True)
+        assert policy.fragile_window_ema_s == pytest.approx(0.08, rel=1e-12)
+        assert gap == pytest.approx(expected_t_conf(0.08, 32, 0.05), rel=1e-12)  # 48.3 s, not 9.7 s first
+    assert gap == pytest.approx(31 * 0.08 / -math.log(0.95) - 0.08, rel=1e-12)
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.2, 0.5, 1.0])
+def test_the_estimate_is_the_ema_divided_by_its_weight(alpha):
+    windows = [0.05, 0.09, 0.07, 0.12, 0.06, 0.30, 0.08]
+    policy = DAC(alpha=alpha, rho=0.0)
+    for k, window in enumerate(windows, start=1):
+        policy.next_gap(window, 8, True)
+        weights = [(1 - alpha) ** (k - 1 - i) for i in range(k)]  # sample i's share of the EMA
+        want = sum(w * x for w, x in zip(weights, windows[:k], strict=True)) / sum(weights)
+        assert policy.fragile_window_ema_s == pytest.approx(want, rel=1e-12)
+
+
+def test_gap_after_the_claim_and_one_commit_at_128_producers():
+    # Measured at 128 producers: the epoch claim's window (a producer's first observation)
+    # 53 ms, its first commit's 76 ms. Algorithm 1's EMA from 0 made that 23.7 ms and the
+    # gap 58.6 s, a third of eq. 8's at the windows seen.
+    policy = DAC(epsilon=0.05, delta=0.1, alpha=0.2, rho=0.0)
+    policy.observe(0.053, 64, True)  # the claim
+    assert policy.fragile_window_ema_s == pytest.approx(0.053, rel=1e-12)
+    policy.observe(0.076, 128, False)
+    tau = (0.8 * 0.2 * 0.053 + 0.2 * 0.076) / 0.36
+    assert policy.fragile_window_ema_s == pytest.approx(tau, rel=1e-12)  # 65.8 ms
+    assert policy.gap_s == pytest.approx(127 * tau / -math.log(0.95) - tau, rel=1e-12)
+    assert policy.gap_s == pytest.approx(162.8, abs=0.1)
 
 
 def test_observe_updates_gap():
