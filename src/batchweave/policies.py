@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from batchweave.errors import ConfigError
+from batchweave.group import GroupCommit
 
 __all__ = [
     "AIMD",
@@ -254,13 +255,15 @@ _BY_NAME: dict[str, Callable[[], CommitPolicy]] = {
     "incr": INCR,
     "aimd": AIMD,
     "manual": Manual,
+    "group": GroupCommit,
 }
 POLICY_NAMES = ("dac", "naive", "fixed10", "fixed100", "incr", "aimd")  # the paper's policies, benchmarked
 
 
 def resolve_policy(policy: CommitPolicy | str | None) -> CommitPolicy:
     """A policy object, or a fresh one built from its name (``"dac"``, ``"naive"``,
-    ``"fixed10"``, ``"fixed100"``, ``"incr"``, ``"aimd"``, ``"manual"``); None means DAC defaults."""
+    ``"fixed10"``, ``"fixed100"``, ``"incr"``, ``"aimd"``, ``"manual"``, ``"group"`` for
+    group commit, see ``batchweave.group``); None means DAC defaults."""
     if policy is None:
         return DAC()
     if isinstance(policy, str):

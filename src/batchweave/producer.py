@@ -53,7 +53,9 @@ class Producer:
         url: namespace URL (directory, ``file://``, ``s3://``, ``az://``, ``gs://``, ``memory://``).
         producer_id: stable name that survives restarts; its offsets are exactly-once.
         dp, cp: data- and context-parallel sizes; every TGB has ``dp * cp`` slices.
-        commit_policy: a policy object or its name; default ``DAC()``.
+        commit_policy: a policy object or its name; default ``DAC()``. ``"group"``
+            (``batchweave.group.GroupCommit``) is group commit: producers take turns to
+            commit everybody's TGBs, so visibility does not grow with the pool.
         max_object_bytes: size cap of one TGB object; larger TGBs are split.
         background_commit: commit on a background thread (default), so commit I/O never
             delays ``append``; False commits inside ``append`` when the policy says so,
@@ -91,7 +93,7 @@ class Producer:
             raise ConfigError(f"max_lag must be a positive number of steps or None, got {max_lag!r}")
         self.max_lag = max_lag
         self._w_global_steps = 0  # cached; refreshed only while append is held back
-        self.policy = GroupCommit() if commit_policy == "group" else resolve_policy(commit_policy)
+        self.policy = resolve_policy(commit_policy)
         self._group = self.policy if isinstance(self.policy, GroupCommit) else None
         if self._group is not None and not background_commit:
             raise ConfigError(
@@ -138,6 +140,7 @@ class Producer:
         )  # group commit: newest version, when it was committed
         self._turn = (-1, 0, 0.0)  # group commit: (version, our rank after it, when our turn comes)
         self._flush_since: float | None = None  # group commit: when the current flush began
+        self._published_for = -1  # group commit: the version after which we last wrote an intent
         if self._group is not None:
             self._intents.sweep_older_epochs(self._me.epoch)  # a crashed incarnation's, never foldable
         self._thread: threading.Thread | None = None
@@ -365,9 +368,9 @@ class Producer:
         due = self._turn_due(forced)
         if time.monotonic() < due:
             # Wake for the turn, to look at the log again, or to publish what lingered.
-            poll_s = self._group.interval_s / 2 if not forced else self._group.stagger() / 2
+            poll_s = self._group.interval_s if not forced else self._group.stagger() / 2
             wake = min(due, time.monotonic() + poll_s)
-            if self._published_to < self._next_offset and self._publish_from() > time.monotonic():
+            if self._published_for != self._version_seen[0] and self._publish_from() > time.monotonic():
                 wake = min(wake, self._publish_from())
             with self._cond:
                 if self._pending and forced == (self._flush_waiters > 0 or self._closed):
@@ -386,10 +389,12 @@ class Producer:
         return self._version_seen[1] + self._group.publish_after_version_s()
 
     def _publish_intents(self, forced: bool) -> None:
-        """Write the TGBs that have no intent yet as one intent, shortly before the next
-        turn (or at once for a flush): whoever commits then folds them."""
+        """Write the TGBs that have no intent yet as one intent, once per version, shortly
+        before the next turn (or at once for a flush): whoever commits then folds them.
+        TGBs appended after it wait for the next version's intent."""
         with self._cond:
-            if not forced and time.monotonic() < self._publish_from():
+            version = self._version_seen[0]
+            if not forced and (self._published_for == version or time.monotonic() < self._publish_from()):
                 return
             batch = [t for t in self._pending if t.source_offset >= self._published_to]
         if not batch:
@@ -398,6 +403,7 @@ class Producer:
         with self._cond:
             self._published.append((intent_key(self.producer_id, self._me.epoch, batch[0].source_offset), end))
             self._published_to = max(self._published_to, end)
+            self._published_for = version
 
     def _follow_log(self) -> None:
         """Read the versions committed since we last looked (one GET when there are none)."""
