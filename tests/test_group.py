@@ -13,6 +13,8 @@ import uuid
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from checks import assert_exactly_once
 from interleave import Background, PausingStore
 from worker import origin_of, tgb
@@ -356,3 +358,78 @@ def test_no_intent_is_folded_after_the_end_of_stream(url):
     with pytest.raises(bw.StreamEndedError):
         late.flush()
     other.close()
+
+
+def test_garbage_collection_deletes_intents_that_can_never_be_folded(url):
+    """A crashed incarnation's intent and a committed one whose deletion failed go; an
+    intent still waiting for its turn stays. A dry run counts without deleting."""
+    store = PausingStore(url)
+    crashed = bw.Producer(store, "a", dp=1, commit_policy=quiet())
+    crashed.append(tgb("a", 0, 1))
+    fenced = wait_for(lambda: intents_of(store, "a"), "the crashed incarnation's intent")[0]
+    crashed.close(flush=False)
+    never_deleted = store.pause("delete", r"_intents/b/.*")
+    b = bw.Producer(store, "b", dp=1, commit_policy=quiet())
+    b.append(tgb("b", 0, 1))
+    committed = wait_for(lambda: intents_of(store, "b"), "b's intent")[0]
+    b.flush()  # committed; its commit thread is now held deleting the intent
+    never_deleted.wait_reached()
+    restarted = bw.Producer(store, "a", dp=1, commit_policy=quiet())
+    assert intents_of(store, "a") == []  # the restart sweeps its own old epochs
+    store.put_if_absent(fenced, b"left by a sweep that failed")  # put it back, as if the sweep had failed
+    restarted.append(tgb("a", 0, 1))
+    live = wait_for(lambda: [k for k in intents_of(store, "a") if "e000002" in k], "the restart's intent")[0]
+    assert bw.collect_garbage(url, dry_run=True).deleted_intents == 2
+    assert intents_of(store) == sorted([fenced, committed, live])
+    assert bw.collect_garbage(url).deleted_intents == 2
+    assert intents_of(store) == [live]
+    never_deleted.release()
+    restarted.close()
+    b.close()
+    # b's commit folded the crashed incarnation's a@0 (its epoch was current then): the
+    # restart resumed after it.
+    assert_exactly_once(url, {"a": 2, "b": 1})
+
+
+# -- model: folding any set of intents onto any state ----------------------------------
+
+_PRODUCERS = ("a", "b", "c")
+
+
+@st.composite
+def states_and_intents(draw):
+    recorded = {
+        p: (draw(st.integers(0, 6)), draw(st.integers(1, 3))) for p in draw(st.sets(st.sampled_from(_PRODUCERS)))
+    }
+    intents = [
+        intent(p, draw(st.integers(0, 10)), draw(st.integers(1, 4)), epoch=draw(st.integers(1, 3)))
+        for p in draw(st.lists(st.sampled_from(_PRODUCERS), max_size=8))
+    ]
+    return state_with(**recorded), intents
+
+
+def _covers(intents, producer, epoch, offset):
+    return any(i.producer == producer and i.epoch == epoch and i.first_offset <= offset < i.end_offset for i in intents)
+
+
+@settings(max_examples=300, deadline=None)
+@given(states_and_intents())
+def test_folding_any_intents_continues_every_producer_exactly_and_as_far_as_it_can(case):
+    """Against a plain model: producer p's TGBs in the version are exactly its recorded
+    offset onwards under its recorded epoch, as far as the intents cover without a gap;
+    the log's own rules accept the version."""
+    state, intents = case
+    version = group.build_group_commit(state, "zz", ProducerState(0, 1, "me"), [], intents, 1.0)
+    folded: dict[str, list[int]] = {}
+    for committed in version.tgbs if version else []:
+        folded.setdefault(committed.producer, []).append(committed.source_offset)
+        assert committed.epoch == state.producers[committed.producer].epoch
+    for producer, recorded in state.producers.items():
+        expected, offset = [], recorded.offset
+        while _covers(intents, producer, recorded.epoch, offset):
+            expected.append(offset)
+            offset += 1
+        assert folded.get(producer, []) == expected
+    assert set(folded) <= set(state.producers)
+    if version is not None:
+        log.apply_version(state, version, log.version_key(version.version))

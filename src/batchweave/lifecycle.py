@@ -32,6 +32,7 @@ import msgspec
 
 from batchweave import log
 from batchweave.errors import ConfigError, CorruptDataError, ObjectExistsError, ObjectNotFoundError, StoreError
+from batchweave.group import INTENT_PREFIX, decode_intent, parse_intent_key
 from batchweave.journal import Journal
 from batchweave.log import LogState, Reclaim
 from batchweave.store import ObjectInfo, Store, open_store
@@ -226,6 +227,7 @@ class GCReport:
     deleted_versions: int = 0
     deleted_snapshots: int = 0
     deleted_watermarks: int = 0  # objects of released checkpoints
+    deleted_intents: int = 0  # group-commit intents that can never be folded again
     orphans: list[str] = field(default_factory=list)
     dry_run: bool = False
 
@@ -282,6 +284,7 @@ def collect_garbage(
         report.deleted_versions = len(_old_versions(store, plan.target.versions))
         report.deleted_snapshots = len(_old_snapshots(store, journal, plan.target.versions))
         report.deleted_watermarks = sum(len(c.marks) + 1 for c in released)
+        report.deleted_intents = len(dead_intents(store, state))
         return report
     for key, size in plan.doomed:
         store.delete(key)
@@ -298,7 +301,37 @@ def collect_garbage(
         store.delete(key)
         report.deleted_snapshots += 1
     report.deleted_watermarks = _delete_released(store, released)
+    for key in dead_intents(store, state):
+        store.delete(key)
+        report.deleted_intents += 1
     return report
+
+
+def dead_intents(store: Store, state: LogState) -> list[str]:
+    """Group-commit intents (``batchweave.group``) that ``state`` has made useless: of an
+    epoch the log has fenced, or whose TGBs are all committed. Their producers delete
+    them as they go; these are a crashed incarnation's or a deletion that failed.
+    Deleting a live intent would be safe too (its producer commits its own TGBs), so a
+    state a little old only leaves some for the next collection."""
+    dead = []
+    for info in store.list(INTENT_PREFIX):
+        parsed = parse_intent_key(info.key)
+        recorded = state.producers.get(parsed[0]) if parsed else None
+        if parsed is None or recorded is None:
+            continue  # not an intent, or of a producer this state does not know yet
+        if parsed[1] < recorded.epoch or (
+            parsed[1] == recorded.epoch and _intent_end(store, info.key) <= recorded.offset
+        ):
+            dead.append(info.key)
+    return dead
+
+
+def _intent_end(store: Store, key: str) -> int:
+    """One past the intent's last offset; 0 (dead) for an intent that is gone or damaged."""
+    try:
+        return decode_intent(store.get(key), key).end_offset
+    except (ObjectNotFoundError, CorruptDataError):
+        return 0
 
 
 def _settle(
