@@ -13,9 +13,9 @@ import uuid
 
 import msgspec
 import pytest
+from checks import assert_exactly_once
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from checks import assert_exactly_once
 from interleave import Background, PausingStore
 from worker import origin_of, tgb
 
