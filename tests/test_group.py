@@ -184,10 +184,10 @@ def test_turn_waits_grow_by_one_stagger_per_rank():
     auto = GroupCommit(interval_s=0.5)
     auto.observe_commit(0.3)
     auto.observe_commit(0.3)
-    assert auto.stagger() == pytest.approx(2 * 0.3)  # the first observation seeds the average
+    assert auto.stagger() == pytest.approx(3 * 0.3)  # the first observation seeds the average
     auto.observe_commit(0.8)
-    assert auto.stagger() == pytest.approx(2 * (0.8 * 0.3 + 0.2 * 0.8))
-    assert GroupCommit().stagger() == pytest.approx(0.5)  # nothing timed yet
+    assert auto.stagger() == pytest.approx(3 * (0.8 * 0.3 + 0.2 * 0.8))
+    assert GroupCommit().stagger() == pytest.approx(0.75)  # nothing timed yet
 
 
 @pytest.mark.parametrize(

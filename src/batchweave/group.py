@@ -195,8 +195,9 @@ class GroupCommit:
         interval_s: target time between two versions; visibility latency is about this
             plus one commit, whatever the pool size.
         stagger_s: extra wait per rank before a producer takes a turn that is not its
-            own; None: twice the smoothed duration of a whole commit (intents listed and
-            read, version put), so the next in line waits until the first must be done.
+            own; None: three times the smoothed duration of a whole commit (intents
+            listed and read, version put), so the next in line waits until the first
+            must be done, even on a busy machine.
         active_versions: a producer is in the rotation while the log recorded it within
             this many versions.
         intent_lead_s: how long before the next turn a producer writes its TGBs so far
@@ -209,7 +210,7 @@ class GroupCommit:
 
     def __init__(
         self,
-        interval_s: float = 0.5,
+        interval_s: float = 0.4,
         stagger_s: float | None = None,
         active_versions: int = 8,
         intent_lead_s: float | None = None,
@@ -244,7 +245,7 @@ class GroupCommit:
     def stagger(self) -> float:
         if self.stagger_s is not None:
             return self.stagger_s
-        return max(_MIN_STAGGER_S, 2 * (self.commit_ema_s or _DEFAULT_COMMIT_S))
+        return max(_MIN_STAGGER_S, 3 * (self.commit_ema_s or _DEFAULT_COMMIT_S))
 
     def publish_after_version_s(self) -> float:
         """Seconds after a new version is seen until intents are written for the next."""

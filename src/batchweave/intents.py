@@ -26,7 +26,7 @@ from batchweave.store import Store
 __all__ = ["IntentBoard"]
 
 _logger = logging.getLogger(__name__)
-_READERS = 16  # intents read at once: one round trip for many producers' intents
+_READERS = 32  # intents read at once: a few round trips for a whole pool's intents
 
 
 class IntentBoard:

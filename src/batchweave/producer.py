@@ -141,6 +141,7 @@ class Producer:
         self._turn = (-1, 0, 0.0)  # group commit: (version, our rank after it, when our turn comes)
         self._flush_since: float | None = None  # group commit: when the current flush began
         self._published_for = -1  # group commit: the version after which we last wrote an intent
+        self._prefetched_for = -1  # group commit: the version after which we last read intents ahead
         if self._group is not None:
             self._intents.sweep_older_epochs(self._me.epoch)  # a crashed incarnation's, never foldable
         self._thread: threading.Thread | None = None
@@ -367,11 +368,13 @@ class Producer:
         self._follow_log()
         due = self._turn_due(forced)
         if time.monotonic() < due:
+            self._prefetch_intents()
             # Wake for the turn, to look at the log again, or to publish what lingered.
             poll_s = self._group.interval_s if not forced else self._group.stagger() / 2
             wake = min(due, time.monotonic() + poll_s)
-            if self._published_for != self._version_seen[0] and self._publish_from() > time.monotonic():
-                wake = min(wake, self._publish_from())
+            for moment in (self._publish_from(), self._prefetch_from()):
+                if moment > time.monotonic():
+                    wake = min(wake, moment)
             with self._cond:
                 if self._pending and forced == (self._flush_waiters > 0 or self._closed):
                     self._cond.wait(max(0.0, wake - time.monotonic()))
@@ -383,6 +386,19 @@ class Producer:
         # the winner has most likely folded our intent already.
         self._conflict_streak += 1
         time.sleep(random.uniform(0, min(2.0, self._group.stagger() * 2**self._conflict_streak)))
+
+    def _prefetch_from(self) -> float:
+        """When the next committer (rank 0) reads the intents already written, so that at
+        its turn only the listing and the few written since are on its critical path."""
+        assert self._group is not None
+        if self._turn[1] != 0 or self._prefetched_for == self._version_seen[0]:
+            return math.inf
+        return self._publish_from() + self._group.intent_lead_s / 2
+
+    def _prefetch_intents(self) -> None:
+        if time.monotonic() >= self._prefetch_from():
+            self._prefetched_for = self._version_seen[0]
+            self._intents.others()
 
     def _publish_from(self) -> float:
         assert self._group is not None
