@@ -264,9 +264,11 @@ class SeaweedPorts:
         return cls(*free_low_ports(len(fields(cls))))
 
     def grpc_sockets(self) -> list[Path]:
-        """Each gRPC server also listens on this fixed-path Unix socket; only a clean exit removes it."""
+        """Each gRPC server also listens on a Unix socket named by its port in the temporary
+        directory (Go's os.TempDir, which honours TMPDIR as ``tempfile`` does); only a clean
+        exit removes it."""
         return [
-            Path(f"/tmp/seaweedfs-{name}-grpc-{port}.sock")
+            Path(tempfile.gettempdir()) / f"seaweedfs-{name}-grpc-{port}.sock"
             for name, port in (
                 ("master", self.master_grpc),
                 ("volume", self.volume_grpc),
