@@ -428,8 +428,8 @@ class Producer:
             self._adopt(state, self._journal.newest_committed_at)
 
     def _adopt(self, state: LogState, committed_at: float | None) -> None:
-        """Take ``state`` as the newest: drop committed TGBs, restart the turn clock, and
-        delete our intents the log now holds."""
+        """Take ``state`` as the newest: drop committed TGBs and, in group commit, restart
+        the turn clock and delete our intents the log now holds (none in other modes)."""
         with self._cond:
             if state.version > self._version_seen[0]:
                 self._version_seen = (state.version, self._committed_when(committed_at))
@@ -440,7 +440,8 @@ class Producer:
             self._metrics["tgbs_committed"] += before - len(self._pending)
             self._published_to = max(self._published_to, offset)
             self._cond.notify_all()
-        self._published = self._intents.collect(state, self._published)
+        if self._published:
+            self._published = self._intents.collect(state, self._published)
 
     def _committed_when(self, committed_at: float | None) -> float:
         """The newest version's commit time on our monotonic clock. Turns count from it,
@@ -581,13 +582,7 @@ class Producer:
         self._metrics["conflicts"] += result.conflicts
         if result.outcome != "nothing":
             self._metrics["last_fragile_window_s"] = result.fragile_window_s
-        with self._cond:
-            before = len(self._pending)
-            self._state = result.state
-            offset = self._committed_offset()
-            self._pending = [t for t in self._pending if t.source_offset >= offset]
-            self._metrics["tgbs_committed"] += before - len(self._pending)
-            self._cond.notify_all()
+        self._adopt(result.state, None)
         return result.outcome != "conflict", result.fragile_window_s
 
     def _wait_for_checkpoints(self) -> None:
