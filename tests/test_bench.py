@@ -35,6 +35,7 @@ REQUIRED = {
     },
     "lifecycle": {"deletion", "step", "bytes_stored"},
     "pool-shrink": INGESTION | {"counting", "stay", "producers_counted", "after_visibility_wait_s"},
+    "e2e": {"system", "steps", "steps_per_s", "step_p50_s", "step_p95_s", "data_wait_fraction"},
 }
 
 

@@ -1,0 +1,369 @@
+"""``bench e2e``: end-to-end training speed with three feeds (paper section 7.2, Figs. 7 and 13).
+
+The same tiny ViT trains under torchrun (DDP, gloo on CPU) for the same number of steps on
+the same global batch of JPEG images (decode, random-resized crop, flip, normalize: the
+image half of ``examples/preprocess_images.py``, in ``batchweave.bench.e2e_train``), fed
+three ways:
+
+- ``dataloader-k=N``: a colocated ``DataLoader(num_workers=N)`` preprocessing on the
+  training node, for each N tried (the best one is the baseline to beat);
+- ``batchweave``: producer processes on a separate preprocessing node publish TGBs to a
+  local-directory namespace while training runs; the rank reads with ``TGBDataset``;
+- ``memory``: the batches preprocessed before the clock starts (the upper limit).
+
+Emulating the paper's nodes on one small machine, by CPU affinity: the training node is
+core 0 (the trainer pins itself there with one torch thread; DataLoader workers inherit
+the pin, so colocated preprocessing competes with training, as on a real node whose CPUs
+train), and the preprocessing node is core 1 (producers are started pinned there). The
+torchrun agent is not pinned: it only watches its ranks, and its start-up (importing
+torch) then overlaps the rank's, before any step is timed. The
+producers start only when the trainer is about to take its first step, so they get no
+head start, and the first ``warmup`` steps of every run (worker start-up, first reads)
+are left out of the figures. Limits of the emulation: the cores share caches, memory
+bandwidth and one disk (page cache), so "the store" is a local directory read at memory
+speed, not a network hop; the two cores are shared with whatever else runs on the
+machine, so absolute rates are noisy and only ratios between runs mean much; and one
+training rank stands for a node, so DDP's all-reduce is trivial. The consumer's own work
+(following the log, reading and CRC-checking each slice) runs on the trainer's core, as
+it would on a training node, and is part of what BatchWeave is charged.
+
+Noise: ``trainer_cpu_share`` is the trainer process's CPU time over its wall time in the
+timed steps. With the in-memory feed and BatchWeave nothing of ours shares the training
+core, so a share well under 1 means other work on the machine took it (while our
+producer keeps core 1 busy, the scheduler puts foreign work on core 0), and the ratios
+then say more about the machine than about the feeds; ``load_1m`` is the load average
+when each run started. Run the full benchmark on a quiet machine.
+
+Sizes are tuned so that preprocessing a step costs about half a training step on one
+core: enough that a colocated DataLoader visibly slows training, little enough that one
+producer core keeps ahead of the trainer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from batchweave.bench.e2e_train import preprocess_step, write_images
+from batchweave.bench.report import BenchOptions, BenchResult, machine
+from batchweave.pool import PoolPlan, produce_shards
+
+NAME = "e2e"
+COLUMNS = (
+    "system",
+    "steps",
+    "steps_per_s",
+    "step_p50_s",
+    "step_p95_s",
+    "data_wait_fraction",
+    "vs_memory",
+    "vs_best_dataloader",
+    "producer_tgbs_per_s",
+    "trainer_cpu_per_step_s",
+    "trainer_cpu_share",
+    "load_1m",
+)
+TARGET_VS_MEMORY = 0.95
+_POLL_S = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    steps: int  # per run, warm-up included
+    warmup: int  # first steps left out of the figures
+    workers: tuple[int, ...]  # DataLoader worker counts tried
+    per_step: int = 32  # global batch, images
+    size: int = 64  # crop side
+    patch: int = 8
+    dim: int = 128
+    layers: int = 2
+    pool_images: int = 64  # distinct JPEG files; every (step, image) gets its own crop
+    min_side: int = 320  # JPEG sides: the decode is the cost
+    max_side: int = 480
+    producers: int = 1
+    ranks: int = 1  # one training rank per emulated training node
+
+
+def setup(options: BenchOptions) -> Setup:
+    if options.quick:
+        return Setup(steps=10, warmup=2, workers=(1,), pool_images=32)
+    return Setup(steps=220, warmup=10, workers=(1, 2, 4))
+
+
+def cores() -> tuple[set[int], set[int]]:
+    """(training node, preprocessing node): the first two cores we may use."""
+    usable = sorted(os.sched_getaffinity(0))
+    return {usable[0]}, {usable[1 % len(usable)]}
+
+
+def run(options: BenchOptions, progress: Any) -> BenchResult:
+    plan = setup(options)
+    runs = [("memory", 0), ("batchweave", 0), *(("dataloader", k) for k in plan.workers)]
+    task = progress.add_task("bench e2e", total=len(runs))
+    work = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
+    results, series = [], {}
+    try:
+        progress.update(task, description="e2e: writing JPEGs")
+        write_images(work / "images", plan.pool_images, plan.min_side, plan.max_side, seed=options.seed)
+        for feed, workers in runs:
+            label = feed if feed != "dataloader" else f"dataloader-k={workers}"
+            progress.update(task, description=f"e2e: {label}")
+            load_1m = os.getloadavg()[0]
+            points, extra = train_once(plan, work, feed, workers, label)
+            extra["load_1m"] = load_1m
+            results.append({"system": label, "feed": feed, "workers": workers, **measure(points, plan.warmup), **extra})
+            series[label] = points
+            progress.advance(task)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    compare(results)
+    return BenchResult(NAME, config(plan, options), results, COLUMNS, summary=verdict(results), series=series)
+
+
+# -- one training run -----------------------------------------------------------------
+
+
+def train_once(plan: Setup, work: Path, feed: str, workers: int, label: str) -> tuple[list[dict], dict[str, Any]]:
+    """Run the trainer under torchrun (and, for BatchWeave, the producers); return rank 0's
+    per-step series and extra record fields."""
+    trainer_cores, producer_cores = cores()
+    out, ready, log = work / f"{label}.json", work / f"{label}.ready", work / f"{label}.log"
+    url = str(work / f"namespace-{label}")
+    command = [
+        *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(plan.ranks)),
+        *("-m", "batchweave.bench.e2e_train", "--feed", feed, "--images", str(work / "images"), "--url", url),
+        *("--steps", str(plan.steps), "--per-step", str(plan.per_step), "--size", str(plan.size)),
+        *("--patch", str(plan.patch), "--dim", str(plan.dim), "--layers", str(plan.layers)),
+        *("--workers", str(workers), "--cores", ",".join(map(str, sorted(trainer_cores)))),
+        *("--ready", str(ready), "--out", str(out)),
+    ]
+    producers: list[Any] = []
+    with log.open("w") as log_file:
+        # A session of its own: the trainer and its ranks are one process group we can stop.
+        trainer = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            extra = {}
+            if feed == "batchweave":
+                _wait_for(ready, trainer, timeout_s=300)
+                started = time.monotonic()
+                producers = start_producers(plan, work, url, producer_cores)
+                done_at = _wait_trainer(trainer, producers, _deadline(plan))
+                produced_s = (done_at or time.monotonic()) - started
+                extra["producer_tgbs_per_s"] = plan.steps / produced_s
+            else:
+                _wait_trainer(trainer, [], _deadline(plan))
+        finally:
+            _stop_trainer(trainer)
+            for producer in producers:
+                producer.kill()  # a no-op for those that finished
+                producer.join()
+    if trainer.returncode != 0 or not out.exists():
+        raise RuntimeError(f"e2e {label}: trainer exit {trainer.returncode}:\n{log.read_text()[-3000:]}")
+    failed = [p.exitcode for p in producers if p.exitcode != 0]
+    if failed:
+        raise RuntimeError(f"e2e {label}: producers exited with {failed}")
+    return json.loads(out.read_text())["series"], extra
+
+
+def start_producers(plan: Setup, work: Path, url: str, producer_cores: set[int]) -> list[Any]:
+    """``plan.producers`` spawned producer processes, each one member of a pool (its share
+    of the steps, exactly once), pinned to the preprocessing node's cores."""
+    pool = PoolPlan("e2e", plan.producers, plan.steps)
+    source = [(str(work / "images"), step, plan.per_step, plan.ranks, plan.size) for step in range(plan.steps)]
+    context = mp.get_context("spawn")  # obstore's runtime does not survive fork
+    processes = [
+        context.Process(target=_produce, args=(url, pool, index, source, plan.ranks, producer_cores), daemon=True)
+        for index in range(plan.producers)
+    ]
+    # Pinned from birth: a spawned child's imports would otherwise run on the trainer's core.
+    with _pinned_thread(producer_cores):
+        for process in processes:
+            process.start()
+    return processes
+
+
+@contextmanager
+def _pinned_thread(cores: set[int]):
+    """Run this thread on ``cores`` for a while (affinity is per thread; children inherit it)."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def _produce(url: str, pool: PoolPlan, index: int, source: list, dp: int, producer_cores: set[int]) -> None:
+    os.sched_setaffinity(0, producer_cores)  # the preprocessing node
+    produce_shards(url, pool, index, source, preprocess_step, dp=dp)
+
+
+def _deadline(plan: Setup) -> float:
+    return time.monotonic() + 120 + 3.0 * plan.steps
+
+
+def _wait_for(path: Path, trainer: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if trainer.poll() is not None:
+            return  # it failed before its first step; the caller reports its log
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the trainer did not reach its first step within {timeout_s} s")
+        time.sleep(_POLL_S)
+
+
+def _wait_trainer(trainer: subprocess.Popen, producers: list[Any], deadline: float) -> float | None:
+    """Wait for the trainer to exit; return when every producer had finished (or None)."""
+    producers_done = None
+    while trainer.poll() is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the trainer ran past its deadline")
+        if producers_done is None and producers and all(p.exitcode is not None for p in producers):
+            producers_done = time.monotonic()
+        time.sleep(_POLL_S)
+    return producers_done
+
+
+def _stop_trainer(trainer: subprocess.Popen) -> None:
+    """Stop the torchrun process group we started (it is gone already after a normal run)."""
+    if trainer.poll() is not None:
+        return
+    for sig, grace_s in ((signal.SIGTERM, 15), (signal.SIGKILL, 15)):
+        try:
+            os.killpg(trainer.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            trainer.wait(timeout=grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+# -- figures --------------------------------------------------------------------------
+
+
+def measure(points: list[dict], warmup: int) -> dict[str, Any]:
+    """Figures over the steps after the warm-up."""
+    steady = points[warmup:]
+    total_s = sum(p["step_s"] for p in steady)
+    ordered = sorted(p["step_s"] for p in steady)
+    cpu_s = steady[-1]["cpu_s"] - points[warmup - 1]["cpu_s"]
+
+    def nearest_rank(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return {
+        "steps": len(steady),
+        "steps_per_s": len(steady) / total_s,
+        "step_p50_s": nearest_rank(0.50),
+        "step_p95_s": nearest_rank(0.95),
+        "data_wait_fraction": sum(p["wait_s"] for p in steady) / total_s,
+        # CPU of the whole trainer process (all its threads, the consumer's included) per step
+        "trainer_cpu_per_step_s": cpu_s / len(steady),
+        "trainer_cpu_share": cpu_s / total_s,  # under 1: something else ran on the training core
+        "final_loss": steady[-1]["loss"],
+    }
+
+
+def compare(results: list[dict[str, Any]]) -> None:
+    """Every row against the in-memory feed; BatchWeave also against the best DataLoader."""
+    memory = _row(results, "memory")["steps_per_s"]
+    best = best_dataloader(results)
+    for record in results:
+        record["vs_memory"] = record["steps_per_s"] / memory
+    ours = _row(results, "batchweave")
+    ours["vs_best_dataloader"] = ours["steps_per_s"] / best["steps_per_s"]
+
+
+def best_dataloader(results: list[dict[str, Any]]) -> dict[str, Any]:
+    return max((r for r in results if r["feed"] == "dataloader"), key=lambda r: r["steps_per_s"])
+
+
+def _row(results: list[dict[str, Any]], feed: str) -> dict[str, Any]:
+    return next(r for r in results if r["feed"] == feed)
+
+
+def verdict(results: list[dict[str, Any]]) -> list[str]:
+    ours, memory, best = _row(results, "batchweave"), _row(results, "memory"), best_dataloader(results)
+    met_memory = "met" if ours["vs_memory"] >= TARGET_VS_MEMORY else "MISSED"
+    met_best = "met" if ours["vs_best_dataloader"] > 1 else "MISSED"
+    keeps_up = ours["producer_tgbs_per_s"] >= ours["steps_per_s"]
+    return [
+        f"BatchWeave {ours['steps_per_s']:.2f} steps/s = {ours['vs_memory']:.3f}x the in-memory feed "
+        f"({memory['steps_per_s']:.2f} steps/s); target >= {TARGET_VS_MEMORY}x: {met_memory}",
+        f"best colocated DataLoader ({best['system']}) {best['steps_per_s']:.2f} steps/s = "
+        f"{best['vs_memory']:.3f}x the in-memory feed; BatchWeave {ours['vs_best_dataloader']:.2f}x of it; "
+        f"target > 1x: {met_best}",
+        f"time waiting for data: BatchWeave {ours['data_wait_fraction']:.1%}, best DataLoader "
+        f"{best['data_wait_fraction']:.1%}, memory {memory['data_wait_fraction']:.1%} of step time",
+        f"one producer core made {ours['producer_tgbs_per_s']:.2f} TGBs/s while training took "
+        f"{ours['steps_per_s']:.2f} steps/s ({'kept up' if keeps_up else 'the producer was the bottleneck'})",
+        f"trainer CPU per step: BatchWeave {ours['trainer_cpu_per_step_s'] * 1e3:.1f} ms vs memory "
+        f"{memory['trainer_cpu_per_step_s'] * 1e3:.1f} ms (the consumer's cost on the training core); "
+        f"trainer's share of its core: BatchWeave {ours['trainer_cpu_share']:.0%}, memory "
+        f"{memory['trainer_cpu_share']:.0%} (well under 100%: other work on the machine took the core)",
+        "emulation: training node = core 0 (DataLoader workers share it), preprocessing node = core 1 "
+        "(CPU affinity on one 2-core machine shared with other work; ratios, not absolute rates)",
+    ]
+
+
+def config(plan: Setup, options: BenchOptions) -> dict[str, Any]:
+    trainer_cores, producer_cores = cores()
+    return {
+        **asdict(plan),
+        "workers": list(plan.workers),
+        "model": f"ViT: {plan.size}px, patch {plan.patch}, dim {plan.dim}, {plan.layers} encoder layers",
+        "preprocessing": f"JPEG decode ({plan.min_side}-{plan.max_side} px sides), random-resized crop, "
+        "flip, normalize; examples/preprocess_images.py",
+        "emulation": {
+            "training_node_cores": sorted(trainer_cores),
+            "preprocessing_node_cores": sorted(producer_cores),
+            "torch_threads": 1,
+            "dataloader_workers": "colocated: pinned to the training node's cores",
+            "producers_start": "when the trainer reaches its first step (no head start)",
+            "limits": "shared caches, memory bandwidth and disk; the store is a local directory; other work "
+            "on the machine adds noise; one rank per node, so DDP's all-reduce is trivial",
+        },
+        "quick": options.quick,
+        "store": {"kind": "local", "where": "a temporary directory on this machine's disk (--store is ignored)"},
+        "machine": machine(),
+    }
+
+
+def plot(result: BenchResult, figure: Any) -> None:
+    left, right = figure.subplots(1, 2, gridspec_kw={"width_ratios": [2, 1]})
+    warmup = result.config["warmup"]
+    for label, points in result.series.items():
+        left.plot([p["step"] for p in points], [p["step_s"] * 1e3 for p in points], label=label, linewidth=1)
+    left.axvspan(0, warmup, color="grey", alpha=0.15, label="warm-up (left out)")
+    left.set(title="step time (paper Fig. 7)", xlabel="step", ylabel="step time (ms)")
+    left.set_ylim(0, _ylim_ms(result))
+    left.legend(fontsize=8)
+    labels = [r["system"] for r in result.results]
+    rates = [r["steps_per_s"] for r in result.results]
+    colours = ["tab:green" if r["feed"] == "batchweave" else "tab:grey" for r in result.results]
+    right.bar(labels, rates, color=colours)
+    memory = _row(result.results, "memory")["steps_per_s"]
+    right.axhline(TARGET_VS_MEMORY * memory, color="tab:red", linestyle=":", label=f"{TARGET_VS_MEMORY}x memory")
+    right.set(title="training speed", ylabel="steps/s")
+    right.tick_params(axis="x", labelrotation=30)
+    right.legend(fontsize=8)
+
+
+def _ylim_ms(result: BenchResult) -> float:
+    """Room for the steady state; a slow first step would flatten everything else."""
+    p95 = max(r["step_p95_s"] for r in result.results)
+    return 1e3 * p95 * 1.8 if math.isfinite(p95) else 1.0

@@ -1,0 +1,248 @@
+"""The training job of ``batchweave bench e2e``, run under torchrun, and its image pipeline.
+
+    python -m torch.distributed.run --standalone --nproc-per-node 1 -m batchweave.bench.e2e_train \\
+        --feed batchweave --images DIR --url NAMESPACE --steps 200 --out steps.json
+
+A tiny ViT (patch embedding, a few ``nn.TransformerEncoder`` layers, mean pooling) trains
+under DDP (gloo on CPU, NCCL when CUDA is there) for a fixed number of steps. Every step
+records its wall time and, inside it, the time spent waiting for the next batch; rank 0
+writes the series as JSON. ``--feed`` chooses where the batches come from:
+
+- ``dataloader``: a colocated ``DataLoader(num_workers=k)`` whose workers decode and
+  augment the JPEGs, on the trainer's own cores (the workers inherit its CPU affinity);
+- ``batchweave``: ``TGBDataset`` over a namespace that producer processes (started by
+  ``batchweave.bench.e2e`` on other cores) fill while training runs;
+- ``memory``: the same batches, preprocessed before the clock starts (the upper limit).
+
+The preprocessing lives here too (the DataLoader workers and the producers import it):
+the image half of ``examples/preprocess_images.py`` (JPEG decode, random-resized crop,
+flip, normalize), seeded per image so that a step's batch has the same bytes whichever
+process made it. This module imports torch only inside the training functions, so the
+producer processes that import the pipeline never pay for torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import io
+import json
+import math
+import os
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
+STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
+CLASSES = 10
+LABELS_FILE = "labels.json"
+
+
+# -- the image pipeline (shared with the producers) -----------------------------------
+
+
+def write_images(directory: Path, count: int, min_side: int, max_side: int, seed: int = 0) -> None:
+    """``count`` synthetic JPEGs (rings whose scale is the class), and their labels."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    labels = []
+    for index in range(count):
+        height, width = (int(v) for v in rng.integers(min_side, max_side + 1, size=2))
+        label = int(rng.integers(CLASSES))
+        y, x = np.mgrid[0:height, 0:width]
+        rings = np.sin(np.hypot(y - height / 2, x - width / 2) / (4 + 1.6 * label))
+        pixels = np.stack([x / width, y / height, (rings + 1) / 2], axis=-1)
+        pixels = np.clip(pixels + rng.normal(0, 0.05, pixels.shape), 0, 1)
+        Image.fromarray((pixels * 255).astype(np.uint8)).save(directory / f"{index:05d}.jpg", quality=90)
+        labels.append(label)
+    (directory / LABELS_FILE).write_text(json.dumps(labels))
+
+
+@functools.cache
+def _labels(directory: str) -> tuple[int, ...]:
+    return tuple(json.loads((Path(directory) / LABELS_FILE).read_text()))
+
+
+def _random_resized_crop(image: Image.Image, size: int, rng: random.Random) -> Image.Image:
+    """torchvision's RandomResizedCrop in plain Pillow (as examples/preprocess_images.py)."""
+    width, height = image.size
+    area = width * height
+    for _ in range(10):
+        target = area * rng.uniform(0.08, 1.0)
+        aspect = math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
+        crop_w, crop_h = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
+        if 0 < crop_w <= width and 0 < crop_h <= height:
+            left, top = rng.randint(0, width - crop_w), rng.randint(0, height - crop_h)
+            return image.resize((size, size), Image.Resampling.BILINEAR, box=(left, top, left + crop_w, top + crop_h))
+    side = min(width, height)
+    box = ((width - side) // 2, (height - side) // 2, (width + side) // 2, (height + side) // 2)
+    return image.resize((size, size), Image.Resampling.BILINEAR, box=box)
+
+
+def _augment(path: Path, size: int, rng: random.Random) -> np.ndarray:
+    """Decode one JPEG (the cost), crop, flip, normalize: ``[3, size, size]`` float32."""
+    with Image.open(io.BytesIO(path.read_bytes())) as decoded:
+        crop = _random_resized_crop(decoded.convert("RGB"), size, rng)
+    if rng.random() < 0.5:
+        crop = crop.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return ((np.asarray(crop, dtype=np.float32) / 255.0 - MEAN) / STD).transpose(2, 0, 1)
+
+
+def preprocess_slice(images: str, step: int, per_step: int, rank: int, ranks: int, size: int) -> dict[str, np.ndarray]:
+    """Rank ``rank``'s contiguous share of step ``step``'s batch of ``per_step`` images.
+
+    Image ``j`` of step ``s`` is pool file ``(s * per_step + j) mod pool`` with a crop
+    seeded by ``(s, j)``: the bytes depend on neither the process nor the other images.
+    """
+    labels = _labels(images)
+    share = per_step // ranks
+    picks = range(rank * share, (rank + 1) * share)
+    files = [(step * per_step + j) % len(labels) for j in picks]
+    pixels = [
+        _augment(Path(images) / f"{f:05d}.jpg", size, random.Random(f"{step}-{j}"))
+        for f, j in zip(files, picks, strict=True)
+    ]
+    return {"images": np.stack(pixels), "labels": np.array([labels[f] for f in files], dtype=np.int64)}
+
+
+def preprocess_step(item: tuple[str, int, int, int, int]) -> list[dict[str, np.ndarray]]:
+    """A producer's shard -> TGB: ``item`` is (images dir, step, per_step, dp, size)."""
+    images, step, per_step, dp, size = item
+    return [preprocess_slice(images, step, per_step, d, dp, size) for d in range(dp)]
+
+
+class StepImages:
+    """Map-style dataset for the colocated DataLoader: item ``s`` is this rank's slice of step ``s``."""
+
+    def __init__(self, images: str, steps: int, per_step: int, rank: int, ranks: int, size: int) -> None:
+        self.images, self.steps, self.per_step = images, steps, per_step
+        self.rank, self.ranks, self.size = rank, ranks, size
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __getitem__(self, step: int) -> dict[str, np.ndarray]:
+        return preprocess_slice(self.images, step, self.per_step, self.rank, self.ranks, self.size)
+
+
+# -- training -------------------------------------------------------------------------
+
+
+def build_model(dim: int, layers: int, size: int, patch: int):
+    import torch
+
+    class TinyViT(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Conv2d(3, dim, patch, patch)
+            self.position = torch.nn.Parameter(torch.zeros(1, (size // patch) ** 2, dim))
+            layer = torch.nn.TransformerEncoderLayer(dim, 4, 2 * dim, dropout=0.0, batch_first=True)
+            self.encoder = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+            self.head = torch.nn.Linear(dim, CLASSES)
+
+        def forward(self, x):
+            tokens = self.embed(x).flatten(2).transpose(1, 2) + self.position
+            return self.head(self.encoder(tokens).mean(dim=1))
+
+    return TinyViT()
+
+
+def pin(cores: set[int]) -> None:
+    """Run on ``cores`` only, one intra-op thread: one emulated training node."""
+    import torch
+
+    os.sched_setaffinity(0, cores)
+    torch.set_num_threads(1)
+
+
+def batches(args: argparse.Namespace, rank: int, world: int):
+    """The iterator of this rank's batches for ``args.feed``, and something to close."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    if args.feed == "memory":
+        made = [preprocess_slice(args.images, s, args.per_step, rank, world, args.size) for s in range(args.steps)]
+        return iter([{k: torch.from_numpy(v) for k, v in b.items()} for b in made]), None
+    if args.feed == "batchweave":
+        from batchweave.torch import TGBDataset
+
+        dataset = TGBDataset(args.url, dp=world, rank=rank, timeout_s=args.timeout_s)
+        return iter(DataLoader(dataset, batch_size=None)), dataset
+    cores = os.sched_getaffinity(0)
+    loader = DataLoader(
+        StepImages(args.images, args.steps, args.per_step, rank, world, args.size),
+        batch_size=None,
+        num_workers=args.workers,
+        worker_init_fn=functools.partial(_worker_init, cores),
+    )
+    return iter(loader), None
+
+
+def _worker_init(cores: set[int], worker_id: int) -> None:
+    pin(cores)  # colocated: the workers share the trainer's cores (fork inherits them too)
+
+
+def train(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    pin({int(c) for c in args.cores.split(",")})
+    cuda = torch.cuda.is_available()
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
+    torch.manual_seed(0)
+    model = DistributedDataParallel(build_model(args.dim, args.layers, args.size, args.patch).to(device))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    feed, closable = batches(args, rank, world)
+    if rank == 0 and args.ready:
+        Path(args.ready).touch()  # the producers start now: no head start before the first step
+    series = []
+    for step in range(args.steps):
+        started = time.perf_counter()
+        batch = next(feed)
+        waited = time.perf_counter() - started
+        images, labels = batch["images"].to(device), batch["labels"].to(device)
+        loss = torch.nn.functional.cross_entropy(model(images), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if cuda:
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - started
+        cpu_s = time.process_time()  # the whole process: the consumer's threads too
+        series.append({"step": step, "step_s": elapsed, "wait_s": waited, "loss": loss.item(), "cpu_s": cpu_s})
+    if closable is not None:
+        closable.close()
+    if rank == 0:
+        out = {"feed": args.feed, "workers": args.workers, "world": world, "cuda": cuda, "series": series}
+        Path(args.out).write_text(json.dumps(out))
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--feed", choices=("dataloader", "batchweave", "memory"), required=True)
+    parser.add_argument("--images", required=True, help="directory of JPEGs made by write_images")
+    parser.add_argument("--url", help="namespace (batchweave feed)")
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--per-step", type=int, default=32, help="global batch: images per step")
+    parser.add_argument("--size", type=int, default=64, help="crop side in pixels")
+    parser.add_argument("--patch", type=int, default=8)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=0, help="DataLoader workers (dataloader feed)")
+    parser.add_argument("--cores", default="0", help="CPU cores of this training node, e.g. 0 or 0,1")
+    parser.add_argument("--ready", help="file rank 0 creates just before the first step")
+    parser.add_argument("--timeout-s", type=float, default=300.0)
+    parser.add_argument("--out", required=True, help="rank 0's JSON of per-step times")
+    train(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()
