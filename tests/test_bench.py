@@ -35,6 +35,10 @@ REQUIRED = {
     },
     "lifecycle": {"deletion", "step", "bytes_stored"},
     "pool-shrink": INGESTION | {"counting", "stay", "producers_counted", "after_visibility_wait_s"},
+    "consumers": {
+        *("system", "store", "world_size", "payload_bytes", "steps", "throughput_mb_s", "step_p50_s"),
+        *("step_p95_s", "read_amplification", "requests_per_step", "first_batch_s", "exact_resume"),
+    },
     "e2e": {"system", "steps", "steps_per_s", "step_p50_s", "step_p95_s", "data_wait_fraction"},
 }
 

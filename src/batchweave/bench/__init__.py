@@ -21,6 +21,7 @@ BENCHMARKS = {
     "exactly-once": "exactly_once",
     "lifecycle": "lifecycle",
     "pool-shrink": "pool_shrink",
+    "consumers": "consumers",
     "e2e": "e2e",
 }
 

