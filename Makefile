@@ -32,6 +32,9 @@ $(VENV)/.installed: pyproject.toml | $(PY)
 
 $(VENV)/.installed-dev: pyproject.toml | $(PY)
 	$(PY) -m pip install -q -e '.[dev]'
+# bench consumers' baseline without its declared dependencies (torchvision, transformers,
+# cloud SDKs: 2.5 min of CI, and a numpy downgrade); the few it imports are in the dev extra.
+	$(PY) -m pip install -q --no-deps mosaicml-streaming==0.13.0
 	touch $@ $(VENV)/.installed
 
 $(NODE): package.json $(wildcard package-lock.json)
