@@ -519,6 +519,7 @@ def plot(result: BenchResult, figure: Any) -> None:
             _lines(ax, [r for r in rows if r["store"] == store and r["payload_bytes"] == payload], "throughput_mb_s")
             ax.set(title=f"{store}, {payload // 1000} KB/rank", xlabel="world size", ylabel="MB/s per rank")
             ax.set_xscale("log", base=2)
+            ax.set_yscale("log")  # the systems differ by orders of magnitude
         amp = axes[i][-1]
         _lines(amp, [r for r in rows if r["store"] == store], "read_amplification", by_payload=True)
         amp.set(title=f"{store}: read amplification", xlabel="world size", ylabel="GET bytes / delivered")

@@ -140,10 +140,12 @@ class LatencyProxy:
             loop.run_forever()
         finally:
             self._server.close()
-            for task in asyncio.all_tasks(loop):
+            tasks = asyncio.all_tasks(loop)
+            for task in tasks:
                 task.cancel()
+            # Collect the cancelled connection tasks, so none reports its cancellation as an error.
             with contextlib.suppress(Exception):
-                loop.run_until_complete(asyncio.sleep(0))
+                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
             loop.close()
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
