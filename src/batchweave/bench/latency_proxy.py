@@ -162,6 +162,8 @@ class LatencyProxy:
                     return
         except (ConnectionError, asyncio.IncompleteReadError, ValueError):
             return  # a peer went away or spoke something else: drop this connection only
+        except asyncio.CancelledError:
+            return  # the proxy is stopping (asyncio's server callback would log a raised cancellation)
         finally:
             for w in (writer, upstream[1] if upstream else None):
                 if w is not None:
