@@ -16,16 +16,17 @@ core 0 (the trainer pins itself there with one torch thread; DataLoader workers 
 the pin, so colocated preprocessing competes with training, as on a real node whose CPUs
 train), and the preprocessing node is core 1 (producers are started pinned there). The
 torchrun agent is not pinned: it only watches its ranks, and its start-up (importing
-torch) then overlaps the rank's, before any step is timed. The
-producers start only when the trainer is about to take its first step, so they get no
-head start, and the first ``warmup`` steps of every run (worker start-up, first reads)
-are left out of the figures. Limits of the emulation: the cores share caches, memory
-bandwidth and one disk (page cache), so "the store" is a local directory read at memory
-speed, not a network hop; the two cores are shared with whatever else runs on the
-machine, so absolute rates are noisy and only ratios between runs mean much; and one
-training rank stands for a node, so DDP's all-reduce is trivial. The consumer's own work
-(following the log, reading and CRC-checking each slice) runs on the trainer's core, as
-it would on a training node, and is part of what BatchWeave is charged.
+torch) then overlaps the rank's, before any step is timed. The producers start only when
+the trainer is about to take its first step, so they get no head start, and have more
+TGBs to make than training takes, so they publish until it ends; the first
+``warmup`` steps of every run (worker start-up, first reads) are left out of the figures.
+Limits of the emulation: the cores share caches, memory bandwidth and one disk (page
+cache), so "the store" is a local directory read at memory speed, not a network hop; the
+two cores are shared with whatever else runs on the machine, so absolute rates are noisy
+and only ratios between runs mean much; and one training rank stands for a node, so
+DDP's all-reduce is trivial. The consumer's own work (following the log, reading and
+CRC-checking each slice) runs on the trainer's core, as it would on a training node, and
+is part of what BatchWeave is charged.
 
 Noise: ``trainer_cpu_share`` is the trainer process's CPU time over its wall time in the
 timed steps. With the in-memory feed and BatchWeave nothing of ours shares the training
@@ -34,7 +35,7 @@ producer keeps core 1 busy, the scheduler puts foreign work on core 0), and the 
 then say more about the machine than about the feeds; ``load_1m`` is the load average
 when each run started. Run the full benchmark on a quiet machine.
 
-Sizes are tuned so that preprocessing a step costs about half a training step on one
+Sizes are tuned so that preprocessing a step costs about 60% of a training step on one
 core: enough that a colocated DataLoader visibly slows training, little enough that one
 producer core keeps ahead of the trainer.
 """
@@ -58,7 +59,9 @@ from typing import Any
 
 from batchweave.bench.e2e_train import preprocess_step, write_images
 from batchweave.bench.report import BenchOptions, BenchResult, machine
+from batchweave.journal import Journal
 from batchweave.pool import PoolPlan, produce_shards
+from batchweave.store import open_store
 
 NAME = "e2e"
 COLUMNS = (
@@ -76,6 +79,7 @@ COLUMNS = (
     "load_1m",
 )
 TARGET_VS_MEMORY = 0.95
+PRODUCE_AHEAD = 2  # the producers have this many times the trainer's steps to make
 _POLL_S = 0.05
 
 
@@ -98,8 +102,8 @@ class Setup:
 
 def setup(options: BenchOptions) -> Setup:
     if options.quick:
-        return Setup(steps=10, warmup=2, workers=(1,), pool_images=32)
-    return Setup(steps=220, warmup=10, workers=(1, 2, 4))
+        return Setup(steps=9, warmup=2, workers=(1,), pool_images=32)
+    return Setup(steps=200, warmup=10, workers=(1, 2, 4))
 
 
 def cores() -> tuple[set[int], set[int]]:
@@ -161,7 +165,7 @@ def train_once(plan: Setup, work: Path, feed: str, workers: int, label: str) -> 
                 producers = start_producers(plan, work, url, producer_cores)
                 done_at = _wait_trainer(trainer, producers, _deadline(plan))
                 produced_s = (done_at or time.monotonic()) - started
-                extra["producer_tgbs_per_s"] = plan.steps / produced_s
+                extra["producer_tgbs_per_s"] = Journal(open_store(url)).load_state().steps / produced_s
             else:
                 _wait_trainer(trainer, [], _deadline(plan))
         finally:
@@ -180,8 +184,11 @@ def train_once(plan: Setup, work: Path, feed: str, workers: int, label: str) -> 
 def start_producers(plan: Setup, work: Path, url: str, producer_cores: set[int]) -> list[Any]:
     """``plan.producers`` spawned producer processes, each one member of a pool (its share
     of the steps, exactly once), pinned to the preprocessing node's cores."""
-    pool = PoolPlan("e2e", plan.producers, plan.steps)
-    source = [(str(work / "images"), step, plan.per_step, plan.ranks, plan.size) for step in range(plan.steps)]
+    # More TGBs than the trainer takes: the producers keep publishing until training ends,
+    # so the consumer follows a live log throughout, the steady state of a long job.
+    tgbs = PRODUCE_AHEAD * plan.steps
+    pool = PoolPlan("e2e", plan.producers, tgbs)
+    source = [(str(work / "images"), step, plan.per_step, plan.ranks, plan.size) for step in range(tgbs)]
     context = mp.get_context("spawn")  # obstore's runtime does not survive fork
     processes = [
         context.Process(target=_produce, args=(url, pool, index, source, plan.ranks, producer_cores), daemon=True)
@@ -230,6 +237,9 @@ def _wait_trainer(trainer: subprocess.Popen, producers: list[Any], deadline: flo
     while trainer.poll() is None:
         if time.monotonic() > deadline:
             raise TimeoutError("the trainer ran past its deadline")
+        failed = [p.exitcode for p in producers if p.exitcode not in (None, 0)]
+        if failed:  # the trainer would only wait for steps that never come
+            raise RuntimeError(f"producers exited with {failed} while the trainer waited")
         if producers_done is None and producers and all(p.exitcode is not None for p in producers):
             producers_done = time.monotonic()
         time.sleep(_POLL_S)
@@ -334,6 +344,8 @@ def config(plan: Setup, options: BenchOptions) -> dict[str, Any]:
             "torch_threads": 1,
             "dataloader_workers": "colocated: pinned to the training node's cores",
             "producers_start": "when the trainer reaches its first step (no head start)",
+            "producers_stop": f"when training ends; they have {PRODUCE_AHEAD}x the trainer's steps to make, "
+            "so the consumer follows a live log throughout",
             "limits": "shared caches, memory bandwidth and disk; the store is a local directory; other work "
             "on the machine adds noise; one rank per node, so DDP's all-reduce is trivial",
         },
