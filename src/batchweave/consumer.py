@@ -12,12 +12,13 @@ maps each logical step of this mesh onto the slices it must read (paper 4.1).
 
 from __future__ import annotations
 
+import functools
 import math
 import queue
 import random
 import reprlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from fractions import Fraction
@@ -40,12 +41,19 @@ from batchweave.layout import decode_slice
 from batchweave.lifecycle import Watermark, check_checkpoint_id, write_watermark
 from batchweave.log import LogState, LogVersion, TGBDescriptor
 from batchweave.mesh import Mesh, resolve_rank
+from batchweave.readahead import DEFAULT_LOG_READ_AHEAD, LogReadAhead
 from batchweave.reshard import Reshard, SliceRead
 from batchweave.store import Store, open_store
 
 __all__ = ["Batch", "Consumer"]
 
 CURSOR_FORMAT = "batchweave.cursor/1"
+# prefetch=None: as many steps ahead as fit in this budget, within these bounds. A
+# cloud store answers in about 25 ms whatever the size, so small slices need many
+# reads in flight to keep up; large ones are bandwidth-bound with a few.
+AUTO_PREFETCH_BYTES = 64 << 20
+MIN_AUTO_PREFETCH = 4
+MAX_AUTO_PREFETCH = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +83,13 @@ class Consumer:
         url: namespace URL.
         dp, cp, tp, pp: mesh sizes; ``dp*cp*tp*pp`` must equal ``WORLD_SIZE`` when set.
         rank: this rank, default ``RANK`` from the environment (torchrun).
-        prefetch: steps fetched ahead on background threads.
+        prefetch: steps fetched ahead, each on its own background thread (so also the
+            reads in flight at once). None (default) chooses: on an object store, as many
+            of this rank's steps as fit in 64 MiB, from 4 to 64 (deep enough to hide 25 ms
+            per request behind small slices, bounded for large ones); on a local directory
+            or memory, none: the iterating thread reads each step itself, since a local
+            read costs less than handing it between threads. Set it for a network file
+            system mounted as a directory.
         timeout_s: raise StepTimeoutError when no step arrives for this long (None: wait).
         max_poll_interval_s: longest pause between log probes while idle.
         sequence_axis: the axis along which slices are joined when CP shrank and split
@@ -91,7 +105,7 @@ class Consumer:
         tp: int = 1,
         pp: int = 1,
         rank: int | None = None,
-        prefetch: int = 4,
+        prefetch: int | None = None,
         *,
         timeout_s: float | None = None,
         max_poll_interval_s: float = 1.0,
@@ -101,8 +115,8 @@ class Consumer:
         self.mesh = Mesh(dp=dp, cp=cp, tp=tp, pp=pp)
         self.rank = resolve_rank(rank, self.mesh)
         self.slice_index = self.mesh.slice_index(self.rank)
-        if prefetch < 1:
-            raise ConfigError(f"prefetch must be >= 1, got {prefetch}")
+        if prefetch is not None and (not isinstance(prefetch, int) or prefetch < 1):
+            raise ConfigError(f"prefetch must be a positive number of steps or None, got {prefetch!r}")
         self.prefetch = prefetch
         self.timeout_s = timeout_s
         self.max_poll_interval_s = max_poll_interval_s
@@ -122,6 +136,14 @@ class Consumer:
         batch, position = self._pipeline.next(self.timeout_s)
         self._cursor = _Cursor(batch.version, position, batch.step + 1, self._pipeline.namespace)
         return batch
+
+    @property
+    def inflight(self) -> int | None:
+        """Steps fetched ahead at most: ``prefetch``, or the depth chosen from the data
+        when ``prefetch`` is None (None until iteration has read the first TGB)."""
+        if self.prefetch is not None:
+            return self.prefetch
+        return None if self._pipeline is None else self._pipeline.depth
 
     def mark_checkpoint(self, checkpoint_id: str) -> None:
         """Record this rank's cursor as its watermark for ``checkpoint_id``.
@@ -316,9 +338,14 @@ class _Pipeline:
         self._next_step = cursor.step
         self._known: dict[int, tuple[TGBDescriptor, int]] = {}  # TGB index -> (descriptor, version)
         self._ready: queue.Queue[Any] = queue.Queue()
-        self._slots = threading.Semaphore(consumer.prefetch)
+        self.depth = consumer.prefetch  # None: chosen from the first step's bytes
+        # Local reads are cheaper than a hand-off between threads: next() performs them.
+        self._inline = consumer.prefetch is None and not self._store.remote
+        self._slots: threading.Semaphore | None = None  # one per step fetched ahead
         self._stop = threading.Event()
-        self._pool = ThreadPoolExecutor(max_workers=consumer.prefetch, thread_name_prefix="batchweave-fetch")
+        self._pool = ThreadPoolExecutor(
+            max_workers=consumer.prefetch or MAX_AUTO_PREFETCH, thread_name_prefix="batchweave-fetch"
+        )
         self._known_version = cursor.version
         self._reclaim_checked = False
         self._offsets: dict[str, tuple[int, int]] = {}  # producer -> (epoch, next offset), as read
@@ -343,6 +370,7 @@ class _Pipeline:
         if isinstance(item, BaseException):
             self._broken = item
             raise item
+        assert self._slots is not None  # a fetch was queued, so the slots exist
         self._slots.release()
         try:
             batch, position = item.result()
@@ -375,6 +403,10 @@ class _Pipeline:
         """
         if self._cursor.namespace:
             return
+        if self._cursor.version == 0 and self._cursor.position == 0:
+            # From the start there is nothing to check the cursor against; version 1
+            # names the namespace, and a missing version 1 is checked for reclamation.
+            return
         state = _newest_state(self._journal)
         if state is None:
             return
@@ -383,11 +415,19 @@ class _Pipeline:
         self._reclaim_checked = True
 
     def _follow_log(self) -> None:
-        version = max(self._cursor.version, 1)
+        depth = DEFAULT_LOG_READ_AHEAD if self._store.remote else 1  # local reads are too quick to overlap
+        reader = LogReadAhead(self._journal, max(self._cursor.version, 1), depth)
+        try:
+            self._follow_versions(reader)
+        finally:
+            reader.close()
+
+    def _follow_versions(self, reader: LogReadAhead) -> None:
         expected_step = None
         pause = 0.0
         while not self._stop.is_set():
-            delta = self._journal.read_version(version)
+            version = reader.next_version
+            delta = reader.next()
             if delta is None:
                 self._raise_if_reclaimed(version)
                 if version <= self._cursor.version:
@@ -397,6 +437,8 @@ class _Pipeline:
                 continue
             pause = 0.0
             self._known_version = version
+            if delta.namespace:  # version 1: a cursor from the start learns its namespace here
+                self.namespace = delta.namespace
             if expected_step is not None and delta.first_step != expected_step:
                 raise CorruptDataError(
                     log.version_key(version), f"first step {delta.first_step}, expected {expected_step}"
@@ -410,7 +452,6 @@ class _Pipeline:
                 # A last logical step whose TGBs never all arrived (DP grown) is not a step.
                 self._ready.put(_END)
                 return
-            version += 1
 
     def _raise_if_reclaimed(self, version: int) -> None:
         """A version that should exist (the cursor's, or version 1) but is missing may have
@@ -449,12 +490,17 @@ class _Pipeline:
             tgb = self._known[read.tgb][0]
             version = self._known[needed[-1]][1]
             position = self._reshard.position(self._next_step + 1)
+            if self._slots is None:
+                self.depth = self.depth or (1 if self._inline else _auto_depth(_read_bytes(tgb, read)))
+                # inline: only descriptors wait in the queue, so let the log run well ahead
+                self._slots = threading.Semaphore(MAX_AUTO_PREFETCH if self._inline else self.depth)
             while not self._slots.acquire(timeout=0.1):
                 if self._stop.is_set():
                     return False
             if self._stop.is_set():
                 return False
-            self._ready.put(self._pool.submit(self._fetch, tgb, read, self._next_step, version, position))
+            fetch = functools.partial(self._fetch, tgb, read, self._next_step, version, position)
+            self._ready.put(_Deferred(fetch) if self._inline else self._pool.submit(fetch))
             self._next_step += 1
             for index in [i for i in self._known if i < self._reshard.tgbs(self._next_step)[0]]:
                 del self._known[index]
@@ -504,6 +550,29 @@ class _Pipeline:
         if len(data) != length:
             raise CorruptDataError(key, f"truncated: wanted {length} bytes at {start}, got {len(data)}")
         return data
+
+
+class _Deferred:
+    """A fetch the iterating thread performs itself when it reaches the step (``result``
+    as for the Future of a background fetch)."""
+
+    __slots__ = ("_fetch",)
+
+    def __init__(self, fetch: Callable[[], tuple[Batch, Fraction]]) -> None:
+        self._fetch = fetch
+
+    def result(self) -> tuple[Batch, Fraction]:
+        return self._fetch()
+
+
+def _auto_depth(step_bytes: int) -> int:
+    """Steps to fetch ahead when ``prefetch`` is None: a 64 MiB budget, 4 to 64 steps."""
+    return max(MIN_AUTO_PREFETCH, min(MAX_AUTO_PREFETCH, AUTO_PREFETCH_BYTES // max(step_bytes, 1)))
+
+
+def _read_bytes(tgb: TGBDescriptor, read: SliceRead) -> int:
+    """Bytes of the slices one step's read covers on this rank."""
+    return sum(tgb.slices[i][2] for i in range(read.first_slice, read.first_slice + read.count))
 
 
 def _runs_by_object(tgb: TGBDescriptor, indices: range) -> list[list[int]]:

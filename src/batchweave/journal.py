@@ -88,18 +88,24 @@ class Journal:
     # -- versions --------------------------------------------------------------------
 
     def read_version(self, version: int) -> LogVersion | LogVersionHead | None:
-        """Version ``version``, or None if it is not committed (yet)."""
-        read = self._read(version)
-        return None if read is None else read[0]
+        """Version ``version``, or None if it is not committed (yet). Safe to call from
+        several threads at once (readers read ahead this way)."""
+        data = self._get_version(version)
+        return None if data is None else self._decode(data, log.version_key(version), version)
 
     def _read(self, version: int) -> tuple[LogVersion | LogVersionHead, str] | None:
-        key = log.version_key(version)
+        """The version and its digest (writers anchor on it; readers skip the hashing)."""
+        data = self._get_version(version)
+        if data is None:
+            return None
+        return self._decode(data, log.version_key(version), version), log.digest(data)
+
+    def _get_version(self, version: int) -> memoryview | None:
         self.requests += 1
         try:
-            data = self.store.get(key)
+            return self.store.get(log.version_key(version))
         except ObjectNotFoundError:
             return None
-        return self._decode(data, key, version), log.digest(data)
 
     def versions_after(self, version: int) -> Iterator[LogVersion | LogVersionHead]:
         """Committed versions ``version+1, version+2, ...`` up to the newest one."""

@@ -123,6 +123,10 @@ class LatencyStore(Store):
     def __repr__(self) -> str:
         return f"LatencyStore({self.url!r}, {self.model})"
 
+    @property
+    def remote(self) -> bool:
+        return True  # it models a cloud object store, whatever it keeps the bytes in
+
     @contextmanager
     def paused(self) -> Iterator[None]:
         """Requests in this block (in this process) take no modelled time: benchmark set-up."""

@@ -15,13 +15,14 @@ Nothing is pickled: a consumer can be pointed at a namespace it does not trust.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import struct
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 import crc32c
 import msgspec
@@ -43,6 +44,7 @@ __all__ = [
 
 Kind = Literal["arrays", "bytes"]
 SliceData = dict[str, np.ndarray] | bytes
+Piece: TypeAlias = bytes | memoryview  # part of an object being built, joined once
 
 DEFAULT_MAX_OBJECT_BYTES = 256 * 1024 * 1024
 SLICE_MAGIC = b"BWS1"
@@ -151,7 +153,7 @@ def encode_tgb(slices: Sequence[Any], dp: int, cp: int, max_object_bytes: int = 
         raise LayoutError(f"max_object_bytes must be positive, got {max_object_bytes}")
     encoded = [_encode_slice(payload, index) for index, payload in enumerate(slices)]
     kind = _common_layout(encoded)
-    groups = _pack(len_of=[len(blob) for _, _, blob in encoded], cap=max_object_bytes)
+    groups = _pack(len_of=[framed.nbytes for framed in encoded], cap=max_object_bytes)
     objects: list[bytes] = []
     refs: list[SliceRef | None] = [None] * len(encoded)
     for part, members in enumerate(groups):
@@ -175,26 +177,28 @@ def _pack(len_of: list[int], cap: int) -> list[list[int]]:
     return groups
 
 
-def _build_object(encoded: list[tuple[Kind, Any, bytes]], members: list[int]) -> tuple[bytes, list[FooterSlice]]:
-    parts: list[bytes] = []
+def _build_object(encoded: list[_Framed], members: list[int]) -> tuple[list[Piece], list[FooterSlice]]:
+    """The object's body as pieces (joined once, with the footer) and its footer entries."""
+    pieces: list[Piece] = []
     footer_slices: list[FooterSlice] = []
     offset = 0
     for index in members:
-        blob = encoded[index][2]
-        footer_slices.append(FooterSlice(index, offset, len(blob), checksum(blob)))
-        parts.append(blob)
-        offset += len(blob)
-    return b"".join(parts), footer_slices
+        framed = encoded[index]
+        footer_slices.append(FooterSlice(index, offset, framed.nbytes, framed.crc32c()))
+        pieces.extend(framed.pieces)
+        offset += framed.nbytes
+    return pieces, footer_slices
 
 
-def _with_footer(body: bytes, footer: Footer) -> bytes:
+def _with_footer(body: list[Piece], footer: Footer) -> bytes:
+    """The whole object in one copy: the payload bytes are copied here and nowhere else."""
     footer_bytes = msgspec.json.encode(footer)
-    return b"".join((body, footer_bytes, _U64.pack(len(footer_bytes)), OBJECT_MAGIC))
+    return b"".join([*body, footer_bytes, _U64.pack(len(footer_bytes)), OBJECT_MAGIC])
 
 
-def _common_layout(encoded: list[tuple[Kind, Any, bytes]]) -> Kind:
-    kind, signature, _ = encoded[0]
-    for index, (other_kind, other_signature, _) in enumerate(encoded):
+def _common_layout(encoded: list[_Framed]) -> Kind:
+    kind, signature = encoded[0].kind, encoded[0].signature
+    for index, (other_kind, other_signature) in enumerate((f.kind, f.signature) for f in encoded):
         if other_kind != kind:
             raise LayoutError(f"mixed layouts in one TGB: slice 0 is {kind}, slice {index} is {other_kind}")
         if other_signature != signature:
@@ -204,11 +208,11 @@ def _common_layout(encoded: list[tuple[Kind, Any, bytes]]) -> Kind:
     return kind
 
 
-def _encode_slice(payload: Any, index: int) -> tuple[Kind, Any, bytes]:
+def _encode_slice(payload: Any, index: int) -> _Framed:
     if isinstance(payload, (bytes, bytearray, memoryview)):
-        data = bytes(payload)
+        data = _byte_view(payload)
         header = msgspec.json.encode(_SliceHeader(kind="bytes", nbytes=len(data)))
-        return "bytes", None, _frame(header, [data], [0])
+        return _frame("bytes", None, header, [data], [0])
     if isinstance(payload, Mapping):
         return _encode_arrays(payload, index)
     raise LayoutError(
@@ -217,7 +221,14 @@ def _encode_slice(payload: Any, index: int) -> tuple[Kind, Any, bytes]:
     )
 
 
-def _encode_arrays(payload: Mapping[Any, Any], index: int) -> tuple[Kind, Any, bytes]:
+def _byte_view(payload: bytes | bytearray | memoryview) -> Piece:
+    """The payload's bytes without a copy (encode_tgb joins the object before it returns,
+    so a caller's buffer is read once, while it is still theirs)."""
+    view = memoryview(payload)
+    return view.cast("B") if view.c_contiguous else view.tobytes()
+
+
+def _encode_arrays(payload: Mapping[Any, Any], index: int) -> _Framed:
     if not payload:
         raise LayoutError(f"slice {index}: empty dict; give at least one named array")
     headers: list[_ArrayHeader] = []
@@ -235,7 +246,7 @@ def _encode_arrays(payload: Mapping[Any, Any], index: int) -> tuple[Kind, Any, b
         offset += array.nbytes
     header = msgspec.json.encode(_SliceHeader(kind="arrays", arrays=headers))
     signature = tuple((h.name, h.dtype) for h in headers)
-    return "arrays", signature, _frame(header, buffers, offsets)
+    return _frame("arrays", signature, header, buffers, offsets)
 
 
 def _as_array(value: Any, index: int, name: str) -> np.ndarray:
@@ -269,16 +280,33 @@ def _align(offset: int) -> int:
     return (offset + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
-def _frame(header: bytes, buffers: list[bytes | memoryview], offsets: list[int]) -> bytes:
+@dataclass(frozen=True, slots=True)
+class _Framed:
+    """One encoded slice, not yet joined: its bytes are ``pieces`` back to back."""
+
+    kind: Kind
+    signature: Any  # what every slice of a TGB must share: array names and dtypes
+    pieces: list[Piece]
+    nbytes: int
+
+    def crc32c(self) -> int:
+        crc = 0
+        for piece in self.pieces:
+            crc = crc32c.crc32c(piece, crc)
+        return crc
+
+
+def _frame(kind: Kind, signature: Any, header: bytes, buffers: list[Piece], offsets: list[int]) -> _Framed:
     prefix = SLICE_MAGIC + _U32.pack(len(header)) + header
     data_start = _align(len(prefix))
-    pieces: list[bytes | memoryview] = [prefix, b"\0" * (data_start - len(prefix))]
+    pieces: list[Piece] = [prefix + b"\0" * (data_start - len(prefix))]
     position = 0
     for buffer, offset in zip(buffers, offsets, strict=True):
-        pieces.append(b"\0" * (offset - position))
+        if offset > position:
+            pieces.append(b"\0" * (offset - position))
         pieces.append(buffer)
         position = offset + len(buffer)
-    return b"".join(pieces)
+    return _Framed(kind, signature, pieces, data_start + position)
 
 
 # -- decoding --------------------------------------------------------------------------
@@ -325,18 +353,27 @@ def decode_slice(buf: bytes | memoryview, key: str, expected_crc32c: int | None 
     return arrays
 
 
+@functools.lru_cache(maxsize=256)  # a few spellings per namespace; parsing one costs more than the rest of a decode
+def _dtype_of(spelling: str) -> np.dtype | str:
+    """The dtype a header spells, or why it is refused."""
+    if not _DTYPE_STR.fullmatch(spelling):
+        return f"unsupported dtype {spelling[:40]!r}"
+    try:
+        dtype = np.dtype(spelling)
+    except (TypeError, ValueError, OverflowError):  # e.g. "<i3", "<f16" where long double is 8 bytes
+        return f"unknown dtype {spelling!r}"
+    # "S0"/"U0"-like spellings are kept out by the pattern; the itemsize check is why the
+    # element count can be derived without dividing by it.
+    if dtype.kind not in _ALLOWED_DTYPE_KINDS or dtype.itemsize < 1:
+        return f"unsupported dtype {spelling!r}"
+    return dtype
+
+
 def _array_from(data: memoryview, h: _ArrayHeader, key: str) -> np.ndarray:
     where = f"array {h.name[:80]!r}"  # names come from the header: keep the message bounded
-    if not _DTYPE_STR.fullmatch(h.dtype):
-        raise CorruptDataError(key, f"{where}: unsupported dtype {h.dtype[:40]!r}")
-    try:
-        dtype = np.dtype(h.dtype)
-    except (TypeError, ValueError, OverflowError) as exc:  # e.g. "<i3", "<f16" where long double is 8 bytes
-        raise CorruptDataError(key, f"{where}: unknown dtype {h.dtype!r}") from exc
-    # "S0"/"U0"-like spellings are kept out by the pattern; the itemsize check is why the
-    # element count below can be derived without dividing by it.
-    if dtype.kind not in _ALLOWED_DTYPE_KINDS or dtype.itemsize < 1:
-        raise CorruptDataError(key, f"{where}: unsupported dtype {h.dtype!r}")
+    dtype = _dtype_of(h.dtype)
+    if isinstance(dtype, str):
+        raise CorruptDataError(key, f"{where}: {dtype}")
     # Extents beyond ssize_t are never representable; refusing them first also keeps the
     # products below small integers (a header may spell a 4000-digit extent).
     if len(h.shape) > _MAX_DIMS or any(not 0 <= n <= sys.maxsize for n in h.shape):

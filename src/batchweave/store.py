@@ -153,6 +153,12 @@ class Store:
         return f"Store({self.url!r})"
 
     @property
+    def remote(self) -> bool:
+        """Whether a request crosses a network (an object store) rather than reading this
+        machine's disk or memory: readers keep many requests in flight only when it does."""
+        return not self.url.startswith(("file://", "memory://"))
+
+    @property
     def _store(self) -> Any:
         # A tokio runtime does not survive fork(): rebuild the handle in a child process.
         if self._handle is None or self._pid != os.getpid():

@@ -66,7 +66,7 @@ class TGBDataset(torch.utils.data.IterableDataset):
         tp: int = 1,
         pp: int = 1,
         rank: int | None = None,
-        prefetch: int = 4,
+        prefetch: int | None = None,
         timeout_s: float | None = None,
         sequence_axis: int = -1,
         *,
@@ -87,8 +87,8 @@ class TGBDataset(torch.utils.data.IterableDataset):
                 raise ConfigError("give a DeviceMesh (mesh=...) or the data-parallel size dp")
             self.mesh = Mesh(dp=dp, cp=cp, tp=tp, pp=pp)
         self.rank = resolve_rank(rank, self.mesh)
-        if prefetch < 1:
-            raise ConfigError(f"prefetch must be >= 1, got {prefetch}")
+        if prefetch is not None and (not isinstance(prefetch, int) or prefetch < 1):
+            raise ConfigError(f"prefetch must be a positive number of steps or None, got {prefetch!r}")
         self.url = url
         self.prefetch = prefetch
         self.timeout_s = timeout_s

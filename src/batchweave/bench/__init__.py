@@ -23,6 +23,7 @@ BENCHMARKS = {
     "pool-shrink": "pool_shrink",
     "consumers": "consumers",
     "e2e": "e2e",
+    "overhead": "overhead",
 }
 
 

@@ -1,0 +1,290 @@
+"""``bench overhead``: what BatchWeave's data path costs over plain object-store requests
+of the same bytes.
+
+Side by side in one process, over the same object count and bytes:
+- producer: ``Producer.append`` of N TGBs (dp 8, one array slice each) and the commits
+  (``close`` flushes the last), against plain create-only puts of objects of the same
+  sizes;
+- consumer: one rank's ``Consumer`` iterating N steps, against plain range reads of
+  exactly the same byte ranges: one at a time (the least a local directory needs) and
+  with as many in flight as the consumer keeps (what an object store needs).
+
+Each pair is timed alternately ``rounds`` times and the medians are compared, so a
+burst of load on the shared machine hits both sides alike. Stores: a local directory
+(plain = obstore's own calls) and the latency model (plain = the same ``LatencyStore``
+calls, so both sides pay the same modelled latency). A cProfile summary of one extra
+run of each side on the local directory (the calling thread: ``append`` encodes and
+uploads there; the consumer reads there on a local directory) is kept in the results.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import pstats
+import shutil
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import obstore
+
+from batchweave.bench.report import BenchOptions, BenchResult, machine
+from batchweave.consumer import Consumer
+from batchweave.journal import Journal
+from batchweave.latency import CLOUD_DEFAULTS, LatencyStore
+from batchweave.producer import Producer
+from batchweave.store import Store, open_store
+
+NAME = "overhead"
+DP = 8
+SLICE_BYTES = 100_000
+COLUMNS = ("store", "side", "steps", "batchweave_s", "plain_s", "plain_kind", "ratio", "target", "met")
+TARGETS = {"local": 1.3, "latency": 1.05}
+Ranges = list[tuple[str, int, int]]
+
+
+def run(options: BenchOptions, progress: Any) -> BenchResult:
+    stores = ("local", "latency")
+    steps = {"local": 200 if options.quick else 1500, "latency": 60 if options.quick else 400}
+    rounds = 1 if options.quick else 5
+    task = progress.add_task("bench overhead", total=len(stores) * 2)
+    results: list[dict[str, Any]] = []
+    profiles: dict[str, str] = {}
+    for kind in stores:
+        progress.update(task, description=f"overhead: producer on {kind}")
+        results.append(_producer_row(kind, steps[kind], rounds))
+        progress.advance(task)
+        progress.update(task, description=f"overhead: consumer on {kind}")
+        results.append(_consumer_row(kind, steps[kind], rounds))
+        progress.advance(task)
+    profiles["producer"] = _profile(lambda s, tag: _append_all(s, tag, steps["local"]))
+    profiles["consumer"] = _profile_consumer(steps["local"])
+    config = {
+        "dp": DP,
+        "slice_bytes": SLICE_BYTES,
+        "steps": steps,
+        "rounds": rounds,
+        "latency_model": CLOUD_DEFAULTS.to_dict(),
+        "profiles": profiles,
+        "quick": options.quick,
+        "store": "local and latency (both, always)",
+        "machine": machine(),
+    }
+    return BenchResult(NAME, config, results, COLUMNS, summary=verdict(results))
+
+
+# -- stores ------------------------------------------------------------------------------
+
+
+@contextmanager
+def _store(kind: str) -> Iterator[Store]:
+    """A fresh namespace root: a temporary directory, or the latency model over memory."""
+    if kind == "latency":
+        yield LatencyStore(f"memory://overhead-{uuid.uuid4().hex}", CLOUD_DEFAULTS, seed=0)
+        return
+    directory = tempfile.mkdtemp(prefix="bench-overhead-")
+    try:
+        yield open_store(directory)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _sub(store: Store, tag: str) -> Store:
+    """A namespace under ``store``'s root (the latency model shares its memory and model)."""
+    if isinstance(store, LatencyStore):
+        return store  # one namespace per LatencyStore; callers make a fresh one per round
+    return open_store(f"{store.url}/{tag}")
+
+
+# -- producer ------------------------------------------------------------------------------
+
+
+def _slices() -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    return [{"x": rng.integers(0, 255, SLICE_BYTES, dtype=np.uint8)} for _ in range(DP)]
+
+
+def _append_all(store: Store, tag: str, steps: int) -> None:
+    slices = _slices()
+    producer = Producer(_sub(store, tag), "p0", dp=DP)
+    for step in range(steps):
+        producer.append(slices, source_offset=step)
+    producer.close()
+
+
+def _plain_puts(store: Store, tag: str, steps: int) -> None:
+    """Create-only puts of objects as large as the TGBs, one at a time like ``append``."""
+    body = b"".join(bytes(s["x"]) for s in _slices())
+    if isinstance(store, LatencyStore):
+        for step in range(steps):
+            store.put_if_absent(f"plain-{tag}/{step:012d}", body)
+        return
+    raw = store._store  # obstore's own handle: the baseline is obstore, not our wrapper
+    for step in range(steps):
+        obstore.put(raw, f"plain-{tag}/{step:012d}", body, mode="create")
+
+
+def _producer_row(kind: str, steps: int, rounds: int) -> dict[str, Any]:
+    ours, plain = [], []
+    for round_ in range(rounds):
+        with _store(kind) as store:
+            ours.append(_timed(lambda s=store, r=round_: _append_all(s, f"bw{r}", steps)))
+        with _store(kind) as store:
+            plain.append(_timed(lambda s=store, r=round_: _plain_puts(s, f"{r}", steps)))
+    return _row(kind, "producer", steps, ours, plain, "create-only puts, one at a time")
+
+
+# -- consumer ------------------------------------------------------------------------------
+
+
+def _consumer_row(kind: str, steps: int, rounds: int) -> dict[str, Any]:
+    with _store(kind) as store:
+        paused = store.paused() if isinstance(store, LatencyStore) else _nothing()
+        with paused:
+            _append_all(store, "ns", steps)
+            ranges = _rank_ranges(_sub(store, "ns"), steps)
+        ours, sequential, concurrent = [], [], []
+        inflight = 1
+        for _ in range(rounds):
+            elapsed, inflight = _consume(_sub(store, "ns"), steps)
+            ours.append(elapsed)
+            sequential.append(_timed(lambda: _plain_reads(store, ranges, 1)))
+            if inflight > 1:
+                concurrent.append(_timed(lambda n=inflight: _plain_reads(store, ranges, n)))
+    if concurrent and statistics.median(concurrent) < statistics.median(sequential):
+        return _row(kind, "consumer", steps, ours, concurrent, f"range reads, {inflight} in flight")
+    return _row(kind, "consumer", steps, ours, sequential, "range reads, one at a time")
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def _rank_ranges(store: Store, steps: int) -> Ranges:
+    """Rank 0's byte range of every step, from the log."""
+    journal, ranges, version = Journal(store), [], 1
+    while len(ranges) < steps and (delta := journal.read_version(version)) is not None:
+        for tgb in delta.tgbs:
+            obj, offset, length, _ = tgb.slices[0]
+            ranges.append((f"{_prefix(store)}{tgb.objects[obj]}", offset, length))
+        version += 1
+    return ranges
+
+
+def _prefix(store: Store) -> str:
+    return "" if isinstance(store, LatencyStore) else "ns/"
+
+
+def _consume(store: Store, steps: int) -> tuple[float, int]:
+    consumer = Consumer(store, dp=DP, rank=0, timeout_s=60)
+    started = time.perf_counter()
+    for count, _ in enumerate(consumer, 1):
+        if count == steps:
+            break
+    elapsed = time.perf_counter() - started
+    inflight = consumer.inflight or 1
+    consumer.close()
+    return elapsed, inflight
+
+
+def _plain_reads(store: Store, ranges: Ranges, inflight: int) -> None:
+    read = _reader(store)
+    if inflight == 1:
+        for key, offset, length in ranges:
+            read(key, offset, length)
+        return
+    with ThreadPoolExecutor(inflight) as pool:
+        list(pool.map(lambda r: read(*r), ranges))
+
+
+def _reader(store: Store) -> Callable[[str, int, int], Any]:
+    if isinstance(store, LatencyStore):
+        return store.get_range
+    raw = store._store
+    return lambda key, offset, length: obstore.get_range(raw, key, start=offset, length=length)
+
+
+# -- measuring -------------------------------------------------------------------------------
+
+
+def _timed(work: Callable[[], Any]) -> float:
+    started = time.perf_counter()
+    work()
+    return time.perf_counter() - started
+
+
+def _row(kind: str, side: str, steps: int, ours: list[float], plain: list[float], plain_kind: str) -> dict[str, Any]:
+    ours_s, plain_s = statistics.median(ours), statistics.median(plain)
+    ratio = ours_s / plain_s
+    return {
+        "store": kind,
+        "side": side,
+        "steps": steps,
+        "batchweave_s": ours_s,
+        "plain_s": plain_s,
+        "plain_kind": plain_kind,
+        "ratio": ratio,
+        "batchweave_us_per_step": ours_s / steps * 1e6,
+        "plain_us_per_step": plain_s / steps * 1e6,
+        "target": TARGETS[kind],
+        "met": ratio <= TARGETS[kind],
+    }
+
+
+def _profile(work: Callable[[Store, str], None]) -> str:
+    with _store("local") as store:
+        profiler = cProfile.Profile()
+        profiler.enable()
+        work(store, "profiled")
+        profiler.disable()
+    return _summary(profiler)
+
+
+def _profile_consumer(steps: int) -> str:
+    with _store("local") as store:
+        _append_all(store, "ns", steps)
+        profiler = cProfile.Profile()
+        profiler.enable()
+        _consume(_sub(store, "ns"), steps)
+        profiler.disable()
+    return _summary(profiler)
+
+
+def _summary(profiler: cProfile.Profile, top: int = 12) -> str:
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).strip_dirs().sort_stats("tottime").print_stats(top)
+    lines = [line for line in out.getvalue().splitlines() if line.strip()]
+    return "\n".join(lines[-(top + 1) :])  # the header row and the top functions
+
+
+def verdict(results: list[dict[str, Any]]) -> list[str]:
+    return [
+        f"{r['side']} on {r['store']}: {r['ratio']:.2f}x plain ({r['plain_kind']}; "
+        f"{r['batchweave_us_per_step']:.0f} vs {r['plain_us_per_step']:.0f} us per step; "
+        f"target <= {r['target']}x: {'met' if r['met'] else 'MISSED'})"
+        for r in results
+    ]
+
+
+def plot(result: BenchResult, figure: Any) -> None:
+    ax = figure.add_subplot(1, 1, 1)
+    rows = result.results
+    labels = [f"{r['side']}\n{r['store']}" for r in rows]
+    xs = np.arange(len(rows))
+    ax.bar(xs - 0.2, [r["batchweave_us_per_step"] for r in rows], 0.4, label="BatchWeave")
+    ax.bar(xs + 0.2, [r["plain_us_per_step"] for r in rows], 0.4, label="plain obstore requests")
+    for x, r in zip(xs, rows, strict=True):
+        ax.annotate(f"{r['ratio']:.2f}x", (x, max(r["batchweave_us_per_step"], r["plain_us_per_step"])), ha="center")
+    ax.set_xticks(xs, labels)
+    ax.set_yscale("log")
+    ax.set_ylabel("microseconds per step (log)")
+    ax.set_title(f"Data-path overhead: dp {DP}, {SLICE_BYTES // 1000} KB slices, same objects and bytes")
+    ax.legend()
