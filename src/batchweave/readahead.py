@@ -20,22 +20,25 @@ __all__ = ["DEFAULT_LOG_READ_AHEAD", "LogReadAhead"]
 # Versions probed at once at most: 64 reads of 25 ms each keep 2,560 versions a second
 # coming, ahead of what one rank consumes, while a reader at the head probes only one.
 DEFAULT_LOG_READ_AHEAD = 64
+FIRST_WINDOW = 8  # probes at the start; at most 7 are wasted, once, by a reader at the head
 
 
 class LogReadAhead:
     """Hands out log versions in order from ``first_version`` on, reading ahead.
 
-    The window of concurrent reads starts at one, doubles with every version found from
-    the second in a row on (a backlog shows itself) up to ``depth``, and drops back to
-    one at the first miss: a reader following the head probes one version at a time.
+    The window of concurrent reads starts at ``FIRST_WINDOW`` (a reader that starts
+    usually starts behind: a backlog is in full flight after two round trips), doubles
+    with every version found up to ``depth``, and drops back to one at the first miss;
+    from there it doubles again only from the second version found in a row, so a reader
+    following the head probes one version at a time.
     """
 
     def __init__(self, journal: Journal, first_version: int, depth: int = DEFAULT_LOG_READ_AHEAD) -> None:
         self._journal = journal
         self._next = first_version
         self._depth = depth
-        self._window = 1
-        self._hits = 0  # versions found since the last miss
+        self._window = min(FIRST_WINDOW, depth)
+        self._hits = FIRST_WINDOW  # versions found since the last miss (a start counts as a run)
         self._reads: dict[int, Future[LogVersion | None]] = {}
         # depth 1 (a local directory) reads in the caller's thread: nothing to overlap
         self._pool = ThreadPoolExecutor(max_workers=depth, thread_name_prefix="batchweave-log") if depth > 1 else None
