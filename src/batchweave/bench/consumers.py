@@ -66,6 +66,15 @@ COLUMNS = (
 STORES = ("latency", "seaweedfs")
 SEQUENTIAL = ("batchweave", "raw-range", "dense", "streaming-default", "streaming-per-rank")
 ALL_RANKS = ("batchweave-all-ranks", "raw-range-all-ranks")
+# --quick proves the plumbing, not the figures: every reader path once, as cheaply as it
+# goes. The sequential readers on both stores (so both proxies and every ratio and verdict
+# line are exercised), the all-ranks threads on the latency store, and one Streaming mode
+# on the plain store (each Streaming pass is a process importing torch; per-rank differs
+# from default only in one StreamingDataset argument).
+QUICK_SYSTEMS = {
+    "latency": ("batchweave", "raw-range", "dense", *ALL_RANKS),
+    "seaweedfs": ("batchweave", "raw-range", "dense", "streaming-default"),
+}
 DATA_BUDGET_BYTES = 192_000_000  # per point: steps = clamp(budget / (W x payload), 3, 32)
 # 128 ranks x 10 MB is 1.28 GB per step (3.8 GB at the minimum of 3 steps, written twice
 # and downloaded whole by every Streaming per-rank pass): more than the 2-core, 24 GiB
@@ -91,13 +100,18 @@ class Point:
 
 def plan(options: BenchOptions) -> list[Point]:
     if options.quick:
-        return [Point(8, 100_000, 8)]
+        return [Point(4, 100_000, 4)]
     points = []
     for payload in (100_000, 1_000_000, 10_000_000):
         for world in (8, 32, 128):
             if (world, payload) not in SKIPPED_POINTS:
                 points.append(Point(world, payload, max(3, min(32, DATA_BUDGET_BYTES // (world * payload)))))
     return points
+
+
+def systems(store: str, quick: bool) -> tuple[str, ...]:
+    """The systems measured on ``store``: all of them, or --quick's share."""
+    return QUICK_SYSTEMS[store] if quick else (*SEQUENTIAL, *ALL_RANKS)
 
 
 # ---------------------------------------------------------------------- run
@@ -107,7 +121,7 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
     from batchweave.bench.servers import seaweedfs_s3
 
     points = plan(options)
-    per_point = len(STORES) * (len(SEQUENTIAL) + len(ALL_RANKS))
+    per_point = sum(len(systems(store, options.quick)) for store in STORES)
     task = progress.add_task("bench consumers", total=len(points) * per_point)
     results: list[dict[str, Any]] = []
     with seaweedfs_s3() as bucket_url, ExitStack() as stack:
@@ -120,7 +134,7 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
             progress.update(task, description=f"consumers: writing W={point.world}, {point.payload // 1000} KB")
             data = _prepare(bucket_url, point, direct, options.seed)
             for store, proxy in proxies.items():
-                for system in (*SEQUENTIAL, *ALL_RANKS):
+                for system in systems(store, options.quick):
                     progress.update(
                         task, description=f"consumers: {store} {system} W={point.world}, {point.payload // 1000} KB"
                     )
@@ -136,6 +150,7 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
             "seaweedfs": {"kind": "s3", "applied": "nothing (the proxy only counts)"},
         },
         "points": [point_fields(p) for p in points],
+        "systems": {store: list(systems(store, options.quick)) for store in STORES},
         "skipped_points": [] if options.quick else [{"world_size": w, "payload_bytes": p} for w, p in SKIPPED_POINTS],
         "data_budget_bytes": DATA_BUDGET_BYTES,
         "ranks": "sequential systems: ranks 0, W/2 and W-1 one at a time (quick: W-1); 128 Streaming "
