@@ -18,6 +18,7 @@ import queue
 import random
 import reprlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -322,7 +323,14 @@ def _natural(value: Any) -> bool:
 
 
 class _Pipeline:
-    """Follows the log from a cursor and prefetches this rank's reads in step order."""
+    """Follows the log from a cursor and prefetches this rank's reads in step order.
+
+    ``_follow_log`` is a generator that reads the log, queues the steps it finds and
+    yields how long to pause before probing again (0 after progress). On an object store
+    a background thread drives it and a thread pool fetches ahead; on a local directory
+    or memory, ``next()`` drives it only when no step is queued and reads each step
+    itself: no thread at all, since a local read costs less than any hand-off.
+    """
 
     def __init__(self, consumer: Consumer, cursor: _Cursor) -> None:
         self._store: Store = consumer._store
@@ -339,18 +347,23 @@ class _Pipeline:
         self._known: dict[int, tuple[TGBDescriptor, int]] = {}  # TGB index -> (descriptor, version)
         self._ready: queue.Queue[Any] = queue.Queue()
         self.depth = consumer.prefetch  # None: chosen from the first step's bytes
-        # Local reads are cheaper than a hand-off between threads: next() performs them.
         self._inline = consumer.prefetch is None and not self._store.remote
-        self._slots: threading.Semaphore | None = None  # one per step fetched ahead
+        self._slots: threading.Semaphore | None = None  # background mode: one per step fetched ahead
         self._stop = threading.Event()
-        self._pool = ThreadPoolExecutor(
-            max_workers=consumer.prefetch or MAX_AUTO_PREFETCH, thread_name_prefix="batchweave-fetch"
-        )
         self._known_version = cursor.version
         self._reclaim_checked = False
         self._offsets: dict[str, tuple[int, int]] = {}  # producer -> (epoch, next offset), as read
         self.namespace = cursor.namespace
         self._broken: Exception | None = None
+        self._steps = self._follow_log()
+        self._pool: ThreadPoolExecutor | None = None
+        self._thread: threading.Thread | None = None
+        if self._inline:
+            self.depth = 1
+            return
+        self._pool = ThreadPoolExecutor(
+            max_workers=consumer.prefetch or MAX_AUTO_PREFETCH, thread_name_prefix="batchweave-fetch"
+        )
         self._thread = threading.Thread(target=self._follow, name="batchweave-follow", daemon=True)
         self._thread.start()
 
@@ -358,7 +371,7 @@ class _Pipeline:
         if self._broken is not None:
             raise self._broken  # never skip past a step that failed
         try:
-            item = self._ready.get(timeout=timeout_s)
+            item = self._pull(timeout_s) if self._inline else self._ready.get(timeout=timeout_s)
         except queue.Empty:
             raise StepTimeoutError(
                 f"{self._url}: no step {self._cursor.step} within {timeout_s}s "
@@ -370,8 +383,8 @@ class _Pipeline:
         if isinstance(item, BaseException):
             self._broken = item
             raise item
-        assert self._slots is not None  # a fetch was queued, so the slots exist
-        self._slots.release()
+        if self._slots is not None:
+            self._slots.release()
         try:
             batch, position = item.result()
         except Exception as exc:  # a failed fetch is final: never skip past a step
@@ -382,15 +395,39 @@ class _Pipeline:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join()
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._thread is not None:
+            self._thread.join()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        self._steps.close()  # the log reader's threads, if it has any
 
-    # -- background: follow the log ------------------------------------------------------
+    def _pull(self, timeout_s: float | None) -> Any:
+        """Inline mode: advance the log until a step is queued (or the deadline passes)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while self._ready.empty():
+            try:
+                pause = next(self._steps)
+            except StopIteration:
+                break  # it queued _END or an error first
+            except Exception as exc:  # of any type: raised in order, like the thread's
+                self._ready.put(exc)
+                break
+            if pause and self._ready.empty():
+                if deadline is not None and time.monotonic() + pause > deadline:
+                    time.sleep(max(0.0, deadline - time.monotonic()))
+                    if self._ready.empty():
+                        raise queue.Empty
+                time.sleep(pause)
+        return self._ready.get_nowait()
+
+    # -- following the log -----------------------------------------------------------------
 
     def _follow(self) -> None:
+        """Background mode: drive the log follower until stopped."""
         try:
-            self._open()
-            self._follow_log()
+            for pause in self._steps:
+                if self._stop.wait(pause) if pause else self._stop.is_set():
+                    return
         except Exception as exc:  # of any type: next() raises it instead of waiting forever
             self._ready.put(exc)
 
@@ -414,15 +451,17 @@ class _Pipeline:
         self.namespace = state.namespace
         self._reclaim_checked = True
 
-    def _follow_log(self) -> None:
+    def _follow_log(self) -> Iterator[float]:
+        """Queue every step as the log shows it; yield the pause before the next probe."""
+        self._open()
         depth = DEFAULT_LOG_READ_AHEAD if self._store.remote else 1  # local reads are too quick to overlap
         reader = LogReadAhead(self._journal, max(self._cursor.version, 1), depth)
         try:
-            self._follow_versions(reader)
+            yield from self._follow_versions(reader)
         finally:
             reader.close()
 
-    def _follow_versions(self, reader: LogReadAhead) -> None:
+    def _follow_versions(self, reader: LogReadAhead) -> Iterator[float]:
         expected_step = None
         pause = 0.0
         while not self._stop.is_set():
@@ -433,7 +472,7 @@ class _Pipeline:
                 if version <= self._cursor.version:
                     raise CorruptDataError(log.version_key(version), "the cursor's log version is missing")
                 pause = min(self._max_poll_s, max(0.01, pause * 2))
-                self._stop.wait(random.uniform(pause / 2, pause))  # jitter spreads 128 ranks' probes
+                yield random.uniform(pause / 2, pause)  # jitter spreads 128 ranks' probes
                 continue
             pause = 0.0
             self._known_version = version
@@ -452,6 +491,7 @@ class _Pipeline:
                 # A last logical step whose TGBs never all arrived (DP grown) is not a step.
                 self._ready.put(_END)
                 return
+            yield 0.0
 
     def _raise_if_reclaimed(self, version: int) -> None:
         """A version that should exist (the cursor's, or version 1) but is missing may have
@@ -490,23 +530,30 @@ class _Pipeline:
             tgb = self._known[read.tgb][0]
             version = self._known[needed[-1]][1]
             position = self._reshard.position(self._next_step + 1)
-            if self._slots is None:
-                self.depth = self.depth or (1 if self._inline else _auto_depth(_read_bytes(tgb, read)))
-                # inline: only descriptors wait in the queue, so let the log run well ahead
-                self._slots = threading.Semaphore(MAX_AUTO_PREFETCH if self._inline else self.depth)
-            while not self._slots.acquire(timeout=0.1):
-                if self._stop.is_set():
-                    return False
-            if self._stop.is_set():
-                return False
             fetch = functools.partial(self._fetch, tgb, read, self._next_step, version, position)
-            self._ready.put(_Deferred(fetch) if self._inline else self._pool.submit(fetch))
+            if self._inline:  # next() reads it; the log is advanced only when nothing is queued
+                self._ready.put(_Deferred(fetch))
+            else:
+                if not self._take_slot(tgb, read):
+                    return False
+                assert self._pool is not None
+                self._ready.put(self._pool.submit(fetch))
             self._next_step += 1
             for index in [i for i in self._known if i < self._reshard.tgbs(self._next_step)[0]]:
                 del self._known[index]
         return True
 
-    # -- background: fetch ---------------------------------------------------------------
+    def _take_slot(self, tgb: TGBDescriptor, read: SliceRead) -> bool:
+        """Wait until fewer than ``depth`` steps are fetched ahead; False when stopping."""
+        if self._slots is None:
+            self.depth = self.depth or _auto_depth(_read_bytes(tgb, read))
+            self._slots = threading.Semaphore(self.depth)
+        while not self._slots.acquire(timeout=0.1):
+            if self._stop.is_set():
+                return False
+        return not self._stop.is_set()
+
+    # -- fetching ----------------------------------------------------------------------
 
     def _fetch(
         self, tgb: TGBDescriptor, read: SliceRead, step: int, version: int, position: Fraction

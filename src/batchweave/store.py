@@ -142,6 +142,7 @@ class Store:
         self.max_attempts = max_attempts
         self._handle: Any = None
         self._pid = -1
+        self._local_root = urlparse(self.url).path if self.url.startswith("file://") else None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "create": self.create, "options": self.options, "max_attempts": self.max_attempts}
@@ -248,15 +249,33 @@ class Store:
 
     def get(self, key: str) -> memoryview:
         """The whole object, without copying out of obstore's buffer."""
+        path = self._local_path(key)
+        if path is not None:
+            return self._call(key, lambda: _read_file(path, key, 0, None), "get")
         return self._call(key, lambda: memoryview(obstore.get(self._store, key).bytes()), "get")
 
     def get_range(self, key: str, start: int, length: int) -> memoryview:
-        """``length`` bytes from ``start``: one ranged GET."""
+        """``length`` bytes from ``start``: one ranged GET (fewer if the object is shorter)."""
         if length == 0:
             return memoryview(b"")
+        path = self._local_path(key)
+        if path is not None:
+            return self._call(key, lambda: _read_file(path, key, start, length), "get")
         return self._call(
             key, lambda: memoryview(obstore.get_range(self._store, key, start=start, length=length)), "get"
         )
+
+    def _local_path(self, key: str) -> str | None:
+        """Where a local directory keeps ``key``, for the read fast path; None elsewhere.
+
+        obstore's local reads cost about 56 us each for 100 KB (a blocking task on its
+        runtime, open, seek, read, close), a plain ``os.pread`` 17 us: on a local disk
+        that difference is most of a reader's time. Only keys that map to a file name
+        unchanged (what BatchWeave itself writes) take it; anything else goes to obstore.
+        """
+        if self._local_root is None or self._handle is None or not _PLAIN_KEY.fullmatch(key) or ".." in key:
+            return None  # (the first request goes through obstore: it checks the directory)
+        return f"{self._local_root}/{key}"
 
     def size(self, key: str) -> int | None:
         """Size in bytes, or None when there is no such object."""
@@ -445,6 +464,24 @@ def _store_root(url: str, options: dict[str, Any]) -> str | None:
     given.update((name.lower(), value) for name, value in options.items())
     settings = [f"{name}={given[name]}" for name in _ROOT_SETTINGS[family] if name in given]
     return f"{family}://{parsed.netloc}?{'&'.join(settings)}"
+
+
+# Object keys BatchWeave writes: ids are letters, digits, '.', '_', '-' (log.check_name).
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
+
+
+def _read_file(path: str, key: str, start: int, length: int | None) -> memoryview:
+    """``length`` bytes of a local file from ``start`` (all when None), with one pread."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):
+        raise ObjectNotFoundError(key, "no such object") from None
+    try:
+        if length is None:
+            length = os.fstat(fd).st_size - start
+        return memoryview(os.pread(fd, length, start))
+    finally:
+        os.close(fd)
 
 
 def _normalize_url(url: str) -> str:
