@@ -14,7 +14,7 @@ NODE    := node_modules/.installed
 NATS    := $(shell command -v nats-server 2>/dev/null || echo /usr/sbin/nats-server)
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
-BENCHMARKS := dac producers commit-cost exactly-once lifecycle pool-shrink
+BENCHMARKS := dac producers commit-cost exactly-once lifecycle pool-shrink consumers e2e overhead
 
 SOAK ?= 10
 

@@ -40,6 +40,7 @@ REQUIRED = {
         *("step_p95_s", "read_amplification", "requests_per_step", "first_batch_s", "exact_resume"),
     },
     "e2e": {"system", "steps", "steps_per_s", "step_p50_s", "step_p95_s", "data_wait_fraction"},
+    "overhead": {"store", "side", "steps", "batchweave_s", "plain_s", "plain_kind", "ratio", "target", "met"},
 }
 
 
@@ -79,6 +80,12 @@ def test_quick_benchmark_writes_its_three_files(name, tmp_path):
             assert policies == {("batchweave", p) for p in POLICY_NAMES}, policies
         else:  # NATS at its default message limit and with the limit raised
             assert {("nats", "strict-tgb"), ("nats", "strict-tgb-64MiB")} <= policies, policies
+    if name == "overhead":  # both sides on both stores, each timed against its plain requests
+        assert {(r["store"], r["side"]) for r in result["results"]} == {
+            (store, side) for store in ("local", "latency") for side in ("producer", "consumer")
+        }
+        assert all(r["batchweave_s"] > 0 and r["plain_s"] > 0 for r in result["results"])
+        assert "consumer.py" in result["config"]["profiles"]["consumer"]  # a profile of our reading code
     assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (out / f"{name}.md").read_text()
     assert table.startswith(f"# {name}") and table.count("\n|") >= len(result["results"]) + 1
