@@ -56,6 +56,7 @@ COLUMNS = (
     "steady_mb_s",
     "step_p50_s",
     "step_p95_s",
+    "step_mean_s",
     "read_amplification",
     "requests_per_step",
     "first_batch_s",
@@ -225,9 +226,8 @@ def _consumer_inflight(url: str, world: int) -> int:
 
     consumer = Consumer(url, dp=world, rank=0)
     try:
-        prefetch = getattr(consumer, "prefetch", None)
-        inflight = prefetch if prefetch is not None else getattr(consumer, "inflight", None)
-        return max(1, int(inflight or 4))
+        next(consumer)  # a consumer sizes its prefetch from the first TGB it reads
+        return max(1, int(consumer.inflight or 1))
     finally:
         consumer.close()
 
@@ -463,6 +463,9 @@ def _summarise(passes: list[Pass], data: Data, concurrent: bool) -> dict[str, An
         "steady_mb_s": statistics.fmean(_steady_mb_s(p, data.point.payload) for p in passes),
         "step_p50_s": _nearest_rank(intervals, 0.50),
         "step_p95_s": _nearest_rank(intervals, 0.95),
+        # With reads in flight, steps arrive in bursts (most intervals ~0), so P50 says little;
+        # the mean interval is 1 / step rate, and P95 against it says how long the stalls are.
+        "step_mean_s": statistics.fmean(intervals) if intervals else float("nan"),
         "read_amplification": sum(c.get_bytes for c in counted) / delivered,
         "requests_per_step": requests / (steps * len(passes)),
         "first_batch_s": statistics.fmean(p.times_s[0] for p in passes),
@@ -505,12 +508,15 @@ def verdict(results: list[dict[str, Any]]) -> list[str]:
     raw_alone = min((r["vs_raw"] for r in ours if r["vs_raw"] is not None), default=float("nan"))
     sd = min((r["vs_streaming_default"] for r in ours if r["vs_streaming_default"]), default=float("nan"))
     tail = max((r["step_p95_s"] / r["step_p50_s"] for r in ours + together if r["step_p50_s"]), default=float("nan"))
+    stall = max((r["step_p95_s"] / r["step_mean_s"] for r in ours + together if r["step_mean_s"]), default=float("nan"))
     return [
         f"read amplification <= 1.02x at every point (batchweave): worst {amp:.3f}x: {_met(amp <= 1.02)}",
         f"batchweave >= 0.9x raw range reads at the same concurrency (all W ranks at once): worst {raw_min:.2f}x: "
         f"{_met(raw_min >= 0.9)} (one rank alone: worst {raw_alone:.2f}x)",
         f"batchweave >= Streaming default mode at every point on both stores: worst {sd:.2f}x: {_met(sd >= 1.0)}",
         f"batchweave step P95 <= 3x P50: worst {tail:.2f}x: {_met(tail <= 3.0)}",
+        f"batchweave step P95 <= 3x the mean step (P50 is ~0 when steps arrive in bursts): worst {stall:.2f}x: "
+        f"{_met(stall <= 3.0)}",
     ]
 
 
