@@ -182,6 +182,7 @@ def train_once(plan: Setup, work: Path, feed: str, workers: int, label: str) -> 
         *("--ready", str(ready), "--out", str(out)),
     ]
     producers: list[Any] = []
+    stopped: list[Any] = []  # producers still publishing when training ended: stopped by us, not failed
     with log.open("w") as log_file:
         # A session of its own: the trainer and its ranks are one process group we can stop.
         trainer = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
@@ -198,12 +199,13 @@ def train_once(plan: Setup, work: Path, feed: str, workers: int, label: str) -> 
                 _wait_trainer(trainer, [], _deadline(plan))
         finally:
             _stop_trainer(trainer)
+            stopped = [p for p in producers if p.is_alive()]
             for producer in producers:
                 producer.kill()  # a no-op for those that finished
                 producer.join()
     if trainer.returncode != 0 or not out.exists():
         raise RuntimeError(f"e2e {label}: trainer exit {trainer.returncode}:\n{log.read_text()[-3000:]}")
-    failed = [p.exitcode for p in producers if p.exitcode != 0]
+    failed = [p.exitcode for p in producers if p.exitcode != 0 and p not in stopped]
     if failed:
         raise RuntimeError(f"e2e {label}: producers exited with {failed}")
     return json.loads(out.read_text())["series"], extra
