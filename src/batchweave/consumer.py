@@ -345,6 +345,7 @@ class _Pipeline:
         self._reshard: Reshard | None = None  # known once the first TGB shows the layout
         self._next_step = cursor.step
         self._known: dict[int, tuple[TGBDescriptor, int]] = {}  # TGB index -> (descriptor, version)
+        self._forgotten = math.floor(cursor.position)  # indices below this were dropped from _known
         self._ready: queue.Queue[Any] = queue.Queue()
         self.depth = consumer.prefetch  # None: chosen from the first step's bytes
         self._inline = consumer.prefetch is None and not self._store.remote
@@ -539,9 +540,15 @@ class _Pipeline:
                 assert self._pool is not None
                 self._ready.put(self._pool.submit(fetch))
             self._next_step += 1
-            for index in [i for i in self._known if i < self._reshard.tgbs(self._next_step)[0]]:
-                del self._known[index]
+            self._forget_before(self._reshard.tgbs(self._next_step)[0])
         return True
+
+    def _forget_before(self, first_needed: int) -> None:
+        """Drop descriptors of TGBs no later step touches (steps only move forward, so
+        each index is dropped once: O(1) per step, not a scan of everything known)."""
+        for index in range(self._forgotten, first_needed):
+            self._known.pop(index, None)
+        self._forgotten = max(self._forgotten, first_needed)
 
     def _take_slot(self, tgb: TGBDescriptor, read: SliceRead) -> bool:
         """Wait until fewer than ``depth`` steps are fetched ahead; False when stopping."""
