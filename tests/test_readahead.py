@@ -92,17 +92,19 @@ def test_a_version_committed_after_a_miss_is_found(url):
 
 def test_a_backlog_is_read_with_reads_overlapping(url):
     commit_versions(url, 40)
-    store = CountingStore(url, together=4)  # a read waits until four are in flight
+    store = CountingStore(url)  # below, each read waits until four are in flight
+    together = None
     reader = LogReadAhead(Journal(store), 9, depth=8)  # the window reaches 4 after a few hits
     try:
-        store._together = None  # the first reads come one or two at a time
-        for _ in range(4):
+        for _ in range(4):  # the first reads, before the window is wide
             reader.next()
-        store._together = threading.Barrier(4)
+        together = store._together = threading.Barrier(4)
         versions = [reader.next().version for _ in range(12)]
         assert versions == list(range(13, 25))
     finally:
         store._together = None
+        if together is not None:
+            together.abort()  # reads still waiting beyond the last group of four end now
         reader.close()
 
 
