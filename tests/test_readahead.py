@@ -149,3 +149,12 @@ def test_a_consumer_from_the_start_does_not_load_the_state(url, monkeypatch):
         next(consumer)
         assert loads == []
         assert consumer.state_dict()["namespace"] == Journal(Store(url)).load_state().namespace != ""
+
+
+@pytest.mark.parametrize("prefetch", [0, -1, True, "4", 2.5])
+def test_a_bad_prefetch_is_refused_by_consumer_and_dataset(tmp_path, prefetch):
+    from batchweave.torch import TGBDataset
+
+    for make in (bw.Consumer, TGBDataset):
+        with pytest.raises(bw.ConfigError, match="prefetch must be a positive number of steps or None"):
+            make(str(tmp_path), dp=1, rank=0, prefetch=prefetch)

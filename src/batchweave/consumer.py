@@ -116,9 +116,7 @@ class Consumer:
         self.mesh = Mesh(dp=dp, cp=cp, tp=tp, pp=pp)
         self.rank = resolve_rank(rank, self.mesh)
         self.slice_index = self.mesh.slice_index(self.rank)
-        if prefetch is not None and (not isinstance(prefetch, int) or prefetch < 1):
-            raise ConfigError(f"prefetch must be a positive number of steps or None, got {prefetch!r}")
-        self.prefetch = prefetch
+        self.prefetch = check_prefetch(prefetch)
         self.timeout_s = timeout_s
         self.max_poll_interval_s = max_poll_interval_s
         self.sequence_axis = sequence_axis
@@ -228,6 +226,13 @@ class Consumer:
 
     def __repr__(self) -> str:
         return f"Consumer({self._store.url!r}, rank={self.rank}, mesh={self.mesh}, next_step={self._cursor.step})"
+
+
+def check_prefetch(prefetch: Any) -> int | None:
+    """``prefetch`` as ``Consumer`` and ``TGBDataset`` take it: steps, or None to choose."""
+    if prefetch is not None and (not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 1):
+        raise ConfigError(f"prefetch must be a positive number of steps or None, got {prefetch!r}")
+    return prefetch
 
 
 def _parse_cursor(state: Any, mesh: Mesh) -> _Cursor:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from batchweave.consumer import CURSOR_FORMAT, Consumer
+from batchweave.consumer import CURSOR_FORMAT, Consumer, check_prefetch
 from batchweave.errors import ConfigError, LayoutError
 from batchweave.mesh import Coords, Mesh, resolve_rank
 from batchweave.store import Store
@@ -87,10 +87,8 @@ class TGBDataset(torch.utils.data.IterableDataset):
                 raise ConfigError("give a DeviceMesh (mesh=...) or the data-parallel size dp")
             self.mesh = Mesh(dp=dp, cp=cp, tp=tp, pp=pp)
         self.rank = resolve_rank(rank, self.mesh)
-        if prefetch is not None and (not isinstance(prefetch, int) or prefetch < 1):
-            raise ConfigError(f"prefetch must be a positive number of steps or None, got {prefetch!r}")
         self.url = url
-        self.prefetch = prefetch
+        self.prefetch = check_prefetch(prefetch)
         self.timeout_s = timeout_s
         self.sequence_axis = sequence_axis
         self.copy = copy

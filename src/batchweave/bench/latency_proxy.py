@@ -311,9 +311,7 @@ async def _copy_body(
     """Forward one body as framed; return its payload bytes (chunked: the data, not the framing)."""
     if framing == "chunked":
         return await _copy_chunked(reader, writer, pace, tally)
-    if framing == "close":
-        return await _copy_until_close(reader, writer, pace, tally)
-    return await _copy_exact(reader, writer, int(framing), pace, tally)
+    return await _copy_exact(reader, writer, None if framing == "close" else int(framing), pace, tally)
 
 
 async def _forward(
@@ -333,28 +331,18 @@ async def _forward(
 async def _copy_exact(
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
-    length: int,
+    length: int | None,
     pace: Callable[[int], float] | None,
     tally: Callable[[int], None],
 ) -> int:
-    left = length
-    while left:
-        data = await reader.read(min(_CHUNK, left))
-        if not data:
-            raise ConnectionError(f"body ended {left} bytes early")
-        left -= len(data)
-        await _forward(writer, data, pace, tally)
-    return length
-
-
-async def _copy_until_close(
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
-    pace: Callable[[int], float] | None,
-    tally: Callable[[int], None],
-) -> int:
+    """Forward ``length`` bytes, or everything until the server closes (None)."""
     total = 0
-    while data := await reader.read(_CHUNK):
+    while length is None or total < length:
+        data = await reader.read(_CHUNK if length is None else min(_CHUNK, length - total))
+        if not data:
+            if length is None:
+                break
+            raise ConnectionError(f"body ended {length - total} bytes early")
         total += len(data)
         await _forward(writer, data, pace, tally)
     return total

@@ -147,17 +147,18 @@ def _producer_row(kind: str, steps: int, rounds: int) -> dict[str, Any]:
 def _consumer_row(kind: str, steps: int, rounds: int) -> dict[str, Any]:
     with _store(kind) as store:
         paused = store.paused() if isinstance(store, LatencyStore) else _nothing()
+        namespace = _sub(store, "ns")
         with paused:
             _append_all(store, "ns", steps)
-            ranges = _rank_ranges(_sub(store, "ns"), steps)
+            ranges = _rank_ranges(namespace, steps)
         ours, sequential, concurrent = [], [], []
         inflight = 1
         for _ in range(rounds):
-            elapsed, inflight = _consume(_sub(store, "ns"), steps)
+            elapsed, inflight = _consume(namespace, steps)
             ours.append(elapsed)
-            sequential.append(_timed(lambda: _plain_reads(store, ranges, 1)))
+            sequential.append(_timed(lambda: _plain_reads(namespace, ranges, 1)))
             if inflight > 1:
-                concurrent.append(_timed(lambda n=inflight: _plain_reads(store, ranges, n)))
+                concurrent.append(_timed(lambda n=inflight: _plain_reads(namespace, ranges, n)))
     if concurrent and statistics.median(concurrent) < statistics.median(sequential):
         return _row(kind, "consumer", steps, ours, concurrent, f"range reads, {inflight} in flight")
     return _row(kind, "consumer", steps, ours, sequential, "range reads, one at a time")
@@ -174,13 +175,9 @@ def _rank_ranges(store: Store, steps: int) -> Ranges:
     while len(ranges) < steps and (delta := journal.read_version(version)) is not None:
         for tgb in delta.tgbs:
             obj, offset, length, _ = tgb.slices[0]
-            ranges.append((f"{_prefix(store)}{tgb.objects[obj]}", offset, length))
+            ranges.append((tgb.objects[obj], offset, length))
         version += 1
     return ranges
-
-
-def _prefix(store: Store) -> str:
-    return "" if isinstance(store, LatencyStore) else "ns/"
 
 
 def _consume(store: Store, steps: int) -> tuple[float, int]:
