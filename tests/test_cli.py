@@ -73,6 +73,44 @@ def test_inspect_table_is_human_readable(namespace):
         assert text in result.stdout
 
 
+def _mark(url: str, checkpoint_id: str, steps: int, ranks: tuple[int, ...] = (0, 1)) -> None:
+    """The ranks of a dp=2 mesh read ``steps`` steps, then mark ``checkpoint_id``."""
+    for rank in ranks:
+        with batchweave.Consumer(url, dp=2, rank=rank, timeout_s=10) as consumer:
+            for _ in range(steps):
+                next(consumer)
+            consumer.mark_checkpoint(checkpoint_id)
+
+
+def test_inspect_json_reports_layout_and_checkpoints_with_their_lag(namespace):
+    url, _ = namespace
+    assert json.loads(run_cli("inspect", url, "--json").stdout)["checkpoints"] == []
+    _mark(url, "gone", 1)
+    batchweave.release_checkpoint(url, "gone")  # a deleted checkpoint is not shown
+    _mark(url, "step-2", 2)
+    _mark(url, "half", 4, ranks=(1,))  # rank 0 never marked: not a restore point
+    result = run_cli("inspect", url, "--json")
+    assert result.returncode == 0, result.stderr
+    info = json.loads(result.stdout)
+    assert info["layout"] == {"dp": 2, "cp": 1, "kind": "arrays"}
+    versions = {c.id: c.version for c in batchweave.inspect_namespace(url).checkpoints}
+    assert info["checkpoints"] == [
+        {"id": "half", "complete": False, "position": 4, "version": versions["half"], "lag_steps": 1},
+        {"id": "step-2", "complete": True, "position": 2, "version": versions["step-2"], "lag_steps": 3},
+    ]
+    assert 1 <= versions["step-2"] <= versions["half"] <= info["latest_version"]
+    assert info == batchweave.inspect_namespace(url).to_dict()
+
+
+def test_inspect_table_shows_layout_and_checkpoints(namespace):
+    url, _ = namespace
+    _mark(url, "step-2", 2)
+    result = run_cli("inspect", url)
+    assert result.returncode == 0, result.stderr
+    for text in ("layout", "dp=2 cp=1 kind=arrays", "checkpoints", "step-2", "lag (steps)"):
+        assert text in result.stdout
+
+
 def test_inspect_in_process(namespace, capsys):
     url, _ = namespace
     assert main(["inspect", url, "--json"]) == 0
@@ -87,6 +125,7 @@ def test_bad_url_is_an_error_not_a_traceback(url):
 def test_missing_directory_is_an_error(tmp_path):
     missing = tmp_path / "no-such-namespace"
     _assert_error(run_cli("inspect", str(missing)), "directory does not exist")
+    _assert_error(run_cli("watch", str(missing), "--once"), "directory does not exist")
     _assert_error(run_cli("end-stream", str(missing)))
     assert not missing.exists()  # nothing was created by the failed commands
 
@@ -127,7 +166,7 @@ def test_usage_errors_exit_2():
 def test_subcommands_are_registered():
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
-    assert {"inspect", "end-stream", "demo"} <= set(sub.choices)
+    assert {"inspect", "watch", "end-stream", "demo"} <= set(sub.choices)
 
 
 def test_version():

@@ -1,6 +1,8 @@
 """The ``batchweave`` command line.
 
     batchweave inspect URL [--json]     what a namespace holds
+    batchweave watch URL [--interval S] [--once] [--json]
+                                        a live view of a running namespace
     batchweave end-stream URL           commit the end-of-stream marker
     batchweave demo [...]               producer and consumer processes with a crash
     batchweave pool URL NAME --fn M:F --shards FILE --producers N --dp D
@@ -47,7 +49,7 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "inspect",
         help="show the newest state of a namespace",
-        description="Show the newest log version, steps, producers and size of a namespace.",
+        description="Show the newest log version, steps, layout, producers, size and checkpoints of a namespace.",
     )
     p.add_argument("url", help="namespace: directory, file://, s3://, az://, gs:// or memory:// URL")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -89,6 +91,69 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
             metrics = ", ".join(f"{k}={v:g}" for k, v in state.get("metrics", {}).items())
             prods.add_row(pid, str(state["offset"]), str(state["epoch"]), metrics or "-")
         console.print(prods)
+    if info.checkpoints:
+        from batchweave.watch import checkpoint_table
+
+        console.print(checkpoint_table(info.checkpoints))
+    return EXIT_OK
+
+
+# -- watch ----------------------------------------------------------------------------
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _add_watch(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "watch",
+        help="a live view of a running namespace (Ctrl-C to stop)",
+        description="Refresh a view of a namespace every --interval seconds until Ctrl-C: the log head, "
+        "steps/s, each producer's offset, epoch, rate and metrics, the checkpoints and their lag, "
+        "and what garbage collection reclaimed.",
+    )
+    p.add_argument("url", help="namespace URL")
+    p.add_argument(
+        "--interval", type=_positive_seconds, default=2.0, metavar="S", help="seconds between refreshes (default 2)"
+    )
+    p.add_argument("--once", action="store_true", help="print one frame and exit")
+    p.add_argument(
+        "--json", action="store_true", help="one JSON object per refresh, one per line (with --once: just one)"
+    )
+    p.set_defaults(func=_cmd_watch)
+
+
+def _cmd_watch(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.live import Live
+
+    from batchweave.watch import SnapshotReader, follow, frame_dict, render
+
+    frames = follow(SnapshotReader(args.url), args.interval)
+    console = Console()
+    try:
+        if args.once or args.json:
+            for snapshot, rates in frames:
+                if args.json:
+                    print(json.dumps(frame_dict(snapshot, rates), sort_keys=True), flush=True)
+                else:
+                    console.print(render(snapshot, rates))
+                if args.once:
+                    break
+        else:
+            # No auto-refresh thread: the view changes only when a new snapshot arrives.
+            with Live(console=console, auto_refresh=False) as live:
+                for snapshot, rates in frames:
+                    live.update(render(snapshot, rates), refresh=True)
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how a watch ends: exit 0, no traceback
     return EXIT_OK
 
 
@@ -332,6 +397,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 # Each function registers one subcommand.
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_inspect,
+    _add_watch,
     _add_end_stream,
     _add_gc,
     _add_demo,

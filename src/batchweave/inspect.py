@@ -1,17 +1,65 @@
-"""What a namespace holds: the data behind ``batchweave inspect``."""
+"""What a namespace holds: the data behind ``batchweave inspect`` (and ``watch``)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from fractions import Fraction
 from typing import Any
 
 import msgspec
 
 from batchweave.journal import Journal
-from batchweave.log import ProducerState
+from batchweave.lifecycle import Checkpoint, read_watermarks
+from batchweave.log import LogState, ProducerState
 from batchweave.store import Store, open_store
 
-__all__ = ["NamespaceInfo", "inspect_namespace"]
+__all__ = ["CheckpointInfo", "NamespaceInfo", "inspect_namespace", "live_checkpoints", "read_state"]
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointInfo:
+    """One checkpoint that has not been released, seen from the log head."""
+
+    id: str
+    complete: bool  # every position of the marking mesh marked: a restore point that holds data back
+    position: Fraction  # TGBs consumed when it was taken (the smallest mark): where a resume starts
+    version: int  # the log version a resume reads from (the smallest mark)
+    lag_steps: Fraction  # steps committed since ``position``: how far training has moved past it
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "complete": self.complete,
+            "position": json_number(self.position),
+            "version": self.version,
+            "lag_steps": json_number(self.lag_steps),
+        }
+
+
+def json_number(value: Fraction) -> int | float:
+    """A position as JSON: an integer unless a reshaped mesh left it inside a TGB."""
+    return value.numerator if value.denominator == 1 else float(value)
+
+
+def live_checkpoints(checkpoints: Iterable[Checkpoint], head_steps: int) -> tuple[CheckpointInfo, ...]:
+    """The checkpoints not released, with their lag behind a head of ``head_steps`` steps.
+
+    Incomplete ones are listed too (a rank crashed between marks): they protect nothing,
+    and seeing them is how an operator notices.
+    """
+    return tuple(
+        CheckpointInfo(c.checkpoint, c.complete, c.position, c.version, head_steps - c.position)
+        for c in checkpoints
+        if c.marks and not c.released
+    )
+
+
+def read_state(journal: Journal) -> tuple[LogState, list[Checkpoint]]:
+    """The newest state and every checkpoint. Watermarks are read first: a mark points at
+    a committed step, so a state loaded after it is at least that new and no lag is negative."""
+    checkpoints = read_watermarks(journal.store)
+    return journal.load_state(), checkpoints
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,12 +75,16 @@ class NamespaceInfo:
     namespace: str = ""  # the id fixed when the namespace was created
     layout: dict[str, Any] | None = None  # {"dp", "cp", "kind"} every TGB has
     reclaimed_steps: int = 0  # steps below this were garbage-collected
+    checkpoints: tuple[CheckpointInfo, ...] = ()  # not released, oldest id first
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["checkpoints"] = [c.to_dict() for c in self.checkpoints]  # Fractions as JSON numbers
+        return out
 
 
-def _producer(state: ProducerState) -> dict[str, Any]:
+def producer_dict(state: ProducerState) -> dict[str, Any]:
+    """A producer as ``inspect`` and ``watch`` show it: {"offset", "epoch"[, "metrics"]}."""
     out: dict[str, Any] = {"offset": state.offset, "epoch": state.epoch}
     if state.metrics:
         out["metrics"] = dict(state.metrics)
@@ -40,17 +92,19 @@ def _producer(state: ProducerState) -> dict[str, Any]:
 
 
 def inspect_namespace(url: str | Store, **store_options: Any) -> NamespaceInfo:
-    """Read the newest state of the namespace at ``url`` (O(1) requests plus the log tail)."""
+    """Read the newest state of the namespace at ``url`` (O(1) requests plus the log tail,
+    plus one listing and one read per checkpoint watermark)."""
     store = open_store(url, create=False, **store_options)
-    state = Journal(store).load_state()
+    state, checkpoints = read_state(Journal(store))
     return NamespaceInfo(
         url=store.url,
         latest_version=state.version,
         steps=state.steps,
-        producers={pid: _producer(ps) for pid, ps in sorted(state.producers.items())},
+        producers={pid: producer_dict(ps) for pid, ps in sorted(state.producers.items())},
         end_of_stream=state.end_of_stream,
         bytes=state.bytes,
         namespace=state.namespace,
         layout=None if state.layout is None else msgspec.structs.asdict(state.layout),
         reclaimed_steps=state.reclaimed.steps,
+        checkpoints=live_checkpoints(checkpoints, state.steps),
     )
