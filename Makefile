@@ -5,6 +5,7 @@
 #                 one process: PYTEST_ARGS='-n 0')
 #   make soak   - the state machine and the parser fuzzers with 10x their budget (~10 min; SOAK=N)
 #   make bench  - every benchmark in full mode into bench-out/ (BENCH_ARGS=--quick for short runs)
+#   make docs   - the documentation site into site/ (mkdocs --strict: a warning or broken link fails)
 #   make clean  - remove the venv, node_modules and generated files
 
 PYTHON ?= python3
@@ -19,7 +20,7 @@ BENCHMARKS := dac producers commit-cost exactly-once lifecycle pool-shrink consu
 
 SOAK ?= 10
 
-.PHONY: venv dev demo test soak bench clean
+.PHONY: venv dev demo test soak bench docs clean
 
 venv: $(VENV)/.installed
 dev: $(VENV)/.installed-dev
@@ -63,7 +64,16 @@ soak: dev
 bench: dev $(NATS)
 	for name in $(BENCHMARKS); do $(VENV)/bin/batchweave bench $$name --out bench-out $(BENCH_ARGS) || exit 1; done
 
+# Only the docs extra (mkdocs, mkdocstrings, the theme): a docs build needs neither torch nor the test servers.
+$(VENV)/.installed-docs: pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e '.[docs]'
+	touch $@
+
+# NO_MKDOCS_2_WARNING: mkdocs-material prints a banner about MkDocs 2.0 on every build; we pin mkdocs<2.
+docs: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
 clean:
 	rm -rf $(VENV) node_modules build dist src/*.egg-info .pytest_cache .hypothesis \
-	       demo-data bench-out .test-services
+	       demo-data bench-out .test-services site
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
