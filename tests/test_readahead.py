@@ -15,6 +15,7 @@ from batchweave.journal import Journal
 from batchweave.latency import LatencyModel, LatencyStore
 from batchweave.policies import Manual
 from batchweave.readahead import LogReadAhead
+from batchweave.segment import segment_key
 from batchweave.store import Store
 
 NO_LATENCY = LatencyModel(put_s=0, first_byte_s=0, head_s=0, list_s=0, delete_s=0, jitter_sigma=0)
@@ -91,8 +92,10 @@ def test_a_version_committed_after_a_miss_is_found(url):
 
 
 def test_a_backlog_is_read_with_reads_overlapping(url):
+    """Single versions (where no segment exists) are read several at once too."""
     commit_versions(url, 40)
     store = CountingStore(url)  # below, each read waits until four are in flight
+    store.delete(segment_key(32))  # versions 1..32 one by one
     together = None
     reader = LogReadAhead(Journal(store), 9, depth=8)  # the window reaches 4 after a few hits
     try:

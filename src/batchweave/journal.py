@@ -38,6 +38,7 @@ from typing import Literal
 from batchweave import log
 from batchweave.errors import CorruptDataError, ObjectExistsError, ObjectNotFoundError, StoreError
 from batchweave.log import LogState, LogVersion, LogVersionHead
+from batchweave.segment import SEGMENT_MAX_BYTES, SEGMENT_VERSIONS, decode_segment, encode_segment, segment_key
 from batchweave.store import Store
 
 __all__ = ["DEFAULT_SNAPSHOT_EVERY", "Committed", "Journal"]
@@ -84,6 +85,9 @@ class Journal:
         # The committer's clock reading in the newest version read (its ``committed_at``):
         # group commit takes turns counted from it, so every producer counts alike.
         self.newest_committed_at: float | None = None
+        # The bytes of the newest versions this writer read or wrote (at most one segment's
+        # worth): the committer of a segment's last version writes the segment from them.
+        self._recent: dict[int, bytes | memoryview] = {}
 
     # -- versions --------------------------------------------------------------------
 
@@ -98,13 +102,28 @@ class Journal:
         data = self._get_version(version)
         if data is None:
             return None
-        return self._decode(data, log.version_key(version), version), log.digest(data)
+        decoded = self._decode(data, log.version_key(version), version)
+        self._keep_for_segment(version, data)
+        return decoded, log.digest(data)
 
     def _get_version(self, version: int) -> memoryview | None:
         self.requests += 1
         try:
             return self.store.get(log.version_key(version))
         except ObjectNotFoundError:
+            return None
+
+    def read_segment(self, last: int) -> list[LogVersion] | None:
+        """The versions of the segment ending at ``last`` (``segment``), or None when there
+        is none: not written (yet), or damaged, which is logged and read around."""
+        self.requests += 1
+        key = segment_key(last)
+        try:
+            return decode_segment(self.store.get(key), last)
+        except ObjectNotFoundError:
+            return None
+        except CorruptDataError as exc:
+            _logger.warning("reading log versions one by one instead of a damaged segment: %s", exc)
             return None
 
     def versions_after(self, version: int) -> Iterator[LogVersion | LogVersionHead]:
@@ -175,6 +194,7 @@ class Journal:
                     return Committed("conflict", state, None, window_s, conflicts)
                 continue
             window_s = self._window_s()
+            self._keep_for_segment(delta.version, data)
             if self.verify():
                 self._advance_anchor(after)
                 self.after_commit(after)
@@ -215,6 +235,7 @@ class Journal:
             _logger.info("the log grew its first snapshot before this writer's first commit; reloading")
         else:
             _logger.warning("garbage collection overtook this writer's view of the log; reloading")
+        self._recent.clear()  # what we read may come from freed keys: never copy it into a segment
         state = self.load_state(trust_hint=False)
         for version in sorted(self._unverified):
             if version < state.reclaimed.versions:
@@ -288,9 +309,34 @@ class Journal:
         return None if data is None else (state.version, log.digest(data))
 
     def after_commit(self, state: LogState) -> None:
-        """Called by the committer of ``state.version``; writes a snapshot every K versions."""
+        """Called by the committer of ``state.version`` once its view is verified: writes a
+        snapshot every K versions and a segment every ``SEGMENT_VERSIONS``."""
+        if state.version % SEGMENT_VERSIONS == 0:
+            self.write_segment(state.version)
         if state.version % self.snapshot_every == 0:
             self.write_snapshot(state)
+
+    def write_segment(self, last: int) -> bool:
+        """Best effort, like snapshots: the segment ending at version ``last`` from the
+        versions' bytes this journal read or wrote, if it holds them all. True if written
+        (or somebody wrote it already)."""
+        versions = [self._recent.get(v) for v in range(last - SEGMENT_VERSIONS + 1, last + 1)]
+        if any(v is None for v in versions) or sum(len(v) for v in versions) > SEGMENT_MAX_BYTES:
+            return False  # a writer that loaded mid-segment; readers read those versions one by one
+        try:
+            self.store.put_if_absent(segment_key(last), encode_segment(last, versions))
+        except ObjectExistsError:
+            pass  # the same versions' copy, by another writer of the same version number
+        except StoreError as exc:
+            _logger.warning("could not write the log segment ending at version %d: %s", last, exc)
+            return False
+        return True
+
+    def _keep_for_segment(self, version: int, data: bytes | memoryview) -> None:
+        self._recent[version] = data
+        self._recent.pop(version - SEGMENT_VERSIONS, None)
+        if len(self._recent) > 2 * SEGMENT_VERSIONS:  # reloads skipped ahead: drop what they left behind
+            self._recent = {v: d for v, d in self._recent.items() if v > version - SEGMENT_VERSIONS}
 
     def write_snapshot(self, state: LogState) -> None:
         """Best effort: a missing snapshot costs readers time, never correctness."""

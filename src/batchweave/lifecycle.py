@@ -35,6 +35,7 @@ from batchweave.errors import ConfigError, CorruptDataError, ObjectExistsError, 
 from batchweave.group import INTENT_PREFIX, decode_intent, parse_intent_key
 from batchweave.journal import Journal
 from batchweave.log import LogState, Reclaim
+from batchweave.segment import SEGMENT_PREFIX
 from batchweave.store import ObjectInfo, Store, open_store
 
 __all__ = [
@@ -226,6 +227,7 @@ class GCReport:
     deleted_bytes: int = 0
     deleted_versions: int = 0
     deleted_snapshots: int = 0
+    deleted_segments: int = 0  # log segments whose versions are all reclaimed
     deleted_watermarks: int = 0  # objects of released checkpoints
     deleted_intents: int = 0  # group-commit intents that can never be folded again
     orphans: list[str] = field(default_factory=list)
@@ -283,6 +285,7 @@ def collect_garbage(
         report.deleted_bytes = sum(size for _, size in plan.doomed)
         report.deleted_versions = len(_old_versions(store, plan.target.versions))
         report.deleted_snapshots = len(_old_snapshots(store, journal, plan.target.versions))
+        report.deleted_segments = len(_old_segments(store, plan.target.versions))
         report.deleted_watermarks = sum(len(c.marks) + 1 for c in released)
         report.deleted_intents = len(dead_intents(store, state))
         return report
@@ -300,6 +303,9 @@ def collect_garbage(
     for key in _old_snapshots(store, journal, state.reclaimed.versions):
         store.delete(key)
         report.deleted_snapshots += 1
+    for key in _old_segments(store, state.reclaimed.versions):
+        store.delete(key)
+        report.deleted_segments += 1
     report.deleted_watermarks = _delete_released(store, released)
     for key in dead_intents(store, state):
         store.delete(key)
@@ -420,13 +426,14 @@ def _orphans(listed: list[ObjectInfo], state: LogState, referenced: set[str], gr
     return orphans
 
 
-def _numbered(store: Store, prefix: str) -> list[tuple[int, str]]:
-    """(number, key) of the ``<prefix><digits>.json`` objects, in ascending order."""
+def _numbered(store: Store, prefix: str, suffix: str = ".json") -> list[tuple[int, str]]:
+    """(number, key) of the ``<prefix><digits><suffix>`` objects, in ascending order."""
     found = []
     for info in store.list(prefix):
         name = info.key[len(prefix) :]
-        if "/" not in name and name.endswith(".json") and name[:-5].isdigit():
-            found.append((int(name[:-5]), info.key))
+        number = name.removesuffix(suffix)
+        if "/" not in name and name.endswith(suffix) and number.isdigit():
+            found.append((int(number), info.key))
     return sorted(found)
 
 
@@ -439,6 +446,12 @@ def _old_snapshots(store: Store, journal: Journal, below: int) -> list[str]:
     proves that no version was ever deleted by finding none: ``Journal.verify``)."""
     newest = journal.newest_snapshot_version()
     return [key for number, key in _numbered(store, log.SNAPSHOT_PREFIX) if number < min(below, newest)]
+
+
+def _old_segments(store: Store, below: int) -> list[str]:
+    """Segments whose versions are all below ``below`` (a segment only copies versions,
+    so one that still holds a kept version stays until its last version goes)."""
+    return [key for last, key in _numbered(store, SEGMENT_PREFIX, ".json.z") if last < below]
 
 
 def _delete_released(store: Store, released: list[Checkpoint]) -> int:

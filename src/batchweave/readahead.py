@@ -1,7 +1,8 @@
 """Reading the log ahead: a reader learns where each step lives one log version at a
 time, so a backlog committed one TGB per version would cost one round trip per step if
-versions were read one after another. ``LogReadAhead`` probes several version numbers
-at once while they keep existing and falls back to a single probe at the head.
+versions were read one after another. ``LogReadAhead`` reads a backlog by segments (32
+versions in one object, see ``segment``), several at once, probes version numbers one by
+one only where no segment exists (yet), and falls back to a single probe at the head.
 
 Versions are immutable once written, so a version read early is as good as one read
 late; only a miss is stale information (the version may be committed a moment later),
@@ -14,11 +15,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from batchweave.journal import Journal
 from batchweave.log import LogVersion
+from batchweave.segment import segment_last
 
 __all__ = ["DEFAULT_LOG_READ_AHEAD", "LogReadAhead"]
 
-# Versions probed at once at most: 64 reads of 25 ms each keep 2,560 versions a second
-# coming, ahead of what one rank consumes, while a reader at the head probes only one.
+# Versions read ahead at most: two segments, or 64 single probes of 25 ms each, keep
+# 2,560 versions a second coming, ahead of what one rank consumes, while a reader at the
+# head probes only one.
 DEFAULT_LOG_READ_AHEAD = 64
 FIRST_WINDOW = 8  # probes at the start; at most 7 are wasted, once, by a reader at the head
 
@@ -26,11 +29,14 @@ FIRST_WINDOW = 8  # probes at the start; at most 7 are wasted, once, by a reader
 class LogReadAhead:
     """Hands out log versions in order from ``first_version`` on, reading ahead.
 
-    The window of concurrent reads starts at ``FIRST_WINDOW`` (a reader that starts
+    The window of versions read ahead starts at ``FIRST_WINDOW`` (a reader that starts
     usually starts behind: a backlog is in full flight after two round trips), doubles
     with every version found up to ``depth``, and drops back to one at the first miss;
     from there it doubles again only from the second version found in a row, so a reader
-    following the head probes one version at a time.
+    following the head probes one version at a time. While versions keep being found (a
+    backlog), the window is read by segments; single probes cover the versions of a
+    segment found missing. ``depth`` 1 reads in the caller's thread (a local directory:
+    nothing to overlap), one segment or version at a time.
     """
 
     def __init__(self, journal: Journal, first_version: int, depth: int = DEFAULT_LOG_READ_AHEAD) -> None:
@@ -40,7 +46,9 @@ class LogReadAhead:
         self._window = min(FIRST_WINDOW, depth)
         self._hits = FIRST_WINDOW  # versions found since the last miss (a start counts as a run)
         self._reads: dict[int, Future[LogVersion | None]] = {}
-        # depth 1 (a local directory) reads in the caller's thread: nothing to overlap
+        self._segment_reads: dict[int, Future[list[LogVersion] | None]] = {}  # by the segment's last version
+        self._absent_segment = 0  # the last version of the newest segment found missing
+        self._found: dict[int, LogVersion] = {}  # versions a segment gave, not handed out yet
         self._pool = ThreadPoolExecutor(max_workers=depth, thread_name_prefix="batchweave-log") if depth > 1 else None
 
     @property
@@ -50,16 +58,12 @@ class LogReadAhead:
 
     def next(self) -> LogVersion | None:
         """Version ``next_version``, or None when it is not committed yet (call again)."""
-        if self._pool is None:
-            delta = self._journal.read_version(self._next)
-            self._next += delta is not None
-            return delta
-        self._issue()
-        delta = self._reads.pop(self._next).result()
+        delta = self._found.pop(self._next, None) or self._from_segment() or self._probe()
         if delta is None:
             self._window = 1
             self._hits = 0
             self._reads.clear()  # misses beyond this one are stale; hits are re-read cheaply
+            self._segment_reads.clear()
             return None
         self._next += 1
         self._hits += 1
@@ -71,8 +75,59 @@ class LogReadAhead:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
+    def _in_backlog(self, version: int) -> bool:
+        """Read ``version`` by its segment? Only behind the head, and not where the segment
+        was found missing (a writer that started mid-segment, or the head is in it)."""
+        return self._hits >= 2 and segment_last(version) > self._absent_segment
+
+    def _from_segment(self) -> LogVersion | None:
+        """Version ``next`` from its segment, keeping the segment's later versions."""
+        last = segment_last(self._next)
+        if not self._in_backlog(self._next):
+            return None
+        if self._pool is None:
+            versions = self._journal.read_segment(last)
+        else:
+            self._issue()
+            versions = self._segment_reads.pop(last).result()
+        if versions is None:
+            # Usually the head is in it, a few versions on: probe from a narrow window
+            # again rather than its whole rest at once (a reader at the end of a stream
+            # would waste them all).
+            self._absent_segment = last
+            self._window = min(self._window, 2)
+            return None
+        for delta in versions:
+            if delta.version > self._next:
+                self._found[delta.version] = delta
+        self._forget_reads_up_to(last)
+        return versions[self._next - versions[0].version]
+
+    def _probe(self) -> LogVersion | None:
+        """Version ``next`` read on its own."""
+        if self._pool is None:
+            return self._journal.read_version(self._next)
+        self._issue()
+        return self._reads.pop(self._next).result()
+
     def _issue(self) -> None:
+        """Start the reads of the window that are not in flight: segments behind the head,
+        single versions elsewhere."""
         assert self._pool is not None
-        for version in range(self._next, self._next + self._window):
-            if version not in self._reads:
+        end = self._next + self._window
+        if self._next <= self._absent_segment:
+            end = min(end, self._absent_segment + 1)  # the head may be in the missing segment: no further
+        for version in range(self._next, end):
+            if version in self._found:
+                continue
+            if self._in_backlog(version):
+                last = segment_last(version)
+                if last not in self._segment_reads:
+                    self._segment_reads[last] = self._pool.submit(self._journal.read_segment, last)
+            elif version not in self._reads:
                 self._reads[version] = self._pool.submit(self._journal.read_version, version)
+
+    def _forget_reads_up_to(self, last: int) -> None:
+        """A segment delivered versions up to ``last``: single probes of them are not needed."""
+        for version in [v for v in self._reads if v <= last]:
+            self._reads.pop(version).cancel()
