@@ -19,6 +19,7 @@ import math
 import struct
 import time
 import tracemalloc
+import zlib
 from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
@@ -35,6 +36,7 @@ from batchweave.consumer import CURSOR_FORMAT, Consumer
 from batchweave.errors import BatchWeaveError, ConfigError, CorruptDataError
 from batchweave.lifecycle import Checkpoint, Watermark
 from batchweave.mesh import Mesh
+from batchweave.segment import SEGMENT_VERSIONS, decode_segment, encode_segment, segment_key
 
 KEY = "data/p/e000001/000000000007-abcd.0.bwb"
 LOG_KEY = "_log/00000000000000000002.json"
@@ -459,6 +461,43 @@ def test_log_parsers_invalid_utf8_in_a_key(name, parse, valid, raw):
 @given(data=st.data())
 def test_log_parsers_structured_wrong_json(name, parse, valid, data):
     typed(parse, _dumps(data.draw(mutated_json(json.loads(valid)))), key=LOG_KEY)
+
+
+# -- log segments: decode_segment ------------------------------------------------------
+
+SEGMENT = encode_segment(SEGMENT_VERSIONS, [CLAIM] + [COMMIT.replace(b'"version":2', b'"version":%d' % v) for v in
+                                                      range(2, SEGMENT_VERSIONS + 1)])
+
+
+def _segment(raw: bytes) -> Any:
+    return typed(decode_segment, raw, SEGMENT_VERSIONS, key=segment_key(SEGMENT_VERSIONS))
+
+
+def test_the_sample_segment_decodes():
+    assert [v.version for v in decode_segment(SEGMENT, SEGMENT_VERSIONS)] == list(range(1, SEGMENT_VERSIONS + 1))
+
+
+@fuzz(150)
+@given(st.binary(max_size=256) | st.binary(max_size=256).map(zlib.compress))
+def test_segment_arbitrary_bytes(raw):
+    _segment(raw)
+
+
+@fuzz(150)
+@given(mutated_bytes(SEGMENT, (SEGMENT,)) | mutated_bytes(zlib.decompress(SEGMENT), ()).map(zlib.compress))
+def test_segment_mutated_encodings(raw):
+    _segment(raw)
+
+
+@fuzz(80)
+@given(data=st.data())
+def test_segment_structured_wrong_json(data):
+    _segment(zlib.compress(_dumps(data.draw(mutated_json(json.loads(zlib.decompress(SEGMENT)))))))
+
+
+def test_a_segment_that_inflates_into_gigabytes_is_refused_quickly():
+    bomb = zlib.compress(b" " * (64 << 20), 9)  # 64 MiB of spaces in ~64 KB
+    assert "inflates beyond" in str(_segment(bomb))
 
 
 # -- lifecycle: Watermark.from_json and what GC does with it ----------------------------

@@ -60,6 +60,7 @@ class _RawSegment(msgspec.Struct, frozen=True):
     versions: list[msgspec.Raw]
 
 
+_MAX_INFLATED = SEGMENT_MAX_BYTES + (1 << 20)  # the versions plus the segment's own fields
 _DECODER = msgspec.json.Decoder(_Segment)  # built at import (see log._DECODERS)
 _ENCODER = msgspec.json.Encoder()
 
@@ -87,7 +88,7 @@ def decode_segment(data: bytes | memoryview, last: int) -> list[LogVersion]:
     it is not exactly those versions, well formed."""
     key = segment_key(last)
     try:
-        segment = _DECODER.decode(zlib.decompress(data))
+        segment = _DECODER.decode(_inflate(data, key))
     except (zlib.error, msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError) as exc:
         raise CorruptDataError(key, f"damaged log segment: {exc}") from exc
     if segment.format != SEGMENT_FORMAT:
@@ -101,3 +102,15 @@ def decode_segment(data: bytes | memoryview, last: int) -> list[LogVersion]:
             raise CorruptDataError(key, f"version {version.version} has unsupported log format {version.format!r}")
         check_descriptors(version.tgbs, key)
     return segment.versions
+
+
+def _inflate(data: bytes | memoryview, key: str) -> bytes:
+    """``data`` decompressed, refusing more than a segment may hold (a damaged or hostile
+    object must not decompress into gigabytes)."""
+    inflater = zlib.decompressobj()
+    out = inflater.decompress(data, _MAX_INFLATED)
+    if inflater.unconsumed_tail:
+        raise CorruptDataError(key, f"damaged log segment: it inflates beyond {_MAX_INFLATED} bytes")
+    if not inflater.eof:
+        raise CorruptDataError(key, "damaged log segment: its compressed stream is cut short")
+    return out
