@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -66,10 +66,9 @@ class Batch:
     version: int  # the log version that committed the last TGB this step touches
 
 
-@dataclass(frozen=True, slots=True)
-class _Cursor:
+class _Cursor(NamedTuple):  # a tuple: made once per step, and cheaper to make than a frozen dataclass
     version: int  # log version holding the last TGB the delivered steps touched (0 before any)
-    position: Fraction  # TGBs consumed: the same on every rank, whatever the mesh
+    position: Fraction | int  # TGBs consumed, the same on every rank whatever the mesh (an int when whole)
     step: int  # next logical step of this consumer's mesh (for messages; position rules)
     namespace: str = ""  # the namespace's id ("" until the log has been read)
 
@@ -158,7 +157,7 @@ class Consumer:
             cp=self.mesh.cp,
             d=coords.dp,
             c=coords.cp,
-            position=self._cursor.position,
+            position=Fraction(self._cursor.position),
             version=self._cursor.version,
         )
         write_watermark(self._store, mark)
@@ -343,15 +342,17 @@ class _Pipeline:
         self._url = self._store.url
         self._mesh = consumer.mesh
         self._rank = consumer.rank
+        self._slice = consumer.slice_index
         self._axis = consumer.sequence_axis
         self._max_poll_s = consumer.max_poll_interval_s
-        self._cursor = cursor
+        self._cursor = cursor  # where this pipeline started
+        self._next_delivered = cursor.step  # for messages
         self._start = cursor.position
         self._reshard: Reshard | None = None  # known once the first TGB shows the layout
         self._next_step = cursor.step
         self._known: dict[int, tuple[TGBDescriptor, int]] = {}  # TGB index -> (descriptor, version)
         self._forgotten = math.floor(cursor.position)  # indices below this were dropped from _known
-        self._ready: queue.Queue[Any] = queue.Queue()
+        self._ready: queue.SimpleQueue[Any] = queue.SimpleQueue()  # C-implemented: no lock hand-offs
         self.depth = consumer.prefetch  # None: chosen from the first step's bytes
         self._inline = consumer.prefetch is None and not self._store.remote
         self._slots: threading.Semaphore | None = None  # background mode: one per step fetched ahead
@@ -373,14 +374,14 @@ class _Pipeline:
         self._thread = threading.Thread(target=self._follow, name="batchweave-follow", daemon=True)
         self._thread.start()
 
-    def next(self, timeout_s: float | None) -> tuple[Batch, Fraction]:
+    def next(self, timeout_s: float | None) -> tuple[Batch, Fraction | int]:
         if self._broken is not None:
             raise self._broken  # never skip past a step that failed
         try:
             item = self._pull(timeout_s) if self._inline else self._ready.get(timeout=timeout_s)
         except queue.Empty:
             raise StepTimeoutError(
-                f"{self._url}: no step {self._cursor.step} within {timeout_s}s "
+                f"{self._url}: no step {self._next_delivered} within {timeout_s}s "
                 f"(log seen up to version {self._known_version}); are producers running?"
             ) from None
         if item is _END:
@@ -396,7 +397,7 @@ class _Pipeline:
         except Exception as exc:  # a failed fetch is final: never skip past a step
             self._broken = exc
             raise
-        self._cursor = _Cursor(batch.version, position, batch.step + 1)
+        self._next_delivered = batch.step + 1
         return batch, position
 
     def close(self) -> None:
@@ -409,6 +410,10 @@ class _Pipeline:
 
     def _pull(self, timeout_s: float | None) -> Any:
         """Inline mode: advance the log until a step is queued (or the deadline passes)."""
+        try:
+            return self._ready.get_nowait()  # usually a version holds several steps
+        except queue.Empty:
+            pass
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while self._ready.empty():
             try:
@@ -528,6 +533,8 @@ class _Pipeline:
 
     def _schedule_ready(self) -> bool:
         """Schedule every logical step whose TGBs are all committed; False when stopping."""
+        if self._reshard is not None and self._reshard.identity:
+            return self._schedule_as_written()
         while self._reshard is not None:
             needed = self._reshard.tgbs(self._next_step)
             if needed[-1] not in self._known:
@@ -546,6 +553,24 @@ class _Pipeline:
                 self._ready.put(self._pool.submit(fetch))
             self._next_step += 1
             self._forget_before(self._reshard.tgbs(self._next_step)[0])
+        return True
+
+    def _schedule_as_written(self) -> bool:
+        """``_schedule_ready`` for a mesh that reads the TGBs as written (the usual case):
+        step ``t`` is TGB ``t``, one slice, position ``t + 1``; none of the reshard
+        arithmetic, which would cost more per step than a local read."""
+        while (known := self._known.pop(self._next_step, None)) is not None:
+            tgb, version = known
+            fetch = functools.partial(self._fetch_as_written, tgb, self._next_step, version)
+            if self._inline:
+                self._ready.put(_Deferred(fetch))
+            else:
+                if not self._take_slot(tgb, SliceRead(self._next_step, self._slice, 1)):
+                    return False
+                assert self._pool is not None
+                self._ready.put(self._pool.submit(fetch))
+            self._next_step += 1
+        self._forgotten = self._next_step
         return True
 
     def _forget_before(self, first_needed: int) -> None:
@@ -579,6 +604,15 @@ class _Pipeline:
         if read.pieces > 1:
             data = _piece(data, read.piece, read.pieces, self._axis, tgb.objects[tgb.slices[read.first_slice][0]])
         return Batch(step=step, data=data, version=version), position
+
+    def _fetch_as_written(self, tgb: TGBDescriptor, step: int, version: int) -> tuple[Batch, int]:
+        """``_fetch`` of this rank's one slice of TGB ``step``."""
+        obj, offset, length, crc = tgb.slices[self._slice]
+        key = tgb.objects[obj]
+        data = decode_slice(self._range(key, offset, length), key, crc)
+        if isinstance(data, bytes) != (tgb.kind == "bytes"):
+            raise CorruptDataError(key, f"a slice's payload kind is not the log's {tgb.kind!r}")
+        return Batch(step=step, data=data, version=version), step + 1
 
     def _read_slice_run(self, tgb: TGBDescriptor, indices: list[int]) -> list[Any]:
         """Decode slices that sit back to back in one object, with one range read."""

@@ -370,31 +370,31 @@ def _dtype_of(spelling: str) -> np.dtype | str:
 
 
 def _array_from(data: memoryview, h: _ArrayHeader, key: str) -> np.ndarray:
-    where = f"array {h.name[:80]!r}"  # names come from the header: keep the message bounded
     dtype = _dtype_of(h.dtype)
     if isinstance(dtype, str):
-        raise CorruptDataError(key, f"{where}: {dtype}")
+        raise CorruptDataError(key, f"{_where(h)}: {dtype}")
     # Extents beyond ssize_t are never representable; refusing them first also keeps the
     # products below small integers (a header may spell a 4000-digit extent).
     if len(h.shape) > _MAX_DIMS or any(not 0 <= n <= sys.maxsize for n in h.shape):
         raise CorruptDataError(
-            key, f"{where}: bad shape {h.shape[: _MAX_DIMS + 1]} (at most {_MAX_DIMS} dims, each 0..2**63-1)"
+            key, f"{_where(h)}: bad shape {h.shape[: _MAX_DIMS + 1]} (at most {_MAX_DIMS} dims, each 0..2**63-1)"
         )
+    count = math.prod(h.shape)
     # numpy refuses shapes whose non-zero extents times the itemsize overflow ssize_t, even
     # for zero-size arrays (the strides would overflow); check first instead of catching.
-    if math.prod(n for n in h.shape if n) * dtype.itemsize > sys.maxsize:
-        raise CorruptDataError(key, f"{where}: shape {h.shape} of {h.dtype} is too large to represent")
-    count = math.prod(h.shape)
+    extents = count or math.prod(n for n in h.shape if n)
+    if extents * dtype.itemsize > sys.maxsize:
+        raise CorruptDataError(key, f"{_where(h)}: shape {h.shape} of {h.dtype} is too large to represent")
     if count * dtype.itemsize != h.nbytes:
-        raise CorruptDataError(key, f"{where}: shape {h.shape} of {h.dtype} is not {h.nbytes} bytes")
+        raise CorruptDataError(key, f"{_where(h)}: shape {h.shape} of {h.dtype} is not {h.nbytes} bytes")
     if h.offset < 0 or h.offset % _ALIGN or h.offset + h.nbytes > len(data):
         raise CorruptDataError(
-            key, f"{where}: offset {h.offset} is not {_ALIGN}-aligned or {h.nbytes} bytes from it leave the slice"
+            key, f"{_where(h)}: offset {h.offset} is not {_ALIGN}-aligned or {h.nbytes} bytes from it leave the slice"
         )
     try:
         array = np.frombuffer(data, dtype=dtype, count=count, offset=h.offset).reshape(h.shape)
     except ValueError as exc:  # not expected after the checks above; kept so numpy's limits stay typed
-        raise CorruptDataError(key, f"{where}: shape {h.shape} is not representable ({exc})") from exc
+        raise CorruptDataError(key, f"{_where(h)}: shape {h.shape} is not representable ({exc})") from exc
     if dtype.kind == "U" and count:
         # A code point past U+10FFFF makes numpy raise SystemError when the element is read,
         # far from here; one vectorised pass over text arrays (rare, small) keeps it typed.
@@ -402,9 +402,13 @@ def _array_from(data: memoryview, h: _ArrayHeader, key: str) -> np.ndarray:
             data, dtype=np.dtype("u4").newbyteorder(dtype.byteorder), count=h.nbytes // 4, offset=h.offset
         )
         if int(code_points.max()) > _MAX_UNICODE:
-            raise CorruptDataError(key, f"{where}: holds a code point above U+10FFFF")
+            raise CorruptDataError(key, f"{_where(h)}: holds a code point above U+10FFFF")
     array.flags.writeable = False  # a view of the read buffer: immutable like the object it came from
     return array
+
+
+def _where(h: _ArrayHeader) -> str:
+    return f"array {h.name[:80]!r}"  # names come from the header: keep the message bounded
 
 
 def read_footer(obj: bytes | memoryview, key: str) -> Footer:

@@ -260,7 +260,10 @@ class Store:
             return memoryview(b"")
         path = self._local_path(key)
         if path is not None:
-            return self._call(key, lambda: _read_file(path, key, start, length), "get")
+            try:  # straight to the file: the retry loop costs more than the read
+                return _read_file(path, key, start, length)
+            except OSError:  # an I/O error (not a missing file): translated and retried below
+                return self._call(key, lambda: _read_file(path, key, start, length), "get")
         return self._call(
             key, lambda: memoryview(obstore.get_range(self._store, key, start=start, length=length)), "get"
         )

@@ -52,24 +52,32 @@ Ranges = list[tuple[str, int, int]]
 
 def run(options: BenchOptions, progress: Any) -> BenchResult:
     stores = ("local", "latency")
-    steps = {"local": 200 if options.quick else 1500, "latency": 60 if options.quick else 400}
+    # Steps per side: a producer on the latency model waits ~50 ms per step (400 is over
+    # 20 s a round); a consumer there reads 64 steps a round trip, so it needs thousands of
+    # steps before its start (one log round trip before the first slice) stops weighing.
+    steps = {
+        ("local", "producer"): 200 if options.quick else 1500,
+        ("local", "consumer"): 200 if options.quick else 1500,
+        ("latency", "producer"): 60 if options.quick else 400,
+        ("latency", "consumer"): 60 if options.quick else 3000,
+    }
     rounds = 1 if options.quick else 5
     task = progress.add_task("bench overhead", total=len(stores) * 2)
     results: list[dict[str, Any]] = []
     profiles: dict[str, str] = {}
     for kind in stores:
         progress.update(task, description=f"overhead: producer on {kind}")
-        results.append(_producer_row(kind, steps[kind], rounds))
+        results.append(_producer_row(kind, steps[kind, "producer"], rounds))
         progress.advance(task)
         progress.update(task, description=f"overhead: consumer on {kind}")
-        results.append(_consumer_row(kind, steps[kind], rounds))
+        results.append(_consumer_row(kind, steps[kind, "consumer"], rounds))
         progress.advance(task)
-    profiles["producer"] = _profile(lambda s, tag: _append_all(s, tag, steps["local"]))
-    profiles["consumer"] = _profile_consumer(steps["local"])
+    profiles["producer"] = _profile(lambda s, tag: _append_all(s, tag, steps["local", "producer"]))
+    profiles["consumer"] = _profile_consumer(steps["local", "consumer"])
     config = {
         "dp": DP,
         "slice_bytes": SLICE_BYTES,
-        "steps": steps,
+        "steps": {f"{store} {side}": n for (store, side), n in steps.items()},
         "rounds": rounds,
         "latency_model": CLOUD_DEFAULTS.to_dict(),
         "profiles": profiles,
