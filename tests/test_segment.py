@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 import zlib
 
@@ -143,9 +144,9 @@ def test_a_backlog_is_read_by_segments(url, depth):
         assert read_all(reader) == list(range(1, 97))
     finally:
         reader.close()
-    # Three segments, then the missing fourth (and the fifth, read ahead with it); single
-    # probes only inside the missing one's range (97..128).
-    assert 4 <= store.reads["segment"] <= 4 + (depth > 1)
+    # Three segments, then the missing fourth (and those up to depth versions past it, read
+    # ahead with it); single probes only inside the missing one's range (97..128).
+    assert 4 <= store.reads["segment"] <= 4 + depth // SEGMENT_VERSIONS
     assert 1 <= store.reads["version"] <= SEGMENT_VERSIONS
 
 
@@ -216,3 +217,20 @@ def test_collection_deletes_the_segments_of_reclaimed_versions_only(tmp_path):
     with bw.Consumer(url, dp=2, rank=1, timeout_s=10) as consumer:  # a resume reads on from segment 128
         consumer.load_state_dict(cursors[1])
         assert [bytes(next(consumer).data) for _ in range(10)] == [b"b%d" % o for o in range(130, 140)]
+
+
+def test_the_log_is_read_ahead_of_the_fetches_while_every_fetch_slot_is_taken(url):
+    """With prefetch=2 and nothing consumed past the first step, the follower still reads
+    the log on (bounded), so it knows where the backlog ends before the fetches get there."""
+    store = CountingStore(url)
+    with store.paused():
+        commit_versions(store, 100)
+    bw.end_stream(store)
+    with bw.Consumer(store, dp=2, rank=0, prefetch=2, timeout_s=30) as consumer:
+        next(consumer)
+        pipeline = consumer._pipeline
+        deadline = time.monotonic() + 30
+        while pipeline._known_version < 102 and time.monotonic() < deadline:  # the end-of-stream version
+            time.sleep(0.01)
+        assert pipeline._known_version == 102
+        assert [bytes(b.data) for b in consumer] == [b"a%d" % o for o in range(1, 100)]

@@ -55,6 +55,10 @@ CURSOR_FORMAT = "batchweave.cursor/1"
 AUTO_PREFETCH_BYTES = 64 << 20
 MIN_AUTO_PREFETCH = 4
 MAX_AUTO_PREFETCH = 64
+# TGBs read from the log ahead of the fetches scheduled: the log reader learns where the
+# coming steps live (and finds the end of a backlog) while the fetch slots are all taken.
+# Descriptors only, a few KB each.
+LOG_LOOKAHEAD_TGBS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -482,6 +486,11 @@ class _Pipeline:
                 self._raise_if_reclaimed(version)
                 if version <= self._cursor.version:
                     raise CorruptDataError(log.version_key(version), "the cursor's log version is missing")
+                waiting = self._next_step
+                if not self._schedule_ready(block_until=0):  # steps read ahead of the fetches go first
+                    return
+                if self._next_step != waiting:
+                    continue  # that took a while: look at the log again before pausing
                 pause = min(self._max_poll_s, max(0.01, pause * 2))
                 yield random.uniform(pause / 2, pause)  # jitter spreads 128 ranks' probes
                 continue
@@ -496,9 +505,11 @@ class _Pipeline:
             expected_step = delta.first_step + len(delta.tgbs)
             log.check_continuity(self._offsets, delta, log.version_key(version))
             self._remember(delta)
-            if not self._schedule_ready():
+            if not self._schedule_ready(block_until=LOG_LOOKAHEAD_TGBS):
                 return
             if delta.end_of_stream:
+                if not self._schedule_ready(block_until=0):
+                    return
                 # A last logical step whose TGBs never all arrived (DP grown) is not a step.
                 self._ready.put(_END)
                 return
@@ -531,10 +542,13 @@ class _Pipeline:
                 f"earlier steps have dp={self._reshard.layout_dp} cp={self._reshard.layout_cp} {self._reshard.kind}"
             )
 
-    def _schedule_ready(self) -> bool:
-        """Schedule every logical step whose TGBs are all committed; False when stopping."""
+    def _schedule_ready(self, block_until: int) -> bool:
+        """Schedule the logical steps whose TGBs are all committed, as far as fetch slots
+        allow; wait for slots only while more than ``block_until`` TGBs read from the log
+        are not scheduled yet (so the log is read ahead of the fetches, boundedly). False
+        when stopping."""
         if self._reshard is not None and self._reshard.identity:
-            return self._schedule_as_written()
+            return self._schedule_as_written(block_until)
         while self._reshard is not None:
             needed = self._reshard.tgbs(self._next_step)
             if needed[-1] not in self._known:
@@ -547,28 +561,30 @@ class _Pipeline:
             if self._inline:  # next() reads it; the log is advanced only when nothing is queued
                 self._ready.put(_Deferred(fetch))
             else:
-                if not self._take_slot(tgb, read):
-                    return False
+                if not self._take_slot(tgb, read, block=len(self._known) > block_until):
+                    return not self._stop.is_set()  # no slot free now: the log is read on meanwhile
                 assert self._pool is not None
                 self._ready.put(self._pool.submit(fetch))
             self._next_step += 1
             self._forget_before(self._reshard.tgbs(self._next_step)[0])
         return True
 
-    def _schedule_as_written(self) -> bool:
+    def _schedule_as_written(self, block_until: int) -> bool:
         """``_schedule_ready`` for a mesh that reads the TGBs as written (the usual case):
         step ``t`` is TGB ``t``, one slice, position ``t + 1``; none of the reshard
         arithmetic, which would cost more per step than a local read."""
-        while (known := self._known.pop(self._next_step, None)) is not None:
+        while (known := self._known.get(self._next_step)) is not None:
             tgb, version = known
             fetch = functools.partial(self._fetch_as_written, tgb, self._next_step, version)
             if self._inline:
                 self._ready.put(_Deferred(fetch))
             else:
-                if not self._take_slot(tgb, SliceRead(self._next_step, self._slice, 1)):
-                    return False
+                read = SliceRead(self._next_step, self._slice, 1)
+                if not self._take_slot(tgb, read, block=len(self._known) > block_until):
+                    return not self._stop.is_set()  # no slot free now: the log is read on meanwhile
                 assert self._pool is not None
                 self._ready.put(self._pool.submit(fetch))
+            del self._known[self._next_step]
             self._next_step += 1
         self._forgotten = self._next_step
         return True
@@ -580,11 +596,14 @@ class _Pipeline:
             self._known.pop(index, None)
         self._forgotten = max(self._forgotten, first_needed)
 
-    def _take_slot(self, tgb: TGBDescriptor, read: SliceRead) -> bool:
-        """Wait until fewer than ``depth`` steps are fetched ahead; False when stopping."""
+    def _take_slot(self, tgb: TGBDescriptor, read: SliceRead, block: bool) -> bool:
+        """One of the ``depth`` fetch slots: waiting for it (False only when stopping), or
+        not (False when none is free)."""
         if self._slots is None:
             self.depth = self.depth or _auto_depth(_read_bytes(tgb, read))
             self._slots = threading.Semaphore(self.depth)
+        if not block:
+            return self._slots.acquire(blocking=False)
         while not self._slots.acquire(timeout=0.1):
             if self._stop.is_set():
                 return False

@@ -15,7 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from batchweave.journal import Journal
 from batchweave.log import LogVersion
-from batchweave.segment import segment_last
+from batchweave.segment import SEGMENT_VERSIONS, segment_last
 
 __all__ = ["DEFAULT_LOG_READ_AHEAD", "LogReadAhead"]
 
@@ -49,6 +49,9 @@ class LogReadAhead:
         self._segment_reads: dict[int, Future[list[LogVersion] | None]] = {}  # by the segment's last version
         self._absent_segment = 0  # the last version of the newest segment found missing
         self._found: dict[int, LogVersion] = {}  # versions a segment gave, not handed out yet
+        # Whole segments ahead are worth reading at a start and after a segment was found;
+        # a reader that just caught one commit at the head reads one segment at most.
+        self._deep = True
         self._pool = ThreadPoolExecutor(max_workers=depth, thread_name_prefix="batchweave-log") if depth > 1 else None
 
     @property
@@ -64,6 +67,7 @@ class LogReadAhead:
             self._hits = 0
             self._reads.clear()  # misses beyond this one are stale; hits are re-read cheaply
             self._segment_reads.clear()
+            self._deep = False
             return None
         self._next += 1
         self._hits += 1
@@ -97,6 +101,7 @@ class LogReadAhead:
             self._absent_segment = last
             self._window = min(self._window, 2)
             return None
+        self._deep = True
         for delta in versions:
             if delta.version > self._next:
                 self._found[delta.version] = delta
@@ -121,11 +126,22 @@ class LogReadAhead:
             if version in self._found:
                 continue
             if self._in_backlog(version):
-                last = segment_last(version)
-                if last not in self._segment_reads:
-                    self._segment_reads[last] = self._pool.submit(self._journal.read_segment, last)
+                self._want_segment(segment_last(version))
             elif version not in self._reads:
                 self._reads[version] = self._pool.submit(self._journal.read_version, version)
+        if self._deep:
+            # Deep in a backlog, segments cover ``depth`` versions ahead whatever the window:
+            # a start learns 64 versions in one round trip, and where the backlog ends (a
+            # missing segment) while its first segments are still being read.
+            last_ahead = segment_last(self._next + self._depth)
+            for last in range(segment_last(self._next), last_ahead + 1, SEGMENT_VERSIONS):
+                if last > self._absent_segment:
+                    self._want_segment(last)
+
+    def _want_segment(self, last: int) -> None:
+        assert self._pool is not None
+        if last not in self._segment_reads:
+            self._segment_reads[last] = self._pool.submit(self._journal.read_segment, last)
 
     def _forget_reads_up_to(self, last: int) -> None:
         """A segment delivered versions up to ``last``: single probes of them are not needed."""
