@@ -42,6 +42,7 @@ from batchweave.layout import decode_slice
 from batchweave.lifecycle import Watermark, check_checkpoint_id, write_watermark
 from batchweave.log import LogState, LogVersion, TGBDescriptor
 from batchweave.mesh import Mesh, resolve_rank
+from batchweave.metrics import ConsumerMetrics, FetchRecorder
 from batchweave.readahead import DEFAULT_LOG_READ_AHEAD, LogReadAhead
 from batchweave.reshard import Reshard, SliceRead
 from batchweave.store import Store, open_store
@@ -126,6 +127,8 @@ class Consumer:
         self._store = open_store(url, **store_options)
         self._cursor = _Cursor(version=0, position=Fraction(0), step=0)
         self._pipeline: _Pipeline | None = None
+        self._fetches = FetchRecorder()  # recorded by the fetching threads
+        self._delivered = (0, 0, 0.0)  # steps, bytes, seconds next() waited
 
     # -- iteration -------------------------------------------------------------------
 
@@ -135,7 +138,10 @@ class Consumer:
     def __next__(self) -> Batch:
         if self._pipeline is None:
             self._pipeline = _Pipeline(self, self._cursor)
+        started = time.perf_counter()
         batch, position = self._pipeline.next(self.timeout_s)
+        steps, nbytes, waited = self._delivered
+        self._delivered = (steps + 1, nbytes + _nbytes(batch.data), waited + time.perf_counter() - started)
         self._cursor = _Cursor(batch.version, position, batch.step + 1, self._pipeline.namespace)
         return batch
 
@@ -146,6 +152,27 @@ class Consumer:
         if self.prefetch is not None:
             return self.prefetch
         return None if self._pipeline is None else self._pipeline.depth
+
+    def metrics(self) -> ConsumerMetrics:
+        """How this consumer's reading went so far: steps and bytes handed out, seconds
+        ``next()`` waited for data, how far behind the log it is, and per-step fetch
+        latency (P50, P95, max over the last 1024 fetches). Cheap: no I/O."""
+        steps, nbytes, waited = self._delivered
+        p50, p95, worst = self._fetches.percentiles()
+        pipeline = self._pipeline
+        head_version = max(self._cursor.version, pipeline.head_version if pipeline else 0)
+        seen = pipeline.tgbs_seen if pipeline else 0
+        return ConsumerMetrics(
+            steps=steps,
+            bytes=nbytes,
+            wait_s=waited,
+            head_version=head_version,
+            behind_head_steps=max(0, seen - math.floor(self._cursor.position)),
+            fetches=self._fetches.fetches,
+            fetch_p50_s=p50,
+            fetch_p95_s=p95,
+            fetch_max_s=worst,
+        )
 
     def mark_checkpoint(self, checkpoint_id: str) -> None:
         """Record this rank's cursor as its watermark for ``checkpoint_id``.
@@ -223,9 +250,15 @@ class Consumer:
     # -- pickling (handles that cross processes) -------------------------------------
 
     def __getstate__(self) -> dict[str, Any]:
-        state = {k: v for k, v in self.__dict__.items() if k != "_pipeline"}
+        # Threads and locks stay behind; the copy reads from the cursor with fresh metrics.
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_pipeline", "_fetches", "_delivered")}
         state["_pipeline"] = None
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._fetches = FetchRecorder()
+        self._delivered = (0, 0, 0.0)
 
     def __repr__(self) -> str:
         return f"Consumer({self._store.url!r}, rank={self.rank}, mesh={self.mesh}, next_step={self._cursor.step})"
@@ -347,6 +380,8 @@ class _Pipeline:
         self._mesh = consumer.mesh
         self._rank = consumer.rank
         self._slice = consumer.slice_index
+        self._fetches = consumer._fetches
+        self.tgbs_seen = 0  # TGBs the log has shown (the newest version read ends there)
         self._axis = consumer.sequence_axis
         self._max_poll_s = consumer.max_poll_interval_s
         self._cursor = cursor  # where this pipeline started
@@ -377,6 +412,11 @@ class _Pipeline:
         )
         self._thread = threading.Thread(target=self._follow, name="batchweave-follow", daemon=True)
         self._thread.start()
+
+    @property
+    def head_version(self) -> int:
+        """The newest log version read."""
+        return self._known_version
 
     def next(self, timeout_s: float | None) -> tuple[Batch, Fraction | int]:
         if self._broken is not None:
@@ -502,7 +542,7 @@ class _Pipeline:
                 raise CorruptDataError(
                     log.version_key(version), f"first step {delta.first_step}, expected {expected_step}"
                 )
-            expected_step = delta.first_step + len(delta.tgbs)
+            expected_step = self.tgbs_seen = delta.first_step + len(delta.tgbs)
             log.check_continuity(self._offsets, delta, log.version_key(version))
             self._remember(delta)
             if not self._schedule_ready(block_until=LOG_LOOKAHEAD_TGBS):
@@ -615,7 +655,9 @@ class _Pipeline:
         self, tgb: TGBDescriptor, read: SliceRead, step: int, version: int, position: Fraction
     ) -> tuple[Batch, Fraction]:
         indices = range(read.first_slice, read.first_slice + read.count)
+        started = time.perf_counter()
         parts = [self._read_slice_run(tgb, run) for run in _runs_by_object(tgb, indices)]
+        self._fetches.record(time.perf_counter() - started)
         decoded = [item for run in parts for item in run]
         if any(isinstance(item, bytes) != (tgb.kind == "bytes") for item in decoded):
             raise CorruptDataError(tgb.objects[0], f"a slice's payload kind is not the log's {tgb.kind!r}")
@@ -628,7 +670,9 @@ class _Pipeline:
         """``_fetch`` of this rank's one slice of TGB ``step``."""
         obj, offset, length, crc = tgb.slices[self._slice]
         key = tgb.objects[obj]
+        started = time.perf_counter()
         data = decode_slice(self._range(key, offset, length), key, crc)
+        self._fetches.record(time.perf_counter() - started)
         if isinstance(data, bytes) != (tgb.kind == "bytes"):
             raise CorruptDataError(key, f"a slice's payload kind is not the log's {tgb.kind!r}")
         return Batch(step=step, data=data, version=version), step + 1
@@ -675,6 +719,10 @@ class _Deferred:
 
     def result(self) -> tuple[Batch, Fraction]:
         return self._fetch()
+
+
+def _nbytes(data: dict[str, np.ndarray] | bytes) -> int:
+    return len(data) if isinstance(data, bytes) else sum(array.nbytes for array in data.values())
 
 
 def _auto_depth(step_bytes: int) -> int:

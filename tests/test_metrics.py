@@ -1,0 +1,65 @@
+"""Consumer.metrics(): what a rank can tell about its own reading, without I/O."""
+
+from __future__ import annotations
+
+import math
+import pickle
+import uuid
+
+import numpy as np
+import pytest
+
+import batchweave as bw
+from batchweave.latency import LatencyModel, LatencyStore
+from batchweave.metrics import FetchRecorder
+from batchweave.policies import Manual
+
+NO_LATENCY = LatencyModel(put_s=0, first_byte_s=0, head_s=0, list_s=0, delete_s=0, jitter_sigma=0)
+
+
+def commit(store, steps: int) -> None:
+    with bw.Producer(store, "p", dp=2, commit_policy=Manual()) as producer:
+        for offset in range(steps):
+            producer.append([{"x": np.full(10, offset, np.int64)}, {"x": np.zeros(3, np.int64)}], source_offset=offset)
+        producer.flush()
+
+
+@pytest.mark.parametrize("remote", [False, True])
+def test_metrics_count_what_was_handed_out_and_what_is_left(tmp_path, remote):
+    store = LatencyStore(f"memory://metrics-{uuid.uuid4().hex}", NO_LATENCY) if remote else str(tmp_path / "ns")
+    commit(store, 12)
+    with bw.Consumer(store, dp=2, rank=0, timeout_s=30) as consumer:
+        before = consumer.metrics()
+        assert (before.steps, before.bytes, before.fetches, before.behind_head_steps) == (0, 0, 0, 0)
+        assert math.isnan(before.fetch_p50_s)
+        for _ in range(5):
+            next(consumer)
+        after = consumer.metrics()
+    assert (after.steps, after.bytes) == (5, 5 * 80)  # ten int64 per step on rank 0
+    assert after.behind_head_steps == 12 - 5  # the one version named all twelve
+    assert after.head_version == 2  # the claim, then one commit
+    assert after.fetches >= 5
+    assert 0 <= after.fetch_p50_s <= after.fetch_p95_s <= after.fetch_max_s
+    assert after.wait_s > 0
+    assert set(after.to_dict()) >= {"steps", "bytes", "wait_s", "fetch_p95_s"}
+
+
+def test_percentiles_are_nearest_rank_over_the_recent_window():
+    recorder = FetchRecorder(window=100)
+    for ms in range(1, 201):  # only 101..200 stay in the window
+        recorder.record(ms / 1000)
+    assert recorder.percentiles() == (0.150, 0.195, 0.200)
+    assert recorder.fetches == 200
+
+
+def test_a_pickled_consumer_starts_its_metrics_afresh(tmp_path):
+    url = str(tmp_path / "ns")
+    commit(url, 3)
+    consumer = bw.Consumer(url, dp=2, rank=1, timeout_s=10)
+    next(consumer)
+    copy = pickle.loads(pickle.dumps(consumer))
+    consumer.close()
+    assert copy.metrics().steps == 0
+    assert [next(copy).step for _ in range(2)] == [1, 2]  # on from the cursor it was pickled with
+    assert copy.metrics().steps == 2
+    copy.close()
