@@ -918,7 +918,7 @@ def _namespace_url(store: str, root: Path) -> Iterator[tuple[str, str]]:
         return
     if store != "s3":
         raise ConfigError(f"demo: store must be 'local' or 's3', got {store!r}")
-    from batchweave.bench.servers import seaweedfs_s3, weed_binary
+    from batchweave.testing.servers import seaweedfs_s3, weed_binary
 
     if weed_binary() is None:
         raise ConfigError(
