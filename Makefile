@@ -4,7 +4,8 @@
 #                 on every core, up to 4 (pytest-xdist; extra arguments: make test PYTEST_ARGS='-k s3 -x',
 #                 one process: PYTEST_ARGS='-n 0')
 #   make soak   - the state machine and the parser fuzzers with 10x their budget (~10 min; SOAK=N)
-#   make bench  - every benchmark in full mode into bench-out/ (BENCH_ARGS=--quick for short runs)
+#   make bench  - every benchmark (benchmarks/, not installed) in full mode into bench-out/
+#                 (BENCH_ARGS=--quick for short runs; one: .venv/bin/batchweave bench NAME --out DIR)
 #   make docs   - the documentation site into site/ (mkdocs --strict: a warning or broken link fails)
 #   make clean  - remove the venv, node_modules and generated files
 
@@ -16,7 +17,8 @@ NODE    := node_modules/.installed
 NATS    := $(shell command -v nats-server 2>/dev/null || echo /usr/sbin/nats-server)
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
-BENCHMARKS := dac producers commit-cost exactly-once lifecycle pool-shrink consumers e2e overhead
+# Every benchmark, as benchmarks/__init__.py lists them (read when `make bench` runs).
+BENCHMARKS = $(shell $(PY) -c 'import benchmarks; print(*benchmarks.BENCHMARKS)')
 
 SOAK ?= 10
 
@@ -54,7 +56,7 @@ demo: venv
 	$(VENV)/bin/batchweave demo
 
 test: dev $(NODE) $(NATS)
-	$(VENV)/bin/ruff check src tests examples
+	$(VENV)/bin/ruff check src tests benchmarks examples
 	$(PY) -m pytest -q --numprocesses=auto --maxprocesses=4 $(PYTEST_ARGS)
 
 soak: dev

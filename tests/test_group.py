@@ -16,7 +16,6 @@ import pytest
 from checks import assert_exactly_once
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from interleave import Background, PausingStore
 from worker import origin_of, tgb
 
 import batchweave as bw
@@ -26,6 +25,7 @@ from batchweave.group import INTENT_FORMAT, GroupCommit, Intent
 from batchweave.journal import Journal
 from batchweave.log import Layout, LogState, ProducerState, TGBDescriptor
 from batchweave.store import open_store
+from batchweave.testing.interleave import Background, PausingStore
 
 VERSION_KEY = r"_log/\d{20}\.json"
 

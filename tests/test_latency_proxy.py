@@ -10,8 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from batchweave.bench.latency_proxy import LatencyProxy
 from batchweave.latency import LatencyModel
+from benchmarks.latency_proxy import LatencyProxy
 
 BODY = bytes(range(256)) * 400  # 102,400 bytes
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from interleave import Background, PausingStore
 from worker import origin_of, tgb
 
 import batchweave as bw
@@ -19,6 +18,7 @@ from batchweave import log
 from batchweave.journal import Journal
 from batchweave.policies import Manual
 from batchweave.store import Store, open_store
+from batchweave.testing.interleave import Background, PausingStore
 
 VERSION_KEY = r"_log/\d{20}\.json"
 

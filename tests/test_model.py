@@ -42,7 +42,6 @@ from checks import assert_referenced_objects_exist
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from interleave import Background, PausingStore, wait_for_any
 from soak import examples
 from worker import digest, origin_of, payload, tgb
 
@@ -52,6 +51,7 @@ from batchweave import store as bw_store
 from batchweave.journal import Journal
 from batchweave.policies import Manual
 from batchweave.store import Store, open_store
+from batchweave.testing.interleave import Background, PausingStore, wait_for_any
 
 PRODUCER_IDS = ("a", "b", "c")
 DP = 2

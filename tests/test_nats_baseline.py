@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from batchweave.bench.nats_baseline import find_nats_server, measure_nats, nats_server
+from benchmarks.nats_baseline import find_nats_server, measure_nats, nats_server
 
 MIB = 1024 * 1024
 
@@ -64,8 +64,8 @@ def test_limit_is_clamped_to_64_mib(tmp_path):
 
 
 def test_missing_binary_is_a_config_error(tmp_path, monkeypatch):
-    from batchweave.bench import nats_baseline
     from batchweave.errors import ConfigError
+    from benchmarks import nats_baseline
 
     monkeypatch.setattr(nats_baseline, "find_nats_server", lambda: None)
     with pytest.raises(ConfigError, match="apt-get install nats-server"):

@@ -43,7 +43,7 @@ def test_create_only_put_conflicts_on_the_second_write(backend_url):
 
 def test_racing_create_only_puts_have_exactly_one_winner(backend_url):
     """The commit protocol's one assumption about a store; plain moto breaks it about once
-    in 30 keys under 8 racing writers (see batchweave.bench.moto_server)."""
+    in 30 keys under 8 racing writers (see batchweave.testing.moto_server)."""
     store = open_store(backend_url)
     writers, keys, keys_at_once = 8, 50, 10
 

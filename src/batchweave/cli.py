@@ -7,9 +7,10 @@
     batchweave demo [...]               producer and consumer processes with a crash
     batchweave pool URL NAME --fn M:F --shards FILE --producers N --dp D
                                         a producer pool over a list of shards
+    batchweave bench NAME --out DIR     a benchmark, in a checkout of the repository
 
 Each subcommand is registered by one ``_add_<name>`` function that builds its parser
-and points ``func`` at its handler, so new subcommands (``bench``) slot in the same way.
+and points ``func`` at its handler, so new subcommands slot in the same way.
 Exit codes: 0 success, 1 the demo's checks failed, 2 a BatchWeaveError or bad usage;
 errors print ``error: <message>`` on stderr, never a traceback.
 """
@@ -21,6 +22,7 @@ import importlib
 import json
 import os
 import sys
+import types
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -350,16 +352,24 @@ def _import_function(spec: str) -> Callable[..., object]:
 
 # -- bench ----------------------------------------------------------------------------
 
+# The benchmarks are a package of the repository, not of the installed batchweave.
+_BENCHMARKS_MISSING = (
+    "batchweave bench runs the benchmarks of a checkout of the BatchWeave repository; they are not "
+    "part of the installed package. Run it in a checkout (where benchmarks/ is in the current directory "
+    "or a parent), with the bench extra installed there: pip install -e '.[bench]'"
+)
+
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
-    from batchweave.bench import BENCHMARKS
-
     p = sub.add_parser(
         "bench",
-        help="run a benchmark; writes OUT/NAME.json, OUT/NAME.png and OUT/NAME.md",
-        description="Run a benchmark and write its JSON result, PNG figure and Markdown table into --out.",
+        help="run a benchmark (from a checkout of the repository); writes OUT/NAME.json, .png and .md",
+        description="Run a benchmark and write its JSON result, PNG figure and Markdown table into --out. "
+        "The benchmarks are the `benchmarks` package of a checkout of the repository: the first of the "
+        "current directory and its parents that holds benchmarks/__init__.py, or else a `benchmarks` "
+        "package importable from sys.path (PYTHONPATH).",
     )
-    p.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark")
+    p.add_argument("name", help="which benchmark (benchmarks.BENCHMARKS; an unknown name lists them)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--quick", action="store_true", help="a short run: checks the plumbing, not the figures")
     p.add_argument(
@@ -373,30 +383,30 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_bench)
 
 
+def _benchmarks_package() -> types.ModuleType:
+    """The ``benchmarks`` package of the checkout this command runs in: the first of the
+    current directory and its parents that holds ``benchmarks/__init__.py`` (put first on
+    sys.path), or else a ``benchmarks`` importable from sys.path as it is."""
+    here = Path.cwd().resolve()
+    for directory in (here, *here.parents):
+        if (directory / "benchmarks" / "__init__.py").is_file():
+            if str(directory) not in sys.path:
+                sys.path.insert(0, str(directory))
+            break
+    try:
+        package = importlib.import_module("benchmarks")
+    except ModuleNotFoundError as exc:
+        if exc.name != "benchmarks":
+            raise
+        raise ConfigError(_BENCHMARKS_MISSING) from None
+    if not callable(getattr(package, "main", None)) or not hasattr(package, "BENCHMARKS"):
+        raise ConfigError(f"{package.__file__} is not BatchWeave's benchmarks package. {_BENCHMARKS_MISSING}")
+    return package
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from batchweave.bench import load
-    from batchweave.bench.report import BenchOptions, write_outputs
-
-    module = load(args.name)
-    options = BenchOptions(quick=args.quick, store=args.store, seed=args.seed)
-    console = Console(stderr=True)
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=console) as progress:
-        result = module.run(options, progress)
-    paths = write_outputs(result, Path(args.out), module.plot)
-    for line in result.summary:
-        console.print(f"[bold]{args.name}[/]: {line}")
-    for path in paths:
-        print(path)
-    return EXIT_OK
+    # Everything else, the benchmark's name and dependencies first, is checked there.
+    return _benchmarks_package().main(args.name, Path(args.out), quick=args.quick, store=args.store, seed=args.seed)
 
 
 # -- entry point ----------------------------------------------------------------------

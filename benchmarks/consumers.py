@@ -18,7 +18,7 @@ Systems, over the same data:
   rank's slice, the same number in flight; the log also given for free.
 - ``streaming-default`` / ``streaming-per-rank``: ``StreamingDataset`` in its default
   mode and configured so each rank gets exactly its step slices
-  (``batchweave.bench.streaming_peer`` explains both), one process per rank pass.
+  (``benchmarks.streaming_peer`` explains both), one process per rank pass.
 Each of these reads for a sample of ranks (first, middle, last), one rank at a time.
 ``batchweave-all-ranks`` and ``raw-range-all-ranks`` run all W ranks at once as threads
 of this process: the like-for-like "same concurrency" comparison.
@@ -39,11 +39,11 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from batchweave.bench.latency_proxy import LatencyProxy, ProxyCounters
-from batchweave.bench.report import BenchOptions, BenchResult, machine
-from batchweave.bench.streaming_peer import base_payload, sample_payload, tag_of
 from batchweave.latency import CLOUD_DEFAULTS
 from batchweave.store import open_store
+from benchmarks.latency_proxy import LatencyProxy, ProxyCounters
+from benchmarks.report import BenchOptions, BenchResult, machine
+from benchmarks.streaming_peer import base_payload, sample_payload, tag_of
 
 NAME = "consumers"
 COLUMNS = (
@@ -133,7 +133,7 @@ def systems(store: str, quick: bool) -> tuple[str, ...]:
 
 
 def run(options: BenchOptions, progress: Any) -> BenchResult:
-    from batchweave.bench.servers import seaweedfs_s3
+    from batchweave.testing.servers import seaweedfs_s3
 
     points = plan(options)
     per_point = sum(len(systems(store, options.quick)) for store in STORES)
@@ -436,7 +436,7 @@ def _streaming_pass(mode: str, data: Data, proxy: LatencyProxy, rank: int) -> Pa
 @contextmanager
 def _streaming_process(args: list[str], env: dict[str, str]) -> Iterator[subprocess.Popen]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "batchweave.bench.streaming_peer", *args],
+        [sys.executable, "-m", "benchmarks.streaming_peer", *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -462,7 +462,7 @@ def _json_line(process: subprocess.Popen) -> dict[str, Any]:
 
 def _streaming_command(args: list[str], env: dict[str, str]) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "batchweave.bench.streaming_peer", *args],
+        [sys.executable, "-m", "benchmarks.streaming_peer", *args],
         capture_output=True,
         text=True,
         env={**os.environ, **env},

@@ -1,4 +1,4 @@
-"""``python -m batchweave.bench.moto_server``: moto's S3 server with atomic create-only puts.
+"""``python -m batchweave.testing.moto_server``: moto's S3 server with atomic create-only puts.
 
 moto answers a ``PUT`` with ``If-None-Match: *`` by checking that the key is absent and
 then storing the object, two steps on a threaded server: two racing PUTs of one key can

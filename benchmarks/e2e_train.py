@@ -1,6 +1,6 @@
 """The training job of ``batchweave bench e2e``, run under torchrun, and its image pipeline.
 
-    python -m torch.distributed.run --standalone --nproc-per-node 1 -m batchweave.bench.e2e_train \\
+    python -m torch.distributed.run --standalone --nproc-per-node 1 -m benchmarks.e2e_train \\
         --feed batchweave --images DIR --url NAMESPACE --steps 200 --out steps.json
 
 A tiny ViT (patch embedding, a few ``nn.TransformerEncoder`` layers, mean pooling) trains
@@ -11,7 +11,7 @@ writes the series as JSON. ``--feed`` chooses where the batches come from:
 - ``dataloader``: a colocated ``DataLoader(num_workers=k)`` whose workers decode and
   augment the JPEGs, on the trainer's own cores (the workers inherit its CPU affinity);
 - ``batchweave``: ``TGBDataset`` over a namespace that producer processes (started by
-  ``batchweave.bench.e2e`` on other cores) fill while training runs;
+  ``benchmarks.e2e`` on other cores) fill while training runs;
 - ``memory``: the same batches, preprocessed before the clock starts (the upper limit).
 
 The preprocessing lives here too (the DataLoader workers and the producers import it):

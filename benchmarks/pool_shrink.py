@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from batchweave.bench.ingest import IngestSpec, bench_store, ingest_config, run_ingest
-from batchweave.bench.report import BenchOptions, BenchResult
+from benchmarks.ingest import IngestSpec, bench_store, ingest_config, run_ingest
+from benchmarks.report import BenchOptions, BenchResult
 
 NAME = "pool-shrink"
 COLUMNS = (

@@ -1,11 +1,13 @@
 """A store that holds a chosen operation until the test lets it go: interleavings on demand.
 
+    from batchweave.testing import Background, PausingStore
+
     store = PausingStore(url)
     gate = store.pause("put_if_absent", r"_log/\\d+\\.json")   # the next commit attempt
-    thread = start(collect_garbage, store)                 # runs until it reaches the put
+    gc = Background(collect_garbage, store)                # runs until it reaches the put
     gate.wait_reached()                                     # ... and is held there
     ...                                                     # anything else happens now
-    gate.release(); thread.join()
+    gate.release(); gc.result()
 
 A gate holds the first matching operation (optionally the n-th), once. The holding
 thread waits at most ``HOLD_S`` seconds and then fails loudly, so a test that forgets to
@@ -22,7 +24,9 @@ from typing import Any
 
 from batchweave.store import Store
 
-HOLD_S = 60.0
+__all__ = ["HOLD_S", "Background", "Gate", "PausingStore", "wait_for_any"]
+
+HOLD_S = 60.0  # seconds a held operation waits for its release before it fails
 
 
 class Gate:
@@ -37,6 +41,7 @@ class Gate:
         self._released = threading.Event()
 
     def matches(self, op: str, key: str) -> bool:
+        """Whether this gate takes operation ``op`` on ``key`` (called by the store, under its lock)."""
         if self.key is not None or op != self.op or not self.pattern.fullmatch(key):
             return False
         if self.skip:
@@ -46,12 +51,14 @@ class Gate:
         return True
 
     def hold(self) -> None:
+        """Hold the calling thread here until ``release`` (at most ``HOLD_S`` seconds)."""
         self._reached.set()
         if not self._released.wait(HOLD_S):
             raise AssertionError(f"gate on {self.op} {self.key} was never released")
 
     @property
     def reached_event(self) -> threading.Event:
+        """Set once an operation is held here (for :func:`wait_for_any`)."""
         return self._reached
 
     def wait_reached(self, timeout_s: float = 30.0) -> str:
@@ -63,14 +70,16 @@ class Gate:
 
     @property
     def reached(self) -> bool:
+        """Whether an operation is (or was) held here."""
         return self._reached.is_set()
 
     def release(self) -> None:
+        """Let the held operation (or the next one to arrive) go on."""
         self._released.set()
 
 
 class PausingStore(Store):
-    """A real ``Store`` (any URL) whose operations can be held at gates."""
+    """A real ``Store`` (any URL, options as for ``Store``) whose operations can be held at gates."""
 
     def __init__(self, url: str, **options: Any) -> None:
         super().__init__(url, **options)
@@ -86,6 +95,7 @@ class PausingStore(Store):
         return gate
 
     def release_all(self) -> None:
+        """Release every gate: a test's cleanup, so that no thread stays held."""
         with self._lock:
             for gate in self._gates:
                 gate.release()
@@ -140,6 +150,7 @@ class Background:
             self.finished.set()
 
     def result(self, timeout_s: float = 60.0) -> Any:
+        """Join the thread (at most ``timeout_s`` seconds) and return ``fn``'s value or raise its error."""
         self._thread.join(timeout_s)
         if self._thread.is_alive():
             raise AssertionError(f"still running after {timeout_s} s")

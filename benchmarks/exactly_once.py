@@ -22,12 +22,12 @@ from typing import Any
 import msgspec
 
 from batchweave import log
-from batchweave.bench.ingest import store_model
-from batchweave.bench.report import BenchOptions, BenchResult, machine
 from batchweave.journal import Journal
 from batchweave.latency import CLOUD_DEFAULTS, LatencyStore
 from batchweave.policies import Manual
 from batchweave.producer import Producer
+from benchmarks.ingest import store_model
+from benchmarks.report import BenchOptions, BenchResult, machine
 
 NAME = "exactly-once"
 TGB_SLICES = (8, 32, 128)

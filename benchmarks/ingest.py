@@ -32,12 +32,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from batchweave import producer as producer_module
-from batchweave.bench.report import BenchOptions, machine, visibility_percentiles
 from batchweave.journal import Journal
 from batchweave.latency import CLOUD_DEFAULTS, LatencyStore
 from batchweave.policies import RecentCommitters
 from batchweave.producer import Producer
 from batchweave.store import Store, open_store
+from benchmarks.report import BenchOptions, machine, visibility_percentiles
 
 __all__ = ["IngestSpec", "bench_store", "ingest_config", "run_ingest", "store_model"]
 
@@ -71,13 +71,13 @@ def bench_store(options: BenchOptions, tag: str) -> Iterator[Store]:
     real S3 server on loopback (moto or SeaweedFS)."""
     name = f"bench-{tag}-{uuid.uuid4().hex[:8]}"
     if options.store == "s3":
-        from batchweave.bench.servers import moto_s3
+        from batchweave.testing.servers import moto_s3
 
         with moto_s3() as bucket_url:
             yield open_store(f"{bucket_url}/{name}")
         return
     if options.store == "seaweedfs":
-        from batchweave.bench.servers import seaweedfs_s3
+        from batchweave.testing.servers import seaweedfs_s3
 
         with seaweedfs_s3() as bucket_url:
             yield open_store(f"{bucket_url}/{name}")

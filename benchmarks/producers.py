@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from batchweave.bench.ingest import IngestSpec, bench_store, run_ingest, store_model
-from batchweave.bench.report import BenchOptions, BenchResult, machine, visibility_percentiles
 from batchweave.policies import POLICY_NAMES
 from batchweave.store import Store
+from benchmarks.ingest import IngestSpec, bench_store, run_ingest, store_model
+from benchmarks.report import BenchOptions, BenchResult, machine, visibility_percentiles
 
 NAME = "producers"
 COLUMNS = (
@@ -81,7 +81,7 @@ def plan(options: BenchOptions) -> dict[str, Any]:
 
 
 def run(options: BenchOptions, progress: Any) -> BenchResult:
-    from batchweave.bench.nats_baseline import find_nats_server, measure_nats
+    from benchmarks.nats_baseline import find_nats_server, measure_nats
 
     sweep = plan(options)
     points = [(n, size) for size in sweep["payloads"] for n in sweep["producers"]]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from batchweave.bench.ingest import IngestSpec, bench_store, ingest_config, run_ingest
-from batchweave.bench.report import BenchOptions, BenchResult
 from batchweave.policies import POLICY_NAMES
+from benchmarks.ingest import IngestSpec, bench_store, ingest_config, run_ingest
+from benchmarks.report import BenchOptions, BenchResult
 
 NAME = "dac"
 COLUMNS = (

@@ -16,14 +16,14 @@ import uuid
 from typing import Any
 
 from batchweave import log
-from batchweave.bench.ingest import store_model
-from batchweave.bench.report import BenchOptions, BenchResult, machine
 from batchweave.journal import Journal
 from batchweave.latency import CLOUD_DEFAULTS, LatencyStore
 from batchweave.log import LogState, TGBDescriptor
 from batchweave.policies import Manual
 from batchweave.producer import Producer
 from batchweave.store import Store
+from benchmarks.ingest import store_model
+from benchmarks.report import BenchOptions, BenchResult, machine
 
 NAME = "commit-cost"
 HISTORIES = (1_000, 10_000, 100_000)

@@ -37,12 +37,12 @@ from typing import Any
 import numpy as np
 import obstore
 
-from batchweave.bench.report import BenchOptions, BenchResult, machine
 from batchweave.consumer import Consumer
 from batchweave.journal import Journal
 from batchweave.latency import CLOUD_DEFAULTS, LatencyStore
 from batchweave.producer import Producer
 from batchweave.store import Store, open_store
+from benchmarks.report import BenchOptions, BenchResult, machine
 
 NAME = "overhead"
 DP = 8

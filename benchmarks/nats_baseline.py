@@ -43,8 +43,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from batchweave.bench.report import visibility_percentiles
 from batchweave.errors import ConfigError
+from benchmarks.report import visibility_percentiles
 
 __all__ = [
     "DEFAULT_MAX_PAYLOAD",

@@ -2,7 +2,7 @@
 
 The same tiny ViT trains under torchrun (DDP, gloo on CPU) for the same number of steps on
 the same global batch of JPEG images (decode, random-resized crop, flip, normalize: the
-image half of ``examples/preprocess_images.py``, in ``batchweave.bench.e2e_train``), fed
+image half of ``examples/preprocess_images.py``, in ``benchmarks.e2e_train``), fed
 three ways:
 
 - ``dataloader-k=N``: a colocated ``DataLoader(num_workers=N)`` preprocessing on the
@@ -62,11 +62,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from batchweave.bench.e2e_train import preprocess_step, write_images
-from batchweave.bench.report import BenchOptions, BenchResult, machine
 from batchweave.journal import Journal
 from batchweave.pool import PoolPlan, produce_shards
 from batchweave.store import open_store
+from benchmarks.e2e_train import preprocess_step, write_images
+from benchmarks.report import BenchOptions, BenchResult, machine
 
 NAME = "e2e"
 COLUMNS = (
@@ -184,7 +184,7 @@ def train_once(plan: Setup, work: Path, feed: str, workers: int, label: str) -> 
     url = str(work / f"namespace-{label}")
     command = [
         *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(plan.ranks)),
-        *("-m", "batchweave.bench.e2e_train", "--feed", _trainer_feed(feed), "--images", str(work / "images")),
+        *("-m", "benchmarks.e2e_train", "--feed", _trainer_feed(feed), "--images", str(work / "images")),
         *("--url", url),
         *("--steps", str(plan.steps), "--per-step", str(plan.per_step), "--size", str(plan.size)),
         *("--patch", str(plan.patch), "--dim", str(plan.dim), "--layers", str(plan.layers)),

@@ -1,6 +1,6 @@
 """MosaicML Streaming, the reading-side baseline of ``bench consumers`` (paper 7.4).
 
-Two commands, each run as ``python -m batchweave.bench.streaming_peer ...`` in its own
+Two commands, each run as ``python -m benchmarks.streaming_peer ...`` in its own
 process (Streaming reads rank and world size from the environment and keeps state in
 shared memory and a local cache directory, so one process is one rank):
 
@@ -179,7 +179,7 @@ def _tree_bytes(path: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m batchweave.bench.streaming_peer")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.streaming_peer")
     sub = parser.add_subparsers(dest="command", required=True)
     w = sub.add_parser("write")
     w.add_argument("--remote", required=True)

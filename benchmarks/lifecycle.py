@@ -15,11 +15,11 @@ import tempfile
 import threading
 from typing import Any
 
-from batchweave.bench.report import BenchOptions, BenchResult, machine
 from batchweave.consumer import Consumer
 from batchweave.lifecycle import collect_garbage, release_checkpoint
 from batchweave.producer import Producer, end_stream
 from batchweave.store import open_store
+from benchmarks.report import BenchOptions, BenchResult, machine
 
 NAME = "lifecycle"
 COLUMNS = ("deletion", "step", "bytes_stored", "tgbs_stored")

