@@ -67,7 +67,12 @@ def test_rollback_to_every_live_checkpoint_replays_identical_bytes(backend_url):
     with pytest.raises(bw.DataReclaimedError, match="step 5 was reclaimed.*oldest step still available is 15"):
         resume(backend_url, saved["step-0005"][0], 0, 1)
     with pytest.raises(bw.DataReclaimedError, match="oldest step still available is 15"):
-        resume(backend_url, {**saved["step-0005"][0], "version": 0, "position": [0, 1], "step": 0}, 0, 1)
+        resume(
+            backend_url,
+            {**saved["step-0005"][0], "version": 0, "position_numerator": 0, "position_denominator": 1, "step": 0},
+            0,
+            1,
+        )
 
 
 def test_gc_is_idempotent_and_dry_run_deletes_nothing(backend_url):

@@ -173,8 +173,7 @@ def fault_store(fault_server, monkeypatch):
         return Store(
             "s3://bucket/run-1",
             max_attempts=1,
-            retry_config=no_retries,
-            client_options={"timeout": "1s", "allow_http": True},
+            storage_options={"retry_config": no_retries, "client_options": {"timeout": "1s", "allow_http": True}},
         )
 
     return answer
@@ -237,7 +236,7 @@ def test_real_refused_connection_is_transient(monkeypatch):
     for var, value in services.s3_env(f"http://127.0.0.1:{port}").items():
         monkeypatch.setenv(var, value)
     no_retries = {"max_retries": 0, "retry_timeout": timedelta(seconds=5), "backoff": {"base": 2}}
-    store = Store("s3://bucket/run-1", max_attempts=1, retry_config=no_retries)
+    store = Store("s3://bucket/run-1", max_attempts=1, storage_options={"retry_config": no_retries})
     with pytest.raises(bw.TransientStoreError):
         store.put_if_absent(RACE_KEY, b"{}")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import time
 import uuid
 
 import pytest
@@ -122,7 +123,7 @@ def test_state_loads_before_and_during_iteration_and_is_validated(url):
     produce(url, 6)
     ds = TGBDataset(url, dp=2, rank=0, timeout_s=20)
     assert ds.state_dict() == {
-        "format": "batchweave.cursor/1",
+        "format": "batchweave.cursor/2",
         "version": 0,
         "position_numerator": 0,
         "position_denominator": 1,
@@ -201,5 +202,113 @@ def test_real_device_mesh_of_one_process(url, tmp_path):
         ds2 = TGBDataset(url, mesh=device_mesh, dim_names={"dp": "data", "tp": "tp"}, timeout_s=20)
         dcp.load({"data": ds2}, checkpoint_id=str(tmp_path / "ckpt"))
         assert ds2.state_dict()["step"] == 2
+    finally:
+        dist.destroy_process_group()
+
+
+# -- issue 12: a DataLoader that batches, readers that would create, one cursor format -------
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_data_loader_that_batches_is_refused(url, num_workers):
+    """``DataLoader(dataset)`` batches by default (batch_size=1): it would add a leading
+    dimension of 1 to every tensor. Refused at iter(), with the fix."""
+    produce(url, 2)
+    ds = TGBDataset(url, dp=2, rank=0, timeout_s=20)
+    for loader in (DataLoader(ds, num_workers=num_workers), DataLoader(ds, batch_size=4, num_workers=num_workers)):
+        started = time.monotonic()
+        with pytest.raises(bw.ConfigError, match="batches") as info:
+            next(iter(loader))
+        assert time.monotonic() - started < 30  # (worker processes take a few seconds to start)
+        fix = "DataLoader(dataset, batch_size=None, num_workers=0)" if num_workers else "batch_size=None)"
+        assert fix in str(info.value)
+    batch = next(iter(DataLoader(ds, batch_size=None)))  # the right call still works, unbatched
+    same(batch, plain(url, 0)[0])
+    ds.close()
+
+
+def test_the_dataset_refuses_a_missing_directory_and_unknown_options_when_made(tmp_path):
+    missing = tmp_path / "nope"
+    with pytest.raises(bw.ConfigError, match=f"no namespace at file://{missing}"):
+        TGBDataset(str(missing), dp=1)
+    assert not missing.exists()
+    with pytest.raises(bw.ConfigError, match="mistyped namespace URL 's3//bucket/run'"):
+        TGBDataset("s3//bucket/run", dp=1)
+    with pytest.raises(bw.ConfigError, match="unknown storage option 'regoin'"):
+        TGBDataset("s3://bucket/run", dp=1, storage_options={"regoin": "x"})
+    with pytest.raises(TypeError, match="max_lags"):
+        TGBDataset("memory://x", dp=1, max_lags=3)
+
+
+def test_consumer_and_dataset_share_one_cursor(url):
+    produce(url, 6)
+    consumer = bw.Consumer(url, dp=2, rank=0, timeout_s=20)
+    next(consumer), next(consumer)
+    saved = consumer.state_dict()
+    consumer.close()
+    assert saved["format"] == "batchweave.cursor/2"
+    assert all(type(v) in (int, str) for v in saved.values()), saved  # DCP-friendly: ints and strings
+    ds = TGBDataset(url, dp=2, rank=0, timeout_s=20)
+    ds.load_state_dict(saved)
+    assert ds.state_dict() == saved
+    it = iter(ds)
+    next(it)
+    assert ds.last_step == 2
+    resumed = bw.Consumer(url, dp=2, rank=0, timeout_s=20)
+    resumed.load_state_dict(ds.state_dict())  # and back
+    assert resumed.state_dict() == ds.state_dict() and next(resumed).step == 3
+    resumed.close()
+    ds.close()
+
+
+def test_cursors_saved_in_the_first_format_still_load(url):
+    """batchweave.cursor/1 had two shapes: the consumer's position list, the dataset's flat keys."""
+    produce(url, 6)
+    with bw.Consumer(url, dp=2, rank=0, timeout_s=20) as consumer:
+        next(consumer), next(consumer), next(consumer)
+        now = consumer.state_dict()
+    common = {k: now[k] for k in ("version", "step", "dp", "cp", "namespace")}
+    consumer_v1 = {"format": "batchweave.cursor/1", **common, "position": [3, 1]}
+    dataset_v1 = {"format": "batchweave.cursor/1", **common, "position_numerator": 3, "position_denominator": 1}
+    for old in (consumer_v1, dataset_v1):
+        ds = TGBDataset(url, dp=2, rank=0, timeout_s=20)
+        ds.load_state_dict(old)
+        assert ds.state_dict() == now
+        assert [ds.last_step for _ in iter(ds)] == [3, 4, 5]
+        with bw.Consumer(url, dp=2, rank=0, timeout_s=20) as consumer:
+            consumer.load_state_dict(old)
+            assert [b.step for b in consumer] == [3, 4, 5]
+    with pytest.raises(bw.ConfigError, match=r"position \[numerator, denominator\]"):
+        TGBDataset(url, dp=2, rank=0).load_state_dict({**consumer_v1, "position": 3})
+    with pytest.raises(bw.ConfigError, match="lacks"):
+        TGBDataset(url, dp=2, rank=0).load_state_dict({k: v for k, v in now.items() if k != "dp"})
+
+
+def test_dcp_saves_the_consumer_and_loads_it_into_the_dataset(url, tmp_path):
+    produce(url, 6)
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "pg"), 1), rank=0, world_size=1)
+    try:
+        consumer = bw.Consumer(url, dp=2, rank=0, timeout_s=20)
+        next(consumer), next(consumer)
+        dcp.save({"data": consumer}, checkpoint_id=str(tmp_path / "ckpt"))
+        consumer.close()
+        ds = TGBDataset(url, dp=2, rank=0, timeout_s=20)
+        dcp.load({"data": ds}, checkpoint_id=str(tmp_path / "ckpt"))
+        assert ds.state_dict() == consumer.state_dict()
+        assert [ds.last_step for _ in iter(ds)] == [2, 3, 4, 5]
+
+        class DatasetV1:  # what TGBDataset.state_dict() gave before cursor/2: a DCP checkpoint of it loads
+            def state_dict(self):
+                saved = consumer.state_dict()
+                return {**saved, "format": "batchweave.cursor/1"}
+
+            def load_state_dict(self, state):
+                raise AssertionError("only saved")
+
+        dcp.save({"data": DatasetV1()}, checkpoint_id=str(tmp_path / "ckpt-v1"))
+        old = TGBDataset(url, dp=2, rank=0, timeout_s=20)
+        dcp.load({"data": old}, checkpoint_id=str(tmp_path / "ckpt-v1"))
+        assert old.state_dict() == consumer.state_dict()
     finally:
         dist.destroy_process_group()

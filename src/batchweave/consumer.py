@@ -19,7 +19,7 @@ import random
 import reprlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from fractions import Fraction
@@ -49,7 +49,13 @@ from batchweave.store import Store, open_store
 
 __all__ = ["Batch", "Consumer"]
 
-CURSOR_FORMAT = "batchweave.cursor/1"
+# The cursor of Consumer.state_dict() and TGBDataset.state_dict(): flat, under constant
+# keys, ints and strings only, so torch.distributed.checkpoint saves and loads it in place.
+# /1 had two shapes (Consumer: "position": [n, d]; TGBDataset: flat, as /2 is); both load.
+CURSOR_FORMAT = "batchweave.cursor/2"
+_CURSOR_FORMATS = (CURSOR_FORMAT, "batchweave.cursor/1")
+_CURSOR_FIELDS = ("format", "version", "position_numerator", "position_denominator", "step", "dp", "cp")
+_CURSOR_V1_FIELDS = ("format", "version", "position", "step")
 # prefetch=None: as many steps ahead as fit in this budget, within these bounds. A
 # cloud store answers in about 25 ms whatever the size, so small slices need many
 # reads in flight to keep up; large ones are bandwidth-bound with a few.
@@ -99,7 +105,11 @@ class Consumer:
         max_poll_interval_s: longest pause between log probes while idle.
         sequence_axis: the axis along which slices are joined when CP shrank and split
             when CP grew relative to the TGBs' layout (default: the last axis).
-        store_options: passed through to obstore.
+        storage_options: obstore options for the store, as for ``Producer``.
+
+    Opens the store with ``create=False``: a local directory that does not exist is a
+    ConfigError at once (on an object store, a namespace nothing was committed to yet is
+    fine: the consumer waits for the first commit).
     """
 
     def __init__(
@@ -115,7 +125,7 @@ class Consumer:
         timeout_s: float | None = None,
         max_poll_interval_s: float = 1.0,
         sequence_axis: int = -1,
-        **store_options: Any,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         self.mesh = Mesh(dp=dp, cp=cp, tp=tp, pp=pp)
         self.rank = resolve_rank(rank, self.mesh)
@@ -124,7 +134,7 @@ class Consumer:
         self.timeout_s = timeout_s
         self.max_poll_interval_s = max_poll_interval_s
         self.sequence_axis = sequence_axis
-        self._store = open_store(url, **store_options)
+        self._store = open_store(url, create=False, storage_options=storage_options)
         self._cursor = _Cursor(version=0, position=Fraction(0), step=0)
         self._pipeline: _Pipeline | None = None
         self._fetches = FetchRecorder()  # recorded by the fetching threads
@@ -215,8 +225,11 @@ class Consumer:
     def state_dict(self) -> dict[str, Any]:
         """The cursor: resume right after the last step this rank received.
 
-        ``position`` ([numerator, denominator]) counts the TGBs consumed and is what a
-        resume uses; ``step`` is the next step counted on this mesh of ``dp`` x ``cp``.
+        ``batchweave.cursor/2``: ints and strings under constant keys (``format``,
+        ``version``, ``position_numerator``, ``position_denominator``, ``step``, ``dp``,
+        ``cp``, ``namespace``), the same as ``TGBDataset.state_dict()``.
+        ``position_numerator / position_denominator`` counts the TGBs consumed and is what
+        a resume uses; ``step`` is the next step counted on this mesh of ``dp`` x ``cp``.
         """
         return _state_dict(self._cursor, self.mesh)
 
@@ -272,19 +285,36 @@ def check_prefetch(prefetch: Any) -> int | None:
 
 
 def _parse_cursor(state: Any, mesh: Mesh) -> _Cursor:
-    """A saved cursor, its step recounted in ``mesh``'s steps."""
-    if not isinstance(state, dict) or state.get("format") != CURSOR_FORMAT:
+    """A saved cursor, its step recounted in ``mesh``'s steps: the one parser of cursors.
+
+    Takes ``batchweave.cursor/2`` (what ``state_dict()`` gives) and both shapes of
+    ``batchweave.cursor/1``: a ``Consumer``'s, with ``position: [numerator, denominator]``,
+    and a ``TGBDataset``'s, with ``position_numerator`` and ``position_denominator``.
+    """
+    if not isinstance(state, Mapping) or state.get("format") not in _CURSOR_FORMATS:
         raise ConfigError(f"not a BatchWeave consumer state (expected format {_shown(CURSOR_FORMAT)}): {_shown(state)}")
-    version, step, position = state.get("version"), state.get("step"), state.get("position")
+    fields = _CURSOR_FIELDS if state["format"] == CURSOR_FORMAT or "position" not in state else _CURSOR_V1_FIELDS
+    missing = [key for key in fields if key not in state]
+    if missing:
+        raise ConfigError(f"consumer state ({state['format']}) lacks {missing}: {_shown(dict(state))}")
+    version, step = state["version"], state["step"]
     if not all(_natural(v) for v in (version, step)):
         raise ConfigError(
             f"consumer state needs non-negative integer version and step, got {_shown(version)}, {_shown(step)}"
         )
-    if not (isinstance(position, list | tuple) and len(position) == 2 and _natural(position[0]) and position[1]):
-        raise ConfigError(f"consumer state needs position [numerator, denominator], got {_shown(position)}")
-    if not _natural(position[1]):
+    if "position_numerator" in fields:
+        position = (state["position_numerator"], state["position_denominator"])
+    else:
+        position = state["position"]
+        if not (isinstance(position, list | tuple) and len(position) == 2):
+            raise ConfigError(f"consumer state needs position [numerator, denominator], got {_shown(position)}")
+    if not _natural(position[0]):
+        raise ConfigError(
+            f"consumer state position numerator must be a non-negative integer, got {_shown(position[0])}"
+        )
+    if not _natural(position[1]) or position[1] == 0:
         raise ConfigError(f"consumer state position denominator must be a positive integer, got {_shown(position[1])}")
-    namespace = state.get("namespace", "")
+    namespace = state.get("namespace", "")  # absent from cursors saved before namespace ids
     if not isinstance(namespace, str) or len(namespace) > 64:
         raise ConfigError(f"consumer state namespace must be the namespace's id string, got {_shown(namespace)}")
     saved_dp = state.get("dp", mesh.dp)
@@ -346,7 +376,8 @@ def _state_dict(cursor: _Cursor, mesh: Mesh) -> dict[str, Any]:
     return {
         "format": CURSOR_FORMAT,
         "version": cursor.version,
-        "position": [cursor.position.numerator, cursor.position.denominator],
+        "position_numerator": cursor.position.numerator,
+        "position_denominator": cursor.position.denominator,
         "step": cursor.step,
         "dp": mesh.dp,
         "cp": mesh.cp,

@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 
 from batchweave.journal import Journal
-from batchweave.lifecycle import Checkpoint, read_watermarks
+from batchweave.lifecycle import Checkpoint, read_watermarks, require_namespace
 from batchweave.log import LogState, ProducerState
 from batchweave.store import Store, open_store
 
@@ -91,11 +91,12 @@ def producer_dict(state: ProducerState) -> dict[str, Any]:
     return out
 
 
-def inspect_namespace(url: str | Store, **store_options: Any) -> NamespaceInfo:
+def inspect_namespace(url: str | Store, *, storage_options: dict[str, Any] | None = None) -> NamespaceInfo:
     """Read the newest state of the namespace at ``url`` (O(1) requests plus the log tail,
     plus one listing and one read per checkpoint watermark)."""
-    store = open_store(url, create=False, **store_options)
+    store = open_store(url, create=False, storage_options=storage_options)
     state, checkpoints = read_state(Journal(store))
+    require_namespace(store, state, has_checkpoints=bool(checkpoints))
     return NamespaceInfo(
         url=store.url,
         latest_version=state.version,

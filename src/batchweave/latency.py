@@ -117,7 +117,7 @@ class LatencyStore(Store):
             discard_prefix=discard,
             create=state["create"],
             max_attempts=state["max_attempts"],
-            **state["options"],
+            storage_options=state["storage_options"],
         )
 
     def __repr__(self) -> str:

@@ -142,9 +142,30 @@ def write_watermark(store: Store, mark: Watermark) -> None:
             ) from None
 
 
-def release_checkpoint(url: str | Store, checkpoint_id: str, **store_options: Any) -> None:
-    """The checkpoint was deleted: its watermarks no longer hold data back. Idempotent."""
-    store = open_store(url, **store_options)
+def require_namespace(store: Store, state: LogState, *, has_checkpoints: bool) -> None:
+    """Refuse a namespace that does not exist, for the tools that only read or tidy one.
+
+    A local directory exists or not (``open_store(create=False)`` refuses a missing one).
+    On an object store a prefix always "exists", so a namespace exists once something was
+    committed there (log version 1 or a snapshot: ``state.version > 0``) or a checkpoint
+    was marked there. Anything else is most likely a mistyped URL. (A ``Consumer`` does not
+    ask: on an object store it may start before the first producer and wait.)
+    """
+    if store.object_store and state.version == 0 and not has_checkpoints:
+        raise ConfigError(
+            f"no namespace at {store.url}: nothing was ever committed there (no log version 1, no snapshot) "
+            "and no checkpoint marked; check the URL"
+        )
+
+
+def release_checkpoint(url: str | Store, checkpoint_id: str, *, storage_options: dict[str, Any] | None = None) -> None:
+    """The checkpoint was deleted: its watermarks no longer hold data back. Idempotent.
+
+    Raises ConfigError for a namespace that does not exist (``require_namespace``).
+    """
+    store = open_store(url, create=False, storage_options=storage_options)
+    if store.object_store and next(iter(store.list(CHECKPOINT_PREFIX)), None) is None:
+        require_namespace(store, Journal(store, heads_only=True).load_state(), has_checkpoints=False)
     key = f"{CHECKPOINT_PREFIX}{check_checkpoint_id(checkpoint_id)}/{_RELEASED}"
     try:
         store.put_if_absent(key, b"{}")
@@ -255,7 +276,12 @@ _PLAN_ATTEMPTS = 8
 
 
 def collect_garbage(
-    url: str | Store, grace_s: float = 3600.0, *, dry_run: bool = False, now: float | None = None, **store_options: Any
+    url: str | Store,
+    grace_s: float = 3600.0,
+    *,
+    dry_run: bool = False,
+    now: float | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> GCReport:
     """Delete what no live checkpoint and no producer recovery can reach; see the module doc.
 
@@ -267,7 +293,7 @@ def collect_garbage(
     plans again, and log versions are deleted one at a time in ascending order, which is
     what lets writers prove their view was not cut short (``journal``).
     """
-    store = open_store(url, create=False, **store_options)
+    store = open_store(url, create=False, storage_options=storage_options)
     journal = Journal(store)
     # List the data first, read the log after: every object in the listing was written by
     # an incarnation whose claim is already in the log, so a producer that started while
@@ -277,6 +303,7 @@ def collect_garbage(
     w_global = global_watermark(checkpoints)
     report = GCReport(w_global_step=None if w_global is None else int(w_global.position), dry_run=dry_run)
     state, plan = _settle(journal, listed, w_global, grace_s, time.time() if now is None else now, dry_run)
+    require_namespace(store, state, has_checkpoints=bool(checkpoints))
     report.reclaimed_steps = plan.target.steps
     report.orphans = sorted(plan.orphans)
     released = [c for c in checkpoints if c.released]

@@ -114,7 +114,7 @@ class PoolJob:
     cp: int
     commit_policy: str | None
     max_restarts: int
-    store_options: dict[str, Any]
+    storage_options: dict[str, Any] | None
 
     def produce(self, index: int, on_append: Callable[[int, int], None] | None = None) -> tuple[int, dict[str, float]]:
         """Run producer ``index`` of this job (``produce_shards``)."""
@@ -128,7 +128,7 @@ class PoolJob:
             self.cp,
             self.commit_policy,
             on_append=on_append,
-            **self.store_options,
+            storage_options=self.storage_options,
         )
 
 
@@ -142,7 +142,7 @@ def produce_shards(
     cp: int = 1,
     commit_policy: str | None = None,
     on_append: Callable[[int, int], None] | None = None,
-    **store_options: Any,
+    storage_options: dict[str, Any] | None = None,
 ) -> tuple[int, dict[str, float]]:
     """One producer of the pool, from where the log says it is to its last shard.
 
@@ -150,7 +150,7 @@ def produce_shards(
     the offset it resumes at minus one, then after each TGB is appended (for progress).
     Returns (the offset it resumed at, its metrics).
     """
-    with Producer(url, plan.producer_id(index), dp, cp, commit_policy, **store_options) as producer:
+    with Producer(url, plan.producer_id(index), dp, cp, commit_policy, storage_options=storage_options) as producer:
         resumed_at = producer.resume_offset
         if on_append is not None:
             on_append(index, resumed_at - 1)
@@ -181,7 +181,7 @@ def run_pool(
     max_restarts: int = 3,
     end_of_stream: bool = False,
     progress: bool = True,
-    **store_options: Any,
+    storage_options: dict[str, Any] | None = None,
 ) -> PoolReport:
     """Turn every shard of ``source`` into one TGB of the namespace at ``url``; see the module doc.
 
@@ -194,11 +194,11 @@ def run_pool(
     if not isinstance(max_restarts, int) or max_restarts < 0:
         raise ConfigError(f"max_restarts must be a non-negative integer, got {max_restarts!r}")
     plan = PoolPlan(name, producers, len(source))
-    store = open_store(url, **store_options)
+    store = open_store(url, storage_options=storage_options)
     plan.check_log(list(Journal(store).load_state().producers))
     started = time.monotonic()
     report = PoolReport(name, producers, len(source))
-    job = PoolJob(store.url, plan, source, preprocess, dp, cp, commit_policy, max_restarts, store_options)
+    job = PoolJob(store.url, plan, source, preprocess, dp, cp, commit_policy, max_restarts, storage_options)
     if backend == "ray":
         from batchweave.ray_pool import run_ray_pool
 

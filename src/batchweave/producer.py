@@ -65,7 +65,8 @@ class Producer:
         max_lag: backpressure: ``append`` blocks while the newest committed step is this
             many steps or more ahead of ``W_global`` (the oldest live checkpoint), so
             storage stays bounded even when checkpoints stall. None: never block.
-        store_options: passed through to obstore.
+        storage_options: obstore options for the store (see ``batchweave.store.check_storage_options``):
+            config keys such as ``region`` or ``endpoint``, ``client_options``, ``retry_config``.
     """
 
     def __init__(
@@ -81,7 +82,7 @@ class Producer:
         background_commit: bool = True,
         publish_metrics: bool = False,
         max_lag: int | None = None,
-        **store_options: Any,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         self.producer_id = log.check_producer_id(producer_id)
         self.mesh = Mesh(dp=dp, cp=cp)
@@ -100,7 +101,7 @@ class Producer:
                 f"producer {producer_id!r}: group commit takes turns on the background commit thread; "
                 "use background_commit=True (the default) with commit_policy='group'"
             )
-        self._store = open_store(url, **store_options)
+        self._store = open_store(url, storage_options=storage_options)
         self._journal = Journal(self._store, snapshot_every, heads_only=True)
         self._cond = threading.Condition()
         self._pending: list[TGBDescriptor] = []
@@ -616,12 +617,12 @@ class Producer:
             self._cond.notify_all()
 
 
-def end_stream(url: str | Store, *, create: bool = True, **store_options: Any) -> int:
+def end_stream(url: str | Store, *, create: bool = True, storage_options: dict[str, Any] | None = None) -> int:
     """Commit the end-of-stream marker; returns its log version. Idempotent.
 
     ``create=False`` refuses a local namespace directory that does not exist yet.
     """
-    journal = Journal(open_store(url, create=create, **store_options), heads_only=True)
+    journal = Journal(open_store(url, create=create, storage_options=storage_options), heads_only=True)
     result = journal.commit(
         journal.load_state(), lambda state: None if state.end_of_stream else log.build_end_of_stream(state, time.time())
     )

@@ -6,19 +6,27 @@ speaks in keys relative to the namespace root and in our own errors.
 URLs:
     /abs/path, rel/path, file:///abs/path   local directory (the embedded default)
     memory://name                           in-process store, shared by name (tests)
-    s3://bucket/prefix                      AWS_* from the environment; AWS_ENDPOINT_URL
-                                            and AWS_ALLOW_HTTP=true for a local server
+    s3://bucket/prefix                      the AWS credential chain (with boto3: profiles,
+                                            SSO, ~/.aws), AWS_* from the environment;
+                                            AWS_ENDPOINT_URL and AWS_ALLOW_HTTP=true for a
+                                            local server
     az://container/prefix                   AZURE_STORAGE_* from the environment
     gs://bucket/prefix                      GOOGLE_* from the environment
-Extra keyword options pass through to obstore's store constructor.
+``storage_options`` (a dict) pass through to obstore's store constructor, checked here
+against obstore's own typed configuration (``check_storage_options``).
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import difflib
+import functools
+import importlib.resources
 import os
 import random
 import re
+import socket
 import threading
 import time
 import uuid
@@ -43,7 +51,7 @@ from batchweave.errors import (
     TransientStoreError,
 )
 
-__all__ = ["ObjectInfo", "Store", "open_store"]
+__all__ = ["ObjectInfo", "Store", "check_storage_options", "open_store"]
 
 T = TypeVar("T")
 
@@ -120,38 +128,76 @@ class ObjectInfo:
     modified_s: float = 0.0
 
 
-def open_store(url: str | os.PathLike[str] | Store, *, create: bool = True, **options: Any) -> Store:
-    """Open the namespace at ``url``; ``options`` pass through to obstore.
+def open_store(
+    url: str | os.PathLike[str] | Store, *, create: bool = True, storage_options: dict[str, Any] | None = None
+) -> Store:
+    """Open the namespace at ``url``; ``storage_options`` pass through to obstore.
 
-    A ``Store`` passes through unchanged (e.g. a ``batchweave.latency.LatencyStore``).
-    ``create=False`` refuses a local directory that does not exist instead of making it
-    (for read-only tools, so a typo is an error rather than an empty namespace).
+    A ``Store`` passes through unchanged (e.g. a ``batchweave.latency.LatencyStore``);
+    ``storage_options`` must then be None. ``create=False`` (every reader) refuses a
+    local directory that does not exist instead of making it, so a typo is an error
+    rather than an empty namespace that is waited on forever. No request is made here.
     """
     if isinstance(url, Store):
+        if storage_options:
+            raise ConfigError(f"{url.url}: storage_options apply to a URL, not to an open Store; give them to it")
         return url
-    return Store(os.fspath(url), create=create, **options)
+    return Store(os.fspath(url), create=create, storage_options=storage_options)
 
 
 class Store:
-    """A namespace on an object store. Picklable and fork-safe: it reconnects lazily."""
+    """A namespace on an object store. Picklable and fork-safe: it reconnects lazily.
 
-    def __init__(self, url: str, *, create: bool = True, max_attempts: int = 5, **options: Any) -> None:
+    ``storage_options`` are checked by ``check_storage_options`` (ConfigError for a key
+    the store kind does not know); ``create=False`` raises ConfigError at once for a
+    local directory that does not exist.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        create: bool = True,
+        max_attempts: int = 5,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
         self.url = _normalize_url(url)
         self.create = create
-        self.options = dict(options)
+        self.storage_options = check_storage_options(self.url, storage_options)
         self.max_attempts = max_attempts
         self._handle: Any = None
         self._pid = -1
         self._local_root = urlparse(self.url).path if self.url.startswith("file://") else None
+        if not create and self._local_root is not None and not os.path.isdir(self._local_root):
+            raise ConfigError(
+                f"no namespace at {self.url}: the directory does not exist (readers never create one; "
+                "check the path, or start a producer first)"
+            )
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "create": self.create, "options": self.options, "max_attempts": self.max_attempts}
+        return {
+            "url": self.url,
+            "create": self.create,
+            "storage_options": self.storage_options,
+            "max_attempts": self.max_attempts,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["url"], create=state["create"], max_attempts=state["max_attempts"], **state["options"])
+        self.__init__(
+            state["url"],
+            create=state["create"],
+            max_attempts=state["max_attempts"],
+            storage_options=state["storage_options"],
+        )
 
     def __repr__(self) -> str:
         return f"Store({self.url!r})"
+
+    @property
+    def object_store(self) -> bool:
+        """Whether the URL names an object store (S3, Azure, GCS): a prefix there cannot be
+        missing, so readers judge the namespace by what it holds (``require_namespace``)."""
+        return urlparse(self.url).scheme in _SCHEME_FAMILY
 
     @property
     def remote(self) -> bool:
@@ -163,7 +209,7 @@ class Store:
     def _store(self) -> Any:
         # A tokio runtime does not survive fork(): rebuild the handle in a child process.
         if self._handle is None or self._pid != os.getpid():
-            self._handle = _build(self.url, self.options, self.create)
+            self._handle = _build(self.url, self.storage_options, self.create)
             self._pid = os.getpid()
         return self._handle
 
@@ -196,7 +242,7 @@ class Store:
         directories and memory stores honour create-only puts by construction and are
         not probed. Raises ``ConfigError`` when the store does not honour them.
         """
-        root = _store_root(self.url, self.options)
+        root = _store_root(self.url, self.storage_options)
         if root is None:
             return
         # Held through the probe, so that threads opening namespaces of one bucket at once
@@ -487,9 +533,14 @@ def _read_file(path: str, key: str, start: int, length: int | None) -> memoryvie
         os.close(fd)
 
 
+# A URL's scheme, the colon and slashes after it, and the rest: for spotting mistyped URLs.
+_URL_PARTS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)(?P<colon>:?)(?P<slashes>/*)(?P<rest>.*)", re.DOTALL)
+
+
 def _normalize_url(url: str) -> str:
     if not url:
         raise ConfigError("empty namespace URL: give a directory, file://, s3://, az://, gs:// or memory:// URL")
+    _refuse_mistyped(url)
     scheme = urlparse(url).scheme.lower()
     if scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt"):
         path = urlparse(url).path if scheme == "file" else url
@@ -499,16 +550,238 @@ def _normalize_url(url: str) -> str:
     raise ConfigError(f"unsupported namespace URL {url!r}: use a directory, file://, s3://, az://, gs:// or memory://")
 
 
+def _refuse_mistyped(url: str) -> None:
+    """ConfigError for a URL that names a known scheme but is not well formed.
+
+    ``s3//bucket/run`` (no colon) would otherwise be the local directory ``./s3/bucket/run``
+    and ``s3:/bucket/run`` a store without a bucket. Well formed: ``SCHEME://name/...``
+    for object stores, also ``memory:///name``; ``file:///path``, ``file:/path`` and
+    ``file://localhost/path``. A relative path whose first part is ``s3`` (``s3/run``)
+    stays a directory.
+    """
+    parts = _URL_PARTS.fullmatch(url)
+    if parts is None:
+        return
+    scheme, colon, slashes, rest = parts["scheme"].lower(), parts["colon"], parts["slashes"], parts["rest"]
+    if scheme not in _CLOUD_SCHEMES and scheme not in ("memory", "file"):
+        return
+    if not colon and len(slashes) < 2:
+        return  # a relative directory such as s3/run or memory
+    if scheme == "file":
+        if colon and (len(slashes) in (1, 3) or (len(slashes) == 2 and rest.startswith("localhost/"))):
+            return
+        fix = f"file:///{rest}"
+    else:
+        if colon and rest and (slashes == "//" or (scheme == "memory" and slashes == "///")):
+            return
+        fix = f"{scheme}://{rest}" if rest else f"{scheme}://bucket/prefix"
+    raise ConfigError(f"mistyped namespace URL {url!r}: did you mean {fix!r}?")
+
+
+# -- storage options ------------------------------------------------------------------
+#
+# obstore documents each store's configuration as a TypedDict in its type stubs
+# (obstore.store.S3Config, AzureConfig, GCSConfig, ClientConfig, RetryConfig): they exist
+# for type checkers only, so the keys are read from the stubs' source, not hand-copied.
+_TYPED_CONFIGS = {
+    "s3": ("_store/_aws.pyi", "S3Config"),
+    "az": ("_store/_azure.pyi", "AzureConfig"),
+    "gs": ("_store/_gcs.pyi", "GCSConfig"),
+    "client_options": ("_store/_client.pyi", "ClientConfig"),
+    "retry_config": ("_store/_retry.pyi", "RetryConfig"),
+    "backoff": ("_store/_retry.pyi", "BackoffConfig"),
+}
+# The prefixes of the environment variables a config key also goes by (AWS_REGION: region).
+_KEY_PREFIXES = {"s3": ("aws_",), "az": ("azure_storage_", "azure_"), "gs": ("google_",)}
+# What from_url takes besides config keys.
+_CLIENT_KEYS = ("client_options", "credential_provider", "retry_config")
+
+
+@functools.cache
+def _typed_config_keys(name: str) -> frozenset[str] | None:
+    """The keys of one of obstore's typed configs (``"s3"``, ``"client_options"``, ...), or
+    None if this obstore's stubs do not have it (obstore then checks the keys itself)."""
+    stub, class_name = _TYPED_CONFIGS[name]
+    try:
+        tree = ast.parse(importlib.resources.files("obstore").joinpath(stub).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            fields = [item.target.id for item in node.body if isinstance(item, ast.AnnAssign)]
+            return frozenset(field for field in fields if isinstance(field, str)) or None
+    return None
+
+
+def check_storage_options(url: str, options: dict[str, Any] | None) -> dict[str, Any]:
+    """``options`` checked for the store kind of ``url`` (a normalized namespace URL).
+
+    Object stores take obstore's config keys for their kind (``region``, ``endpoint``,
+    ``account_name``, ...; also spelled as the environment variable, ``AWS_REGION``) plus
+    ``client_options``, ``retry_config`` and ``credential_provider``; local directories
+    and memory stores take none. Returns them with config keys in obstore's spelling.
+    Raises ConfigError naming the valid keys for anything else.
+    """
+    if options is None:
+        return {}
+    if not isinstance(options, dict) or not all(isinstance(key, str) for key in options):
+        raise ConfigError(f"{url}: storage_options must be a dict with string keys, got {options!r:.200}")
+    family = _SCHEME_FAMILY.get(urlparse(url).scheme.lower())
+    if family is None:
+        if options:
+            kind = "a memory store" if url.startswith("memory:") else "a local directory"
+            raise ConfigError(f"{url}: {kind} takes no storage_options, got {sorted(options)}")
+        return {}
+    config = _typed_config_keys(family)
+    out: dict[str, Any] = {}
+    for key, value in options.items():
+        if key in _CLIENT_KEYS:
+            out[key] = _checked_client_option(url, key, value)
+            continue
+        name = _config_key(key, family, config)
+        if name is None:
+            valid = sorted(config or ()) + list(_CLIENT_KEYS)
+            near = difflib.get_close_matches(key.lower(), valid, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise ConfigError(
+                f"{url}: unknown storage option {key!r}{hint}; valid for {family}:// stores: {', '.join(valid)}"
+            )
+        out[name] = value
+    return out
+
+
+def _config_key(key: str, family: str, config: frozenset[str] | None) -> str | None:
+    """``key`` in obstore's spelling if it is a config key of ``family`` (None if not)."""
+    lowered = key.lower()
+    if config is None:
+        return lowered  # no stubs to check against: obstore refuses unknown keys at the build
+    if lowered in config:
+        return lowered
+    for prefix in _KEY_PREFIXES[family]:
+        if lowered.startswith(prefix) and lowered[len(prefix) :] in config:
+            return lowered[len(prefix) :]
+    return None
+
+
+def _checked_client_option(url: str, key: str, value: Any) -> Any:
+    if key == "credential_provider":
+        if not callable(value):
+            raise ConfigError(f"{url}: storage option credential_provider must be callable, got {value!r:.100}")
+        return value
+    if not isinstance(value, dict):
+        raise ConfigError(f"{url}: storage option {key} must be a dict, got {value!r:.100}")
+    _check_keys(url, key, value, _typed_config_keys(key))
+    if key == "retry_config" and isinstance(value.get("backoff"), dict):
+        _check_keys(url, "retry_config['backoff']", value["backoff"], _typed_config_keys("backoff"))
+    return dict(value)
+
+
+def _check_keys(url: str, where: str, value: dict[str, Any], valid: frozenset[str] | None) -> None:
+    unknown = sorted(str(key) for key in value if valid is not None and key not in valid)
+    if unknown:
+        raise ConfigError(f"{url}: unknown keys {unknown} in storage option {where}; valid: {', '.join(sorted(valid))}")
+
+
+# -- credentials ----------------------------------------------------------------------
+
+_AWS_KEYS_SET = "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary credentials)"
+_METADATA_ENDPOINT = "http://169.254.169.254"
+
+
+def _s3_credentials(url: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with a credential provider for the standard AWS chain, or unchanged.
+
+    Keys in the options or the environment go to obstore as they are (the chain's first
+    link). Otherwise, with boto3 installed, boto3 resolves the chain (profiles, SSO,
+    ``~/.aws``, web identity, container and instance roles); without it obstore does
+    (web identity, container and instance roles). Either way a chain that cannot give
+    credentials is a ConfigError now, before the first request, not a request to the
+    instance metadata endpoint that times out minutes later.
+    """
+    given = {key for key in options if key != "retry_config"} | {
+        key[4:].lower() for key in os.environ if key.startswith("AWS_")
+    }
+    if given & {"credential_provider", "access_key_id", "skip_signature"}:
+        return options
+    try:
+        from obstore.auth.boto3 import Boto3CredentialProvider
+    except ImportError:
+        _require_obstore_chain(url, given, options)
+        return options
+    try:
+        provider = _boto3_provider(Boto3CredentialProvider)
+    except Exception as exc:  # botocore's ProfileNotFound, SSO token expired, no credentials...
+        raise ConfigError(f"{url}: {_no_aws_credentials(exc)}") from exc
+    return {**options, "credential_provider": provider}
+
+
+def _boto3_provider(provider_class: Any) -> Any:
+    """One provider per process and AWS environment: a boto3 session costs ~50 ms to make,
+    and its credentials refresh themselves."""
+    environment = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+    key = (os.getpid(), environment)
+    with _providers_lock:
+        provider = _providers.get(key)
+        if provider is None:
+            import boto3
+
+            provider = _providers[key] = provider_class(boto3.Session())
+    return provider
+
+
+_providers: dict[tuple[int, tuple[tuple[str, str], ...]], Any] = {}
+_providers_lock = threading.Lock()
+
+
+def _no_aws_credentials(exc: BaseException | None) -> str:
+    found = "boto3 found no AWS credentials" if isinstance(exc, ValueError) else f"AWS credentials: {exc}"
+    return (
+        f"{found}. Set {_AWS_KEYS_SET}, or AWS_PROFILE naming a profile in ~/.aws/config "
+        "(`aws sso login --profile NAME` for SSO), or run on a machine with an instance, container or "
+        "web-identity role; for a public bucket pass storage_options={'skip_signature': True}"
+    )
+
+
+def _require_obstore_chain(url: str, given: set[str], options: dict[str, Any]) -> None:
+    """Without boto3: obstore's own chain needs web identity, a container role, or an
+    instance role it reaches through the metadata endpoint; refuse when none can work."""
+    if {"web_identity_token_file", "container_credentials_relative_uri", "container_credentials_full_uri"} & given:
+        return
+    disabled = os.environ.get("AWS_EC2_METADATA_DISABLED", "").strip().lower() == "true"
+    endpoint = str(options.get("metadata_endpoint") or os.environ.get("AWS_METADATA_ENDPOINT") or _METADATA_ENDPOINT)
+    if not disabled and _reachable(endpoint):
+        return
+    where = "instance metadata is disabled (AWS_EC2_METADATA_DISABLED)" if disabled else f"{endpoint} does not answer"
+    raise ConfigError(
+        f"{url}: no AWS credentials: none in the environment and no instance role ({where}). Set "
+        f"{_AWS_KEYS_SET}, or AWS_ROLE_ARN with AWS_WEB_IDENTITY_TOKEN_FILE; profiles, SSO and ~/.aws "
+        "are read only with boto3 installed (pip install 'batchweave[s3]')"
+    )
+
+
+@functools.cache
+def _reachable(endpoint: str, timeout_s: float = 1.0) -> bool:
+    """Whether a TCP connection to ``endpoint`` opens within ``timeout_s`` (once per process)."""
+    parsed = urlparse(endpoint)
+    try:
+        with socket.create_connection((parsed.hostname or "", parsed.port or 80), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
 def _build(url: str, options: dict[str, Any], create: bool) -> Any:
     scheme = urlparse(url).scheme
     if scheme == "file":
         path = urlparse(url).path
         if not create and not os.path.isdir(path):
             raise ConfigError(f"no namespace at {url}: the directory does not exist")
-        return LocalStore(prefix=path, mkdir=True, **options)
+        return LocalStore(prefix=path, mkdir=create)
     if scheme == "memory":
         with _memory_lock:
             return _memory_stores.setdefault(url, MemoryStore())
+    if _SCHEME_FAMILY.get(scheme) == "s3":
+        options = _s3_credentials(url, options)
     options = {"retry_config": _OBSTORE_RETRY, **options}
     try:
         return from_url(url, **options)

@@ -2,12 +2,14 @@
 
 Import it explicitly (``from batchweave.torch import TGBDataset``); the core package never
 imports torch. The dataset satisfies ``torch.distributed.checkpoint.stateful.Stateful`` by
-shape: ``state_dict()`` is a small cursor under constant keys, all plain ints plus one
-format string, so ``torch.distributed.checkpoint`` can save and load it in place.
+shape: ``state_dict()`` is the ``Consumer``'s cursor, ints and strings under constant keys,
+so ``torch.distributed.checkpoint`` can save and load it in place.
 """
 
 from __future__ import annotations
 
+import sys
+import types
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -19,12 +21,16 @@ import torch.utils.data
 from batchweave.consumer import CURSOR_FORMAT, Consumer, check_prefetch
 from batchweave.errors import ConfigError, LayoutError
 from batchweave.mesh import Coords, Mesh, resolve_rank
-from batchweave.store import Store
+from batchweave.store import Store, open_store
+
+try:  # what a DataLoader iterates an IterableDataset with; private, so only if it is there
+    from torch.utils.data._utils.fetch import _IterableDatasetFetcher
+except ImportError:  # pragma: no cover - a torch that moved it: the batching check is skipped
+    _IterableDatasetFetcher = None
 
 __all__ = ["TGBDataset", "mesh_from_device_mesh"]
 
 _DIMS = ("dp", "cp", "tp", "pp")
-_STATE_KEYS = ("format", "version", "position_numerator", "position_denominator", "step", "dp", "cp")
 _NOT_WRITABLE = "The given NumPy array is not writable"
 
 
@@ -42,19 +48,24 @@ class TGBDataset(torch.utils.data.IterableDataset):
         dp, cp, tp, pp: mesh sizes, when no ``mesh`` is given.
         rank: this rank in BatchWeave's order (``pp, dp, cp, tp``, outermost first);
             default: from ``mesh``, else ``RANK`` from the environment.
-        prefetch, timeout_s, sequence_axis, store_options: as for ``batchweave.Consumer``.
+        prefetch, timeout_s, sequence_axis, storage_options: as for ``batchweave.Consumer``.
         copy: False (default) wraps the consumer's read-only numpy arrays without copying
             (``torch.from_numpy``; torch's not-writable warning is suppressed): do not
             modify the tensors in place, move them (``.to(device)``) or copy them first.
             True gives each tensor its own writable memory.
 
-    Use ``DataLoader(dataset, batch_size=None, num_workers=0)``: each rank must read one
-    slice per step, in order, and the consumer already prefetches on background threads,
-    so worker processes would add nothing; ``num_workers > 0`` raises ConfigError.
+    Use ``DataLoader(dataset, batch_size=None, num_workers=0)``: each item is already
+    this rank's whole step, so a DataLoader that batches (its default ``batch_size=1``)
+    would stack steps under a new leading dimension, and ``iter()`` on it raises
+    ConfigError. Each rank must read one slice per step, in order, and the consumer
+    already prefetches on background threads, so worker processes would add nothing;
+    ``num_workers > 0`` raises ConfigError.
 
-    The store is opened on the first ``iter()``, not here, so the dataset pickles and
-    forks safely before any I/O. ``last_step`` is the step of the batch last yielded
-    (None before the first); the yielded dicts hold only the payload.
+    The URL and ``storage_options`` are checked here (a mistyped URL, an unknown option or
+    a local directory that does not exist is a ConfigError), but no request is made before
+    the first ``iter()``, so the dataset pickles and forks safely before any I/O.
+    ``last_step`` is the step of the batch last yielded (None before the first); the
+    yielded dicts hold only the payload.
     """
 
     def __init__(
@@ -72,7 +83,7 @@ class TGBDataset(torch.utils.data.IterableDataset):
         *,
         dim_names: Mapping[str, str] | None = None,
         copy: bool = False,
-        **store_options: Any,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if mesh is not None:
@@ -88,11 +99,11 @@ class TGBDataset(torch.utils.data.IterableDataset):
             self.mesh = Mesh(dp=dp, cp=cp, tp=tp, pp=pp)
         self.rank = resolve_rank(rank, self.mesh)
         self.url = url
+        self._store = open_store(url, create=False, storage_options=storage_options)  # checked now, no I/O
         self.prefetch = check_prefetch(prefetch)
         self.timeout_s = timeout_s
         self.sequence_axis = sequence_axis
         self.copy = copy
-        self.store_options = store_options
         self.last_step: int | None = None
         self._consumer: Consumer | None = None
         self._state: dict[str, Any] | None = None  # a cursor to apply when the consumer is built
@@ -100,26 +111,22 @@ class TGBDataset(torch.utils.data.IterableDataset):
     # -- iteration -------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor] | bytes]:
-        self._refuse_workers()
+        # Not a generator function: the checks run at iter(), when the caller's frame is
+        # still the DataLoader fetcher that asked (iter() itself adds no Python frame).
+        _refuse_data_loader_misuse(sys._getframe(1))
+        return self._batches()
+
+    def _batches(self) -> Iterator[dict[str, torch.Tensor] | bytes]:
         consumer = self._get_consumer()
         for batch in consumer:
             out = batch.data if isinstance(batch.data, bytes) else self._tensors(batch.data)
             self.last_step = batch.step
             yield out
 
-    def _refuse_workers(self) -> None:
-        info = torch.utils.data.get_worker_info()
-        if info is not None:
-            raise ConfigError(
-                f"TGBDataset runs in DataLoader worker {info.id} of {info.num_workers}: use num_workers=0. "
-                "Each rank reads exactly one slice per step, in order, and the consumer already prefetches "
-                "on background threads; worker processes cannot split that stream and would only add copies"
-            )
-
     def _get_consumer(self) -> Consumer:
         if self._consumer is None:
             consumer = Consumer(
-                self.url,
+                self._store,
                 dp=self.mesh.dp,
                 cp=self.mesh.cp,
                 tp=self.mesh.tp,
@@ -128,7 +135,6 @@ class TGBDataset(torch.utils.data.IterableDataset):
                 prefetch=self.prefetch,
                 timeout_s=self.timeout_s,
                 sequence_axis=self.sequence_axis,
-                **self.store_options,
             )
             if self._state is not None:
                 consumer.load_state_dict(self._state)
@@ -161,36 +167,28 @@ class TGBDataset(torch.utils.data.IterableDataset):
     # -- checkpointing (torch.distributed.checkpoint Stateful) -----------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """The cursor after the last batch yielded, under constant keys, as plain ints.
+        """The cursor after the last batch yielded: exactly ``Consumer.state_dict()``.
 
-        ``position_numerator / position_denominator`` counts the TGBs consumed (what a
-        resume uses); ``step`` is the next step counted on this mesh of ``dp`` x ``cp``.
+        ``batchweave.cursor/2``, ints and strings under constant keys: ``format``,
+        ``version``, ``position_numerator`` and ``position_denominator`` (the TGBs consumed,
+        what a resume uses), ``step`` (the next step on this mesh of ``dp`` x ``cp``),
+        ``dp``, ``cp`` and ``namespace``.
         """
         if self._consumer is not None:
-            state = self._consumer.state_dict()
-        elif self._state is not None:
-            state = self._state
-        else:
-            state = {"format": CURSOR_FORMAT, "version": 0, "position": [0, 1], "step": 0}
-            state = Consumer.state_on_mesh(state, self.mesh)
-        return {
-            "format": state["format"],
-            "version": state["version"],
-            "position_numerator": state["position"][0],
-            "position_denominator": state["position"][1],
-            "step": state["step"],
-            "dp": state["dp"],
-            "cp": state["cp"],
-            "namespace": state.get("namespace", ""),
-        }
+            return self._consumer.state_dict()
+        if self._state is not None:
+            return dict(self._state)
+        start = {"format": CURSOR_FORMAT, "version": 0, "position_numerator": 0, "position_denominator": 1}
+        return Consumer.state_on_mesh({**start, "step": 0, "dp": self.mesh.dp, "cp": self.mesh.cp}, self.mesh)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from ``state_dict()`` (or a ``Consumer.state_dict()``), before or during iteration.
+        """Resume from ``state_dict()`` or a ``Consumer.state_dict()`` (also a
+        ``batchweave.cursor/1`` one, of either), before or during iteration.
 
         Raises ConfigError for anything that is not such a cursor. A resume on different
         DP/CP sizes follows ``Consumer.load_state_dict``.
         """
-        cursor = Consumer.state_on_mesh(_consumer_state(state), self.mesh)  # checked now, without I/O
+        cursor = Consumer.state_on_mesh(state, self.mesh)  # checked now, without I/O
         if self._consumer is not None:
             self._consumer.load_state_dict(cursor)
         else:
@@ -214,19 +212,32 @@ class TGBDataset(torch.utils.data.IterableDataset):
         return f"TGBDataset({getattr(self.url, 'url', self.url)!r}, rank={self.rank}, mesh={self.mesh})"
 
 
-def _consumer_state(state: Any) -> dict[str, Any]:
-    """Convert the flat DCP-friendly cursor to the consumer's form; pass a consumer's through."""
-    if not isinstance(state, Mapping):
-        raise ConfigError(f"not a BatchWeave dataset state: {state!r:.200}")
-    if "position" in state:
-        return dict(state)
-    missing = [key for key in _STATE_KEYS if key not in state]
-    if missing:
-        raise ConfigError(f"BatchWeave dataset state lacks {missing}: {dict(state)!r:.200}")
-    out = {key: state[key] for key in ("format", "version", "step", "dp", "cp")}
-    out["position"] = [state["position_numerator"], state["position_denominator"]]
-    out["namespace"] = state.get("namespace", "")  # absent from cursors saved before namespace ids
-    return out
+def _refuse_data_loader_misuse(caller: types.FrameType | None) -> None:
+    """ConfigError when a DataLoader batches this dataset or runs it in worker processes.
+
+    ``caller`` is the frame that called ``iter()`` on the dataset: for a DataLoader, its
+    ``_IterableDatasetFetcher``, whose ``auto_collation`` is True when the loader batches.
+    """
+    fetcher = caller.f_locals.get("self") if caller is not None else None
+    batching = (
+        _IterableDatasetFetcher is not None
+        and isinstance(fetcher, _IterableDatasetFetcher)
+        and bool(fetcher.auto_collation)
+    )
+    info = torch.utils.data.get_worker_info()
+    if batching:
+        workers = ", num_workers=0" if info is not None else ""
+        raise ConfigError(
+            f"TGBDataset is iterated by a DataLoader that batches (batch_size is not None; its default is 1): "
+            f"use DataLoader(dataset, batch_size=None{workers}). Each item is already this rank's whole step, "
+            "so batching would stack steps under a new leading dimension"
+        )
+    if info is not None:
+        raise ConfigError(
+            f"TGBDataset runs in DataLoader worker {info.id} of {info.num_workers}: use num_workers=0. "
+            "Each rank reads exactly one slice per step, in order, and the consumer already prefetches "
+            "on background threads; worker processes cannot split that stream and would only add copies"
+        )
 
 
 def mesh_from_device_mesh(device_mesh: Any, dim_names: Mapping[str, str] | None = None) -> tuple[Mesh, int]:

@@ -115,9 +115,9 @@ class SnapshotReader:
         *,
         clock: Clock = time.monotonic,
         wall_clock: Clock = time.time,
-        **store_options: Any,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
-        self._journal = Journal(open_store(url, create=False, **store_options), heads_only=True)
+        self._journal = Journal(open_store(url, create=False, storage_options=storage_options), heads_only=True)
         self._clock = clock
         self._wall_clock = wall_clock
         self._state: LogState | None = None
