@@ -264,6 +264,17 @@ def _start_with_port_retry(
     raise last
 
 
+def _on_port(name: str, log_stem: Path, command: Callable[[int], list[str]]) -> Callable[[int], Service]:
+    """``make`` for ``_start_with_port_retry``: the server ``command(port)`` at
+    ``http://127.0.0.1:PORT``, its log in ``LOG_STEM-PORT.log``."""
+
+    def make(port: int) -> Service:
+        endpoint = f"http://127.0.0.1:{port}"
+        return Service(name=name, cmd=command(port), endpoint=endpoint, log_path=Path(f"{log_stem}-{port}.log"))
+
+    return make
+
+
 def _http_answers(url: str) -> bool:
     """True once the server returns any HTTP response (an error status counts)."""
     try:
@@ -330,14 +341,10 @@ def start_moto(workdir: Path, timeout_s: float = STARTUP_TIMEOUT_S) -> Service:
     if importlib.util.find_spec("moto") is None:
         raise ConfigError(_MOTO_MISSING)
 
-    def make(port: int) -> Service:
-        return Service(
-            name="moto S3 server",
-            cmd=[sys.executable, "-m", "batchweave.testing.moto_server", "-H", "127.0.0.1", "-p", str(port)],
-            endpoint=f"http://127.0.0.1:{port}",
-            log_path=Path(workdir) / f"moto-{port}.log",
-        )
+    def command(port: int) -> list[str]:
+        return [sys.executable, "-m", "batchweave.testing.moto_server", "-H", "127.0.0.1", "-p", str(port)]
 
+    make = _on_port("moto S3 server", Path(workdir) / "moto", command)
     return _start_with_port_retry(make, lambda ep: _http_answers(ep + "/"), timeout_s)
 
 
@@ -374,18 +381,13 @@ def start_azurite(
     location = Path(workdir) / "azurite-data"
     location.mkdir(parents=True, exist_ok=True)
 
-    def make(port: int) -> Service:
-        return Service(
-            name="Azurite blob emulator",
-            cmd=[
-                str(executable),
-                *("--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(location)),
-                *("--silent", "--skipApiVersionCheck", "--loose", "--disableTelemetry"),
-            ],
-            endpoint=f"http://127.0.0.1:{port}",
-            log_path=Path(workdir) / f"azurite-{port}.log",
-        )
+    def command(port: int) -> list[str]:
+        return [
+            *(str(executable), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(location)),
+            *("--silent", "--skipApiVersionCheck", "--loose", "--disableTelemetry"),
+        ]
 
+    make = _on_port("Azurite blob emulator", Path(workdir) / "azurite", command)
     # GET on the account root answers (with an auth error) once the server is up.
     return _start_with_port_retry(make, lambda ep: _http_answers(f"{ep}/{AZURITE_ACCOUNT}"), timeout_s)
 
@@ -651,24 +653,18 @@ def start_s3rver(
     directory = Path(workdir) / "s3rver-data"
     directory.mkdir(parents=True, exist_ok=True)
 
-    def make(port: int) -> Service:
-        return Service(
-            name="s3rver S3 emulator",
-            cmd=[
-                str(executable),
-                *("--directory", str(directory), "--address", "127.0.0.1", "--port", str(port)),
-                *("--silent", "--configure-bucket", bucket),
-            ],
-            endpoint=f"http://127.0.0.1:{port}",
-            log_path=Path(workdir) / f"s3rver-{port}.log",
-        )
+    def command(port: int) -> list[str]:
+        return [
+            *(str(executable), "--directory", str(directory), "--address", "127.0.0.1", "--port", str(port)),
+            *("--silent", "--configure-bucket", bucket),
+        ]
 
     def ready(endpoint: str) -> bool:
         # A signed HEAD of the bucket: the server answers and the bucket is configured.
         keys = {"access_key": S3RVER_ACCESS_KEY, "secret_key": S3RVER_SECRET_KEY}
         return _s3_signed_request(endpoint, "HEAD", f"/{bucket}", **keys, timeout_s=5) == 200
 
-    return _start_with_port_retry(make, ready, timeout_s)
+    return _start_with_port_retry(_on_port("s3rver S3 emulator", Path(workdir) / "s3rver", command), ready, timeout_s)
 
 
 def _s3_signed_request(
