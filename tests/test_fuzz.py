@@ -261,7 +261,10 @@ def _log_samples() -> tuple[bytes, bytes, bytes]:
 CLAIM, COMMIT, SNAPSHOT = _log_samples()
 HINT = b'{"version":2}'
 MARK = Watermark("step-001000", dp=4, cp=2, d=3, c=1, position=Fraction(7, 3), version=12)
-CURSOR = {"format": CURSOR_FORMAT, "version": 3, "position": [5, 2], "step": 2, "dp": 4, "cp": 1, "namespace": "a1b2"}
+CURSOR = {"format": CURSOR_FORMAT, "version": 3, "position_numerator": 5, "position_denominator": 2}
+CURSOR |= {"step": 2, "dp": 4, "cp": 1, "namespace": "a1b2"}
+# batchweave.cursor/1 as a Consumer saved it (a TGBDataset's /1 is CURSOR's shape): still loaded.
+CURSOR_V1 = {"format": "batchweave.cursor/1", "version": 3, "position": [5, 2], "step": 2, "dp": 4, "namespace": "a1b2"}
 
 
 def test_valid_samples_decode():
@@ -465,8 +468,10 @@ def test_log_parsers_structured_wrong_json(name, parse, valid, data):
 
 # -- log segments: decode_segment ------------------------------------------------------
 
-SEGMENT = encode_segment(SEGMENT_VERSIONS, [CLAIM] + [COMMIT.replace(b'"version":2', b'"version":%d' % v) for v in
-                                                      range(2, SEGMENT_VERSIONS + 1)])
+SEGMENT = encode_segment(
+    SEGMENT_VERSIONS,
+    [CLAIM] + [COMMIT.replace(b'"version":2', b'"version":%d' % v) for v in range(2, SEGMENT_VERSIONS + 1)],
+)
 
 
 def _segment(raw: bytes) -> Any:
@@ -540,7 +545,7 @@ def test_watermark_structured_wrong_json(data):
 @fuzz(200)
 @given(st.data())
 def test_cursor_structured_wrong_state(data):
-    state = data.draw(mutated_json(CURSOR) | json_values)
+    state = data.draw(mutated_json(CURSOR) | mutated_json(CURSOR_V1) | json_values)
     got = typed(Consumer.state_on_mesh, state, MESH, error=ConfigError, key=None)
     assert isinstance(got, ConfigError | dict)
 
@@ -570,10 +575,13 @@ def _nested(depth: int = DEPTH) -> list[Any]:
     return outer
 
 
-@pytest.mark.parametrize("field", [None, "format", "version", "step", "position", "namespace", "dp"])
+@pytest.mark.parametrize(
+    "field", [None, "format", "version", "step", "position_numerator", "position_denominator", "namespace", "dp"]
+)
 def test_deeply_nested_cursor(field):
     state = _nested() if field is None else {**CURSOR, field: _nested()}
     typed(Consumer.state_on_mesh, state, MESH, error=ConfigError, key=None)
+    typed(Consumer.state_on_mesh, {**CURSOR_V1, "position": _nested()}, MESH, error=ConfigError, key=None)
 
 
 # -- known inputs that used to escape untyped (regressions) -----------------------------
