@@ -297,7 +297,8 @@ def _batchweave_read(data: Data, proxy: LatencyProxy, rank: int) -> Reading:
 
     started = time.monotonic()
     times, tags, delivered = [], [], 0
-    with Consumer(data.bw_url, dp=data.point.world, rank=rank, endpoint=proxy.endpoint) as consumer:
+    options = {"endpoint": proxy.endpoint}
+    with Consumer(data.bw_url, dp=data.point.world, rank=rank, storage_options=options) as consumer:
         for batch in consumer:
             times.append(time.monotonic() - started)
             tags.append(tag_of(batch.data))
@@ -312,11 +313,11 @@ def _batchweave_resumes(data: Data, proxy: LatencyProxy, rank: int) -> bool:
     from batchweave.consumer import Consumer
 
     half = data.point.steps // 2
-    with Consumer(data.bw_url, dp=data.point.world, rank=rank, endpoint=proxy.endpoint) as first:
+    with Consumer(data.bw_url, dp=data.point.world, rank=rank, storage_options={"endpoint": proxy.endpoint}) as first:
         for _ in range(half):
             next(first)
         saved = json.loads(json.dumps(first.state_dict()))  # as a checkpoint stores it
-    with Consumer(data.bw_url, dp=data.point.world, rank=rank, endpoint=proxy.endpoint) as resumed:
+    with Consumer(data.bw_url, dp=data.point.world, rank=rank, storage_options={"endpoint": proxy.endpoint}) as resumed:
         resumed.load_state_dict(saved)
         rest = [bytes(b.data) for b in resumed]
     base = base_payload(data.point.payload, data.seed)
@@ -348,7 +349,7 @@ def _ordered_reads(fetches: list[Callable[[], bytes]], inflight: int, started: f
 
 
 def _raw_range_read(data: Data, proxy: LatencyProxy, rank: int) -> Reading:
-    store = open_store(data.bw_url, endpoint=proxy.endpoint)
+    store = open_store(data.bw_url, storage_options={"endpoint": proxy.endpoint})
     started = time.monotonic()
     fetches = [_range_fetch(store, *step[rank]) for step in data.ranges]
     return _ordered_reads(fetches, data.inflight, started)  # exactly the log's byte ranges, by construction
@@ -359,7 +360,7 @@ def _range_fetch(store: Any, key: str, offset: int, length: int) -> Callable[[],
 
 
 def _dense_read(data: Data, proxy: LatencyProxy, rank: int) -> Reading:
-    store = open_store(data.bw_url, endpoint=proxy.endpoint)
+    store = open_store(data.bw_url, storage_options={"endpoint": proxy.endpoint})
     started = time.monotonic()
 
     def whole_step(step: int) -> Callable[[], bytes]:

@@ -182,6 +182,9 @@ def train_once(plan: Setup, work: Path, feed: str, workers: int, label: str) -> 
     trainer_cores, producer_cores = cores()
     out, ready, log = work / f"{label}.json", work / f"{label}.ready", work / f"{label}.log"
     url = str(work / f"namespace-{label}")
+    # The namespace exists before the trainer opens it (readers never create one); the
+    # producers, started after the trainer, commit into it.
+    (work / f"namespace-{label}").mkdir(exist_ok=True)
     command = [
         *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(plan.ranks)),
         *("-m", "benchmarks.e2e_train", "--feed", _trainer_feed(feed), "--images", str(work / "images")),
