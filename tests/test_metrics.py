@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import pickle
 import uuid
@@ -10,8 +11,9 @@ import numpy as np
 import pytest
 
 import batchweave as bw
+from batchweave import consumer as consumer_module
 from batchweave.latency import LatencyModel, LatencyStore
-from batchweave.metrics import FetchRecorder
+from batchweave.metrics import FetchRecorder, PeriodicLog, describe, register_prometheus
 from batchweave.policies import Manual
 
 NO_LATENCY = LatencyModel(put_s=0, first_byte_s=0, head_s=0, list_s=0, delete_s=0, jitter_sigma=0)
@@ -63,3 +65,60 @@ def test_a_pickled_consumer_starts_its_metrics_afresh(tmp_path):
     assert [next(copy).step for _ in range(2)] == [1, 2]  # on from the cursor it was pickled with
     assert copy.metrics().steps == 2
     copy.close()
+
+
+def test_the_periodic_log_fires_once_per_interval_of_ticks():
+    now = [0.0]
+    emitted = []
+    periodic = PeriodicLog(10.0, lambda: emitted.append(now[0]), clock=lambda: now[0])
+    for t in (1, 5, 9.9, 10, 12, 19.9, 20.5, 21):
+        now[0] = t
+        periodic.tick()
+    assert emitted == [10, 20.5]
+
+
+def test_describe_says_whether_the_gpu_waited(tmp_path):
+    url = str(tmp_path / "ns")
+    commit(url, 4)
+    with bw.Consumer(url, dp=2, rank=0, timeout_s=10) as consumer:
+        for _ in range(4):
+            next(consumer)
+        line = describe(consumer.metrics())
+    assert line.startswith("4 steps, 0.0 MB, waited ") and "0 steps behind log version 2" in line
+
+
+def test_prometheus_scrapes_consumer_and_producer_metrics(tmp_path):
+    prometheus_client = pytest.importorskip("prometheus_client")
+    url = str(tmp_path / "ns")
+    registry = prometheus_client.CollectorRegistry()
+    with bw.Producer(url, "p", dp=2, commit_policy=Manual()) as producer:
+        register_prometheus(producer, registry, producer_id="p")
+        producer.append([{"x": np.zeros(10, np.int64)}, {"x": np.zeros(3, np.int64)}], source_offset=0)
+        producer.flush()
+        with bw.Consumer(url, dp=2, rank=1, timeout_s=10) as consumer:
+            register_prometheus(consumer, registry, rank="1")
+            next(consumer)
+            text = prometheus_client.generate_latest(registry).decode()
+    assert 'batchweave_consumer_steps{rank="1"} 1.0' in text
+    assert 'batchweave_consumer_bytes{rank="1"} 24.0' in text
+    assert 'batchweave_producer_tgbs_committed{producer_id="p"} 1.0' in text
+
+
+def test_a_consumer_logs_its_metrics_at_info_while_iterating(tmp_path, caplog, monkeypatch):
+    url = str(tmp_path / "ns")
+    commit(url, 6)
+    now = [100.0]
+    monkeypatch.setattr(consumer_module.time, "monotonic", lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="batchweave.consumer"):
+        with bw.Consumer(url, dp=2, rank=0, timeout_s=10, log_metrics_s=30) as consumer:
+            for step in range(6):
+                now[0] = 100.0 + 10 * step  # steps at 100..150 s: the one log is due at 130
+                next(consumer)
+    lines = [r.getMessage() for r in caplog.records if r.name == "batchweave.consumer"]
+    assert len(lines) == 1 and "rank 0: 4 steps" in lines[0]
+
+
+@pytest.mark.parametrize("interval", [0, -1, True, "30"])
+def test_a_bad_log_interval_is_refused(tmp_path, interval):
+    with pytest.raises(bw.ConfigError, match="log_metrics_s must be a positive number"):
+        bw.Consumer(str(tmp_path), dp=1, rank=0, log_metrics_s=interval)

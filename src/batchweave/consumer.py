@@ -13,6 +13,7 @@ maps each logical step of this mesh onto the slices it must read (paper 4.1).
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import queue
 import random
@@ -42,7 +43,7 @@ from batchweave.layout import decode_slice
 from batchweave.lifecycle import Watermark, check_checkpoint_id, write_watermark
 from batchweave.log import LogState, LogVersion, TGBDescriptor
 from batchweave.mesh import Mesh, resolve_rank
-from batchweave.metrics import ConsumerMetrics, FetchRecorder
+from batchweave.metrics import ConsumerMetrics, FetchRecorder, PeriodicLog, describe
 from batchweave.readahead import DEFAULT_LOG_READ_AHEAD, LogReadAhead
 from batchweave.reshard import Reshard, SliceRead
 from batchweave.store import Store, open_store
@@ -52,6 +53,7 @@ __all__ = ["Batch", "Consumer"]
 # The cursor of Consumer.state_dict() and TGBDataset.state_dict(): flat, under constant
 # keys, ints and strings only, so torch.distributed.checkpoint saves and loads it in place.
 # /1 had two shapes (Consumer: "position": [n, d]; TGBDataset: flat, as /2 is); both load.
+_logger = logging.getLogger(__name__)
 CURSOR_FORMAT = "batchweave.cursor/2"
 _CURSOR_FORMATS = (CURSOR_FORMAT, "batchweave.cursor/1")
 _CURSOR_FIELDS = ("format", "version", "position_numerator", "position_denominator", "step", "dp", "cp")
@@ -106,6 +108,8 @@ class Consumer:
         sequence_axis: the axis along which slices are joined when CP shrank and split
             when CP grew relative to the TGBs' layout (default: the last axis).
         storage_options: obstore options for the store, as for ``Producer``.
+        log_metrics_s: log ``metrics()`` at INFO (logger ``batchweave.consumer``) every
+            this many seconds of iteration (None: never).
 
     Opens the store with ``create=False``: a local directory that does not exist is a
     ConfigError at once (on an object store, a namespace nothing was committed to yet is
@@ -126,6 +130,7 @@ class Consumer:
         max_poll_interval_s: float = 1.0,
         sequence_axis: int = -1,
         storage_options: dict[str, Any] | None = None,
+        log_metrics_s: float | None = None,
     ) -> None:
         self.mesh = Mesh(dp=dp, cp=cp, tp=tp, pp=pp)
         self.rank = resolve_rank(rank, self.mesh)
@@ -139,6 +144,8 @@ class Consumer:
         self._pipeline: _Pipeline | None = None
         self._fetches = FetchRecorder()  # recorded by the fetching threads
         self._delivered = (0, 0, 0.0)  # steps, bytes, seconds next() waited
+        self.log_metrics_s = _check_interval(log_metrics_s)
+        self._periodic_log = self._new_periodic_log()
 
     # -- iteration -------------------------------------------------------------------
 
@@ -153,6 +160,8 @@ class Consumer:
         steps, nbytes, waited = self._delivered
         self._delivered = (steps + 1, nbytes + _nbytes(batch.data), waited + time.perf_counter() - started)
         self._cursor = _Cursor(batch.version, position, batch.step + 1, self._pipeline.namespace)
+        if self._periodic_log is not None:
+            self._periodic_log.tick()
         return batch
 
     @property
@@ -264,7 +273,8 @@ class Consumer:
 
     def __getstate__(self) -> dict[str, Any]:
         # Threads and locks stay behind; the copy reads from the cursor with fresh metrics.
-        state = {k: v for k, v in self.__dict__.items() if k not in ("_pipeline", "_fetches", "_delivered")}
+        skip = ("_pipeline", "_fetches", "_delivered", "_periodic_log")
+        state = {k: v for k, v in self.__dict__.items() if k not in skip}
         state["_pipeline"] = None
         return state
 
@@ -272,9 +282,24 @@ class Consumer:
         self.__dict__.update(state)
         self._fetches = FetchRecorder()
         self._delivered = (0, 0, 0.0)
+        self._periodic_log = self._new_periodic_log()
+
+    def _new_periodic_log(self) -> PeriodicLog | None:
+        if self.log_metrics_s is None:
+            return None
+        return PeriodicLog(self.log_metrics_s, self._log_metrics, time.monotonic)
+
+    def _log_metrics(self) -> None:
+        _logger.info("%s rank %d: %s", self._store.url, self.rank, describe(self.metrics()))
 
     def __repr__(self) -> str:
         return f"Consumer({self._store.url!r}, rank={self.rank}, mesh={self.mesh}, next_step={self._cursor.step})"
+
+
+def _check_interval(seconds: Any) -> float | None:
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0):
+        raise ConfigError(f"log_metrics_s must be a positive number of seconds or None, got {seconds!r}")
+    return seconds
 
 
 def check_prefetch(prefetch: Any) -> int | None:

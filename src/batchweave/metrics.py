@@ -1,4 +1,5 @@
-"""What a consumer can tell about its own reading: the figures behind ``Consumer.metrics()``.
+"""What a consumer can tell about its own reading: the figures behind ``Consumer.metrics()``,
+a periodic INFO log line of them, and a Prometheus collector for consumers and producers.
 
 Kept apart from the consumer so the arithmetic (percentiles over a window of recent
 fetches) is plain, testable logic, and the consumer only records.
@@ -9,10 +10,13 @@ from __future__ import annotations
 import collections
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["ConsumerMetrics", "FetchRecorder"]
+from batchweave.errors import ConfigError
+
+__all__ = ["ConsumerMetrics", "FetchRecorder", "PeriodicLog", "describe", "register_prometheus"]
 
 FETCH_WINDOW = 1024  # recent fetches the latency percentiles are taken over
 
@@ -67,3 +71,61 @@ class FetchRecorder:
 
 def _nearest_rank(ordered: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+
+def describe(metrics: ConsumerMetrics) -> str:
+    """One line for a log: what a training engineer checks first (is the GPU waiting?)."""
+    return (
+        f"{metrics.steps} steps, {metrics.bytes / 1e6:.1f} MB, waited {metrics.wait_s:.2f} s for data, "
+        f"{metrics.behind_head_steps} steps behind log version {metrics.head_version}, "
+        f"fetch P50 {metrics.fetch_p50_s * 1e3:.1f} ms P95 {metrics.fetch_p95_s * 1e3:.1f} ms"
+    )
+
+
+class PeriodicLog:
+    """Calls ``emit`` at most once every ``interval_s`` seconds of ``tick()`` calls (one
+    clock read per tick: cheap enough for every step)."""
+
+    def __init__(self, interval_s: float, emit: Callable[[], None], clock: Callable[[], float]) -> None:
+        self._interval_s = interval_s
+        self._emit = emit
+        self._clock = clock
+        self._next = clock() + interval_s
+
+    def tick(self) -> None:
+        now = self._clock()
+        if now >= self._next:
+            self._next = now + self._interval_s
+            self._emit()
+
+
+def register_prometheus(source: Any, registry: Any = None, **labels: str) -> Any:
+    """Expose ``source.metrics()`` (a ``Consumer`` or a ``Producer``) to Prometheus.
+
+    Every numeric field becomes a gauge ``batchweave_consumer_<field>`` (or
+    ``batchweave_producer_<field>``), read when Prometheus scrapes, labelled with
+    ``labels`` (say ``rank="3"``). Needs the ``prometheus_client`` package; serve the
+    registry the way you already do (``prometheus_client.start_http_server(port)``).
+    Returns the collector (``registry.unregister(collector)`` removes it).
+    """
+    try:
+        from prometheus_client import REGISTRY
+        from prometheus_client.core import GaugeMetricFamily
+    except ImportError as exc:
+        raise ConfigError("register_prometheus needs prometheus_client: pip install 'batchweave[metrics]'") from exc
+
+    kind = "consumer" if hasattr(source, "mark_checkpoint") else "producer"
+
+    class _Collector:
+        def collect(self) -> Any:
+            current = source.metrics()
+            values = current.to_dict() if hasattr(current, "to_dict") else current
+            for name, value in sorted(values.items()):
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    gauge = GaugeMetricFamily(f"batchweave_{kind}_{name}", f"{kind} {name}", labels=list(labels))
+                    gauge.add_metric(list(labels.values()), float(value))
+                    yield gauge
+
+    collector = _Collector()
+    (registry if registry is not None else REGISTRY).register(collector)
+    return collector
