@@ -256,9 +256,13 @@ class Producer:
                 self._thread.join()
             self._intents.close()
 
-    def _published_metrics(self) -> dict[str, float]:
+    def _published_metrics(self, committing: int) -> dict[str, float]:
+        """The counters as they stand once the version carrying them lands with
+        ``committing`` of our TGBs: a published figure is never one commit behind."""
         keys = ("attempts", "conflicts", "successes", "tgbs_committed", "fragile_window_ema_s", "gap_s")
         current = self.metrics()
+        current["successes"] += 1
+        current["tgbs_committed"] += committing
         return {k: float(current[k]) for k in keys if not math.isnan(current[k])}
 
     def metrics(self) -> dict[str, float]:
@@ -490,7 +494,7 @@ class Producer:
             if state.end_of_stream:
                 return None  # pending_after_rebase raised if any of ours were left
             self._metrics["attempts"] += 1
-            published = self._published_metrics() if self.publish_metrics else None
+            published = self._published_metrics(len(remaining)) if self.publish_metrics else None
             return build_group_commit(state, self.producer_id, self._me, remaining, intents, time.time(), published)
 
         result = self._journal.commit(self._state, commit, max_attempts=1)
@@ -574,7 +578,7 @@ class Producer:
             if not remaining:
                 return None
             self._metrics["attempts"] += 1  # before publishing: the counters include this attempt
-            published = self._published_metrics() if self.publish_metrics else None
+            published = self._published_metrics(len(remaining)) if self.publish_metrics else None
             return log.build_commit(state, self.producer_id, self._me, remaining, time.time(), published)
 
         result = self._journal.commit(self._state, commit, max_attempts=1)
