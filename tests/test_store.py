@@ -274,7 +274,7 @@ def test_producer_refuses_a_store_that_ignores_conditional_puts(s3rver_url, fres
 def test_real_denied_conditional_put_of_a_409_key_is_a_permission_error(backend_url, monkeypatch):
     """A 403 whose message names `_log/...409.json` once read as a lost race."""
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
-    store = open_store(backend_url, max_attempts=1)
+    store = Store(backend_url, max_attempts=1)
     with pytest.raises(bw.StorePermissionError, match="access denied") as info:
         store.put_if_absent("_log/00000000000000000409.json", b"{}")
     assert not isinstance(info.value, bw.ObjectExistsError)
