@@ -15,8 +15,8 @@ import tempfile
 import threading
 from typing import Any
 
+from batchweave import collect_garbage, release_checkpoint
 from batchweave.consumer import Consumer
-from batchweave.lifecycle import collect_garbage, release_checkpoint
 from batchweave.producer import Producer, end_stream
 from batchweave.store import open_store
 from benchmarks.report import BenchOptions, BenchResult, machine

@@ -12,6 +12,7 @@ from batchweave.errors import ConfigError, CorruptDataError, ProducerFencedError
 from batchweave.log import (
     LOG_FORMAT,
     SNAPSHOT_FORMAT,
+    DataKey,
     LogState,
     LogVersion,
     ProducerState,
@@ -22,9 +23,11 @@ from batchweave.log import (
     build_end_of_stream,
     check_data_key,
     check_producer_id,
+    data_key,
     decode_snapshot,
     decode_version,
     encode,
+    parse_data_key,
     pending_after_rebase,
     snapshot_key,
     version_key,
@@ -257,6 +260,29 @@ def test_check_data_key_accepts_data_keys(good):
 def test_check_data_key_rejects_trailing_newline():
     with pytest.raises(CorruptDataError):
         check_data_key("data/p/e1/0-x.0.bwb\n", "w")
+
+
+def test_data_key_round_trips_through_parse_data_key():
+    key = data_key("prep-0", 3, 41, "0a1b2c3d", 2)
+    assert key == "data/prep-0/e000003/000000000041-0a1b2c3d.2.bwb"
+    assert check_data_key(key, "w") == key
+    assert parse_data_key(key) == DataKey("prep-0", 3, 41)
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        "data/p/e1/0.0.bwb",  # no token
+        "data/p/e1/0-x.0.bwb",  # token not hex
+        "data/p/1/0-ab.0.bwb",  # no "e"
+        "data/p/e1/0-ab.0.bwb.tmp",
+        "data/p/q/e1/0-ab.0.bwb",  # producer ids have no "/"
+        "_log/00000000000000000001.json",
+        "data/p/e1/0-ab.0.bwb\n",
+    ],
+)
+def test_parse_data_key_is_none_for_other_keys(other):
+    assert parse_data_key(other) is None
 
 
 @pytest.mark.parametrize(

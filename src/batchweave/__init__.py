@@ -22,12 +22,13 @@ from batchweave.errors import (
     StreamEndedError,
     TransientStoreError,
 )
+from batchweave.gc import GCReport, collect_garbage
 from batchweave.inspect import NamespaceInfo, inspect_namespace
-from batchweave.lifecycle import GCReport, collect_garbage, release_checkpoint
 from batchweave.mesh import Mesh
 from batchweave.policies import AIMD, DAC, INCR, CommitPolicy, Fixed, Manual, Naive
 from batchweave.pool import PoolReport, run_pool
 from batchweave.producer import Producer, end_stream
+from batchweave.watermarks import release_checkpoint
 
 __version__ = "0.1.0"
 

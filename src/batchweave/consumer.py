@@ -40,13 +40,13 @@ from batchweave.errors import (
 )
 from batchweave.journal import Journal
 from batchweave.layout import decode_slice
-from batchweave.lifecycle import Watermark, check_checkpoint_id, write_watermark
 from batchweave.log import LogState, LogVersion, TGBDescriptor
 from batchweave.mesh import Mesh, resolve_rank
 from batchweave.metrics import ConsumerMetrics, FetchRecorder, PeriodicLog, describe
 from batchweave.readahead import DEFAULT_LOG_READ_AHEAD, LogReadAhead
 from batchweave.reshard import Reshard, SliceRead
 from batchweave.store import Store, open_store
+from batchweave.watermarks import Watermark, check_checkpoint_id, write_watermark
 
 __all__ = ["Batch", "Consumer"]
 

@@ -39,7 +39,6 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
-import re
 import shutil
 import signal
 import struct
@@ -56,17 +55,12 @@ import numpy as np
 
 from batchweave.consumer import Consumer
 from batchweave.errors import BatchWeaveError, ConfigError, DataReclaimedError
+from batchweave.gc import collect_garbage
 from batchweave.journal import Journal
-from batchweave.lifecycle import (
-    CHECKPOINT_PREFIX,
-    collect_garbage,
-    global_watermark,
-    read_watermarks,
-    release_checkpoint,
-)
-from batchweave.log import LogState
+from batchweave.log import LogState, parse_data_key
 from batchweave.producer import Producer, end_stream
 from batchweave.store import Store, open_store
+from batchweave.watermarks import CHECKPOINT_PREFIX, global_watermark, read_watermarks, release_checkpoint
 
 __all__ = [
     "DEFAULT_STEPS",
@@ -97,7 +91,6 @@ _KEEP_DEFAULT_RUNS = 3
 _CONSUMER_TIMEOUT_S = 120.0
 _RUN_TIMEOUT_S = 900.0  # the whole streaming phase; a hung child fails the demo, not the terminal
 _POLL_S = 0.25
-_DATA_KEY = re.compile(r"data/(?P<producer>[^/]+)/e(?P<epoch>\d+)/(?P<offset>\d+)-[0-9a-f]+\.\d+\.bwb")
 
 
 def producer_id(index: int) -> str:
@@ -650,8 +643,8 @@ class _Demo:
         store, but named by no log version (it records the producer's next offset)."""
         found = []
         for info in self.store.list(f"data/{pid}/"):
-            match = _DATA_KEY.fullmatch(info.key)
-            if match and int(match["epoch"]) == epoch and int(match["offset"]) >= committed:
+            parsed = parse_data_key(info.key)
+            if parsed and parsed.epoch == epoch and parsed.offset >= committed:
                 found.append((info.key, info.size))
         return sorted(found)
 

@@ -8,7 +8,7 @@ version from the newest state, validate it, put it create-only, verify, retry. T
 one loop is where invariant I8 (a version number is never used twice) is enforced:
 
 - Garbage collection deletes log versions only in ascending order, one at a time
-  (``lifecycle``), so while version ``b`` is present no version above ``b`` has ever
+  (``gc``), so while version ``b`` is present no version above ``b`` has ever
   been deleted.
 - Each journal holds an *anchor*: a version it knows to be genuine, with a digest of
   its bytes (a snapshot records the digest of its own version; a verified commit

@@ -21,6 +21,7 @@ import hashlib
 import re
 import uuid
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 import msgspec
@@ -31,6 +32,7 @@ from batchweave.layout import Kind
 __all__ = [
     "LOG_FORMAT",
     "SNAPSHOT_FORMAT",
+    "DataKey",
     "Layout",
     "LogState",
     "LogVersion",
@@ -47,6 +49,7 @@ __all__ = [
     "check_continuity",
     "check_data_key",
     "check_descriptors",
+    "data_key",
     "decode_hint",
     "decode_snapshot",
     "decode_version",
@@ -54,6 +57,7 @@ __all__ = [
     "digest",
     "encode",
     "next_version",
+    "parse_data_key",
     "pending_after_rebase",
     "snapshot_key",
     "version_key",
@@ -67,6 +71,7 @@ HINT_KEY = "_log/_last_snapshot.json"
 DATA_PREFIX = "data/"
 _PRODUCER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _DATA_KEY = re.compile(r"^data/[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)+$")
+_TGB_KEY = re.compile(r"data/(?P<producer>[^/]+)/e(?P<epoch>\d+)/(?P<offset>\d+)-[0-9a-f]+\.\d+\.bwb")
 
 
 class ProducerState(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -216,6 +221,29 @@ def check_data_key(key: str, where: str) -> str:
     if not isinstance(key, str) or not _DATA_KEY.fullmatch(key) or ".." in key.split("/"):
         raise CorruptDataError(where, f"object key {key!r} is not under the namespace's data/ prefix")
     return key
+
+
+@dataclass(frozen=True, slots=True)
+class DataKey:
+    """What a TGB object's key says: the incarnation (producer, epoch) that appended it
+    and the source offset of its TGB."""
+
+    producer: str
+    epoch: int
+    offset: int
+
+
+def data_key(producer_id: str, epoch: int, offset: int, token: str, part: int) -> str:
+    """The key of part ``part`` of the TGB at ``offset``; ``token`` (hex) tells retried appends apart."""
+    return f"{DATA_PREFIX}{producer_id}/e{epoch:06d}/{offset:012d}-{token}.{part}.bwb"
+
+
+def parse_data_key(key: str) -> DataKey | None:
+    """The inverse of ``data_key``: None for a key that is not a TGB object's."""
+    match = _TGB_KEY.fullmatch(key)
+    if match is None:
+        return None
+    return DataKey(match["producer"], int(match["epoch"]), int(match["offset"]))
 
 
 # -- encoding --------------------------------------------------------------------------

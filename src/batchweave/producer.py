@@ -34,11 +34,11 @@ from batchweave.group import GroupCommit, build_group_commit, intent_key, turn_r
 from batchweave.intents import IntentBoard
 from batchweave.journal import DEFAULT_SNAPSHOT_EVERY, Journal
 from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES, encode_tgb
-from batchweave.lifecycle import global_watermark, read_watermarks
-from batchweave.log import LogState, ProducerState, TGBDescriptor
+from batchweave.log import LogState, ProducerState, TGBDescriptor, data_key
 from batchweave.mesh import Mesh
 from batchweave.policies import CommitPolicy, RecentCommitters, resolve_policy
 from batchweave.store import Store, open_store
+from batchweave.watermarks import global_watermark, read_watermarks
 
 __all__ = ["Producer", "end_stream"]
 
@@ -186,10 +186,7 @@ class Producer:
                 )
         encoded = encode_tgb(slices, self.mesh.dp, self.mesh.cp, self.max_object_bytes)
         token = secrets.token_hex(4)  # a retried append never collides with its own debris
-        keys = [
-            f"data/{self.producer_id}/e{self._me.epoch:06d}/{offset:012d}-{token}.{part}.bwb"
-            for part in range(len(encoded.objects))
-        ]
+        keys = [data_key(self.producer_id, self._me.epoch, offset, token, part) for part in range(len(encoded.objects))]
         descriptor = TGBDescriptor(
             producer=self.producer_id,
             epoch=self._me.epoch,

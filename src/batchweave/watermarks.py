@@ -1,0 +1,237 @@
+"""Checkpoint watermarks: what each rank had consumed when a checkpoint was taken.
+
+After a training checkpoint is durable, every rank records its cursor as a watermark
+for that checkpoint (``Consumer.mark_checkpoint``); deleting the checkpoint releases it
+(``release_checkpoint``). ``W_global`` is the smallest watermark over the live
+checkpoints that *every* position has marked: a checkpoint that only some ranks marked
+(a crash between two ranks' marks) is not a restore point, so it protects nothing and
+holds nothing back. Everything below ``W_global`` is unreachable by any live checkpoint,
+which is what garbage collection (``batchweave.gc``) and producer backpressure
+(``Producer(max_lag=...)``) read.
+
+    _checkpoints/<id>/<d>-<c>.json     the watermark of position (d, c) (create-only)
+    _checkpoints/<id>/_released        the checkpoint was deleted (create-only)
+
+Also here: ``require_namespace``, the rule the tools that only read or tidy a namespace
+use to tell one from a mistyped URL (a namespace is something committed or a
+checkpoint marked).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Annotated, Any
+
+import msgspec
+
+from batchweave import log
+from batchweave.errors import ConfigError, CorruptDataError, ObjectExistsError, ObjectNotFoundError
+from batchweave.journal import Journal
+from batchweave.log import LogState
+from batchweave.store import Store, open_store
+
+__all__ = [
+    "CHECKPOINT_PREFIX",
+    "WATERMARK_FORMAT",
+    "Checkpoint",
+    "Watermark",
+    "check_checkpoint_id",
+    "global_watermark",
+    "read_watermarks",
+    "release_checkpoint",
+    "released_key",
+    "require_namespace",
+    "write_watermark",
+]
+
+CHECKPOINT_PREFIX = "_checkpoints/"
+WATERMARK_FORMAT = "batchweave.watermark/1"
+_RELEASED = "_released"
+
+
+@dataclass(frozen=True, slots=True)
+class Watermark:
+    """One position's cursor for one checkpoint."""
+
+    checkpoint: str
+    dp: int  # the marking mesh: dp * cp positions must mark before the checkpoint counts
+    cp: int
+    d: int
+    c: int
+    position: Fraction  # TGBs consumed when the checkpoint was taken
+    version: int  # the cursor's log version (a resume reads from it)
+
+    @property
+    def key(self) -> str:
+        """The object this watermark is stored in (create-only, one per position)."""
+        return f"{CHECKPOINT_PREFIX}{self.checkpoint}/{self.d}-{self.c}.json"
+
+    def to_json(self) -> bytes:
+        position = (self.position.numerator, self.position.denominator)
+        return _WATERMARK_JSON.encode(
+            _WatermarkJSON(WATERMARK_FORMAT, self.checkpoint, self.dp, self.cp, self.d, self.c, position, self.version)
+        )
+
+    @classmethod
+    def from_json(cls, data: bytes | memoryview, key: str) -> Watermark:
+        """Parse the watermark stored at ``key``: a Watermark, or CorruptDataError naming
+        ``key`` and the damage. Strict, because GC trusts what it returns: a mark that a
+        later step would trip over (a string ``dp``, ``d >= dp``, a mark filed under
+        another checkpoint or position) is refused here, in time linear in ``len(data)``."""
+        try:
+            body = _WATERMARK_DECODER.decode(data)
+        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:  # as layout._JSON_ERRORS says
+            raise CorruptDataError(key, f"damaged watermark: {exc}") from exc
+        if body.format != WATERMARK_FORMAT:
+            raise CorruptDataError(key, f"watermark format {body.format[:80]!r} is not {WATERMARK_FORMAT}")
+        if body.d >= body.dp or body.c >= body.cp:
+            raise CorruptDataError(key, f"watermark position ({body.d}, {body.c}) is outside dp={body.dp} cp={body.cp}")
+        try:
+            check_checkpoint_id(body.checkpoint)  # a name with "/" would not round-trip the listing
+        except ConfigError as exc:
+            raise CorruptDataError(key, f"damaged watermark: {exc}") from exc
+        num, den = body.position
+        mark = cls(body.checkpoint, body.dp, body.cp, body.d, body.c, Fraction(num, den), body.version)
+        if mark.key != key:  # filed elsewhere, it would count towards another checkpoint or position
+            raise CorruptDataError(key, f"holds the watermark that belongs at {mark.key!r}")
+        return mark
+
+
+# The watermark's JSON: the fields and order are the format (batchweave.watermark/1). Every
+# integer is a JSON integer (not a bool, not a float) in 0..2**63-1, so nothing a watermark
+# feeds (Fractions, GC arithmetic, keys) ever handles a huge or oddly typed number.
+_Count = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+_Size = Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)]
+
+
+class _WatermarkJSON(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    format: str
+    checkpoint: str
+    dp: _Size
+    cp: _Size
+    d: _Count
+    c: _Count
+    position: tuple[_Count, _Size]  # [numerator, denominator] of TGBs consumed
+    version: _Count
+
+
+_WATERMARK_JSON = msgspec.json.Encoder()
+_WATERMARK_DECODER = msgspec.json.Decoder(_WatermarkJSON)
+
+
+def check_checkpoint_id(checkpoint_id: str) -> str:
+    return log.check_name(checkpoint_id, "checkpoint_id")
+
+
+def released_key(checkpoint_id: str) -> str:
+    """The object whose presence says checkpoint ``checkpoint_id`` was deleted."""
+    return f"{CHECKPOINT_PREFIX}{checkpoint_id}/{_RELEASED}"
+
+
+def write_watermark(store: Store, mark: Watermark) -> None:
+    """Record ``mark`` once; marking the same position again with the same cursor is a no-op."""
+    key = mark.key
+    try:
+        store.put_if_absent(key, mark.to_json())
+    except ObjectExistsError:
+        existing = Watermark.from_json(store.get(key), key)
+        if (existing.position, existing.dp, existing.cp) != (mark.position, mark.dp, mark.cp):
+            raise ConfigError(
+                f"checkpoint {mark.checkpoint!r} position ({mark.d}, {mark.c}) was already marked at TGB position "
+                f"{existing.position} (dp={existing.dp} cp={existing.cp}); checkpoint ids must not be reused"
+            ) from None
+
+
+def require_namespace(store: Store, state: LogState, *, has_checkpoints: bool) -> None:
+    """Refuse a namespace that does not exist, for the tools that only read or tidy one.
+
+    A local directory exists or not (``open_store(create=False)`` refuses a missing one).
+    On an object store a prefix always "exists", so a namespace exists once something was
+    committed there (log version 1 or a snapshot: ``state.version > 0``) or a checkpoint
+    was marked there. Anything else is most likely a mistyped URL. (A ``Consumer`` does not
+    ask: on an object store it may start before the first producer and wait.)
+    """
+    if store.object_store and state.version == 0 and not has_checkpoints:
+        raise ConfigError(
+            f"no namespace at {store.url}: nothing was ever committed there (no log version 1, no snapshot) "
+            "and no checkpoint marked; check the URL"
+        )
+
+
+def release_checkpoint(url: str | Store, checkpoint_id: str, *, storage_options: dict[str, Any] | None = None) -> None:
+    """The checkpoint was deleted: its watermarks no longer hold data back. Idempotent.
+
+    Raises ConfigError for a namespace that does not exist (``require_namespace``).
+    """
+    store = open_store(url, create=False, storage_options=storage_options)
+    if store.object_store and next(iter(store.list(CHECKPOINT_PREFIX)), None) is None:
+        require_namespace(store, Journal(store, heads_only=True).load_state(), has_checkpoints=False)
+    key = released_key(check_checkpoint_id(checkpoint_id))
+    try:
+        store.put_if_absent(key, b"{}")
+    except ObjectExistsError:
+        pass
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """What the store says about one checkpoint id."""
+
+    checkpoint: str
+    marks: tuple[Watermark, ...]
+    released: bool
+
+    @property
+    def complete(self) -> bool:
+        """Every position of the marking mesh has marked, all under the same mesh.
+
+        O(marks), whatever the mesh a mark claims: counting the distinct in-range
+        positions is enough, and dp * cp (maybe 2**126 in a crafted mark) is only compared.
+        """
+        if not self.marks:
+            return False
+        dp, cp = self.marks[0].dp, self.marks[0].cp
+        if any((m.dp, m.cp) != (dp, cp) for m in self.marks) or len(self.marks) < dp * cp:
+            return False
+        return len({(m.d, m.c) for m in self.marks if 0 <= m.d < dp and 0 <= m.c < cp}) == dp * cp
+
+    @property
+    def live(self) -> bool:
+        return self.complete and not self.released
+
+    @property
+    def position(self) -> Fraction:
+        return min(m.position for m in self.marks)
+
+    @property
+    def version(self) -> int:
+        return min(m.version for m in self.marks)
+
+
+def read_watermarks(store: Store) -> list[Checkpoint]:
+    """Every checkpoint recorded in the namespace (one listing plus one read per watermark)."""
+    marks: dict[str, list[Watermark]] = {}
+    released: set[str] = set()
+    for info in store.list(CHECKPOINT_PREFIX):
+        checkpoint, _, name = info.key[len(CHECKPOINT_PREFIX) :].partition("/")
+        if name == _RELEASED:
+            released.add(checkpoint)
+        elif name.endswith(".json"):
+            try:
+                data = store.get(info.key)
+            except ObjectNotFoundError:
+                # Listed, then deleted by a concurrent collector, which deletes the marks of
+                # released checkpoints only: this one protects nothing.
+                released.add(checkpoint)
+                continue
+            marks.setdefault(checkpoint, []).append(Watermark.from_json(data, info.key))
+    ids = sorted(marks.keys() | released)
+    return [Checkpoint(i, tuple(marks.get(i, ())), i in released) for i in ids]
+
+
+def global_watermark(checkpoints: Iterable[Checkpoint]) -> Checkpoint | None:
+    """The live checkpoint with the smallest watermark: ``W_global``. None if there is none."""
+    live = [c for c in checkpoints if c.live]
+    return min(live, key=lambda c: c.position) if live else None
