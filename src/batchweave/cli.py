@@ -26,6 +26,7 @@ import types
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from batchweave import __version__
 from batchweave.errors import BatchWeaveError, ConfigError
@@ -334,7 +335,7 @@ def _cmd_pool(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _import_function(spec: str) -> Callable[..., object]:
+def _import_function(spec: str) -> Callable[..., Any]:
     """``package.module:function``, importable by the spawned workers too."""
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:

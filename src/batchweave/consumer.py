@@ -20,7 +20,7 @@ import random
 import reprlib
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from fractions import Fraction
@@ -351,7 +351,7 @@ def _parse_cursor(state: Any, mesh: Mesh) -> _Cursor:
     return _Cursor(version, Fraction(position[0], position[1]), step, namespace)
 
 
-def _newest_state(journal: Journal) -> LogState | None:
+def _newest_state(journal: Journal[Any]) -> LogState | None:
     """The namespace's newest state, or None when a damaged version lies ahead: reading
     then delivers every step before it and raises CorruptDataError naming it in order."""
     try:
@@ -363,7 +363,7 @@ def _newest_state(journal: Journal) -> LogState | None:
     return state
 
 
-def _checked_cursor(cursor: _Cursor, state: LogState, journal: Journal, url: str) -> _Cursor:
+def _checked_cursor(cursor: _Cursor, state: LogState, journal: Journal[LogVersion], url: str) -> _Cursor:
     """``cursor`` checked against the namespace's newest ``state`` (I9 and exact replay):
     same namespace, a version the log has, and that version holding the cursor's last TGB.
     Returns it with the namespace id filled in."""
@@ -456,7 +456,7 @@ class _Pipeline:
         self._reclaim_checked = False
         self._offsets: dict[str, tuple[int, int]] = {}  # producer -> (epoch, next offset), as read
         self.namespace = cursor.namespace
-        self._broken: Exception | None = None
+        self._broken: BaseException | None = None  # what the log reader or a fetch raised: final
         self._steps = self._follow_log()
         self._pool: ThreadPoolExecutor | None = None
         self._thread: threading.Thread | None = None
@@ -562,7 +562,7 @@ class _Pipeline:
         self.namespace = state.namespace
         self._reclaim_checked = True
 
-    def _follow_log(self) -> Iterator[float]:
+    def _follow_log(self) -> Generator[float, None, None]:
         """Queue every step as the log shows it; yield the pause before the next probe."""
         self._open()
         depth = DEFAULT_LOG_READ_AHEAD if self._store.remote else 1  # local reads are too quick to overlap
@@ -770,10 +770,10 @@ class _Deferred:
 
     __slots__ = ("_fetch",)
 
-    def __init__(self, fetch: Callable[[], tuple[Batch, Fraction]]) -> None:
+    def __init__(self, fetch: Callable[[], tuple[Batch, Fraction | int]]) -> None:
         self._fetch = fetch
 
-    def result(self) -> tuple[Batch, Fraction]:
+    def result(self) -> tuple[Batch, Fraction | int]:
         return self._fetch()
 
 

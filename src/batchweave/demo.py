@@ -253,7 +253,7 @@ def _block_until_killed(conn: Connection) -> None:
     raise SystemExit(3)  # unreachable unless the parent broke the protocol
 
 
-def _producer_main(spec: dict[str, Any], appended: Any, conn: Connection | None) -> None:
+def _producer_main(spec: dict[str, Any], appended: Any, conn: Connection) -> None:
     """One preprocessing worker. ``spec["gate"]``: after appending the offset just below
     it, report the uploaded group and block before the ``flush()`` that would commit it."""
     index, share, slices = spec["index"], spec["share"], spec["dp"] * spec["cp"]
@@ -508,12 +508,13 @@ class _Demo:
     # -- processes ---------------------------------------------------------------------
 
     def _spawn(self, target: Any, spec: dict[str, Any], shared: Any, name: str, role: tuple[str, int] | None) -> Any:
-        parent, child = self.ctx.Pipe() if role else (None, None)
+        pipe = self.ctx.Pipe() if role is not None else None
+        child = None if pipe is None else pipe[1]
         proc = self.ctx.Process(target=target, args=(spec, shared, child), name=f"batchweave-demo-{name}", daemon=True)
         proc.start()
-        if parent is not None and child is not None:
-            child.close()  # only the child holds its end: its death reads as EOF here
-            self.conns[parent] = role  # type: ignore[assignment]
+        if pipe is not None and role is not None:
+            pipe[1].close()  # only the child holds its end: its death reads as EOF here
+            self.conns[pipe[0]] = role
         return proc
 
     def start_producer(self, index: int) -> None:
@@ -588,8 +589,9 @@ class _Demo:
 
     def tick(self, live: Any) -> None:
         """Wait up to _POLL_S for a child's message, then look at the namespace."""
-        for conn in wait(list(self.conns), timeout=_POLL_S):
-            self.on_message(conn)  # type: ignore[arg-type]
+        ready = set(wait(list(self.conns), timeout=_POLL_S))
+        for conn in [c for c in self.conns if c in ready]:
+            self.on_message(conn)
         self.reap_producers()
         self.sample()
         self.watch_checkpoints()

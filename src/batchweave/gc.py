@@ -24,7 +24,7 @@ from batchweave import log
 from batchweave.errors import CorruptDataError, ObjectNotFoundError, StoreError
 from batchweave.group import INTENT_PREFIX, decode_intent, parse_intent_key
 from batchweave.journal import Journal
-from batchweave.log import LogState, Reclaim, parse_data_key
+from batchweave.log import LogState, LogVersion, Reclaim, parse_data_key
 from batchweave.segment import SEGMENT_PREFIX
 from batchweave.store import ObjectInfo, Store, open_store
 from batchweave.watermarks import Checkpoint, global_watermark, read_watermarks, released_key, require_namespace
@@ -162,7 +162,12 @@ def _intent_end(store: Store, key: str) -> int:
 
 
 def _settle(
-    journal: Journal, listed: list[ObjectInfo], w_global: Checkpoint | None, grace_s: float, now: float, dry_run: bool
+    journal: Journal[LogVersion],
+    listed: list[ObjectInfo],
+    w_global: Checkpoint | None,
+    grace_s: float,
+    now: float,
+    dry_run: bool,
 ) -> tuple[LogState, _Plan]:
     """Plan from the newest state and commit the reclaim; replan whenever the log moves
     under us. Returns a state whose view is verified (nothing it read came from a key
@@ -195,7 +200,12 @@ def _reclaim_version(plan: _Plan, state: LogState) -> log.LogVersion | None:
 
 
 def _plan(
-    journal: Journal, state: LogState, w_global: Checkpoint | None, listed: list[ObjectInfo], grace_s: float, now: float
+    journal: Journal[LogVersion],
+    state: LogState,
+    w_global: Checkpoint | None,
+    listed: list[ObjectInfo],
+    grace_s: float,
+    now: float,
 ) -> _Plan:
     target = _plan_reclaim(journal, state, w_global)
     doomed, kept_keys = _scan_versions(journal, state, target)
@@ -204,7 +214,7 @@ def _plan(
     return _Plan(state.reclaimed, target, doomed, orphans)
 
 
-def _plan_reclaim(journal: Journal, state: LogState, w_global: Checkpoint | None) -> Reclaim:
+def _plan_reclaim(journal: Journal[LogVersion], state: LogState, w_global: Checkpoint | None) -> Reclaim:
     """Steps below ``W_global`` go; log versions below every live cursor and below the
     newest snapshot (which producer recovery starts from) go with them."""
     if w_global is None:
@@ -215,7 +225,9 @@ def _plan_reclaim(journal: Journal, state: LogState, w_global: Checkpoint | None
     return Reclaim(steps=steps, versions=versions, bytes=state.reclaimed.bytes)
 
 
-def _scan_versions(journal: Journal, state: LogState, target: Reclaim) -> tuple[list[tuple[str, int]], set[str]]:
+def _scan_versions(
+    journal: Journal[LogVersion], state: LogState, target: Reclaim
+) -> tuple[list[tuple[str, int]], set[str]]:
     """Objects of steps below ``target.steps`` (with sizes), and the keys still referenced."""
     doomed: list[tuple[str, int]] = []
     kept: set[str] = set()
@@ -262,7 +274,7 @@ def _old_versions(store: Store, below: int) -> list[str]:
     return [key for number, key in _numbered(store, log.LOG_PREFIX) if number < below]
 
 
-def _old_snapshots(store: Store, journal: Journal, below: int) -> list[str]:
+def _old_snapshots(store: Store, journal: Journal[LogVersion], below: int) -> list[str]:
     """Snapshots below ``below``, never the newest (a writer with no snapshot in sight
     proves that no version was ever deleted by finding none: ``Journal.verify``)."""
     newest = journal.newest_snapshot_version()

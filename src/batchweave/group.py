@@ -88,7 +88,7 @@ def parse_intent_key(key: str) -> tuple[str, int, int] | None:
 
 
 _encoder = msgspec.json.Encoder()
-_INTENT_DECODER = msgspec.json.Decoder(Intent)  # built once at import: see log._DECODERS
+_INTENT_DECODER = msgspec.json.Decoder(Intent)  # built once at import: see log._VERSION_DECODER
 
 
 def encode_intent(intent: Intent) -> bytes:

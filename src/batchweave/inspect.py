@@ -55,7 +55,7 @@ def live_checkpoints(checkpoints: Iterable[Checkpoint], head_steps: int) -> tupl
     )
 
 
-def read_state(journal: Journal) -> tuple[LogState, list[Checkpoint]]:
+def read_state(journal: Journal[Any]) -> tuple[LogState, list[Checkpoint]]:
     """The newest state and every checkpoint. Watermarks are read first: a mark points at
     a committed step, so a state loaded after it is at least that new and no lag is negative."""
     checkpoints = read_watermarks(journal.store)

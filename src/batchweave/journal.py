@@ -33,7 +33,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Generic, Literal, TypeVar, cast, overload
 
 from batchweave import log
 from batchweave.errors import CorruptDataError, ObjectExistsError, ObjectNotFoundError, StoreError
@@ -48,6 +48,9 @@ DEFAULT_SNAPSHOT_EVERY = 100
 _LOAD_ATTEMPTS = 8  # reloads when garbage collection keeps deleting the snapshot we found
 
 Build = Callable[[LogState], LogVersion | None]
+# What a journal reads versions as: whole ``LogVersion``s (readers, collection) or a
+# writer's ``LogVersionHead``s (``Journal(store, heads_only=True)``).
+VersionT = TypeVar("VersionT", LogVersion, LogVersionHead)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,14 +69,36 @@ class Committed:
     conflicts: int
 
 
-class Journal:
-    """The log of one namespace: versions, snapshots and the snapshot hint."""
+class Journal(Generic[VersionT]):
+    """The log of one namespace: versions, snapshots and the snapshot hint.
 
+    ``Journal(store)`` is a ``Journal[LogVersion]``; ``Journal(store, heads_only=True)``
+    a ``Journal[LogVersionHead]``, whose versions carry no object keys or slices.
+    """
+
+    @overload
+    def __init__(
+        self: Journal[LogVersion],
+        store: Store,
+        snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+        *,
+        heads_only: Literal[False] = False,
+    ) -> None: ...
+    @overload
+    def __init__(
+        self: Journal[LogVersionHead],
+        store: Store,
+        snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+        *,
+        heads_only: Literal[True],
+    ) -> None: ...
     def __init__(self, store: Store, snapshot_every: int = DEFAULT_SNAPSHOT_EVERY, *, heads_only: bool = False) -> None:
         self.store = store
         # A writer's journal (heads_only) reads versions as ``LogVersionHead``: it needs the
-        # state, never other producers' object keys (see ``log.TGBHead``).
-        self._decode = log.decode_version_head if heads_only else log.decode_version
+        # state, never other producers' object keys (see ``log.TGBHead``). The cast is the
+        # overloads' promise: heads_only=True is the one way to a Journal[LogVersionHead].
+        decode = log.decode_version_head if heads_only else log.decode_version
+        self._decode = cast("Callable[[bytes | memoryview, str, int], VersionT]", decode)
         self.snapshot_every = snapshot_every
         self.requests = 0  # log requests made, for cost tests and metrics
         # When the newest probe began: a commit's fragile window opens at the read that
@@ -91,13 +116,13 @@ class Journal:
 
     # -- versions --------------------------------------------------------------------
 
-    def read_version(self, version: int) -> LogVersion | LogVersionHead | None:
+    def read_version(self, version: int) -> VersionT | None:
         """Version ``version``, or None if it is not committed (yet). Safe to call from
         several threads at once (readers read ahead this way)."""
         data = self._get_version(version)
         return None if data is None else self._decode(data, log.version_key(version), version)
 
-    def _read(self, version: int) -> tuple[LogVersion | LogVersionHead, str] | None:
+    def _read(self, version: int) -> tuple[VersionT, str] | None:
         """The version and its digest (writers anchor on it; readers skip the hashing)."""
         data = self._get_version(version)
         if data is None:
@@ -126,12 +151,12 @@ class Journal:
             _logger.warning("reading log versions one by one instead of a damaged segment: %s", exc)
             return None
 
-    def versions_after(self, version: int) -> Iterator[LogVersion | LogVersionHead]:
+    def versions_after(self, version: int) -> Iterator[VersionT]:
         """Committed versions ``version+1, version+2, ...`` up to the newest one."""
         for delta, _ in self._read_after(version):
             yield delta
 
-    def _read_after(self, version: int) -> Iterator[tuple[LogVersion | LogVersionHead, str]]:
+    def _read_after(self, version: int) -> Iterator[tuple[VersionT, str]]:
         while True:
             self.last_probe_started = time.monotonic()
             read = self._read(version + 1)
@@ -320,8 +345,9 @@ class Journal:
         """Best effort, like snapshots: the segment ending at version ``last`` from the
         versions' bytes this journal read or wrote, if it holds them all. True if written
         (or somebody wrote it already)."""
-        versions = [self._recent.get(v) for v in range(last - SEGMENT_VERSIONS + 1, last + 1)]
-        if any(v is None for v in versions) or sum(len(v) for v in versions) > SEGMENT_MAX_BYTES:
+        wanted = range(last - SEGMENT_VERSIONS + 1, last + 1)
+        versions = [data for v in wanted if (data := self._recent.get(v)) is not None]
+        if len(versions) < len(wanted) or sum(len(v) for v in versions) > SEGMENT_MAX_BYTES:
             return False  # a writer that loaded mid-segment; readers read those versions one by one
         try:
             self.store.put_if_absent(segment_key(last), encode_segment(last, versions))

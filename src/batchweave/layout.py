@@ -124,7 +124,7 @@ class Footer(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     slices: list[FooterSlice]
 
 
-# Built once at import (see log._DECODERS: concurrent first use of a type can crash msgspec).
+# Built once at import (see log._VERSION_DECODER: concurrent first use of a type can crash msgspec).
 _SLICE_HEADER_DECODER = msgspec.json.Decoder(_SliceHeader)
 _FOOTER_DECODER = msgspec.json.Decoder(Footer)
 
@@ -241,7 +241,7 @@ def _encode_arrays(payload: Mapping[Any, Any], index: int) -> _Framed:
         array = _as_array(payload[name], index, name)
         offset = _align(offset)
         headers.append(_ArrayHeader(name, array.dtype.str, list(array.shape), offset, array.nbytes))
-        buffers.append(memoryview(array).cast("B") if array.nbytes else b"")
+        buffers.append(array.data.cast("B") if array.nbytes else b"")  # C-contiguous: _as_array
         offsets.append(offset)
         offset += array.nbytes
     header = msgspec.json.encode(_SliceHeader(kind="arrays", arrays=headers))

@@ -263,7 +263,7 @@ def digest(data: bytes | memoryview) -> str:
 
 def decode_version(data: bytes | memoryview, key: str, expected_version: int) -> LogVersion:
     """Parse and validate one log version read from ``key``."""
-    version = _decode(data, key, expected_version, LogVersion)
+    version = _decode(data, key, expected_version, _VERSION_DECODER)
     check_descriptors(version.tgbs, key)
     return version
 
@@ -271,12 +271,12 @@ def decode_version(data: bytes | memoryview, key: str, expected_version: int) ->
 def decode_version_head(data: bytes | memoryview, key: str, expected_version: int) -> LogVersionHead:
     """Parse one log version for a writer (``LogVersionHead``). The object keys and slice
     locations are not read; whoever reads data (consumers, collection) checks them."""
-    return _decode(data, key, expected_version, LogVersionHead)
+    return _decode(data, key, expected_version, _HEAD_DECODER)
 
 
-def _decode(data: bytes | memoryview, key: str, expected_version: int, kind: type[_V]) -> _V:
+def _decode(data: bytes | memoryview, key: str, expected_version: int, decoder: msgspec.json.Decoder[_V]) -> _V:
     try:
-        version = _DECODERS[kind].decode(data)
+        version = decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError) as exc:
         raise CorruptDataError(key, f"damaged log version: {exc}") from exc
     if version.format != LOG_FORMAT:
@@ -293,7 +293,8 @@ class _Hint(msgspec.Struct, frozen=True):
 # Built here, once, by the importing thread: msgspec 0.22 prepares a type's decoding
 # information on its first use, and threads that first-decode the same type at once can
 # crash the interpreter (a producer pool's claims do exactly that).
-_DECODERS = {kind: msgspec.json.Decoder(kind) for kind in (LogVersion, LogVersionHead)}
+_VERSION_DECODER = msgspec.json.Decoder(LogVersion)
+_HEAD_DECODER = msgspec.json.Decoder(LogVersionHead)
 _HINT_DECODER = msgspec.json.Decoder(_Hint)
 _STATE_DECODER = msgspec.json.Decoder(LogState)
 

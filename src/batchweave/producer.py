@@ -174,7 +174,7 @@ class Producer:
         Returns the TGB's source offset.
         """
         if self.max_lag is not None:
-            self._wait_for_checkpoints()
+            self._wait_for_checkpoints(self.max_lag)
         with self._cond:
             self._raise_if_unusable()
             offset = self._next_offset if source_offset is None else source_offset
@@ -587,18 +587,18 @@ class Producer:
         self._adopt(result.state, None)
         return result.outcome != "conflict", result.fragile_window_s
 
-    def _wait_for_checkpoints(self) -> None:
+    def _wait_for_checkpoints(self, max_lag: int) -> None:
         """Backpressure: hold ``append`` while the log is ``max_lag`` steps past ``W_global``."""
         pause = 0.05
         while True:
             with self._cond:
                 self._raise_if_unusable()
                 steps = self._state.steps
-            if steps - self._w_global_steps < self.max_lag:
+            if steps - self._w_global_steps < max_lag:
                 return
             live = global_watermark(read_watermarks(self._store))
             self._w_global_steps = 0 if live is None else int(live.position)
-            if steps - self._w_global_steps < self.max_lag:
+            if steps - self._w_global_steps < max_lag:
                 return
             time.sleep(random.uniform(pause / 2, pause))  # a new checkpoint mark releases us
             pause = min(2.0, pause * 2)

