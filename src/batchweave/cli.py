@@ -4,7 +4,8 @@
     batchweave watch URL [--interval S] [--once] [--json]
                                         a live view of a running namespace
     batchweave end-stream URL           commit the end-of-stream marker
-    batchweave demo [...]               producer and consumer processes with a crash
+    batchweave gc URL [--dry-run]       checkpoint-aligned garbage collection
+    batchweave demo [...]               the whole story: kills, resume, GC, resharding, checks
     batchweave pool URL NAME --fn M:F --shards FILE --producers N --dp D
                                         a producer pool over a list of shards
     batchweave bench NAME --out DIR     a benchmark, in a checkout of the repository
