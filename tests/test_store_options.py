@@ -246,6 +246,9 @@ def test_on_an_object_store_a_namespace_exists_once_something_was_committed(back
     bw.release_checkpoint(backend_url, "ck")  # ...makes a namespace that can be released
     with bw.Producer(backend_url, "p", dp=1) as producer:
         producer.append([b"x"], source_offset=0)
+    # Idle, the consumer probes the log at most every max_poll_interval_s (1 s, jittered):
+    # wait for the commit longer than that, not the 0.5 s that only had to run out above.
+    consumer.timeout_s = 10
     assert next(consumer).step == 0
     consumer.close()
     assert bw.inspect_namespace(backend_url).steps == 1
