@@ -22,24 +22,31 @@ NO_LATENCY = LatencyModel(put_s=0, first_byte_s=0, head_s=0, list_s=0, delete_s=
 
 
 class CountingStore(Store):
-    """Counts version reads; with ``together`` set, each version read waits (up to 10 s)
-    until that many are in flight at once, so reads made one after another fail."""
+    """Counts version reads. With ``together`` set, each version read holds until that
+    many are in flight at once (or 1 s passes), and ``most_in_flight`` records the most
+    seen: reads made one after another never get past 1."""
 
-    def __init__(self, url: str, together: int = 0) -> None:
+    def __init__(self, url: str) -> None:
         super().__init__(url)
         self.version_reads: list[int] = []
-        self._lock = threading.Lock()
-        self._together = threading.Barrier(together) if together else None
+        self.together = 0
+        self.most_in_flight = 0
+        self._in_flight = 0
+        self._cond = threading.Condition()
 
     def _perform(self, request, nbytes, op):
         return op()
 
     def get(self, key: str):
         if key.startswith("_log/") and key.endswith(".json") and "snapshot" not in key:
-            with self._lock:
+            with self._cond:
                 self.version_reads.append(int(key.rsplit("/", 1)[1].split(".")[0]))
-            if self._together is not None:
-                self._together.wait(timeout=10)  # BrokenBarrierError when reads do not overlap
+                if self.together:
+                    self._in_flight += 1
+                    self.most_in_flight = max(self.most_in_flight, self._in_flight)
+                    self._cond.notify_all()
+                    self._cond.wait_for(lambda: self._in_flight >= self.together, timeout=1.0)
+                    self._in_flight -= 1
         return super().get(key)
 
 
@@ -94,21 +101,19 @@ def test_a_version_committed_after_a_miss_is_found(url):
 def test_a_backlog_is_read_with_reads_overlapping(url):
     """Single versions (where no segment exists) are read several at once too."""
     commit_versions(url, 40)
-    store = CountingStore(url)  # below, each read waits until four are in flight
+    store = CountingStore(url)
     store.delete(segment_key(32))  # versions 1..32 one by one
-    together = None
     reader = LogReadAhead(Journal(store), 9, depth=8)  # the window reaches 4 after a few hits
     try:
         for _ in range(4):  # the first reads, before the window is wide
             reader.next()
-        together = store._together = threading.Barrier(4)
+        store.together = 4
         versions = [reader.next().version for _ in range(12)]
-        assert versions == list(range(13, 25))
     finally:
-        store._together = None
-        if together is not None:
-            together.abort()  # reads still waiting beyond the last group of four end now
+        store.together = 0
         reader.close()
+    assert versions == list(range(13, 25))
+    assert store.most_in_flight >= 4
 
 
 def test_a_local_directory_is_read_in_the_iterating_thread(tmp_path):
