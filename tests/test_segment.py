@@ -228,9 +228,8 @@ def test_the_log_is_read_ahead_of_the_fetches_while_every_fetch_slot_is_taken(ur
     bw.end_stream(store)
     with bw.Consumer(store, dp=2, rank=0, prefetch=2, timeout_s=30) as consumer:
         next(consumer)
-        pipeline = consumer._pipeline
         deadline = time.monotonic() + 30
-        while pipeline._known_version < 102 and time.monotonic() < deadline:  # the end-of-stream version
+        while consumer.metrics().head_version < 102 and time.monotonic() < deadline:  # the end-of-stream version
             time.sleep(0.01)
-        assert pipeline._known_version == 102
+        assert consumer.metrics().head_version == 102
         assert [bytes(b.data) for b in consumer] == [b"a%d" % o for o in range(1, 100)]

@@ -106,10 +106,15 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _positive_seconds(text: str) -> float:
+    return _positive_number(float, text)
+
+
+def _positive_number(convert: Callable[[str], Any], text: str) -> Any:
+    """An argparse type: ``text`` as ``convert`` makes it (int, float), and above 0."""
     try:
-        value = float(text)
+        value = convert(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not {'an integer' if convert is int else 'a number'}: {text!r}") from None
     if not value > 0:  # also refuses nan
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return value
@@ -187,13 +192,7 @@ def _cmd_end_stream(args: argparse.Namespace) -> int:
 
 
 def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+    return _positive_number(int, text)
 
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:

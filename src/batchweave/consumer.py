@@ -452,7 +452,7 @@ class _Pipeline:
         self._inline = consumer.prefetch is None and not self._store.remote
         self._slots: threading.Semaphore | None = None  # background mode: one per step fetched ahead
         self._stop = threading.Event()
-        self._known_version = cursor.version
+        self.head_version = cursor.version  # the newest log version read
         self._reclaim_checked = False
         self._offsets: dict[str, tuple[int, int]] = {}  # producer -> (epoch, next offset), as read
         self.namespace = cursor.namespace
@@ -469,11 +469,6 @@ class _Pipeline:
         self._thread = threading.Thread(target=self._follow, name="batchweave-follow", daemon=True)
         self._thread.start()
 
-    @property
-    def head_version(self) -> int:
-        """The newest log version read."""
-        return self._known_version
-
     def next(self, timeout_s: float | None) -> tuple[Batch, Fraction | int]:
         if self._broken is not None:
             raise self._broken  # never skip past a step that failed
@@ -482,7 +477,7 @@ class _Pipeline:
         except queue.Empty:
             raise StepTimeoutError(
                 f"{self._url}: no step {self._next_delivered} within {timeout_s}s "
-                f"(log seen up to version {self._known_version}); are producers running?"
+                f"(log seen up to version {self.head_version}); are producers running?"
             ) from None
         if item is _END:
             self._ready.put(_END)  # stay exhausted on later calls
@@ -591,7 +586,7 @@ class _Pipeline:
                 yield random.uniform(pause / 2, pause)  # jitter spreads 128 ranks' probes
                 continue
             pause = 0.0
-            self._known_version = version
+            self.head_version = version
             if delta.namespace:  # version 1: a cursor from the start learns its namespace here
                 self.namespace = delta.namespace
             if expected_step is not None and delta.first_step != expected_step:
@@ -654,13 +649,8 @@ class _Pipeline:
             version = self._known[needed[-1]][1]
             position = self._reshard.position(self._next_step + 1)
             fetch = functools.partial(self._fetch, tgb, read, self._next_step, version, position)
-            if self._inline:  # next() reads it; the log is advanced only when nothing is queued
-                self._ready.put(_Deferred(fetch))
-            else:
-                if not self._take_slot(tgb, read, block=len(self._known) > block_until):
-                    return not self._stop.is_set()  # no slot free now: the log is read on meanwhile
-                assert self._pool is not None
-                self._ready.put(self._pool.submit(fetch))
+            if not self._enqueue(fetch, tgb, read, block=len(self._known) > block_until):
+                return not self._stop.is_set()  # no slot free now: the log is read on meanwhile
             self._next_step += 1
             self._forget_before(self._reshard.tgbs(self._next_step)[0])
         return True
@@ -672,17 +662,26 @@ class _Pipeline:
         while (known := self._known.get(self._next_step)) is not None:
             tgb, version = known
             fetch = functools.partial(self._fetch_as_written, tgb, self._next_step, version)
-            if self._inline:
-                self._ready.put(_Deferred(fetch))
-            else:
-                read = SliceRead(self._next_step, self._slice, 1)
-                if not self._take_slot(tgb, read, block=len(self._known) > block_until):
-                    return not self._stop.is_set()  # no slot free now: the log is read on meanwhile
-                assert self._pool is not None
-                self._ready.put(self._pool.submit(fetch))
+            read = SliceRead(self._next_step, self._slice, 1)
+            if not self._enqueue(fetch, tgb, read, block=len(self._known) > block_until):
+                return not self._stop.is_set()  # no slot free now: the log is read on meanwhile
             del self._known[self._next_step]
             self._next_step += 1
         self._forgotten = self._next_step
+        return True
+
+    def _enqueue(
+        self, fetch: Callable[[], tuple[Batch, Fraction | int]], tgb: TGBDescriptor, read: SliceRead, block: bool
+    ) -> bool:
+        """Queue one step's fetch in step order: for ``next()`` to run itself (inline), or
+        on the pool once a fetch slot is free. False when no slot was taken."""
+        if self._inline:  # next() reads it; the log is advanced only when nothing is queued
+            self._ready.put(_Deferred(fetch))
+            return True
+        if not self._take_slot(tgb, read, block):
+            return False
+        assert self._pool is not None
+        self._ready.put(self._pool.submit(fetch))
         return True
 
     def _forget_before(self, first_needed: int) -> None:

@@ -203,7 +203,7 @@ class Store:
     def remote(self) -> bool:
         """Whether a request crosses a network (an object store) rather than reading this
         machine's disk or memory: readers keep many requests in flight only when it does."""
-        return not self.url.startswith(("file://", "memory://"))
+        return self.object_store
 
     @property
     def _store(self) -> Any:
@@ -297,7 +297,7 @@ class Store:
         """The whole object, without copying out of obstore's buffer."""
         path = self._local_path(key)
         if path is not None:
-            return self._call(key, lambda: _read_file(path, key, 0, None), "get")
+            return self._read_local(path, key, 0, None)
         return self._call(key, lambda: memoryview(obstore.get(self._store, key).bytes()), "get")
 
     def get_range(self, key: str, start: int, length: int) -> memoryview:
@@ -306,13 +306,21 @@ class Store:
             return memoryview(b"")
         path = self._local_path(key)
         if path is not None:
-            try:  # straight to the file: the retry loop costs more than the read
-                return _read_file(path, key, start, length)
-            except OSError:  # an I/O error (not a missing file): translated and retried below
-                return self._call(key, lambda: _read_file(path, key, start, length), "get")
+            return self._read_local(path, key, start, length)
         return self._call(
             key, lambda: memoryview(obstore.get_range(self._store, key, start=start, length=length)), "get"
         )
+
+    def _read_local(self, path: str, key: str, start: int, length: int | None) -> memoryview:
+        self._refuse_forked_runtime()  # as every request does: the child's next write would hang
+        try:  # straight to the file: the retry loop costs more than the read
+            return _read_file(path, key, start, length)
+        except OSError:  # an I/O error (not a missing file): translated and retried
+            return self._call(key, lambda: _read_file(path, key, start, length), "get")
+
+    def _refuse_forked_runtime(self) -> None:
+        if _runtime_pid is not None and _runtime_pid != os.getpid():
+            raise ConfigError(f"{self.url}: {_FORK_MESSAGE}")
 
     def _local_path(self, key: str) -> str | None:
         """Where a local directory keeps ``key``, for the read fast path; None elsewhere.
@@ -351,8 +359,7 @@ class Store:
 
     def _call(self, key: str, op: Callable[[], T], request: str, nbytes: int = 0, *, conditional: bool = False) -> T:
         global _runtime_pid
-        if _runtime_pid is not None and _runtime_pid != os.getpid():
-            raise ConfigError(f"{self.url}: {_FORK_MESSAGE}")
+        self._refuse_forked_runtime()
         delay = 0.05
         for attempt in range(1, self.max_attempts + 1):
             try:
