@@ -479,7 +479,7 @@ def _segment(raw: bytes) -> Any:
 
 
 def test_the_sample_segment_decodes():
-    assert [v.version for v in decode_segment(SEGMENT, SEGMENT_VERSIONS)] == list(range(1, SEGMENT_VERSIONS + 1))
+    assert [v.delta.version for v in decode_segment(SEGMENT, SEGMENT_VERSIONS)] == list(range(1, SEGMENT_VERSIONS + 1))
 
 
 @fuzz(150)

@@ -69,8 +69,8 @@ def test_versions_come_in_order_and_the_head_is_probed_once(url):
     reader = LogReadAhead(Journal(store), 1, depth=8)
     try:
         got = []
-        while (delta := reader.next()) is not None:
-            got.append(delta.version)
+        while (read := reader.next()) is not None:
+            got.append(read.delta.version)
         head = got[-1]
         assert got == list(range(1, head + 1))
         assert head >= 20
@@ -93,7 +93,7 @@ def test_a_version_committed_after_a_miss_is_found(url):
             pass
         head = reader.next_version - 1
         commit_versions(url, 4)  # a new producer: its claim and 4 commits
-        assert reader.next().version == head + 1  # the earlier miss was not remembered
+        assert reader.next().delta.version == head + 1  # the earlier miss was not remembered
     finally:
         reader.close()
 
@@ -108,7 +108,7 @@ def test_a_backlog_is_read_with_reads_overlapping(url):
         for _ in range(4):  # the first reads, before the window is wide
             reader.next()
         store.together = 4
-        versions = [reader.next().version for _ in range(12)]
+        versions = [reader.next().delta.version for _ in range(12)]
     finally:
         store.together = 0
         reader.close()

@@ -62,8 +62,8 @@ def commit_versions(store: Store | str, count: int, producer_id: str = "p") -> N
 
 def read_all(reader: LogReadAhead) -> list[int]:
     versions = []
-    while (delta := reader.next()) is not None:
-        versions.append(delta.version)
+    while (read := reader.next()) is not None:
+        versions.append(read.delta.version)
     return versions
 
 
@@ -84,8 +84,9 @@ def test_the_committer_of_a_segments_last_version_writes_it_byte_for_byte(url):
     store = open_store(url)
     raw = _versions_bytes(store, 32)
     versions = decode_segment(store.get(segment_key(32)), 32)
-    assert [v.version for v in versions] == list(range(1, 33))
-    assert [log.encode(v) for v in versions] == raw  # the same versions, not a re-encoding that may drift
+    assert [v.delta.version for v in versions] == list(range(1, 33))
+    assert [log.encode(v.delta) for v in versions] == raw  # the same versions, not a re-encoding that may drift
+    assert [bytes(v.data) for v in versions] == raw  # and each one's bytes as the log holds them
     assert store.size(segment_key(64)) is None  # version 64 is not committed yet
 
 
@@ -127,7 +128,7 @@ def test_a_writer_without_every_version_of_the_segment_writes_none(url):
     journal = Journal(store)
     journal.load_state()  # reads versions 1..32 (no snapshot yet)
     assert journal.write_segment(32) is True
-    assert decode_segment(store.get(segment_key(32)), 32)[-1].version == 32
+    assert decode_segment(store.get(segment_key(32)), 32)[-1].delta.version == 32
 
 
 # -- reading -------------------------------------------------------------------------------

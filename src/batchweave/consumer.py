@@ -40,7 +40,7 @@ from batchweave.errors import (
 )
 from batchweave.journal import Journal
 from batchweave.layout import decode_slice
-from batchweave.log import LogState, LogVersion, TGBDescriptor
+from batchweave.log import LogState, LogVersion, ReadVersion, TGBDescriptor
 from batchweave.mesh import Mesh, resolve_rank
 from batchweave.metrics import ConsumerMetrics, FetchRecorder, PeriodicLog, describe
 from batchweave.readahead import DEFAULT_LOG_READ_AHEAD, LogReadAhead
@@ -68,6 +68,13 @@ MAX_AUTO_PREFETCH = 64
 # coming steps live (and finds the end of a backlog) while the fetch slots are all taken.
 # Descriptors only, a few KB each.
 LOG_LOOKAHEAD_TGBS = 256
+# I10: log versions are used only once proven genuine, one proof (a GET of the anchor) per
+# batch of versions read without waiting, at most this many versions to a batch.
+PROOF_BATCH_VERSIONS = 64
+# A reader finding no new version re-checks its anchor this often: a miss may be a version
+# GC deleted (this reader was overtaken) rather than one not committed yet. About 0.1
+# requests a second, against the ~1 a second an idle reader's probes cost.
+IDLE_PROOF_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +91,7 @@ class _Cursor(NamedTuple):  # a tuple: made once per step, and cheaper to make t
     position: Fraction | int  # TGBs consumed, the same on every rank whatever the mesh (an int when whole)
     step: int  # next logical step of this consumer's mesh (for messages; position rules)
     namespace: str = ""  # the namespace's id ("" until the log has been read)
+    digest: str = ""  # of ``version``'s bytes, once checked against a proven state (never saved)
 
 
 _END = object()
@@ -254,11 +262,7 @@ class Consumer:
         another namespace, or one whose version and position do not agree with the log,
         raises ConfigError; one whose data was garbage-collected raises DataReclaimedError.
         """
-        cursor = _parse_cursor(state, self.mesh)
-        journal = Journal(self._store)
-        newest = _newest_state(journal)
-        if newest is not None:
-            cursor = _checked_cursor(cursor, newest, journal, self._store.url)
+        cursor = _checked_cursor(_parse_cursor(state, self.mesh), Journal(self._store, read_only=True), self._store.url)
         self.close()
         self._cursor = cursor
 
@@ -352,21 +356,25 @@ def _parse_cursor(state: Any, mesh: Mesh) -> _Cursor:
 
 
 def _newest_state(journal: Journal[Any]) -> LogState | None:
-    """The namespace's newest state, or None when a damaged version lies ahead: reading
-    then delivers every step before it and raises CorruptDataError naming it in order."""
+    """The namespace's newest state (proven), or None when a damaged version lies ahead:
+    reading then delivers every step before it and raises CorruptDataError naming it in order."""
     try:
-        state = journal.load_state()
-        if not journal.verify():
-            state = journal.load_state(trust_hint=False)  # a collector overtook the load
+        return journal.load_state()
     except CorruptDataError:
         return None
-    return state
 
 
-def _checked_cursor(cursor: _Cursor, state: LogState, journal: Journal[LogVersion], url: str) -> _Cursor:
-    """``cursor`` checked against the namespace's newest ``state`` (I9 and exact replay):
-    same namespace, a version the log has, and that version holding the cursor's last TGB.
-    Returns it with the namespace id filled in."""
+def _checked_cursor(cursor: _Cursor, journal: Journal[LogVersion], url: str) -> _Cursor:
+    """``cursor`` checked against the namespace's newest state (I9 and exact replay): same
+    namespace, a version the log has, and that version holding the cursor's last TGB.
+
+    The cursor's version is read *before* the state is loaded, so the proven state also
+    proves that read (I10: a version GC had freed would show as reclaimed). Returns the
+    cursor with the namespace id and that version's digest, which a reader anchors on."""
+    read = journal.read_version_data(cursor.version) if cursor.version else None
+    state = _newest_state(journal)
+    if state is None:
+        return cursor
     if cursor.namespace and state.namespace and cursor.namespace != state.namespace:
         raise ConfigError(
             f"{url}: the consumer state was saved from namespace {cursor.namespace}, this is namespace "
@@ -384,17 +392,16 @@ def _checked_cursor(cursor: _Cursor, state: LogState, journal: Journal[LogVersio
     if cursor.version == 0:
         if last_tgb >= 0:
             raise ConfigError(f"{url}: the consumer state has consumed {cursor.position} TGBs at log version 0")
-    else:
-        delta = journal.read_version(cursor.version)
-        if delta is None:
-            raise DataReclaimedError(url, math.floor(cursor.position), reclaimed.steps)
-        if last_tgb not in delta.steps():
-            raise ConfigError(
-                f"{url}: the consumer state says log version {cursor.version} holds TGB {last_tgb}, but it holds "
-                f"steps {delta.first_step}..{delta.first_step + len(delta.tgbs) - 1}: the state was edited or is "
-                "from another namespace"
-            )
-    return _Cursor(cursor.version, cursor.position, cursor.step, state.namespace)
+        return _Cursor(0, cursor.position, cursor.step, state.namespace)
+    if read is None:
+        raise DataReclaimedError(url, math.floor(cursor.position), reclaimed.steps)
+    if last_tgb not in read.delta.steps():
+        raise ConfigError(
+            f"{url}: the consumer state says log version {cursor.version} holds TGB {last_tgb}, but it holds "
+            f"steps {read.delta.first_step}..{read.delta.first_step + len(read.delta.tgbs) - 1}: the state was "
+            "edited or is from another namespace"
+        )
+    return _Cursor(cursor.version, cursor.position, cursor.step, state.namespace, log.digest(read.data))
 
 
 def _state_dict(cursor: _Cursor, mesh: Mesh) -> dict[str, Any]:
@@ -431,7 +438,9 @@ class _Pipeline:
 
     def __init__(self, consumer: Consumer, cursor: _Cursor) -> None:
         self._store: Store = consumer._store
-        self._journal = Journal(self._store)
+        self._journal = Journal(self._store, read_only=True)
+        if cursor.digest:
+            self._journal.anchor_on(cursor.version, cursor.digest)
         self._url = self._store.url
         self._mesh = consumer.mesh
         self._rank = consumer.rank
@@ -453,7 +462,8 @@ class _Pipeline:
         self._slots: threading.Semaphore | None = None  # background mode: one per step fetched ahead
         self._stop = threading.Event()
         self.head_version = cursor.version  # the newest log version read
-        self._reclaim_checked = False
+        self._expected_step: int | None = None  # the first step of the next version
+        self._last_proof = -math.inf  # when the reader's view was last proven (I10); never yet
         self._offsets: dict[str, tuple[int, int]] = {}  # producer -> (epoch, next offset), as read
         self.namespace = cursor.namespace
         self._broken: BaseException | None = None  # what the log reader or a fetch raised: final
@@ -540,22 +550,16 @@ class _Pipeline:
     def _open(self) -> None:
         """Check the cursor against the namespace before reading from it (one load).
 
-        A cursor that knows its namespace was checked already: by ``load_state_dict``, or
-        it is this consumer's own from an earlier pipeline; loading again would only
-        repeat the same requests on every resume and every restart of iteration.
+        A cursor checked already (by ``load_state_dict``) carries its version's digest and
+        needs no second load; a cursor from the start has nothing to check, and the first
+        proof of what the reader reads (I10) finds a reclaimed start.
         """
-        if self._cursor.namespace:
+        if self._cursor.digest or (self._cursor.version == 0 and self._cursor.position == 0):
             return
-        if self._cursor.version == 0 and self._cursor.position == 0:
-            # From the start there is nothing to check the cursor against; version 1
-            # names the namespace, and a missing version 1 is checked for reclamation.
-            return
-        state = _newest_state(self._journal)
-        if state is None:
-            return
-        self._cursor = _checked_cursor(self._cursor, state, self._journal, self._url)
-        self.namespace = state.namespace
-        self._reclaim_checked = True
+        self._cursor = _checked_cursor(self._cursor, self._journal, self._url)
+        self.namespace = self._cursor.namespace or self.namespace
+        if self._cursor.digest:
+            self._journal.anchor_on(self._cursor.version, self._cursor.digest)
 
     def _follow_log(self) -> Generator[float, None, None]:
         """Queue every step as the log shows it; yield the pause before the next probe."""
@@ -568,53 +572,77 @@ class _Pipeline:
             reader.close()
 
     def _follow_versions(self, reader: LogReadAhead) -> Iterator[float]:
-        expected_step = None
+        """Read versions in batches (as many as arrive without waiting), prove each batch
+        with one request (I10), then schedule its steps; pause while nothing is new."""
         pause = 0.0
+        batch: list[ReadVersion] = []
         while not self._stop.is_set():
             version = reader.next_version
-            delta = reader.next()
-            if delta is None:
-                self._raise_if_reclaimed(version)
-                if version <= self._cursor.version:
-                    raise CorruptDataError(log.version_key(version), "the cursor's log version is missing")
-                waiting = self._next_step
-                if not self._schedule_ready(block_until=0):  # steps read ahead of the fetches go first
+            read = reader.next()
+            if read is not None:
+                batch.append(read)
+                if len(batch) < PROOF_BATCH_VERSIONS and reader.ready():
+                    continue
+            if batch:
+                self._prove(batch[0].delta.version, batch[-1])
+                if not all(self._take(taken.delta) for taken in batch):
                     return
-                if self._next_step != waiting:
-                    continue  # that took a while: look at the log again before pausing
-                pause = min(self._max_poll_s, max(0.01, pause * 2))
-                yield random.uniform(pause / 2, pause)  # jitter spreads 128 ranks' probes
+                batch = []
+            if read is not None:
+                pause = 0.0
+                yield 0.0
                 continue
-            pause = 0.0
-            self.head_version = version
-            if delta.namespace:  # version 1: a cursor from the start learns its namespace here
-                self.namespace = delta.namespace
-            if expected_step is not None and delta.first_step != expected_step:
-                raise CorruptDataError(
-                    log.version_key(version), f"first step {delta.first_step}, expected {expected_step}"
-                )
-            expected_step = self.tgbs_seen = delta.first_step + len(delta.tgbs)
-            log.check_continuity(self._offsets, delta, log.version_key(version))
-            self._remember(delta)
-            if not self._schedule_ready(block_until=LOG_LOOKAHEAD_TGBS):
+            if time.monotonic() - self._last_proof >= IDLE_PROOF_S:
+                self._prove(version, None)  # a miss may be a version GC deleted: were we overtaken?
+            if version <= self._cursor.version:
+                raise CorruptDataError(log.version_key(version), "the cursor's log version is missing")
+            waiting = self._next_step
+            if not self._schedule_ready(block_until=0):  # steps read ahead of the fetches go first
                 return
-            if delta.end_of_stream:
-                if not self._schedule_ready(block_until=0):
-                    return
+            if self._next_step != waiting:
+                continue  # that took a while: look at the log again before pausing
+            pause = min(self._max_poll_s, max(0.01, pause * 2))
+            yield random.uniform(pause / 2, pause)  # jitter spreads 128 ranks' probes
+
+    def _prove(self, lowest: int, newest: ReadVersion | None) -> None:
+        """Go on only with a proven view (I10): every version read since the last proof,
+        from ``lowest`` on, is genuine. Otherwise GC overtook this reader (DataReclaimedError)
+        or a version vanished that nothing reclaimed (CorruptDataError)."""
+        self._last_proof = time.monotonic()
+        anchor = self._journal.anchor_version
+        if self._journal.prove_reads(lowest, newest):
+            return
+        reclaimed = self._journal.load_state().reclaimed
+        below = anchor if anchor is not None and 0 < anchor <= lowest else lowest
+        if reclaimed.versions > below:
+            next_tgb = self._expected_step if self._expected_step is not None else math.floor(self._start)
+            raise DataReclaimedError(self._url, max(next_tgb, math.floor(self._start)), reclaimed.steps)
+        raise CorruptDataError(
+            log.version_key(below), "this log version vanished although no garbage collection reclaimed it"
+        )
+
+    def _take(self, delta: LogVersion) -> bool:
+        """Use one proven version: check it continues the log, queue its steps. False when
+        the reader stops (the stream ended, or the consumer is closing)."""
+        version = delta.version
+        self.head_version = version
+        if delta.namespace:  # version 1: a cursor from the start learns its namespace here
+            self.namespace = delta.namespace
+        if self._expected_step is not None and delta.first_step != self._expected_step:
+            raise CorruptDataError(
+                log.version_key(version), f"first step {delta.first_step}, expected {self._expected_step}"
+            )
+        self._expected_step = self.tgbs_seen = delta.first_step + len(delta.tgbs)
+        log.check_continuity(self._offsets, delta, log.version_key(version))
+        self._remember(delta)
+        if not self._schedule_ready(block_until=LOG_LOOKAHEAD_TGBS):
+            return False
+        if delta.end_of_stream:
+            if self._schedule_ready(block_until=0):
                 # A last logical step whose TGBs never all arrived (DP grown) is not a step.
                 self._ready.put(_END)
-                return
-            yield 0.0
-
-    def _raise_if_reclaimed(self, version: int) -> None:
-        """A version that should exist (the cursor's, or version 1) but is missing may have
-        been garbage-collected: say so with DataReclaimedError. Checked once per start."""
-        if self._reclaim_checked or not (version <= self._cursor.version or version == 1):
-            return
-        self._reclaim_checked = True
-        reclaimed = self._journal.load_state().reclaimed
-        if version < reclaimed.versions or self._start < reclaimed.steps:
-            raise DataReclaimedError(self._url, math.floor(self._start), reclaimed.steps)
+            return False
+        return True
 
     def _remember(self, delta: LogVersion) -> None:
         first_needed = math.floor(self._start)

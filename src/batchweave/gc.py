@@ -177,10 +177,14 @@ def _settle(
         plan = _plan(journal, state, w_global, listed, grace_s, now)
         if dry_run:
             return state, plan
+        # I10: the plan read versions from the reclaim on, below the journal's anchor. They
+        # are proven by a proven state, read after them, that still records that reclaim
+        # (GC records a reclaim before deleting anything); otherwise plan again.
+        state, _ = journal.catch_up(state)
+        if state.reclaimed != plan.base:
+            continue
         if plan.target == state.reclaimed:
-            if journal.verify():
-                return state, plan
-            continue  # our view was cut short by another collector: read it again
+            return state, plan
         try:
             result = journal.commit(state, functools.partial(_reclaim_version, plan))
         except _Replan:

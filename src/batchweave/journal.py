@@ -24,6 +24,24 @@ one loop is where invariant I8 (a version number is never used twice) is enforce
   by listing snapshots: collection deletes versions only below an existing snapshot and
   never deletes the newest one.
 
+The same check proves what a journal *reads* (invariant I10): no actor acts on log
+content (drops pending TGBs, deletes intents or objects, delivers a step, writes a
+segment, plans a collection) unless the versions it read are proven genuine. A read of
+version ``v`` is genuine when ``v`` had not been deleted before the read (a key GC freed
+may hold a version a stale writer re-created there); two facts prove it after the fact:
+
+- P1, the anchor: the anchor ``b <= v`` is still present with its bytes, read *after*
+  ``v`` (ascending deletes: nothing above ``b`` had been deleted);
+- P2/P3, the state: no snapshot exists (nothing was ever deleted), or a proven state
+  loaded after the read says ``reclaimed.versions <= v`` (GC records a reclaim in the log
+  before it deletes anything).
+
+Writers' reads are proven by the check after their put, or, when they only follow the
+log (``catch_up``) or find nothing to commit, by one check of the anchor; every state a
+journal returns is proven. Readers prove a batch of versions with one check before they
+use it (``prove_reads``): one small request per batch, nothing per step. An unprovable
+view means reload (writers) or ``DataReclaimedError`` (readers), never a guess.
+
 See docs/invariants.md for the whole argument.
 """
 
@@ -36,8 +54,8 @@ from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar, cast, overload
 
 from batchweave import log
-from batchweave.errors import CorruptDataError, ObjectExistsError, ObjectNotFoundError, StoreError
-from batchweave.log import LogState, LogVersion, LogVersionHead
+from batchweave.errors import ConfigError, CorruptDataError, ObjectExistsError, ObjectNotFoundError, StoreError
+from batchweave.log import LogState, LogVersion, LogVersionHead, ReadVersion
 from batchweave.segment import SEGMENT_MAX_BYTES, SEGMENT_VERSIONS, decode_segment, encode_segment, segment_key
 from batchweave.store import Store
 
@@ -83,6 +101,7 @@ class Journal(Generic[VersionT]):
         snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
         *,
         heads_only: Literal[False] = False,
+        read_only: bool = False,
     ) -> None: ...
     @overload
     def __init__(
@@ -91,9 +110,19 @@ class Journal(Generic[VersionT]):
         snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
         *,
         heads_only: Literal[True],
+        read_only: bool = False,
     ) -> None: ...
-    def __init__(self, store: Store, snapshot_every: int = DEFAULT_SNAPSHOT_EVERY, *, heads_only: bool = False) -> None:
+    def __init__(
+        self,
+        store: Store,
+        snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+        *,
+        heads_only: bool = False,
+        read_only: bool = False,
+    ) -> None:
         self.store = store
+        # Readers never write, not even a best-effort snapshot: read-only credentials suffice.
+        self.read_only = read_only
         # A writer's journal (heads_only) reads versions as ``LogVersionHead``: it needs the
         # state, never other producers' object keys (see ``log.TGBHead``). The cast is the
         # overloads' promise: heads_only=True is the one way to a Journal[LogVersionHead].
@@ -106,6 +135,8 @@ class Journal(Generic[VersionT]):
         self.last_probe_started = time.monotonic()
         self._anchor: tuple[int, str] | None = None  # (version, digest) known genuine; None: not loaded
         self._unverified: set[int] = set()  # versions we put (or may have put) since the last verified commit
+        self._unproven = False  # versions read since the anchor was last checked (I10)
+        self._version_one: bytes | None = None  # version 1's bytes as a reader first read them
         self._store_checked = False
         # The committer's clock reading in the newest version read (its ``committed_at``):
         # group commit takes turns counted from it, so every producer counts alike.
@@ -117,10 +148,21 @@ class Journal(Generic[VersionT]):
     # -- versions --------------------------------------------------------------------
 
     def read_version(self, version: int) -> VersionT | None:
-        """Version ``version``, or None if it is not committed (yet). Safe to call from
-        several threads at once (readers read ahead this way)."""
+        """Version ``version``, or None if it is not committed (yet). Not proven (I10): for
+        display, or for a reader that proves what it read before acting on it. Safe to call
+        from several threads at once (readers read ahead this way)."""
         data = self._get_version(version)
         return None if data is None else self._decode(data, log.version_key(version), version)
+
+    def read_version_data(self, version: int) -> ReadVersion | None:
+        """``read_version`` with the version's bytes, which ``prove_reads`` anchors on."""
+        data = self._get_version(version)
+        if data is None:
+            return None
+        delta = cast(LogVersion, self._decode(data, log.version_key(version), version))
+        if version == 1:
+            self._version_one = bytes(data)
+        return ReadVersion(delta, data)
 
     def _read(self, version: int) -> tuple[VersionT, str] | None:
         """The version and its digest (writers anchor on it; readers skip the hashing)."""
@@ -138,21 +180,25 @@ class Journal(Generic[VersionT]):
         except ObjectNotFoundError:
             return None
 
-    def read_segment(self, last: int) -> list[LogVersion] | None:
+    def read_segment(self, last: int) -> list[ReadVersion] | None:
         """The versions of the segment ending at ``last`` (``segment``), or None when there
         is none: not written (yet), or damaged, which is logged and read around."""
         self.requests += 1
         key = segment_key(last)
         try:
-            return decode_segment(self.store.get(key), last)
+            versions = decode_segment(self.store.get(key), last)
         except ObjectNotFoundError:
             return None
         except CorruptDataError as exc:
             _logger.warning("reading log versions one by one instead of a damaged segment: %s", exc)
             return None
+        if versions[0].delta.version == 1:
+            self._version_one = bytes(versions[0].data)
+        return versions
 
     def versions_after(self, version: int) -> Iterator[VersionT]:
-        """Committed versions ``version+1, version+2, ...`` up to the newest one."""
+        """Committed versions ``version+1, version+2, ...`` up to the newest one. Not
+        proven (I10): for tools and tests that inspect a log nobody collects meanwhile."""
         for delta, _ in self._read_after(version):
             yield delta
 
@@ -166,11 +212,31 @@ class Journal(Generic[VersionT]):
             version += 1
 
     def catch_up(self, state: LogState) -> tuple[LogState, int]:
-        """``state`` advanced to the newest version; also how many versions were read."""
+        """``state`` advanced to the newest version, proven (I10); also how many versions
+        were read. A view garbage collection overtook is reloaded: then the state may not
+        follow ``state`` at all (and ``read`` is at least 1)."""
+        state, read = self._read_on(state)
+        state, stale = self._proven(state)
+        return state, max(read, 1) if stale else read
+
+    def _read_on(self, state: LogState) -> tuple[LogState, int]:
+        """``state`` advanced through the versions committed since, not proven yet. A version
+        that does not follow is damage only if the anchor is intact; otherwise it was
+        re-created in a freed key and the view is reloaded (proven)."""
+        try:
+            return self._apply_newer(state)
+        except CorruptDataError:
+            if self.verify():
+                raise  # the log itself is damaged
+            return self._recover_from_stale_view(), 1
+
+    def _apply_newer(self, state: LogState) -> tuple[LogState, int]:
+        """``state`` advanced through every version committed since (unproven), and how many."""
         read = 0
         for delta, digest in self._read_after(state.version):
             state = log.apply_version(state, delta, log.version_key(delta.version), digest)
             self.newest_committed_at = delta.committed_at
+            self._unproven = True
             read += 1
         return state, read
 
@@ -186,27 +252,22 @@ class Journal(Generic[VersionT]):
         put, so nothing the log would reject is ever written. On a lost race the loop
         catches up and builds again, at most ``max_attempts`` times (None: until done).
         """
+        if self.read_only:
+            raise ConfigError(f"{self.store.url}: this journal only reads the log (a reader's); it cannot commit")
         self._check_store()
         if self._anchor is None:
             state = self.load_state()
         conflicts = 0
         while True:
-            try:
-                state, _ = self.catch_up(state)
-            except CorruptDataError:
-                if self.verify():
-                    raise  # the log itself is damaged
-                state = self._recover_from_stale_view()  # we read a version re-created in a freed key
-                continue
+            state, _ = self._read_on(state)
             delta = build(state)
             if delta is None:
-                if conflicts or self._unverified:
-                    # What we saw land (maybe our own ambiguous put) may sit in a freed key.
-                    if not self.verify():
-                        state = self._recover_from_stale_view()
-                        conflicts = 0
-                        continue
-                    self._advance_anchor(state)
+                # Acting on "nothing to do" (dropping pending TGBs, deleting intents) needs
+                # the view proven: what we read or saw land may sit in a freed key.
+                state, stale = self._proven(state)
+                if stale:
+                    conflicts = 0
+                    continue
                 return Committed("nothing", state, None, self._window_s(), conflicts)
             key = log.version_key(delta.version)
             data = log.encode(delta)
@@ -216,6 +277,7 @@ class Journal(Generic[VersionT]):
                 conflicts += 1
                 window_s = self._window_s()
                 if max_attempts is not None and conflicts >= max_attempts:
+                    state, _ = self._proven(state)  # the caller adopts it: never an unproven view
                     return Committed("conflict", state, None, window_s, conflicts)
                 continue
             window_s = self._window_s()
@@ -226,11 +288,22 @@ class Journal(Generic[VersionT]):
                 return Committed("committed", after, delta, window_s, conflicts)
             state = self._recover_from_stale_view()
 
+    def _proven(self, state: LogState) -> tuple[LogState, bool]:
+        """``state`` if what was read and put since the last check is proven (one GET of the
+        anchor, none when nothing is unproven); else the reloaded newest state and True."""
+        if not (self._unproven or self._unverified):
+            return state, False
+        if self.verify():
+            self._advance_anchor(state)
+            return state, False
+        return self._recover_from_stale_view(), True
+
     def _advance_anchor(self, state: LogState) -> None:
         """Just verified: every version up to ``state.version`` is genuine, our puts too."""
         if state.digest:
             self._anchor = (state.version, state.digest)
         self._unverified.clear()
+        self._unproven = False
 
     def _put(self, key: str, data: bytes) -> bool:
         """Create-only put of one log version. False when another writer took that version."""
@@ -261,16 +334,23 @@ class Journal(Generic[VersionT]):
         else:
             _logger.warning("garbage collection overtook this writer's view of the log; reloading")
         self._recent.clear()  # what we read may come from freed keys: never copy it into a segment
+        our_puts = sorted(self._unverified)
         state = self.load_state(trust_hint=False)
-        for version in sorted(self._unverified):
+        for version in our_puts:
             if version < state.reclaimed.versions:
-                self.store.delete(log.version_key(version))
-        self._unverified.clear()
+                self._delete_stale_put(log.version_key(version))
         return state
+
+    def _delete_stale_put(self, key: str) -> None:
+        try:
+            self.store.delete(key)
+        except StoreError as exc:  # no delete permission, say: GC deletes it (it lies below the reclaim)
+            _logger.warning("left a version put into the reclaimed region for garbage collection: %s", exc)
 
     def verify(self) -> bool:
         """True when this journal's view is still anchored: nothing it read or wrote since
-        loading can have come from a key that garbage collection freed (module doc)."""
+        its anchor was set can have come from a key that garbage collection freed (P1 in the
+        module doc). One GET (a LIST on a log with no snapshot)."""
         if self._anchor is None:
             return False
         version, expected = self._anchor
@@ -278,6 +358,54 @@ class Journal(Generic[VersionT]):
             return self._listed_snapshot_version() == 0
         read = self._read_raw(log.version_key(version))
         return read is not None and log.digest(read) == expected
+
+    # -- readers' proofs (I10) ------------------------------------------------------
+
+    @property
+    def anchor_version(self) -> int | None:
+        """The version this journal's proofs re-read (None before the first load or proof)."""
+        return None if self._anchor is None else self._anchor[0]
+
+    def anchor_on(self, version: int, digest: str) -> None:
+        """Take version ``version`` with bytes of ``digest`` as proven (a reader resuming from
+        a cursor that was checked against a proven state: ``consumer._checked_cursor``)."""
+        self._anchor = (version, digest)
+
+    def prove_reads(self, lowest: int, newest: ReadVersion | None = None) -> bool:
+        """Whether every version this reader read since its last proof (each numbered
+        ``lowest`` or above) was genuine, and every miss a version not committed yet
+        rather than one GC deleted. True moves the anchor to ``newest`` (the newest
+        version read, if any); False means the reader's view cannot be proven: GC
+        overtook it (see ``reclaimed``). Costs one GET of the anchor; a reader without an
+        anchor at or below ``lowest`` (a start) proves by the snapshots instead."""
+        anchor = self._anchor
+        if anchor is not None and 0 < anchor[0] <= lowest:
+            proven = self.verify()
+        else:
+            proven = self._proven_without_anchor(lowest)
+        if proven and newest is not None:
+            self._anchor = (newest.delta.version, log.digest(newest.data))
+        return proven
+
+    def _proven_without_anchor(self, lowest: int) -> bool:
+        """P2, version 1 certified by a snapshot, or P3 (module doc), checked now, after the reads."""
+        if self._listed_snapshot_version() == 0:
+            return True  # no snapshot: no version was ever deleted
+        if lowest == 1 and self._version_one is not None and self._version_one_is_genuine():
+            return True
+        return self.load_state().reclaimed.versions <= lowest
+
+    def _version_one_is_genuine(self) -> bool:
+        """Version 1 names the namespace with a random id that every snapshot repeats, so a
+        version 1 re-created in a freed key cannot match it. Matching, and present now with
+        the bytes read before: nothing above it had been deleted when the reads happened."""
+        assert self._version_one is not None
+        first = log.decode_version_head(self._version_one, log.version_key(1), 1)
+        snapshot = self._newest_snapshot(trust_hint=True)
+        if not first.namespace or first.namespace != snapshot.namespace:
+            return False
+        now = self._read_raw(log.version_key(1))
+        return now is not None and bytes(now) == self._version_one
 
     def _read_raw(self, key: str) -> memoryview | None:
         self.requests += 1
@@ -303,9 +431,17 @@ class Journal(Generic[VersionT]):
                 state, anchor = self._first_version(state)
                 if anchor is None:
                     continue  # a snapshot appeared meanwhile: load from it
-            state, read = self.catch_up(state)
             self._anchor = anchor
-            if read >= 2 * self.snapshot_every and self.verify():
+            try:
+                state, read = self._apply_newer(state)
+            except CorruptDataError:
+                if self.verify():
+                    raise
+                continue
+            if not self.verify():
+                continue  # a collector overtook the load: what the tail read may be re-created
+            self._advance_anchor(state)
+            if read >= 2 * self.snapshot_every and not self.read_only:
                 # A snapshot went missing (a committer crashed before writing it): heal it so
                 # the next reader does not pay for this long tail again.
                 self.write_snapshot(state)

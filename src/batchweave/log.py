@@ -22,7 +22,7 @@ import re
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import msgspec
 
@@ -38,6 +38,7 @@ __all__ = [
     "LogVersion",
     "LogVersionHead",
     "ProducerState",
+    "ReadVersion",
     "Reclaim",
     "TGBDescriptor",
     "TGBHead",
@@ -171,6 +172,14 @@ class LogVersionHead(msgspec.Struct, frozen=True, forbid_unknown_fields=True, om
     reclaim: Reclaim | None = None
     namespace: str = ""
     layout: Layout | None = None
+
+
+class ReadVersion(NamedTuple):
+    """A log version as a reader read it: the delta, and its bytes exactly as stored (a
+    reader's proof anchors on a version's bytes: see ``journal.Journal.prove_reads``)."""
+
+    delta: LogVersion
+    data: bytes | memoryview
 
 
 class LogState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

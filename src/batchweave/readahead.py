@@ -14,7 +14,7 @@ from __future__ import annotations
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from batchweave.journal import Journal
-from batchweave.log import LogVersion
+from batchweave.log import LogVersion, ReadVersion
 from batchweave.segment import SEGMENT_VERSIONS, segment_last
 
 __all__ = ["DEFAULT_LOG_READ_AHEAD", "LogReadAhead"]
@@ -45,10 +45,10 @@ class LogReadAhead:
         self._depth = depth
         self._window = min(FIRST_WINDOW, depth)
         self._hits = FIRST_WINDOW  # versions found since the last miss (a start counts as a run)
-        self._reads: dict[int, Future[LogVersion | None]] = {}
-        self._segment_reads: dict[int, Future[list[LogVersion] | None]] = {}  # by the segment's last version
+        self._reads: dict[int, Future[ReadVersion | None]] = {}
+        self._segment_reads: dict[int, Future[list[ReadVersion] | None]] = {}  # by the segment's last version
         self._absent_segment = 0  # the last version of the newest segment found missing
-        self._found: dict[int, LogVersion] = {}  # versions a segment gave, not handed out yet
+        self._found: dict[int, ReadVersion] = {}  # versions a segment gave, not handed out yet
         # Whole segments ahead are worth reading at a start and after a segment was found;
         # a reader that just caught one commit at the head reads one segment at most.
         self._deep = True
@@ -59,8 +59,9 @@ class LogReadAhead:
         """The version the next call to ``next()`` returns."""
         return self._next
 
-    def next(self) -> LogVersion | None:
-        """Version ``next_version``, or None when it is not committed yet (call again)."""
+    def next(self) -> ReadVersion | None:
+        """Version ``next_version`` with its bytes, or None when it is not committed yet
+        (call again). Not proven: the reader proves a batch before using it (I10)."""
         delta = self._found.pop(self._next, None) or self._from_segment() or self._probe()
         if delta is None:
             self._window = 1
@@ -75,6 +76,16 @@ class LogReadAhead:
             self._window = min(self._window * 2, self._depth)
         return delta
 
+    def ready(self) -> bool:
+        """Whether ``next()`` would return without waiting for a request: a reader proves
+        the versions it holds before it waits for more."""
+        if self._next in self._found:
+            return True
+        pending = self._reads.get(self._next)
+        if pending is None and self._in_backlog(self._next):
+            pending = self._segment_reads.get(segment_last(self._next))
+        return pending is not None and pending.done()
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
@@ -84,7 +95,7 @@ class LogReadAhead:
         was found missing (a writer that started mid-segment, or the head is in it)."""
         return self._hits >= 2 and segment_last(version) > self._absent_segment
 
-    def _from_segment(self) -> LogVersion | None:
+    def _from_segment(self) -> ReadVersion | None:
         """Version ``next`` from its segment, keeping the segment's later versions."""
         last = segment_last(self._next)
         if not self._in_backlog(self._next):
@@ -102,16 +113,16 @@ class LogReadAhead:
             self._window = min(self._window, 2)
             return None
         self._deep = True
-        for delta in versions:
-            if delta.version > self._next:
-                self._found[delta.version] = delta
+        for read in versions:
+            if read.delta.version > self._next:
+                self._found[read.delta.version] = read
         self._forget_reads_up_to(last)
-        return versions[self._next - versions[0].version]
+        return versions[self._next - versions[0].delta.version]
 
-    def _probe(self) -> LogVersion | None:
+    def _probe(self) -> ReadVersion | None:
         """Version ``next`` read on its own."""
         if self._pool is None:
-            return self._journal.read_version(self._next)
+            return self._journal.read_version_data(self._next)
         self._issue()
         return self._reads.pop(self._next).result()
 
@@ -128,7 +139,7 @@ class LogReadAhead:
             if self._in_backlog(version):
                 self._want_segment(segment_last(version))
             elif version not in self._reads:
-                self._reads[version] = self._pool.submit(self._journal.read_version, version)
+                self._reads[version] = self._pool.submit(self._journal.read_version_data, version)
         if self._deep:
             # Deep in a backlog, segments cover ``depth`` versions ahead whatever the window:
             # a start learns 64 versions in one round trip, and where the backlog ends (a

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import msgspec
 
 from batchweave.errors import CorruptDataError
-from batchweave.log import LOG_FORMAT, LOG_PREFIX, LogVersion, check_descriptors
+from batchweave.log import LOG_FORMAT, LOG_PREFIX, LogVersion, ReadVersion, check_descriptors
 
 __all__ = [
     "SEGMENT_FORMAT",
@@ -46,22 +46,16 @@ SEGMENT_MAX_BYTES = 16 << 20
 _LEVEL = 6
 
 
-class _Segment(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    format: str
-    first: int
-    last: int
-    versions: list[LogVersion]
-
-
-class _RawSegment(msgspec.Struct, frozen=True):
+class _RawSegment(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     format: str
     first: int
     last: int
     versions: list[msgspec.Raw]
 
 
+_VERSION = msgspec.json.Decoder(LogVersion)
 _MAX_INFLATED = SEGMENT_MAX_BYTES + (1 << 20)  # the versions plus the segment's own fields
-_DECODER = msgspec.json.Decoder(_Segment)  # built at import (see log._VERSION_DECODER)
+_DECODER = msgspec.json.Decoder(_RawSegment)  # built at import (see log._VERSION_DECODER)
 _ENCODER = msgspec.json.Encoder()
 
 
@@ -83,25 +77,27 @@ def encode_segment(last: int, versions: Sequence[bytes | memoryview]) -> bytes:
     return zlib.compress(_ENCODER.encode(raw), _LEVEL)
 
 
-def decode_segment(data: bytes | memoryview, last: int) -> list[LogVersion]:
-    """The versions of the segment ending at ``last``; CorruptDataError naming its key if
-    it is not exactly those versions, well formed."""
+def decode_segment(data: bytes | memoryview, last: int) -> list[ReadVersion]:
+    """The versions of the segment ending at ``last``, each with its bytes exactly as the
+    log holds them (a reader anchors its proof on them); CorruptDataError naming the
+    segment's key if it is not exactly those versions, well formed."""
     key = segment_key(last)
     try:
         segment = _DECODER.decode(_inflate(data, key))
+        if segment.format != SEGMENT_FORMAT:
+            raise CorruptDataError(key, f"unsupported segment format {segment.format!r} (reader: {SEGMENT_FORMAT})")
+        versions = [ReadVersion(_VERSION.decode(raw), bytes(raw)) for raw in segment.versions]
     except (zlib.error, msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError) as exc:
         raise CorruptDataError(key, f"damaged log segment: {exc}") from exc
-    if segment.format != SEGMENT_FORMAT:
-        raise CorruptDataError(key, f"unsupported segment format {segment.format!r} (this reader: {SEGMENT_FORMAT})")
     first = last - SEGMENT_VERSIONS + 1
-    numbers = [v.version for v in segment.versions]
+    numbers = [v.delta.version for v in versions]
     if (segment.first, segment.last) != (first, last) or numbers != list(range(first, last + 1)):
         raise CorruptDataError(key, f"holds versions {numbers[:1]}..{numbers[-1:]}, its name says {first}..{last}")
-    for version in segment.versions:
+    for version, _ in versions:
         if version.format != LOG_FORMAT:
             raise CorruptDataError(key, f"version {version.version} has unsupported log format {version.format!r}")
         check_descriptors(version.tgbs, key)
-    return segment.versions
+    return versions
 
 
 def _inflate(data: bytes | memoryview, key: str) -> bytes:

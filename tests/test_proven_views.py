@@ -1,0 +1,165 @@
+"""Issue 18, invariant I10: no actor acts on log content that nothing proves genuine.
+
+Each test forces the interleaving that broke it on the code before I10 (``PausingStore``
+holds a stale writer between its put into a key garbage collection freed and the check
+that would have deleted it again), then shows that the actor reading that version
+reloads or raises instead of acting on it.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+
+import pytest
+from worker import origin_of, tgb
+
+import batchweave as bw
+from batchweave import consumer as consumer_module
+from batchweave import log
+from batchweave.group import GroupCommit
+from batchweave.journal import Journal
+from batchweave.policies import Manual
+from batchweave.store import open_store
+from batchweave.testing.interleave import Background, PausingStore
+
+VERSION_KEY = r"_log/\d{20}\.json"
+
+
+@pytest.fixture(params=["memory", "local"])
+def url(request, tmp_path) -> str:
+    if request.param == "memory":
+        return f"memory://proven-{uuid.uuid4().hex}"
+    return (tmp_path / "ns").as_uri()
+
+
+def versions_up_to(version: int) -> str:
+    """A key pattern matching log versions 1..``version``: the anchor a held writer re-reads."""
+    return "|".join(re.escape(log.version_key(v)) for v in range(1, version + 1))
+
+
+def head(url: str) -> log.LogState:
+    return Journal(open_store(url)).load_state()
+
+
+def commit(prod: bw.Producer, count: int) -> None:
+    for _ in range(count):
+        prod.append(tgb(prod.producer_id, prod._next_offset, prod.mesh.dp))
+        prod.flush()
+
+
+def checkpoint_at(url: str, steps: int, name: str) -> dict:
+    with bw.Consumer(url, dp=1, rank=0, timeout_s=10) as reader:
+        while reader.state_dict()["step"] < steps:
+            next(reader)
+        reader.mark_checkpoint(name)
+        return reader.state_dict()
+
+
+def overtake(url: str, stale_version: int) -> dict:
+    """Commit far past ``stale_version`` (20 versions: no segment yet, so readers probe
+    single versions) and collect, so every version up to it is gone; returns the cursor of
+    the live checkpoint."""
+    with bw.Producer(url, "fast", dp=1, commit_policy=Manual(), snapshot_every=10) as fast:
+        commit(fast, 20)
+    cursor = checkpoint_at(url, head(url).steps - 2, "late")
+    bw.collect_garbage(url, grace_s=0)
+    assert open_store(url).size(log.version_key(stale_version + 1)) is None, "GC did not free the stale view"
+    return cursor
+
+
+def wait_for(condition, what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def quiet() -> GroupCommit:
+    """Group commit whose turns never come on their own: intents at once, commits at flush()."""
+    return GroupCommit(interval_s=3600.0, intent_lead_s=3600.0)
+
+
+def test_group_producer_never_adopts_a_fold_put_into_a_freed_key(url):
+    """Scenario 1: two idle group-mode producers; GC frees the key after their view; the
+    committer folds the other's intent into that key and is held before its check. The
+    owner must not take that fold for a commit: its TGBs stay pending and land for real."""
+    store = PausingStore(url)
+    owner = bw.Producer(store, "owner", dp=1, commit_policy=quiet(), snapshot_every=10)
+    committer = bw.Producer(store, "committer", dp=1, commit_policy=quiet(), snapshot_every=10)
+    owner.append(tgb("owner", 0, 1))
+    owner.flush()
+    owner.append(tgb("owner", 1, 1))
+    owner.append(tgb("owner", 2, 1))
+    committer.append(tgb("committer", 0, 1))
+    stale = head(url).version
+    wait_for(lambda: committer.metrics()["log_version"] == stale, "the committer to see the owner's commit")
+    cursor = overtake(url, stale)
+
+    held = store.pause("get", versions_up_to(stale))  # the committer's check of its anchor
+    folding = Background(committer.flush)
+    held.wait_reached()
+    fake = open_store(url).get(log.version_key(stale + 1))
+    assert b'"owner"' in bytes(fake), "the stale committer did not fold the owner's intent"
+
+    owner.flush(timeout_s=30)  # reads the fold; must prove it before dropping anything
+    assert owner.resume_offset == 3
+    # The committer is still held (it might as well have been killed): what the owner
+    # believes committed must be in the live log now, not in a key below the reclaim.
+    assert head(url).producers["owner"].offset == 3
+    held.release()
+    folding.result()
+    owner.close()
+    committer.close()
+    state = head(url)
+    assert (state.producers["owner"].offset, state.producers["committer"].offset) == (3, 1)
+    bw.end_stream(url)
+    with bw.Consumer(url, dp=1, rank=0, timeout_s=10) as reader:
+        reader.load_state_dict(cursor)
+        seen = [origin_of(batch.data) for batch in reader]
+    assert ("owner", 1) in seen and ("owner", 2) in seen
+
+
+def test_lagging_reader_never_delivers_a_version_put_into_a_freed_key(url):
+    """Scenario 2: a reader no checkpoint protects lags behind GC; a stale writer puts the
+    version after the reader's into the freed key and is held before its check. The reader
+    must raise DataReclaimedError, never hand that TGB to training as the next step."""
+    store = PausingStore(url)
+    stale_writer = bw.Producer(store, "w", dp=1, commit_policy=Manual(), snapshot_every=10)
+    commit(stale_writer, 1)  # w:0 is step 0; the writer's view ends here
+    reader = bw.Consumer(url, dp=1, rank=0, timeout_s=5)
+    assert origin_of(next(reader).data) == ("w", 0)
+    stale = head(url).version
+    overtake(url, stale)
+
+    held = store.pause("get", versions_up_to(stale))
+    stale_writer.append(tgb("w", 1, 1))
+    committing = Background(stale_writer.flush)
+    held.wait_reached()  # w:1 sits in the freed key after the reader's version
+    try:
+        with pytest.raises(bw.DataReclaimedError, match="reclaimed"):
+            next(reader)
+    finally:
+        held.release()
+        committing.result()
+        reader.close()
+        stale_writer.close()
+
+
+def test_consumer_overtaken_at_the_head_raises_instead_of_waiting(url, monkeypatch):
+    """Scenario 3: a reader waiting at the head while GC reclaims past it must say so
+    (DataReclaimedError), not wait forever (timeout_s=None) as if no step had come."""
+    monkeypatch.setattr(consumer_module, "IDLE_PROOF_S", 0.2, raising=False)
+    with bw.Producer(url, "p", dp=1, commit_policy=Manual(), snapshot_every=10) as p:
+        commit(p, 2)
+    reader = bw.Consumer(url, dp=1, rank=0, max_poll_interval_s=0.05)
+    assert [next(reader).step for _ in range(2)] == [0, 1]
+    overtake(url, head(url).version)
+    waiting = Background(next, reader)
+    try:
+        with pytest.raises(bw.DataReclaimedError):
+            waiting.result(timeout_s=20)
+    finally:
+        reader.close()
