@@ -309,8 +309,8 @@ def test_opening_costs_constant_requests_plus_the_tail(backend_url):
     journal = Journal(open_store(backend_url), snapshot_every=10)
     state = journal.load_state()
     assert state.steps == 45 and state.version == 46
-    # hint + snapshot@40 + probe@50 + versions 41..46 + the miss at 47
-    assert journal.requests == 1 + 1 + 1 + 6 + 1
+    # hint + snapshot@40 + probe@50 + versions 41..46 + the miss at 47 + the anchor re-read (I10)
+    assert journal.requests == 1 + 1 + 1 + 6 + 1 + 1
     assert state == replay(backend_url)
 
 

@@ -163,3 +163,22 @@ def test_consumer_overtaken_at_the_head_raises_instead_of_waiting(url, monkeypat
             waiting.result(timeout_s=20)
     finally:
         reader.close()
+
+
+def test_a_reader_proves_a_backlog_once_per_batch_not_per_step(url, monkeypatch):
+    """The proof's cost: one request per batch of versions read without waiting (a segment
+    of 32 here), nothing per step."""
+    with bw.Producer(url, "p", dp=1, commit_policy=Manual(), snapshot_every=10) as p:
+        commit(p, 100)  # versions 2..101: segments 32, 64 and 96, then single versions
+    bw.end_stream(url)
+    proofs = []
+    prove_reads = Journal.prove_reads
+
+    def counted(journal, lowest, newest=None):
+        proofs.append(lowest)
+        return prove_reads(journal, lowest, newest)
+
+    monkeypatch.setattr(Journal, "prove_reads", counted)
+    with bw.Consumer(url, dp=1, rank=0, timeout_s=10) as reader:
+        assert [batch.step for batch in reader] == list(range(100))
+    assert 3 <= len(proofs) <= 3 + 7  # three segments, then the last versions one by one

@@ -578,14 +578,21 @@ class _Pipeline:
         batch: list[ReadVersion] = []
         while not self._stop.is_set():
             version = reader.next_version
-            read = reader.next()
+            try:
+                read = reader.next()
+            except CorruptDataError:
+                # A damaged version: every step before it is delivered first, and a reader
+                # GC overtook hears that instead (the damage may lie in the reclaimed region).
+                self._prove(batch[0].delta.version if batch else version, batch[-1] if batch else None)
+                self._take_all(batch)
+                raise
             if read is not None:
                 batch.append(read)
                 if len(batch) < PROOF_BATCH_VERSIONS and reader.ready():
                     continue
             if batch:
                 self._prove(batch[0].delta.version, batch[-1])
-                if not all(self._take(taken.delta) for taken in batch):
+                if not self._take_all(batch):
                     return
                 batch = []
             if read is not None:
@@ -620,6 +627,13 @@ class _Pipeline:
         raise CorruptDataError(
             log.version_key(below), "this log version vanished although no garbage collection reclaimed it"
         )
+
+    def _take_all(self, batch: list[ReadVersion]) -> bool:
+        """``_take`` each proven version in order; False as soon as the reader stops."""
+        for taken in batch:
+            if not self._take(taken.delta):
+                return False
+        return True
 
     def _take(self, delta: LogVersion) -> bool:
         """Use one proven version: check it continues the log, queue its steps. False when

@@ -95,7 +95,7 @@ def inspect_namespace(url: str | Store, *, storage_options: dict[str, Any] | Non
     """Read the newest state of the namespace at ``url`` (O(1) requests plus the log tail,
     plus one listing and one read per checkpoint watermark)."""
     store = open_store(url, create=False, storage_options=storage_options)
-    state, checkpoints = read_state(Journal(store))
+    state, checkpoints = read_state(Journal(store, read_only=True))
     require_namespace(store, state, has_checkpoints=bool(checkpoints))
     return NamespaceInfo(
         url=store.url,

@@ -117,7 +117,9 @@ class SnapshotReader:
         wall_clock: Clock = time.time,
         storage_options: dict[str, Any] | None = None,
     ) -> None:
-        self._journal = Journal(open_store(url, create=False, storage_options=storage_options), heads_only=True)
+        self._journal = Journal(
+            open_store(url, create=False, storage_options=storage_options), heads_only=True, read_only=True
+        )
         self._clock = clock
         self._wall_clock = wall_clock
         self._state: LogState | None = None

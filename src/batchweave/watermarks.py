@@ -167,7 +167,7 @@ def release_checkpoint(url: str | Store, checkpoint_id: str, *, storage_options:
     """
     store = open_store(url, create=False, storage_options=storage_options)
     if store.object_store and next(iter(store.list(CHECKPOINT_PREFIX)), None) is None:
-        require_namespace(store, Journal(store, heads_only=True).load_state(), has_checkpoints=False)
+        require_namespace(store, Journal(store, heads_only=True, read_only=True).load_state(), has_checkpoints=False)
     key = released_key(check_checkpoint_id(checkpoint_id))
     try:
         store.put_if_absent(key, b"{}")
