@@ -40,6 +40,12 @@ def fails_at(item: tuple[int, int]) -> list[dict[str, np.ndarray]]:
     return tgb_of(shard)
 
 
+def fixed(item: tuple[int, int]) -> list[dict[str, np.ndarray]]:
+    """The fixed ``fails_at``: the same source (a fixed function keeps its pool's shard list)."""
+    shard, _ = item
+    return tgb_of(shard)
+
+
 def held_at(item: tuple[int, int, str]) -> list[dict[str, np.ndarray]]:
     """``(shard, victim, marker_dir)``: at shard ``victim``, the first time only, the worker
     writes its PID to ``<marker_dir>/held`` and waits there to be killed (at most 60 s)."""

@@ -3,11 +3,27 @@ worker crashes (real SIGKILLs), restarts of the whole pool, and preprocessing er
 
 from __future__ import annotations
 
+import shutil
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path, PurePosixPath
+
+import numpy as np
 import pool_work
 import pytest
 
 import batchweave as bw
-from batchweave.pool import PoolPlan, run_pool
+from batchweave.pool import PoolPlan, check_shard_list, run_pool
+from batchweave.shardlist import (
+    checkpoint_lengths,
+    compare,
+    encode_record,
+    encode_shard,
+    prefix_digests,
+    record_key,
+)
+from batchweave.store import open_store
 
 
 def read_shards(url) -> list[int]:
@@ -79,9 +95,7 @@ def test_a_preprocessing_bug_surfaces_after_the_restarts_run_out(tmp_path):
     # What came before the bad shard is committed; the fixed pool resumes right there.
     state = bw.inspect_namespace(url).producers
     assert state["prep.0001-of-0002"]["offset"] == 2 and state["prep.0000-of-0002"]["offset"] == 4
-    fixed = run_pool(
-        url, "prep", list(range(8)), pool_work.tgb_of, producers=2, dp=2, progress=False, end_of_stream=True
-    )
+    fixed = run_pool(url, "prep", source, pool_work.fixed, producers=2, dp=2, progress=False, end_of_stream=True)
     assert fixed.resumed_at["prep.0001-of-0002"] == 2 and fixed.produced == 2
     assert sorted(read_shards(url)) == list(range(8))
 
@@ -89,3 +103,161 @@ def test_a_preprocessing_bug_surfaces_after_the_restarts_run_out(tmp_path):
 def test_unknown_backend_is_refused(tmp_path):
     with pytest.raises(bw.ConfigError, match="unknown pool backend"):
         run_pool((tmp_path / "ns").as_uri(), "prep", [1], pool_work.tgb_of, producers=1, dp=2, backend="mpi")
+
+
+# -- the shard list: recorded at the first start, checked at every restart -------------------
+
+
+def test_shard_encoding_is_the_documented_canonical_form():
+    shard = ("a/b", 3, b"x", None, True, 1.5, {"k": [1]})
+    assert encode_shard(shard) == b"l7:s3:a/bi3;b1:xNTf0x1.8000000000000p+0;d1:s1:kl1:i1;"
+    assert encode_shard(["a", 1]) == encode_shard(("a", 1))  # a list and a tuple are the same shard
+    assert encode_shard(PurePosixPath("d/f.txt")) == encode_shard("d/f.txt")
+    assert encode_shard(np.int64(7)) == encode_shard(7)
+    assert encode_shard({"b": 1, "a": 2}) == encode_shard({"a": 2, "b": 1})
+    distinct = [1, "1", b"1", 1.0, True, None, [1], ["1"], ("ab", "c"), ("a", "bc"), {"a": 1}]
+    assert len({encode_shard(value) for value in distinct}) == len(distinct)
+    # Pinned: another encoding or hash would change every recorded pool (a new SHARDS_FORMAT).
+    assert prefix_digests("p", ["shard-0", "shard-1"], [2]) == {2: "08a538c9024269b717b8c43145894d4e"}
+
+
+@pytest.mark.parametrize(
+    "shard,type_name",
+    [({1, 2}, "builtins.set"), (object(), "builtins.object"), (np.zeros(2), "numpy.ndarray"), ({1: "a"}, "keys")],
+)
+def test_a_shard_without_a_stable_encoding_is_refused_naming_pool_and_index(shard, type_name):
+    with pytest.raises(bw.ConfigError, match=rf"pool 'prep': shard 2 holds .*{type_name}.*no stable fingerprint"):
+        prefix_digests("prep", ["a", "b", ["c", shard]], [1])  # every shard is checked, not only the first
+
+
+def test_the_verdict_pins_the_first_differing_shard_to_its_power_of_two_bracket():
+    def verdict(recorded: list[int], given: list[int]):
+        store = open_store(f"memory://verdict-{uuid.uuid4().hex}")
+        record = check_shard_list(store, PoolPlan("prep", 3, len(recorded)), recorded)
+        digests = prefix_digests("prep", given, {*checkpoint_lengths(len(given)), record.shards})
+        return compare(record, len(given), digests)
+
+    shards = list(range(20))
+    assert verdict(shards, shards).kind == "same"
+    assert verdict(shards, shards + [20, 21]).kind == "appended"
+    assert verdict(shards, shards[:19]).kind == "shrunk"
+    for position in range(20):  # a shard inserted at each position, then one changed there
+        for given in (shards[:position] + [99] + shards[position:], shards[:position] + [99] + shards[position + 1 :]):
+            found = verdict(shards, given)
+            low, high = found.first_differing
+            assert found.kind == "changed" and low <= position <= high
+            assert low in (0, *checkpoint_lengths(20)) and high + 1 in checkpoint_lengths(20)
+
+
+@pytest.mark.parametrize("recorded_before", [0, 4], ids=["first-start", "extension"])
+def test_racing_drivers_record_one_list_and_the_other_is_compared_with_it(recorded_before):
+    url = f"memory://race-{uuid.uuid4().hex}"
+    base = [f"shard-{i}" for i in range(recorded_before)]
+    if base:
+        check_shard_list(open_store(url), PoolPlan("prep", 2, len(base)), base)
+    ours, theirs = base + ["a-4", "a-5"], base + ["b-4", "b-5"]
+    everyone_listed = threading.Barrier(2, timeout=30)
+
+    def driver(shards: list[str]):
+        store = open_store(url)
+        listed_once = store.list
+
+        def list_then_wait(prefix: str = ""):  # both drivers see the same newest record before either writes
+            store.list = listed_once
+            listed = list(listed_once(prefix))
+            everyone_listed.wait()
+            return iter(listed)
+
+        store.list = list_then_wait
+        return check_shard_list(store, PoolPlan("prep", 2, len(shards)), shards)
+
+    with ThreadPoolExecutor(2) as drivers:  # the same list twice: both go on with one record
+        same = [future.result() for future in [drivers.submit(driver, ours), drivers.submit(driver, list(ours))]]
+    assert same[0] == same[1] and same[0].version == (1 if base else 0)
+
+    url = f"memory://race-{uuid.uuid4().hex}"
+    if base:
+        check_shard_list(open_store(url), PoolPlan("prep", 2, len(base)), base)
+    with ThreadPoolExecutor(2) as drivers:  # two lists: one is recorded, the other refused
+        futures = [drivers.submit(driver, ours), drivers.submit(driver, theirs)]
+        outcomes = [future.exception() for future in futures]
+    refused = [error for error in outcomes if error is not None]
+    assert len(refused) == 1 and isinstance(refused[0], bw.ConfigError)
+    assert ("shard 0 differs" if not base else "one of shards 4 to 5") in str(refused[0])
+    versions = sorted(info.key for info in open_store(url).list("_pools/"))
+    assert versions == [record_key("prep", v) for v in range(len(versions))] and len(versions) == 1 + bool(base)
+
+
+def test_a_pool_without_a_record_adopts_its_list_unless_it_is_too_short_for_what_was_committed():
+    plan = PoolPlan("prep", 3, 7)  # producer 1 owns shards 1 and 4: two offsets
+    store = open_store(f"memory://adopt-{uuid.uuid4().hex}")
+    with pytest.raises(bw.ConfigError, match=r"prep.0001-of-0003 committed 3 shards, but 7 shards give it only 2"):
+        check_shard_list(store, plan, list(range(7)), {"prep.0001-of-0003": 3})
+    assert list(store.list("_pools/")) == []  # nothing recorded
+    adopted = check_shard_list(store, plan, list(range(7)), {"prep.0001-of-0003": 2, "other.0001-of-0003": 9})
+    assert (adopted.version, adopted.shards) == (0, 7)
+
+
+def test_a_damaged_or_misplaced_record_is_refused_naming_its_key():
+    store = open_store(f"memory://damaged-{uuid.uuid4().hex}")
+    plan = PoolPlan("prep", 2, 3)
+    record = check_shard_list(store, plan, ["a", "b", "c"])
+    store.put_if_absent(record_key("other", 0), encode_record(record))  # pool "prep"'s record under "other"
+    with pytest.raises(bw.CorruptDataError, match=r"_pools/other/0{20}.json: holds record 0 of pool 'prep'"):
+        check_shard_list(store, PoolPlan("other", 2, 3), ["a", "b", "c"])
+    store.put_if_absent(record_key("prep", 1), b'{"format": "batchweave.pool-shards/9"}')
+    with pytest.raises(bw.CorruptDataError, match=r"_pools/prep/0{19}1.json: damaged pool shard-list record"):
+        check_shard_list(store, plan, ["a", "b", "c"])
+
+
+@pytest.fixture(scope="module")
+def pool_of_ten(tmp_path_factory) -> Path:
+    """A namespace where pool "prep" (3 producers) committed shards 0..9."""
+    root = tmp_path_factory.mktemp("pool") / "ns"
+    run_pool(root.as_uri(), "prep", list(range(10)), pool_work.tgb_of, producers=3, dp=pool_work.DP, progress=False)
+    return root
+
+
+REFUSED = {
+    "inserted": (
+        list(range(5)) + [99] + list(range(5, 10)),
+        r"first 4 shards are the same and .* one of shards 4 to 7",
+    ),
+    "reordered": ([1, 0] + list(range(2, 10)), r"shard 0 differs"),
+    "reordered-at-the-end": (list(range(8)) + [9, 8], r"first 8 shards are the same and .* one of shards 8 to 9"),
+    "another-dataset": (list(range(100, 110)), r"shard 0 differs"),
+    "shrunk": (list(range(7)), r"recorded with 10 shards .*, now given 7"),
+    "shrunk-and-appended": (list(range(9)) + [99, 100], r"first 8 shards are the same and .* one of shards 8 to 9"),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_a_restart_over_another_shard_list_is_refused_before_any_producer_starts(case, pool_of_ten, tmp_path):
+    shards, message = REFUSED[case]
+    copy = shutil.copytree(pool_of_ten, tmp_path / "ns")
+    before = bw.inspect_namespace(copy.as_uri()).producers
+    with pytest.raises(bw.ConfigError, match=rf"pool 'prep' .*{message}.*Restart it with the recorded list"):
+        run_pool(copy.as_uri(), "prep", shards, pool_work.tgb_of, producers=3, dp=pool_work.DP, progress=False)
+    assert bw.inspect_namespace(copy.as_uri()).producers == before  # no producer claimed a new epoch
+    assert sorted(p.name for p in (copy / "_pools" / "prep").iterdir()) == [record_key("prep", 0).split("/")[-1]]
+
+
+def test_a_restart_with_shards_appended_produces_each_new_shard_once_and_records_the_longer_list(pool_of_ten, tmp_path):
+    url = shutil.copytree(pool_of_ten, tmp_path / "ns").as_uri()
+    grown = run_pool(url, "prep", list(range(16)), pool_work.tgb_of, producers=3, dp=pool_work.DP, progress=False)
+    assert grown.produced == 6
+    assert grown.resumed_at == {"prep.0000-of-0003": 4, "prep.0001-of-0003": 3, "prep.0002-of-0003": 3}
+    # Positions 10..15 are produced now: another extension of the ten must not reuse them.
+    with pytest.raises(
+        bw.ConfigError, match=r"recorded another shard list .*00001.json, 16 shards.*one of shards 8 to 15"
+    ):
+        run_pool(url, "prep", list(range(10)) + [90, 91, 92, 93, 94, 95], pool_work.tgb_of, producers=3, dp=2)
+    bw.end_stream(url)
+    assert sorted(read_shards(url)) == list(range(16))
+
+
+def test_a_shard_of_an_unsupported_type_is_refused_before_any_producer_starts(tmp_path):
+    url = (tmp_path / "ns").as_uri()
+    with pytest.raises(bw.ConfigError, match=r"pool 'prep': shard 1 holds a builtins.set"):
+        run_pool(url, "prep", [0, {1}], pool_work.tgb_of, producers=1, dp=pool_work.DP, max_restarts=0, progress=False)
+    assert bw.inspect_namespace(url).producers == {}

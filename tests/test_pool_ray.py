@@ -73,6 +73,9 @@ def test_ray_pool_commits_every_shard_once_and_a_rerun_commits_nothing(tmp_path)
     assert again.produced == 0
     assert again.resumed_at == {PoolPlan("prep", 3, 23).producer_id(i): n for i, n in enumerate((8, 8, 7))}
     check_exactly_once_in_order(url, 23, 3)
+    # The Ray backend goes through the same shard-list check, before any actor starts.
+    with pytest.raises(bw.ConfigError, match=r"pool 'prep' recorded another shard list .*shard 0 differs"):
+        run_pool(url, "prep", shards[::-1], pool_work.tgb_of, producers=3, dp=2, backend="ray", progress=False)
 
 
 @pytest.mark.parametrize("kill", ["ray.kill", "SIGKILL"])

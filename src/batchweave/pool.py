@@ -13,6 +13,13 @@ takes them. Every shard becomes exactly one TGB, exactly once, whatever crashes:
   repeated or skipped, and an old incarnation still running is fenced.
 - The mapping needs N to stay the same: a pool restarted with another producer count is
   refused with ``ConfigError`` (its shard assignment would differ).
+- It also needs the list to keep its order. At its first start a pool records a
+  fingerprint of its shard list under ``_pools/<name>/`` (``batchweave.shardlist``); a
+  restart over the same list resumes, one with shards appended at the end is allowed
+  (and recorded), and any other list (a shard changed, inserted, removed or moved,
+  another dataset under the same name) is refused with ``ConfigError`` naming the first
+  shard index that differs, before any producer starts. The check costs one LIST and
+  one GET (and one create-only put when the list is new or longer), however many shards.
 - A worker process that dies (an exception, an OOM kill, a SIGKILL) is started again, up
   to ``max_restarts`` times per producer; a whole pool started again after a crash of
   its driver resumes every producer where the log says it is.
@@ -30,17 +37,19 @@ import multiprocessing
 import multiprocessing.connection
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchweave.errors import BatchWeaveError, ConfigError
+from batchweave import shardlist
+from batchweave.errors import BatchWeaveError, ConfigError, ObjectExistsError, StoreError
 from batchweave.journal import Journal
 from batchweave.log import check_name
 from batchweave.producer import Producer, end_stream
-from batchweave.store import open_store
+from batchweave.shardlist import ShardListRecord
+from batchweave.store import Store, open_store
 
-__all__ = ["PoolJob", "PoolPlan", "PoolReport", "produce_shards", "run_pool"]
+__all__ = ["PoolJob", "PoolPlan", "PoolReport", "check_shard_list", "produce_shards", "run_pool"]
 
 _BACKENDS = ("local", "ray")  # "ray": batchweave.ray_pool, imported only when asked for
 
@@ -70,6 +79,22 @@ class PoolPlan:
     def shard_count(self, index: int) -> int:
         """How many shards producer ``index`` owns (its final offset)."""
         return len(range(index, self.shards, self.producers))
+
+    def check_committed(self, offsets: Mapping[str, int]) -> None:
+        """Refuse a list too short for what this pool's producers committed (``offsets``:
+        producer id -> next offset, as the log has them; other producers are ignored).
+
+        The shard-list record refuses a shorter list already; this covers a pool that has
+        no record (started before records existed, or its record was deleted).
+        """
+        for index in range(self.producers):
+            committed = offsets.get(self.producer_id(index), 0)
+            if committed > self.shard_count(index):
+                raise ConfigError(
+                    f"pool {self.name!r}: producer {self.producer_id(index)} committed {committed} shards, but "
+                    f"{self.shards} shards give it only {self.shard_count(index)}: the list lost shards it "
+                    "produced. Restart the pool with its full list (shards can only be appended)"
+                )
 
     def check_log(self, producer_ids: Sequence[str]) -> None:
         """Refuse a pool of the same name that the log knows with another producer count."""
@@ -195,7 +220,10 @@ def run_pool(
         raise ConfigError(f"max_restarts must be a non-negative integer, got {max_restarts!r}")
     plan = PoolPlan(name, producers, len(source))
     store = open_store(url, storage_options=storage_options)
-    plan.check_log(list(Journal(store).load_state().producers))
+    producer_states = Journal(store).load_state().producers
+    plan.check_log(list(producer_states))
+    # The last check: it records a new or longer list.
+    check_shard_list(store, plan, source, {pid: state.offset for pid, state in producer_states.items()})
     started = time.monotonic()
     report = PoolReport(name, producers, len(source))
     job = PoolJob(store.url, plan, source, preprocess, dp, cp, commit_policy, max_restarts, storage_options)
@@ -209,6 +237,64 @@ def run_pool(
     if end_of_stream:
         end_stream(store)
     return report
+
+
+_RECORD_ATTEMPTS = 8  # each retry means another driver recorded a list of this pool meanwhile
+
+
+def check_shard_list(
+    store: Store, plan: PoolPlan, source: Sequence[Any], committed: Mapping[str, int] | None = None
+) -> ShardListRecord:
+    """Compare ``source`` with the shard list pool ``plan.name`` recorded; record it when new or appended.
+
+    Returns the record that now holds. Raises ConfigError (naming the pool and the first
+    shard index that differs, or the count that shrank) for any other list, and for a
+    shard without a canonical encoding. Costs one LIST and one GET of the store, plus one
+    create-only put when the list is new or longer. Two drivers starting the same pool at
+    once race for that put: one wins, the other compares its list with the winner's.
+
+    ``committed`` (producer id -> next offset, from the log) matters only when there is no
+    record yet: a pool started before records existed adopts ``source`` as its list, unless
+    its producers committed more shards than ``source`` gives them (``PoolPlan.check_committed``).
+    """
+    for _ in range(_RECORD_ATTEMPTS):
+        recorded = _newest_record(store, plan.name)
+        record = _record_for(plan, source, recorded, committed or {})
+        if record is recorded:
+            return record  # the same list: nothing to write
+        store.require_create_only()  # racing drivers are told apart by this put alone
+        try:
+            store.put_if_absent(shardlist.record_key(plan.name, record.version), shardlist.encode_record(record))
+        except ObjectExistsError:
+            continue  # another driver recorded first (or our own put landed and its answer was lost)
+        return record
+    raise StoreError(
+        f"{shardlist.POOL_PREFIX}{plan.name}/",
+        f"the pool's shard-list record kept changing over {_RECORD_ATTEMPTS} reads",
+    )
+
+
+def _record_for(
+    plan: PoolPlan, source: Sequence[Any], recorded: ShardListRecord | None, committed: Mapping[str, int]
+) -> ShardListRecord:
+    """The record that holds ``source``: ``recorded`` itself, or a new one to write; ConfigError if refused."""
+    lengths = shardlist.checkpoint_lengths(len(source))
+    if recorded is None:  # a first start (a start that crashed before recording ran no producer)
+        plan.check_committed(committed)
+        return ShardListRecord.of(plan.name, 0, len(source), shardlist.prefix_digests(plan.name, source, lengths))
+    digests = shardlist.prefix_digests(plan.name, source, {*lengths, recorded.shards})
+    verdict = shardlist.compare(recorded, len(source), digests)
+    if verdict.refused:
+        raise ConfigError(verdict.message(plan.name, shardlist.record_key(plan.name, recorded.version)))
+    if verdict.kind == "same":
+        return recorded
+    return ShardListRecord.of(plan.name, recorded.version + 1, len(source), digests)
+
+
+def _newest_record(store: Store, name: str) -> ShardListRecord | None:
+    listed = (info.key for info in store.list(f"{shardlist.POOL_PREFIX}{name}/"))
+    key = shardlist.newest_record_key(name, listed)
+    return None if key is None else shardlist.decode_record(store.get(key), key, name)
 
 
 class _LocalPool:

@@ -8,7 +8,8 @@ until the process exits, as Ray does).
 
 Each producer is one Ray actor, named ``batchweave-pool:<producer id>`` in the job's namespace,
 whose ``run`` method is ``batchweave.pool.produce_shards``: the same shard assignment
-(``PoolPlan``) and the same resume from the log as the local backend. Recovery is Ray's: an
+(``PoolPlan``), the same checks before any actor starts (producer count and shard list, in
+``run_pool``) and the same resume from the log as the local backend. Recovery is Ray's: an
 actor that dies (``ray.kill``, a SIGKILL, an OOM kill, its node lost) is restarted by Ray up to
 ``max_restarts`` times, and its ``run`` task is retried on the new incarnation
 (``max_task_retries=-1``); the new ``Producer`` resumes where the log says, so nothing is
