@@ -627,12 +627,16 @@ def check_storage_options(url: str, options: dict[str, Any] | None) -> dict[str,
     ``account_name``, ...; also spelled as the environment variable, ``AWS_REGION``) plus
     ``client_options``, ``retry_config`` and ``credential_provider``; local directories
     and memory stores take none. Returns them with config keys in obstore's spelling.
-    Raises ConfigError naming the valid keys for anything else.
+    Raises ConfigError naming the valid keys for anything else. Messages name keys and
+    the types of values, never a value: options hold secrets.
     """
     if options is None:
         return {}
-    if not isinstance(options, dict) or not all(isinstance(key, str) for key in options):
-        raise ConfigError(f"{url}: storage_options must be a dict with string keys, got {options!r:.200}")
+    if not isinstance(options, dict):
+        raise ConfigError(f"{url}: storage_options must be a dict with string keys, got {_type_name(options)}")
+    if not all(isinstance(key, str) for key in options):
+        kinds = sorted({type(key).__name__ for key in options if not isinstance(key, str)})
+        raise ConfigError(f"{url}: storage_options must be a dict with string keys, got keys of type {kinds}")
     family = _SCHEME_FAMILY.get(urlparse(url).scheme.lower())
     if family is None:
         if options:
@@ -657,6 +661,11 @@ def check_storage_options(url: str, options: dict[str, Any] | None) -> dict[str,
     return out
 
 
+def _type_name(value: Any) -> str:
+    """What a bad option value is, for a message: its type only (the value may be a secret)."""
+    return f"a value of type {type(value).__name__}"
+
+
 def _config_key(key: str, family: str, config: frozenset[str] | None) -> str | None:
     """``key`` in obstore's spelling if it is a config key of ``family`` (None if not)."""
     lowered = key.lower()
@@ -673,10 +682,10 @@ def _config_key(key: str, family: str, config: frozenset[str] | None) -> str | N
 def _checked_client_option(url: str, key: str, value: Any) -> Any:
     if key == "credential_provider":
         if not callable(value):
-            raise ConfigError(f"{url}: storage option credential_provider must be callable, got {value!r:.100}")
+            raise ConfigError(f"{url}: storage option credential_provider must be callable, got {_type_name(value)}")
         return value
     if not isinstance(value, dict):
-        raise ConfigError(f"{url}: storage option {key} must be a dict, got {value!r:.100}")
+        raise ConfigError(f"{url}: storage option {key} must be a dict, got {_type_name(value)}")
     _check_keys(url, key, value, _typed_config_keys(key))
     if key == "retry_config" and isinstance(value.get("backoff"), dict):
         _check_keys(url, "retry_config['backoff']", value["backoff"], _typed_config_keys("backoff"))
@@ -686,7 +695,7 @@ def _checked_client_option(url: str, key: str, value: Any) -> Any:
 def _check_keys(url: str, where: str, value: dict[str, Any], valid: frozenset[str] | None) -> None:
     if valid is None:
         return  # this obstore's stubs do not list the keys: obstore checks them itself
-    unknown = sorted(str(key) for key in value if key not in valid)
+    unknown = sorted(key if isinstance(key, str) else f"<a {type(key).__name__}>" for key in value if key not in valid)
     if unknown:
         raise ConfigError(f"{url}: unknown keys {unknown} in storage option {where}; valid: {', '.join(sorted(valid))}")
 
@@ -795,4 +804,20 @@ def _build(url: str, options: dict[str, Any], create: bool) -> Any:
     try:
         return from_url(url, **options)
     except Exception as exc:
-        raise ConfigError(f"cannot open {url!r}: {_first_line(str(exc))}") from exc
+        # obstore quotes a value it cannot parse ('failed to parse "..." as boolean'): a
+        # session token given as skip_signature would be printed. Not chained (from None),
+        # since a traceback prints the cause's message too.
+        raise ConfigError(f"cannot open {url!r}: {_redacted(_first_line(str(exc)), options)}") from None
+
+
+def _redacted(text: str, options: dict[str, Any], where: str = "") -> str:
+    """``text`` with every string value of ``options`` (nested dicts too) replaced by
+    ``<value of KEY>``. Values under 4 characters stay: no secret is that short, and
+    replacing them would garble the message."""
+    for key, value in options.items():
+        name = f"{where}{key}"
+        if isinstance(value, dict):
+            text = _redacted(text, value, f"{name}.")
+        elif isinstance(value, str) and len(value) >= 4:
+            text = text.replace(value, f"<value of {name}>")
+    return text
