@@ -4,7 +4,9 @@ This is the only module that knows obstore's types and errors. Everything above 
 speaks in keys relative to the namespace root and in our own errors.
 
 URLs:
-    /abs/path, rel/path, file:///abs/path   local directory (the embedded default)
+    /abs/path, rel/path, file:///abs/path   local directory (the embedded default); a plain
+                                            path is taken literally ('#', '?', '%' included),
+                                            a file URL is percent-decoded
     memory://name                           in-process store, shared by name (tests)
     s3://bucket/prefix                      the AWS credential chain (with boto3: profiles,
                                             SSO, ~/.aws), AWS_* from the environment;
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import quote, urlparse
+from urllib.parse import quote, unquote_to_bytes, urlparse
 
 import obstore
 from obstore import exceptions as obs_errors
@@ -167,7 +169,8 @@ class Store:
         self.max_attempts = max_attempts
         self._handle: Any = None
         self._pid = -1
-        self._local_root = urlparse(self.url).path if self.url.startswith("file://") else None
+        # The directory itself, decoded once from the URL (which is percent-encoded).
+        self._local_root = _file_url_path(self.url) if self.url.startswith("file:") else None
         if not create and self._local_root is not None and not os.path.isdir(self._local_root):
             raise ConfigError(
                 f"no namespace at {self.url}: the directory does not exist (readers never create one; "
@@ -209,7 +212,7 @@ class Store:
     def _store(self) -> Any:
         # A tokio runtime does not survive fork(): rebuild the handle in a child process.
         if self._handle is None or self._pid != os.getpid():
-            self._handle = _build(self.url, self.storage_options, self.create)
+            self._handle = _build(self.url, self.storage_options, self.create, self._local_root)
             self._pid = os.getpid()
         return self._handle
 
@@ -332,7 +335,7 @@ class Store:
         """
         if self._local_root is None or self._handle is None or not _PLAIN_KEY.fullmatch(key) or ".." in key:
             return None  # (the first request goes through obstore: it checks the directory)
-        return f"{self._local_root}/{key}"
+        return os.path.join(self._local_root, key)
 
     def size(self, key: str) -> int | None:
         """Size in bytes, or None when there is no such object."""
@@ -540,21 +543,49 @@ def _read_file(path: str, key: str, start: int, length: int | None) -> memoryvie
         os.close(fd)
 
 
+# -- URLs --------------------------------------------------------------------------------
+
 # A URL's scheme, the colon and slashes after it, and the rest: for spotting mistyped URLs.
 _URL_PARTS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)(?P<colon>:?)(?P<slashes>/*)(?P<rest>.*)", re.DOTALL)
 
 
+# What starts a URL: a scheme and its colon (RFC 3986). A path without one is a path.
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+
+
 def _normalize_url(url: str) -> str:
+    """The one URL of ``url``'s namespace: a local directory, whether given as a plain
+    path or a file URL, becomes the percent-encoded ``file://`` URL of its resolved path."""
     if not url:
         raise ConfigError("empty namespace URL: give a directory, file://, s3://, az://, gs:// or memory:// URL")
     _refuse_mistyped(url)
-    scheme = urlparse(url).scheme.lower()
-    if scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt"):
-        path = urlparse(url).path if scheme == "file" else url
-        return "file://" + str(Path(path).expanduser().resolve())
+    found = _SCHEME.match(url)
+    scheme = found.group(1).lower() if found else ""
+    if scheme == "" or (len(scheme) == 1 and os.name == "nt"):
+        return _file_url(url)  # a plain path, taken literally: '#' and '?' are characters of a name
+    if scheme == "file":
+        return _file_url(_file_url_path(url))
     if scheme == "memory" or scheme in _CLOUD_SCHEMES:
         return url.rstrip("/")
     raise ConfigError(f"unsupported namespace URL {url!r}: use a directory, file://, s3://, az://, gs:// or memory://")
+
+
+def _file_url(path: str) -> str:
+    """``file://`` and the resolved ``path``, percent-encoded (as ``Path.as_uri`` does), so
+    that every directory has one URL and ``_file_url_path`` gives the path back."""
+    return Path(path).expanduser().resolve().as_uri()
+
+
+def _file_url_path(url: str) -> str:
+    """The path a ``file:`` URL names (``file:/p``, ``file:///p``, ``file://localhost/p``;
+    ``_refuse_mistyped`` refuses other hosts), percent-decoded. Everything after the host
+    is path: a '#' or '?' typed into a file URL is part of a name, not a fragment or query."""
+    rest = url[len("file:") :]
+    if rest[:12].lower() == "//localhost/":
+        rest = rest[len("//localhost") :]
+    elif rest.startswith("//"):
+        rest = rest[2:]
+    return os.fsdecode(unquote_to_bytes(rest))
 
 
 def _refuse_mistyped(url: str) -> None:
@@ -788,13 +819,12 @@ def _reachable(endpoint: str, timeout_s: float = 1.0) -> bool:
         return False
 
 
-def _build(url: str, options: dict[str, Any], create: bool) -> Any:
+def _build(url: str, options: dict[str, Any], create: bool, local_root: str | None) -> Any:
     scheme = urlparse(url).scheme
-    if scheme == "file":
-        path = urlparse(url).path
-        if not create and not os.path.isdir(path):
+    if local_root is not None:
+        if not create and not os.path.isdir(local_root):
             raise ConfigError(f"no namespace at {url}: the directory does not exist")
-        return LocalStore(prefix=path, mkdir=create)
+        return LocalStore(prefix=local_root, mkdir=create)
     if scheme == "memory":
         with _memory_lock:
             return _memory_stores.setdefault(url, MemoryStore())
