@@ -121,16 +121,21 @@ def test_misspelled_keyword_arguments_are_a_type_error_at_the_call(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "url,kind", [("memory://options", "a memory store"), ("{tmp}", "a local directory")], ids=["memory", "local"]
+    "url,refusal",
+    [
+        ("memory://options", "a memory store takes no storage_options"),
+        ("{tmp}", "a local directory takes no storage_options but 'fsync'"),
+    ],
+    ids=["memory", "local"],
 )
-def test_local_and_memory_stores_take_no_storage_options(url, kind, tmp_path):
+def test_local_and_memory_stores_take_no_obstore_options(url, refusal, tmp_path):
     url = url.format(tmp=tmp_path)
     for call in (
         lambda: bw.Producer(url, "p", dp=1, storage_options={"max_lag": 3}),
         lambda: bw.Consumer(url, dp=1, rank=0, storage_options={"max_lag": 3}),
         lambda: bw.inspect_namespace(url, storage_options={"region": "x"}),
     ):
-        fails_fast(call, match=rf"{kind} takes no storage_options, got \['(max_lag|region)'\]")
+        fails_fast(call, match=rf"{refusal}, got \['(max_lag|region)'\]")
 
 
 def test_object_store_options_are_checked_against_obstores_typed_config():
@@ -186,6 +191,8 @@ BAD_OPTIONS = {
     "credential_provider a token": ("s3://b/r", {"credential_provider": SECRET}, ["credential_provider", "str"]),
     "an unknown client option": ("az://c/r", {"client_options": {"proxy_password": SECRET}}, ["proxy_password"]),
     "an unknown backoff key": ("s3://b/r", {"retry_config": {"backoff": {"factor": SECRET}}}, ["factor", "backoff"]),
+    "fsync on an object store": ("gs://b/r", {"fsync": SECRET}, ["'fsync'", "local directories only"]),
+    "fsync not a bool": ("{tmp}", {"fsync": SECRET}, ["'fsync'", "str"]),
     "a memory store": ("memory://secrets", {"session_token": SECRET}, ["session_token"]),
     "a local directory": ("{tmp}", {"account_key": SECRET}, ["account_key"]),
 }
