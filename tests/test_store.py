@@ -187,6 +187,45 @@ def test_urls(tmp_path, monkeypatch):
     assert os.path.isfile(tmp_path / "made" / "x")
 
 
+# Names a plain path may hold that a URL parser would cut or read as escapes.
+ODD_NAMES = ["my run", "exp#1", "exp?x=1", "100%", "100%25", "ünïcødé", "a b#c?d%20e"]
+
+
+def test_a_plain_path_is_taken_literally(tmp_path, monkeypatch):
+    """`exp#1` and `exp#2` were both the directory `exp` (a URL fragment cut them)."""
+    monkeypatch.chdir(tmp_path)
+    for name in ODD_NAMES:
+        open_store(name).put_if_absent("data/k", name.encode())
+        assert (tmp_path / name / "data" / "k").read_bytes() == name.encode(), name
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(ODD_NAMES)
+
+
+def test_a_file_url_is_percent_decoded_and_names_the_same_directory_as_its_path(tmp_path):
+    """`Path("my run").as_uri()` made a directory literally named `my%20run`."""
+    for name in ODD_NAMES:
+        directory = tmp_path / name
+        store = open_store(directory.as_uri())
+        store.put_if_absent("data/k", name.encode())
+        assert (directory / "data" / "k").read_bytes() == name.encode(), name
+        assert open_store(directory).url == store.url  # one directory, one URL
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(ODD_NAMES)  # no my%20run
+    # Typed by hand, '#' and '?' are still characters of the path, not a fragment or query.
+    assert open_store(f"file://{tmp_path}/exp#1").url == open_store(tmp_path / "exp#1").url
+    assert open_store(f"file://{tmp_path}/exp?x=1").url == open_store(tmp_path / "exp?x=1").url
+
+
+def test_a_local_store_url_round_trips_through_store_and_pickle(tmp_path):
+    for name in ODD_NAMES:
+        store = open_store(tmp_path / name)
+        store.put_if_absent("data/k", name.encode())
+        assert store.url.startswith("file:///") and not {" ", "#", "?"} & set(store.url), store.url
+        for again in (Store(store.url), open_store(store.url), pickle.loads(pickle.dumps(store))):
+            assert again.url == store.url
+            # A fresh handle: its first request and listing go through obstore's LocalStore.
+            assert [o.key for o in again.list()] == ["data/k"] and bytes(again.get("data/k")) == name.encode()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(ODD_NAMES)
+
+
 def test_memory_stores_are_shared_by_name():
     open_store("memory://shared-name").put_if_absent("k", b"v")
     assert bytes(open_store("memory://shared-name").get("k")) == b"v"

@@ -9,6 +9,7 @@ import pickle
 import socket
 import sys
 import time
+import traceback
 import uuid
 
 import pytest
@@ -120,16 +121,21 @@ def test_misspelled_keyword_arguments_are_a_type_error_at_the_call(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "url,kind", [("memory://options", "a memory store"), ("{tmp}", "a local directory")], ids=["memory", "local"]
+    "url,refusal",
+    [
+        ("memory://options", "a memory store takes no storage_options"),
+        ("{tmp}", "a local directory takes no storage_options but 'fsync'"),
+    ],
+    ids=["memory", "local"],
 )
-def test_local_and_memory_stores_take_no_storage_options(url, kind, tmp_path):
+def test_local_and_memory_stores_take_no_obstore_options(url, refusal, tmp_path):
     url = url.format(tmp=tmp_path)
     for call in (
         lambda: bw.Producer(url, "p", dp=1, storage_options={"max_lag": 3}),
         lambda: bw.Consumer(url, dp=1, rank=0, storage_options={"max_lag": 3}),
         lambda: bw.inspect_namespace(url, storage_options={"region": "x"}),
     ):
-        fails_fast(call, match=rf"{kind} takes no storage_options, got \['(max_lag|region)'\]")
+        fails_fast(call, match=rf"{refusal}, got \['(max_lag|region)'\]")
 
 
 def test_object_store_options_are_checked_against_obstores_typed_config():
@@ -169,6 +175,56 @@ def test_client_and_retry_options_are_checked_too():
     store = Store("s3://b/r", storage_options={"region": "x", "client_options": {"timeout": "1s"}})
     assert pickle.loads(pickle.dumps(store)).storage_options == store.storage_options
     fails_fast(lambda: open_store(store, storage_options={"region": "y"}), match="not to an open Store")
+
+
+# -- no secret in a message -------------------------------------------------------------
+
+SECRET = "AKIA-SECRET-123"
+# (url, storage_options, what the message must still name: keys and value types)
+BAD_OPTIONS = {
+    "not a dict": ("s3://b/r", SECRET, ["must be a dict", "str"]),
+    "a list of pairs": ("s3://b/r", [("secret_access_key", SECRET)], ["must be a dict", "list"]),
+    "a key that is not a string": ("s3://b/r", {("session_token", SECRET): 1}, ["string keys", "tuple"]),
+    "an unknown key": ("s3://b/r", {"secret_acess_key": SECRET}, ["'secret_acess_key'", "secret_access_key"]),
+    "client_options not a dict": ("s3://b/r", {"client_options": SECRET}, ["client_options", "str"]),
+    "retry_config not a dict": ("s3://b/r", {"retry_config": SECRET}, ["retry_config", "str"]),
+    "credential_provider a token": ("s3://b/r", {"credential_provider": SECRET}, ["credential_provider", "str"]),
+    "an unknown client option": ("az://c/r", {"client_options": {"proxy_password": SECRET}}, ["proxy_password"]),
+    "an unknown backoff key": ("s3://b/r", {"retry_config": {"backoff": {"factor": SECRET}}}, ["factor", "backoff"]),
+    "fsync on an object store": ("gs://b/r", {"fsync": SECRET}, ["'fsync'", "local directories only"]),
+    "fsync not a bool": ("{tmp}", {"fsync": SECRET}, ["'fsync'", "str"]),
+    "a memory store": ("memory://secrets", {"session_token": SECRET}, ["session_token"]),
+    "a local directory": ("{tmp}", {"account_key": SECRET}, ["account_key"]),
+}
+
+
+@pytest.mark.parametrize("url,options,named", BAD_OPTIONS.values(), ids=BAD_OPTIONS.keys())
+def test_bad_storage_options_are_named_by_key_and_type_never_by_value(url, options, named, tmp_path):
+    url = url.format(tmp=tmp_path)
+    error = fails_fast(lambda: Store(url, storage_options=options))
+    shown = "".join(traceback.format_exception(error))  # chained causes included
+    assert SECRET not in shown, shown
+    for part in named:
+        assert part in str(error), (part, str(error))
+
+
+def test_a_value_obstore_cannot_parse_is_not_echoed(monkeypatch):
+    """obstore's own message quotes the value ('failed to parse "..." as boolean')."""
+    store = Store("s3://b/r", storage_options={"skip_signature": SECRET, "client_options": {"allow_http": SECRET}})
+    error = fails_fast(lambda: store.size("k"))
+    shown = "".join(traceback.format_exception(error))
+    assert SECRET not in shown, shown
+    assert "<value of skip_signature>" in str(error) or "<value of client_options.allow_http>" in str(error)
+
+
+def test_a_store_and_a_pool_job_do_not_show_their_options():
+    from batchweave.pool import PoolJob
+
+    options = {"secret_access_key": SECRET, "session_token": SECRET, "region": "x"}
+    store = Store("s3://b/r", storage_options=options)
+    assert SECRET not in repr(store) and SECRET not in str(store)
+    job = PoolJob(store.url, None, [], print, 1, 1, None, 0, options)  # type: ignore[arg-type]
+    assert SECRET not in repr(job) and "s3://b/r" in repr(job)
 
 
 def test_the_typed_configs_are_read_from_this_obstore():

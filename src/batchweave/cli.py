@@ -268,7 +268,8 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     print(
         f"W_global: step {report.w_global_step}; reclaimed below step {report.reclaimed_steps}; {verb} "
         f"{len(report.deleted_objects)} objects ({report.deleted_bytes} bytes of TGBs), "
-        f"{report.deleted_versions} log versions, {report.deleted_snapshots} snapshots, {len(report.orphans)} orphans"
+        f"{report.deleted_versions} log versions, {report.deleted_snapshots} snapshots, {len(report.orphans)} orphans, "
+        f"{report.deleted_staging} staging files of killed puts ({report.deleted_staging_bytes} bytes)"
     )
     return EXIT_OK
 

@@ -4,9 +4,11 @@
 commits a log version recording what it reclaims (so a consumer asked for a reclaimed
 step gets ``DataReclaimedError``, not a missing object), then deletes TGB objects below
 ``W_global`` (the smallest watermark of the live checkpoints: ``batchweave.watermarks``),
-log versions and snapshots no live cursor or producer recovery reads, and orphans
-(objects no committed version references and no live producer still holds) older than
-the grace period. Deletes are idempotent, so a crash half-way is harmless.
+log versions and snapshots no live cursor or producer recovery reads, orphans (objects
+no committed version references and no live producer still holds) older than the grace
+period, and, on a local directory, the staging files of puts killed mid-write
+(``Store.staging_files``) older than the grace period. Deletes are idempotent, so a
+crash half-way is harmless.
 
 A collection plans from one state of the log and the data listing, reading only
 (``_plan``: the reclaim, the doomed objects, the orphans); ``_settle`` commits the reclaim,
@@ -45,6 +47,8 @@ class GCReport:
     deleted_segments: int = 0  # log segments whose versions are all reclaimed
     deleted_watermarks: int = 0  # objects of released checkpoints
     deleted_intents: int = 0  # group-commit intents that can never be folded again
+    deleted_staging: int = 0  # local directories: files of puts killed mid-write, past the grace
+    deleted_staging_bytes: int = 0
     orphans: list[str] = field(default_factory=list)
     dry_run: bool = False
 
@@ -96,7 +100,8 @@ def collect_garbage(
     checkpoints = read_watermarks(store)
     w_global = global_watermark(checkpoints)
     report = GCReport(w_global_step=None if w_global is None else int(w_global.position), dry_run=dry_run)
-    state, plan = _settle(journal, listed, w_global, grace_s, time.time() if now is None else now, dry_run)
+    now = time.time() if now is None else now
+    state, plan = _settle(journal, listed, w_global, grace_s, now, dry_run)
     require_namespace(store, state, has_checkpoints=bool(checkpoints))
     report.reclaimed_steps = plan.target.steps
     report.orphans = sorted(plan.orphans)
@@ -109,6 +114,8 @@ def collect_garbage(
         report.deleted_segments = len(_old_segments(store, plan.target.versions))
         report.deleted_watermarks = sum(len(c.marks) + 1 for c in released)
         report.deleted_intents = len(dead_intents(store, state))
+        stale = _stale_staging(store, grace_s, now)
+        report.deleted_staging, report.deleted_staging_bytes = len(stale), sum(info.size for info in stale)
         return report
     for key, size in plan.doomed:
         store.delete(key)
@@ -131,7 +138,17 @@ def collect_garbage(
     for key in dead_intents(store, state):
         store.delete(key)
         report.deleted_intents += 1
+    for info in _stale_staging(store, grace_s, now):
+        store.delete_staging(info.key)
+        report.deleted_staging += 1
+        report.deleted_staging_bytes += info.size
     return report
+
+
+def _stale_staging(store: Store, grace_s: float, now: float) -> list[ObjectInfo]:
+    """Staging files of local puts older than the grace: their put was killed (a live put
+    whose file goes anyway writes it again, see ``store._write_durably``)."""
+    return [info for info in store.staging_files() if now - info.modified_s >= grace_s]
 
 
 def dead_intents(store: Store, state: LogState) -> list[str]:

@@ -139,7 +139,7 @@ class PoolJob:
     cp: int
     commit_policy: str | None
     max_restarts: int
-    storage_options: dict[str, Any] | None
+    storage_options: dict[str, Any] | None = field(repr=False)  # credentials: never in a repr or a log
 
     def produce(self, index: int, on_append: Callable[[int, int], None] | None = None) -> tuple[int, dict[str, float]]:
         """Run producer ``index`` of this job (``produce_shards``)."""

@@ -66,7 +66,9 @@ class Producer:
             many steps or more ahead of ``W_global`` (the oldest live checkpoint), so
             storage stays bounded even when checkpoints stall. None: never block.
         storage_options: obstore options for the store (see ``batchweave.store.check_storage_options``):
-            config keys such as ``region`` or ``endpoint``, ``client_options``, ``retry_config``.
+            config keys such as ``region`` or ``endpoint``, ``client_options``, ``retry_config``;
+            for a local directory only ``{"fsync": False}``, which skips the flushes that make
+            each put durable (throwaway namespaces).
     """
 
     def __init__(

@@ -4,7 +4,9 @@ This is the only module that knows obstore's types and errors. Everything above 
 speaks in keys relative to the namespace root and in our own errors.
 
 URLs:
-    /abs/path, rel/path, file:///abs/path   local directory (the embedded default)
+    /abs/path, rel/path, file:///abs/path   local directory (the embedded default); a plain
+                                            path is taken literally ('#', '?', '%' included),
+                                            a file URL is percent-decoded
     memory://name                           in-process store, shared by name (tests)
     s3://bucket/prefix                      the AWS credential chain (with boto3: profiles,
                                             SSO, ~/.aws), AWS_* from the environment;
@@ -13,7 +15,8 @@ URLs:
     az://container/prefix                   AZURE_STORAGE_* from the environment
     gs://bucket/prefix                      GOOGLE_* from the environment
 ``storage_options`` (a dict) pass through to obstore's store constructor, checked here
-against obstore's own typed configuration (``check_storage_options``).
+against obstore's own typed configuration (``check_storage_options``); a local directory
+takes one option of ours, ``fsync`` (see ``_write_durably``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import importlib.resources
 import os
 import random
 import re
+import secrets
 import socket
 import threading
 import time
@@ -35,7 +39,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import quote, urlparse
+from urllib.parse import quote, unquote_to_bytes, urlparse
 
 import obstore
 from obstore import exceptions as obs_errors
@@ -167,7 +171,9 @@ class Store:
         self.max_attempts = max_attempts
         self._handle: Any = None
         self._pid = -1
-        self._local_root = urlparse(self.url).path if self.url.startswith("file://") else None
+        # The directory itself, decoded once from the URL (which is percent-encoded).
+        self._local_root = _file_url_path(self.url) if self.url.startswith("file:") else None
+        self._fsync = bool(self.storage_options.get("fsync", True))
         if not create and self._local_root is not None and not os.path.isdir(self._local_root):
             raise ConfigError(
                 f"no namespace at {self.url}: the directory does not exist (readers never create one; "
@@ -209,19 +215,59 @@ class Store:
     def _store(self) -> Any:
         # A tokio runtime does not survive fork(): rebuild the handle in a child process.
         if self._handle is None or self._pid != os.getpid():
-            self._handle = _build(self.url, self.storage_options, self.create)
+            self._handle = _build(self.url, self.storage_options, self.create, self._local_root)
             self._pid = os.getpid()
         return self._handle
 
     # -- writes ----------------------------------------------------------------------
 
     def put_if_absent(self, key: str, data: bytes | memoryview) -> None:
-        """Create ``key`` with ``data``; raise ObjectExistsError if it already exists."""
+        """Create ``key`` with ``data``; raise ObjectExistsError if it already exists.
+
+        On a local directory it returns once the object is durable (``_write_durably``).
+        """
+        path = self._local_file(key)
+        if path is not None:
+            write = functools.partial(self._write_local, path, data, replace=False)
+            self._call(key, write, "put", len(data), conditional=True)
+            return
         self._call(key, lambda: obstore.put(self._store, key, data, mode="create"), "put", len(data), conditional=True)
 
     def put(self, key: str, data: bytes | memoryview) -> None:
         """Overwrite ``key``. Only for advisory hints; every other object is create-only."""
+        path = self._local_file(key)
+        if path is not None:
+            self._call(key, functools.partial(self._write_local, path, data, replace=True), "put", len(data))
+            return
         self._call(key, lambda: obstore.put(self._store, key, data), "put", len(data))
+
+    def _write_local(self, path: str, data: bytes | memoryview, *, replace: bool) -> None:
+        _ = self._store  # the first request builds the handle, which makes (or checks) the directory
+        _write_durably(path, data, replace=replace, fsync=self._fsync)
+
+    def staging_files(self) -> list[ObjectInfo]:
+        """Files a local put killed mid-write left behind (ours and obstore's), never objects.
+
+        A put writes ``<key>#<digits>`` next to ``key`` and links it into place; a process
+        killed in between leaves it. No listing shows them (obstore's hides every
+        ``#<digits>`` name), so garbage collection asks here. Empty on every other store.
+        """
+        root = self._local_root
+        if root is None:
+            return []
+        return self._call("", lambda: list(_find_staging(root)), "list")
+
+    def delete_staging(self, key: str) -> None:
+        """Delete the staging file ``key`` (from ``staging_files``); a missing one is fine.
+
+        Raises ConfigError for a key that is not a staging file: this never deletes an object.
+        """
+        parts = key.split("/")
+        if self._local_root is None or not _STAGING_NAME.fullmatch(parts[-1]) or {"", ".", ".."} & set(parts):
+            raise ConfigError(f"{self.url}: {key!r} is not a staging file of a local directory")
+        path = os.path.join(self._local_root, key)
+        with contextlib.suppress(ObjectNotFoundError):
+            self._call(key, lambda: os.unlink(path), "delete")
 
     def delete(self, key: str) -> None:
         """Delete ``key``; deleting a missing object is not an error (idempotent GC)."""
@@ -327,12 +373,18 @@ class Store:
 
         obstore's local reads cost about 56 us each for 100 KB (a blocking task on its
         runtime, open, seek, read, close), a plain ``os.pread`` 17 us: on a local disk
-        that difference is most of a reader's time. Only keys that map to a file name
-        unchanged (what BatchWeave itself writes) take it; anything else goes to obstore.
+        that difference is most of a reader's time.
         """
-        if self._local_root is None or self._handle is None or not _PLAIN_KEY.fullmatch(key) or ".." in key:
+        if self._handle is None:
             return None  # (the first request goes through obstore: it checks the directory)
-        return f"{self._local_root}/{key}"
+        return self._local_file(key)
+
+    def _local_file(self, key: str) -> str | None:
+        """The file of ``key`` on a local directory; None elsewhere, and for a key that does
+        not map to a file name unchanged (BatchWeave writes none): those go to obstore."""
+        if self._local_root is None or not _PLAIN_KEY.fullmatch(key) or ".." in key:
+            return None
+        return os.path.join(self._local_root, key)
 
     def size(self, key: str) -> int | None:
         """Size in bytes, or None when there is no such object."""
@@ -480,7 +532,10 @@ def translate_error(exc: BaseException, key: str, *, conditional: bool = False) 
     failure = _failure_of(exc, key)
     status, answer = failure.status, failure.answer()
     detail = _first_line(f"{type(exc).__name__}: {exc}")
-    if isinstance(exc, (obs_errors.AlreadyExistsError, obs_errors.PreconditionError)) or status in _RACE_STATUSES:
+    if (
+        isinstance(exc, (obs_errors.AlreadyExistsError, obs_errors.PreconditionError, FileExistsError))
+        or status in _RACE_STATUSES
+    ):
         if conditional:
             return ObjectExistsError(key, f"already exists, the create-only put lost{answer}")
         return StoreError(key, f"conflict on a request that was not a create-only put{answer}: {detail}")
@@ -540,21 +595,173 @@ def _read_file(path: str, key: str, start: int, length: int | None) -> memoryvie
         os.close(fd)
 
 
+# -- durable local writes ------------------------------------------------------------
+#
+# obstore's LocalStore writes `<name>#<n>` and links it into place, but fsyncs nothing:
+# after a power loss a log version that readers already consumed could vanish or come
+# back empty. Local puts therefore take this path, the classic one for a durable create
+# (write a temporary file, fsync it, link it in, fsync the directory): SQLite's journal,
+# LevelDB's CURRENT, Git's object store.
+#
+# Staging names are `<name>#<18 random digits>`, the form obstore uses: its LocalStore
+# hides every file named `<anything>#<digits>` from listings, so no reader, listing or
+# collection ever sees one as an object, and no key BatchWeave writes can be one
+# (_PLAIN_KEY has no '#').
+_STAGING_NAME = re.compile(r"[^#]*#[0-9]+")
+_STAGING_ATTEMPTS = 8  # fresh random names to try when one is taken (odds of 1e-18 each)
+# A staging file deleted under a put (a collection with a grace of 0 s, or an operator)
+# makes the link fail; the put writes again, this many times at most.
+_VANISHED_ATTEMPTS = 3
+
+
+def _write_durably(path: str, data: bytes | memoryview, *, replace: bool, fsync: bool) -> None:
+    """Put ``data`` at ``path`` whole or not at all; durable on return when ``fsync``.
+
+    The bytes go to a staging file in the same directory, which is fsynced, then linked
+    into place (``os.link`` fails with EEXIST on an existing ``path``: create-only) or,
+    with ``replace``, renamed over it; then the directory is fsynced, and so is the
+    parent of every directory this put had to make, so that a new ``_log/`` or
+    ``data/<producer>/e000001/`` survives a power loss too. Raises OSError (the caller
+    translates it): FileExistsError when ``path`` exists and not ``replace``.
+    """
+    made: list[str] = []
+    for attempt in range(1, _VANISHED_ATTEMPTS + 1):
+        try:
+            staging = _write_staging(path, data, fsync)
+        except FileNotFoundError:  # the directory is new: make it, once
+            made += _make_dirs(os.path.dirname(path))
+            staging = _write_staging(path, data, fsync)
+        try:
+            (os.replace if replace else os.link)(staging, path)
+        except FileNotFoundError:
+            if attempt == _VANISHED_ATTEMPTS:
+                raise
+            continue  # the staging file was deleted under us: write it again
+        finally:
+            with contextlib.suppress(OSError):  # after a link, or a failure; a leftover is collected
+                os.unlink(staging)
+        if fsync:
+            for directory in dict.fromkeys([os.path.dirname(path), *(os.path.dirname(d) for d in reversed(made))]):
+                _fsync_directory(directory)
+        return
+
+
+def _write_staging(path: str, data: bytes | memoryview, fsync: bool) -> str:
+    """A new staging file next to ``path`` holding ``data`` (fsynced when ``fsync``); its path."""
+    fd, staging = _open_staging(path)
+    try:
+        view = memoryview(data).cast("B")
+        while view:
+            view = view[os.write(fd, view) :]
+        if fsync:
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(staging)
+        raise
+    os.close(fd)
+    return staging
+
+
+def _open_staging(path: str) -> tuple[int, str]:
+    for _ in range(_STAGING_ATTEMPTS):
+        staging = f"{path}#{secrets.randbelow(10**18):018d}"
+        try:
+            return os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), staging
+        except FileExistsError:
+            continue  # never to reach the caller: a lost create-only race says FileExistsError
+    raise OSError(f"no free staging name next to {path} after {_STAGING_ATTEMPTS} random draws")
+
+
+def _make_dirs(directory: str) -> list[str]:
+    """Make ``directory`` and its missing parents; the ones that were missing, top down.
+
+    One that a racing put makes at the same moment counts as missing too, so that this
+    put fsyncs its parent as well instead of returning before the other put has.
+    """
+    missing = []
+    while not os.path.isdir(directory):
+        missing.append(directory)
+        directory = os.path.dirname(directory)
+    missing.reverse()
+    for made in missing:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(made)
+    return missing
+
+
+def _fsync_directory(directory: str) -> None:
+    """Make the names in ``directory`` durable (what links, renames and mkdirs changed)."""
+    if os.name == "nt":
+        return  # a directory cannot be opened there; NTFS journals its names itself
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _find_staging(root: str) -> Iterator[ObjectInfo]:
+    """Every staging file under ``root``, keyed relative to it."""
+    pending = [root]
+    while pending:
+        with os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(entry.path)
+                elif _STAGING_NAME.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+                    try:
+                        stat = entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue  # its put just finished
+                    key = os.path.relpath(entry.path, root).replace(os.sep, "/")
+                    yield ObjectInfo(key=key, size=stat.st_size, modified_s=stat.st_mtime)
+
+
+# -- URLs --------------------------------------------------------------------------------
+
 # A URL's scheme, the colon and slashes after it, and the rest: for spotting mistyped URLs.
 _URL_PARTS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)(?P<colon>:?)(?P<slashes>/*)(?P<rest>.*)", re.DOTALL)
 
 
+# What starts a URL: a scheme and its colon (RFC 3986). A path without one is a path.
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+
+
 def _normalize_url(url: str) -> str:
+    """The one URL of ``url``'s namespace: a local directory, whether given as a plain
+    path or a file URL, becomes the percent-encoded ``file://`` URL of its resolved path."""
     if not url:
         raise ConfigError("empty namespace URL: give a directory, file://, s3://, az://, gs:// or memory:// URL")
     _refuse_mistyped(url)
-    scheme = urlparse(url).scheme.lower()
-    if scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt"):
-        path = urlparse(url).path if scheme == "file" else url
-        return "file://" + str(Path(path).expanduser().resolve())
+    found = _SCHEME.match(url)
+    scheme = found.group(1).lower() if found else ""
+    if scheme == "" or (len(scheme) == 1 and os.name == "nt"):
+        return _file_url(url)  # a plain path, taken literally: '#' and '?' are characters of a name
+    if scheme == "file":
+        return _file_url(_file_url_path(url))
     if scheme == "memory" or scheme in _CLOUD_SCHEMES:
         return url.rstrip("/")
     raise ConfigError(f"unsupported namespace URL {url!r}: use a directory, file://, s3://, az://, gs:// or memory://")
+
+
+def _file_url(path: str) -> str:
+    """``file://`` and the resolved ``path``, percent-encoded (as ``Path.as_uri`` does), so
+    that every directory has one URL and ``_file_url_path`` gives the path back."""
+    return Path(path).expanduser().resolve().as_uri()
+
+
+def _file_url_path(url: str) -> str:
+    """The path a ``file:`` URL names (``file:/p``, ``file:///p``, ``file://localhost/p``;
+    ``_refuse_mistyped`` refuses other hosts), percent-decoded. Everything after the host
+    is path: a '#' or '?' typed into a file URL is part of a name, not a fragment or query."""
+    rest = url[len("file:") :]
+    if rest[:12].lower() == "//localhost/":
+        rest = rest[len("//localhost") :]
+    elif rest.startswith("//"):
+        rest = rest[2:]
+    return os.fsdecode(unquote_to_bytes(rest))
 
 
 def _refuse_mistyped(url: str) -> None:
@@ -602,6 +809,8 @@ _TYPED_CONFIGS = {
 _KEY_PREFIXES = {"s3": ("aws_",), "az": ("azure_storage_", "azure_"), "gs": ("google_",)}
 # What from_url takes besides config keys.
 _CLIENT_KEYS = ("client_options", "credential_provider", "retry_config")
+# Ours, for local directories: False skips the fsyncs of a put (throwaway namespaces).
+_FSYNC = "fsync"
 
 
 @functools.cache
@@ -626,18 +835,27 @@ def check_storage_options(url: str, options: dict[str, Any] | None) -> dict[str,
     Object stores take obstore's config keys for their kind (``region``, ``endpoint``,
     ``account_name``, ...; also spelled as the environment variable, ``AWS_REGION``) plus
     ``client_options``, ``retry_config`` and ``credential_provider``; local directories
-    and memory stores take none. Returns them with config keys in obstore's spelling.
-    Raises ConfigError naming the valid keys for anything else.
+    take ``fsync`` (True or False: whether a put returns only once durable) and memory
+    stores take none. Returns them with config keys in obstore's spelling. Raises
+    ConfigError naming the valid keys for anything else. Messages name keys and the
+    types of values, never a value: options hold secrets.
     """
     if options is None:
         return {}
-    if not isinstance(options, dict) or not all(isinstance(key, str) for key in options):
-        raise ConfigError(f"{url}: storage_options must be a dict with string keys, got {options!r:.200}")
+    if not isinstance(options, dict):
+        raise ConfigError(f"{url}: storage_options must be a dict with string keys, got {_type_name(options)}")
+    if not all(isinstance(key, str) for key in options):
+        kinds = sorted({type(key).__name__ for key in options if not isinstance(key, str)})
+        raise ConfigError(f"{url}: storage_options must be a dict with string keys, got keys of type {kinds}")
+    if url.startswith("file:"):
+        return _checked_local_options(url, options)
+    if _FSYNC in options:
+        durable = "it keeps nothing on disk" if url.startswith("memory:") else "a put is durable when it answers"
+        raise ConfigError(f"{url}: storage option {_FSYNC!r} is for local directories only ({durable})")
     family = _SCHEME_FAMILY.get(urlparse(url).scheme.lower())
     if family is None:
         if options:
-            kind = "a memory store" if url.startswith("memory:") else "a local directory"
-            raise ConfigError(f"{url}: {kind} takes no storage_options, got {sorted(options)}")
+            raise ConfigError(f"{url}: a memory store takes no storage_options, got {sorted(options)}")
         return {}
     config = _typed_config_keys(family)
     out: dict[str, Any] = {}
@@ -657,6 +875,21 @@ def check_storage_options(url: str, options: dict[str, Any] | None) -> dict[str,
     return out
 
 
+def _checked_local_options(url: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The options of a local directory: ``fsync`` only."""
+    unknown = sorted(set(options) - {_FSYNC})
+    if unknown:
+        raise ConfigError(f"{url}: a local directory takes no storage_options but {_FSYNC!r}, got {unknown}")
+    if _FSYNC in options and not isinstance(options[_FSYNC], bool):
+        raise ConfigError(f"{url}: storage option {_FSYNC!r} must be True or False, got {_type_name(options[_FSYNC])}")
+    return dict(options)
+
+
+def _type_name(value: Any) -> str:
+    """What a bad option value is, for a message: its type only (the value may be a secret)."""
+    return f"a value of type {type(value).__name__}"
+
+
 def _config_key(key: str, family: str, config: frozenset[str] | None) -> str | None:
     """``key`` in obstore's spelling if it is a config key of ``family`` (None if not)."""
     lowered = key.lower()
@@ -673,10 +906,10 @@ def _config_key(key: str, family: str, config: frozenset[str] | None) -> str | N
 def _checked_client_option(url: str, key: str, value: Any) -> Any:
     if key == "credential_provider":
         if not callable(value):
-            raise ConfigError(f"{url}: storage option credential_provider must be callable, got {value!r:.100}")
+            raise ConfigError(f"{url}: storage option credential_provider must be callable, got {_type_name(value)}")
         return value
     if not isinstance(value, dict):
-        raise ConfigError(f"{url}: storage option {key} must be a dict, got {value!r:.100}")
+        raise ConfigError(f"{url}: storage option {key} must be a dict, got {_type_name(value)}")
     _check_keys(url, key, value, _typed_config_keys(key))
     if key == "retry_config" and isinstance(value.get("backoff"), dict):
         _check_keys(url, "retry_config['backoff']", value["backoff"], _typed_config_keys("backoff"))
@@ -686,7 +919,7 @@ def _checked_client_option(url: str, key: str, value: Any) -> Any:
 def _check_keys(url: str, where: str, value: dict[str, Any], valid: frozenset[str] | None) -> None:
     if valid is None:
         return  # this obstore's stubs do not list the keys: obstore checks them itself
-    unknown = sorted(str(key) for key in value if key not in valid)
+    unknown = sorted(key if isinstance(key, str) else f"<a {type(key).__name__}>" for key in value if key not in valid)
     if unknown:
         raise ConfigError(f"{url}: unknown keys {unknown} in storage option {where}; valid: {', '.join(sorted(valid))}")
 
@@ -779,13 +1012,17 @@ def _reachable(endpoint: str, timeout_s: float = 1.0) -> bool:
         return False
 
 
-def _build(url: str, options: dict[str, Any], create: bool) -> Any:
+def _build(url: str, options: dict[str, Any], create: bool, local_root: str | None) -> Any:
     scheme = urlparse(url).scheme
-    if scheme == "file":
-        path = urlparse(url).path
-        if not create and not os.path.isdir(path):
+    if local_root is not None:
+        if not create and not os.path.isdir(local_root):
             raise ConfigError(f"no namespace at {url}: the directory does not exist")
-        return LocalStore(prefix=path, mkdir=create)
+        if create and options.get("fsync", True):
+            # Made here, and durably (its parents fsynced), so that the first put's object
+            # cannot vanish with the directory.
+            for made in _make_dirs(local_root):
+                _fsync_directory(os.path.dirname(made))
+        return LocalStore(prefix=local_root, mkdir=create)
     if scheme == "memory":
         with _memory_lock:
             return _memory_stores.setdefault(url, MemoryStore())
@@ -795,4 +1032,20 @@ def _build(url: str, options: dict[str, Any], create: bool) -> Any:
     try:
         return from_url(url, **options)
     except Exception as exc:
-        raise ConfigError(f"cannot open {url!r}: {_first_line(str(exc))}") from exc
+        # obstore quotes a value it cannot parse ('failed to parse "..." as boolean'): a
+        # session token given as skip_signature would be printed. Not chained (from None),
+        # since a traceback prints the cause's message too.
+        raise ConfigError(f"cannot open {url!r}: {_redacted(_first_line(str(exc)), options)}") from None
+
+
+def _redacted(text: str, options: dict[str, Any], where: str = "") -> str:
+    """``text`` with every string value of ``options`` (nested dicts too) replaced by
+    ``<value of KEY>``. Values under 4 characters stay: no secret is that short, and
+    replacing them would garble the message."""
+    for key, value in options.items():
+        name = f"{where}{key}"
+        if isinstance(value, dict):
+            text = _redacted(text, value, f"{name}.")
+        elif isinstance(value, str) and len(value) >= 4:
+            text = text.replace(value, f"<value of {name}>")
+    return text

@@ -1,0 +1,235 @@
+"""Issue 18: a put on a local directory returns only once the object is durable, and what a
+killed put leaves behind (a staging file) is never an object and is collected."""
+
+from __future__ import annotations
+
+import errno
+import os
+import pickle  # only to prove the handle keeps its options across processes; never on data
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import batchweave as bw
+from batchweave.store import Store, open_store
+
+KEY = "data/p/e000001/00000000000000000000.bwb"
+
+
+class Recorder:
+    """Wraps os.fsync, os.link and os.replace, recording each call in order: fsyncs by the
+    (device, inode) of what was synced, links and renames by their paths."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.calls: list[tuple] = []
+        for name in ("fsync", "link", "replace"):
+            monkeypatch.setattr(os, name, self._recording(name, getattr(os, name)))
+
+    def _recording(self, name, real):
+        def call(*args):
+            if name == "fsync":
+                stat = os.fstat(args[0])
+                self.calls.append(("fsync", (stat.st_dev, stat.st_ino)))
+            else:
+                self.calls.append((name, *map(os.fspath, args)))
+            return real(*args)
+
+        return call
+
+    def index(self, call) -> int:
+        assert call in self.calls, f"{call} not among {self.calls}"
+        return self.calls.index(call)
+
+
+def identity(path) -> tuple[int, int]:
+    stat = os.stat(path)
+    return stat.st_dev, stat.st_ino
+
+
+def test_a_create_only_put_fsyncs_the_file_then_links_it_then_fsyncs_the_directories(tmp_path, monkeypatch):
+    root = tmp_path / "ns"
+    store = open_store(root)
+    recorder = Recorder(monkeypatch)
+    store.put_if_absent(KEY, b"x" * 1000)
+    target = root / KEY
+    links = [c for c in recorder.calls if c[0] == "link"]
+    assert len(links) == 1, recorder.calls  # one link into place (obstore's puts make no call here)
+    link = links[0]
+    assert link[2] == str(target) and link[1].startswith(f"{target}#")  # staged next to it
+    linked_at = recorder.calls.index(link)
+    assert recorder.index(("fsync", identity(target))) < linked_at  # the bytes first
+    # Then the directory holding the new name, and every directory the put made (a new
+    # producer's data/p/e000001/) in its parent, up to the namespace root.
+    for directory in (target.parent, root / "data/p", root / "data", root):
+        assert recorder.index(("fsync", identity(directory))) > linked_at, directory
+    assert bytes(store.get(KEY)) == b"x" * 1000
+    assert store.staging_files() == []  # the staging name is gone
+
+
+def test_an_overwrite_fsyncs_the_file_then_renames_it_then_fsyncs_the_directory(tmp_path, monkeypatch):
+    store = open_store(tmp_path)
+    store.put("_log/_last_snapshot.json", b"1")
+    recorder = Recorder(monkeypatch)
+    store.put("_log/_last_snapshot.json", b"2")
+    target = tmp_path / "_log" / "_last_snapshot.json"
+    renames = [c for c in recorder.calls if c[0] == "replace"]
+    assert len(renames) == 1, recorder.calls
+    rename = renames[0]
+    assert rename[2] == str(target)
+    renamed_at = recorder.calls.index(rename)
+    assert recorder.index(("fsync", identity(target))) < renamed_at
+    assert recorder.index(("fsync", identity(target.parent))) > renamed_at
+    assert bytes(store.get("_log/_last_snapshot.json")) == b"2"
+
+
+def test_the_local_path_keeps_create_only_semantics(tmp_path):
+    store = open_store(tmp_path)
+    store.put_if_absent(KEY, b"first")
+    with pytest.raises(bw.ObjectExistsError, match=KEY) as info:
+        store.put_if_absent(KEY, b"second")
+    assert isinstance(info.value, FileExistsError)
+    assert bytes(store.get(KEY)) == b"first"
+    assert [o.key for o in store.list()] == [KEY] and store.staging_files() == []  # the loser left nothing
+
+
+def test_fsync_false_skips_every_fsync_and_travels_with_the_handle(tmp_path, monkeypatch):
+    store = Store(str(tmp_path / "scratch"), storage_options={"fsync": False})
+    clone = pickle.loads(pickle.dumps(store))
+    synced = []
+    monkeypatch.setattr(os, "fsync", synced.append)
+    for handle in (store, clone):
+        handle.put_if_absent(f"data/p/e000001/{id(handle)}.bwb", b"x")
+        handle.put("_log/_last_snapshot.json", b"1")
+    assert synced == []
+    assert len(list(store.list())) == 3
+    open_store(tmp_path / "durable").put_if_absent(KEY, b"x")
+    assert synced  # the default fsyncs (a test that could not see them would prove nothing above)
+
+
+@pytest.mark.parametrize("url", ["memory://no-fsync", "s3://bucket/run"])
+def test_fsync_is_an_option_of_local_directories_only(url):
+    with pytest.raises(bw.ConfigError, match="'fsync' is for local directories only"):
+        Store(url, storage_options={"fsync": False})
+    with pytest.raises(bw.ConfigError, match="'fsync' must be True or False, got a value of type str"):
+        Store("relative-dir-never-made", create=False, storage_options={"fsync": "no"})
+
+
+def test_a_full_disk_is_a_store_error_naming_the_key_and_leaves_no_staging_file(tmp_path, monkeypatch):
+    store = open_store(tmp_path)
+    store.put_if_absent("_log/00000000000000000001.json", b"{}")  # the handle and directories exist
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(bw.StoreError, match="No space left on device") as info:
+        store.put_if_absent("_log/00000000000000000002.json", b"{}")
+    assert type(info.value) is bw.StoreError and info.value.key == "_log/00000000000000000002.json"
+    monkeypatch.undo()
+    assert store.staging_files() == [] and store.size("_log/00000000000000000002.json") is None
+
+
+def test_a_staging_file_deleted_under_a_put_is_written_again(tmp_path, monkeypatch):
+    """A collection with grace_s=0 may delete the staging file of a put in flight."""
+    store = open_store(tmp_path)
+    real_link = os.link
+    deleted = []
+
+    def collect_first(staging, target):
+        if not deleted:
+            os.unlink(staging)
+            deleted.append(staging)
+        return real_link(staging, target)
+
+    monkeypatch.setattr(os, "link", collect_first)
+    store.put_if_absent(KEY, b"payload")
+    assert deleted and bytes(store.get(KEY)) == b"payload"
+
+
+# -- staging files and garbage collection ---------------------------------------------
+
+
+def leave_staging(root, key: str, age_s: float) -> None:
+    path = root / key
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"s" * 1000)
+    then = time.time() - age_s
+    os.utime(path, (then, then))
+
+
+def test_staging_files_older_than_the_grace_are_collected_and_never_listed(tmp_path):
+    with bw.Producer(tmp_path, "p", dp=1) as producer:
+        producer.append([b"tgb"], source_offset=0)
+        producer.flush()
+    old_ours = "data/p/e000001/00000000000000000001.bwb#123456789012345678"
+    old_obstores = "_log/00000000000000000009.json#1"  # obstore's own staging name
+    fresh = "data/p/e000001/00000000000000000002.bwb#876543210987654321"
+    leave_staging(tmp_path, old_ours, age_s=7200)
+    leave_staging(tmp_path, old_obstores, age_s=7200)
+    leave_staging(tmp_path, fresh, age_s=10)
+    store = open_store(tmp_path)
+    assert sorted(info.key for info in store.staging_files()) == sorted([old_ours, old_obstores, fresh])
+    assert not [o.key for o in store.list() if "#" in o.key]  # readers never see one as an object
+
+    dry = bw.collect_garbage(tmp_path, grace_s=3600, dry_run=True)
+    assert (dry.deleted_staging, dry.deleted_staging_bytes) == (2, 2000)
+    assert len(store.staging_files()) == 3
+    report = bw.collect_garbage(tmp_path, grace_s=3600)
+    assert (report.deleted_staging, report.deleted_staging_bytes) == (2, 2000)
+    assert [info.key for info in store.staging_files()] == [fresh]
+    with bw.Consumer(tmp_path, dp=1, rank=0, timeout_s=10) as consumer:
+        assert next(consumer).data == b"tgb"  # the committed data is untouched
+
+
+def test_delete_staging_refuses_an_object_key_or_a_file_outside(tmp_path):
+    store = open_store(tmp_path / "ns")
+    store.put_if_absent(KEY, b"x")
+    (tmp_path / "outside#1").write_bytes(b"not ours")
+    for key in (KEY, "../outside#1", "/data/x#1"):
+        with pytest.raises(bw.ConfigError, match="not a staging file"):
+            store.delete_staging(key)
+    assert (tmp_path / "outside#1").exists()
+    assert store.size(KEY) == 1
+    assert open_store("memory://no-staging").staging_files() == []
+
+
+_PUT_FOREVER = """
+import sys
+from batchweave.store import open_store
+store = open_store(sys.argv[1])
+body = bytes(64 * 1024 * 1024)
+for index in range(10**6):
+    store.put_if_absent(f"data/p/e000001/{index:020d}.bwb", body)
+"""
+
+
+def test_a_put_killed_mid_write_leaves_a_staging_file_that_gc_removes(tmp_path):
+    """A real SIGKILL of a process in the middle of 64 MiB puts (fsync included, most of
+    its time is inside a put; a kill that lands between two puts is tried again)."""
+    store = open_store(tmp_path)
+    for _ in range(3):
+        child = subprocess.Popen([sys.executable, "-c", _PUT_FOREVER, str(tmp_path)], stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 60
+            while not store.staging_files():
+                assert child.poll() is None, child.stderr.read().decode() if child.stderr else ""
+                assert time.monotonic() < deadline, "the child never started a put"
+                time.sleep(0.005)
+        finally:
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait(30)
+            if child.stderr:
+                child.stderr.close()
+        if store.staging_files():
+            break
+    left = store.staging_files()
+    assert left, "three kills all landed between two puts"
+    assert not [o.key for o in store.list() if "#" in o.key]
+    whole = list(store.list())
+    assert all(o.size == 64 * 1024 * 1024 for o in whole)  # finished puts are whole, the rest absent
+    report = bw.collect_garbage(tmp_path, grace_s=3600, now=time.time() + 3600)
+    assert report.deleted_staging == len(left) and report.deleted_staging_bytes == sum(i.size for i in left)
+    assert store.staging_files() == [] and [o.key for o in store.list()] == [o.key for o in whole]
