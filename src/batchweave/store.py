@@ -367,7 +367,7 @@ class Store:
             except BatchWeaveError:
                 raise
             except Exception as exc:
-                error = translate_error(exc, key, conditional=conditional)
+                error = translate_error(exc, key, conditional=conditional, request=request, store=self.url)
                 if not isinstance(error, TransientStoreError) or attempt == self.max_attempts:
                     raise error from exc
             finally:
@@ -428,6 +428,10 @@ _DEBUG_ERROR_BODY = re.compile(r"^\s*inner: Response \{$", re.MULTILINE)
 _DISPLAY_STATUS = re.compile(r"(?:Server returned (?:non-2xx status code: )?|Client error with status )(\d{3})\b")
 # The error code of an S3 or Azure XML body (NoSuchBucket, SlowDown): for messages only.
 _BODY_CODE = re.compile(r"<Code>(\w+)</Code>")
+# obstore deletes S3 objects with DeleteObjects, which answers 200 and reports each key's
+# failure in the body: `DeleteFailed { path: "...", code: "AccessDenied", ... }` in the
+# Debug part (read before its quoted strings are dropped; the path's quotes are escaped).
+_DEBUG_DELETE_CODE = re.compile(r'DeleteFailed \{\n\s*path: "(?:[^"\\]|\\.)*",\n\s*code: "(\w+)",$', re.MULTILINE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -438,6 +442,7 @@ class _Failure:
     transport: str | None = None  # object_store's HttpErrorKind, if it did not
     error_body: bool = False  # a 2xx whose body was an S3 error (InternalError, SlowDown)
     code: str = ""  # the body's error code, for messages
+    denied: bool = False  # a bulk delete that answered 200 and refused the key (AccessDenied)
 
     def answer(self) -> str:
         """`` (HTTP 412 PreconditionFailed)``, or as much of it as is known."""
@@ -451,6 +456,8 @@ def _failure_of(exc: BaseException, key: str) -> _Failure:
     code = found_code.group(1) if found_code else ""
     display, separator, debug = text.partition(_DEBUG_SEPARATOR)
     if separator:
+        deleted = _DEBUG_DELETE_CODE.search(debug)
+        code = deleted.group(1) if deleted else code
         # Quoted strings first (a URI inside a body goes with it), then the bare URIs:
         # together they hold every copy of the key in the Debug part.
         debug = _URI.sub("<uri>", _QUOTED.sub('""', debug))
@@ -461,6 +468,7 @@ def _failure_of(exc: BaseException, key: str) -> _Failure:
             transport=kind.group(1) if kind else None,
             error_body=_DEBUG_ERROR_BODY.search(debug) is not None,
             code=code,
+            denied=deleted is not None and deleted.group(1) == "AccessDenied",
         )
     # The Display part names the key raw ("Object at location <key> not found: ..."), in
     # the URI (percent-encoded) and in the body: drop the key, then the URIs.
@@ -470,12 +478,69 @@ def _failure_of(exc: BaseException, key: str) -> _Failure:
     return _Failure(status=int(status.group(1)) if status else None, code=code)
 
 
-def translate_error(exc: BaseException, key: str, *, conditional: bool = False) -> StoreError:
+# The permission each request kind needs, per store family: a denial names the one to
+# grant (docs/guides/permissions.md). A HEAD needs what a GET needs on all three.
+_AZURE_BLOBS = "Microsoft.Storage/storageAccounts/blobServices/containers/blobs"
+_PERMISSIONS = {
+    "s3": {
+        "get": "s3:GetObject",
+        "head": "s3:GetObject",
+        "put": "s3:PutObject",
+        "delete": "s3:DeleteObject",
+        "list": "s3:ListBucket",
+    },
+    "az": {
+        "get": f"{_AZURE_BLOBS}/read",
+        "head": f"{_AZURE_BLOBS}/read",
+        "put": f"{_AZURE_BLOBS}/write",
+        "delete": f"{_AZURE_BLOBS}/delete",
+        "list": f"{_AZURE_BLOBS}/read",
+    },
+    "gs": {
+        "get": "storage.objects.get",
+        "head": "storage.objects.get",
+        "put": "storage.objects.create",
+        "delete": "storage.objects.delete",
+        "list": "storage.objects.list",
+    },
+}
+_REQUEST_WORDS = {"get": "read", "head": "read", "put": "write", "delete": "delete", "list": "list"}
+
+
+def required_permission(request: str, store: str = "") -> str:
+    """The permission a ``request`` ("get", "put", "delete", "list", "head") needs on the
+    store of URL ``store`` ("s3:PutObject"); for a local directory, the request itself."""
+    family = _SCHEME_FAMILY.get(urlparse(store).scheme, "")
+    return _PERMISSIONS.get(family, {}).get(request, request)
+
+
+def _denied(key: str, request: str, store: str, answer: str, detail: str) -> StorePermissionError:
+    """A denial that names the refused request and the permission it needs."""
+    if not request:
+        return StorePermissionError(key, f"access denied, check credentials{answer}: {detail}")
+    action = required_permission(request, store)
+    if action == request:  # a local directory: the operating system refused
+        lacks = f"this process may not {_REQUEST_WORDS.get(request, request)} it"
+    else:
+        lacks = f"these credentials lack {action} on this {'prefix' if request == 'list' else 'key'}"
+    return StorePermissionError(
+        key,
+        f"access denied{answer} to {request}: {lacks} (docs/guides/permissions.md lists what each role needs): "
+        f"{detail}",
+        action=action,
+    )
+
+
+def translate_error(
+    exc: BaseException, key: str, *, conditional: bool = False, request: str = "", store: str = ""
+) -> StoreError:
     """Map an obstore exception to ours. The one place that knows obstore's errors.
 
     ``conditional`` says the request was a create-only put: only then does a conflict
     (obstore's AlreadyExists or Precondition, HTTP 409 or 412) mean that the put lost
-    to another writer; on any other request it is a plain ``StoreError``.
+    to another writer; on any other request it is a plain ``StoreError``. ``request``
+    ("get", "put", "delete", "list", "head") and ``store`` (the namespace URL) let a
+    denial name the permission that is missing.
     """
     failure = _failure_of(exc, key)
     status, answer = failure.status, failure.answer()
@@ -486,10 +551,12 @@ def translate_error(exc: BaseException, key: str, *, conditional: bool = False) 
         return StoreError(key, f"conflict on a request that was not a create-only put{answer}: {detail}")
     if isinstance(exc, (obs_errors.NotFoundError, FileNotFoundError)) or status == 404:
         return ObjectNotFoundError(key, f"no such object{answer}")
-    if isinstance(exc, (obs_errors.PermissionDeniedError, obs_errors.UnauthenticatedError, PermissionError)) or (
-        status in (401, 403)
+    if (
+        isinstance(exc, (obs_errors.PermissionDeniedError, obs_errors.UnauthenticatedError, PermissionError))
+        or status in (401, 403)
+        or failure.denied
     ):
-        return StorePermissionError(key, f"access denied, check credentials{answer}: {detail}")
+        return _denied(key, request, store, answer, detail)
     if isinstance(exc, (obs_errors.UnknownConfigurationKeyError, obs_errors.InvalidPathError)):
         return StoreError(key, f"bad store configuration or key ({detail})")
     if isinstance(exc, obs_errors.NotSupportedError):
