@@ -263,8 +263,10 @@ class Journal(Generic[VersionT]):
         self._recent.clear()  # what we read may come from freed keys: never copy it into a segment
         state = self.load_state(trust_hint=False)
         for version in sorted(self._unverified):
-            if version < state.reclaimed.versions:
-                self.store.delete(log.version_key(version))
+            # A writer without delete permission leaves them to the collector, which deletes
+            # every version below the reclaim.
+            if version < state.reclaimed.versions and not self.store.delete_if_allowed(log.version_key(version)):
+                break
         self._unverified.clear()
         return state
 

@@ -23,6 +23,7 @@ import contextlib
 import difflib
 import functools
 import importlib.resources
+import logging
 import os
 import random
 import re
@@ -54,6 +55,7 @@ from batchweave.errors import (
 __all__ = ["ObjectInfo", "Store", "check_storage_options", "open_store"]
 
 T = TypeVar("T")
+_logger = logging.getLogger(__name__)
 
 _CLOUD_SCHEMES = {"s3", "s3a", "az", "azure", "abfs", "abfss", "adl", "gs"}
 
@@ -101,7 +103,9 @@ _SCHEME_FAMILY = {
     "adl": "az",
     "gs": "gs",
 }
-_PROBE_PREFIX = "_probe/"
+# Where the create-only probe writes (require_create_only); the garbage collector deletes
+# what a writer without delete permission left there.
+PROBE_PREFIX = "_probe/"
 _CONDITIONAL_STORES = (
     "Use a store (or a newer version of this server) that supports conditional writes: "
     "AWS S3, MinIO, SeaweedFS, GCS or Azure Blob Storage."
@@ -167,6 +171,7 @@ class Store:
         self.max_attempts = max_attempts
         self._handle: Any = None
         self._pid = -1
+        self._delete_denied = False  # see delete_if_allowed
         self._local_root = urlparse(self.url).path if self.url.startswith("file://") else None
         if not create and self._local_root is not None and not os.path.isdir(self._local_root):
             raise ConfigError(
@@ -230,6 +235,34 @@ class Store:
         except ObjectNotFoundError:
             pass
 
+    def delete_if_allowed(self, key: str) -> bool:
+        """Delete ``key`` unless these credentials may not delete; True if it is gone.
+
+        For writers tidying up after themselves (committed intents, the create-only probe):
+        a producer may run without delete permission (docs/guides/permissions.md), and what
+        it leaves the garbage collector deletes. The first denial is logged once; later
+        calls on this handle then skip the request. Other errors propagate.
+        """
+        if self._delete_denied:
+            return False
+        try:
+            self.delete(key)
+        except StorePermissionError as exc:
+            self._delete_denied = True
+            _logger.warning(
+                "%s: these credentials may not delete; leaving what this process would tidy up "
+                "(committed intents, probe objects) to the garbage collector: %s",
+                self.url,
+                exc,
+            )
+            return False
+        return True
+
+    @property
+    def deletes_denied(self) -> bool:
+        """Whether a delete through this handle was refused for lack of permission."""
+        return self._delete_denied
+
     def require_create_only(self) -> None:
         """Refuse a store that does not honour create-only puts (``If-None-Match: *``).
 
@@ -262,7 +295,7 @@ class Store:
 
     def _probe_create_only(self) -> bool:
         """Whether a second create-only put of one fresh key fails (see require_create_only)."""
-        key = f"{_PROBE_PREFIX}{uuid.uuid4().hex}"
+        key = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
         try:
             try:
                 self.put_if_absent(key, b"1")
@@ -287,9 +320,9 @@ class Store:
             return False
         finally:
             # The verdict stands without the cleanup: a writer without delete rights, or a
-            # failing delete, leaves one tiny object under _probe/.
+            # failing delete, leaves one tiny object under _probe/ (the collector deletes it).
             with contextlib.suppress(StoreError):
-                self.delete(key)
+                self.delete_if_allowed(key)
 
     # -- reads -----------------------------------------------------------------------
 
