@@ -107,6 +107,7 @@ class Journal(Generic[VersionT]):
         self._anchor: tuple[int, str] | None = None  # (version, digest) known genuine; None: not loaded
         self._unverified: set[int] = set()  # versions we put (or may have put) since the last verified commit
         self._store_checked = False
+        self._snapshot_missing = False  # the last load read a long tail: write a snapshot at the next commit
         # The committer's clock reading in the newest version read (its ``committed_at``):
         # group commit takes turns counted from it, so every producer counts alike.
         self.newest_committed_at: float | None = None
@@ -307,10 +308,10 @@ class Journal(Generic[VersionT]):
                     continue  # a snapshot appeared meanwhile: load from it
             state, read = self.catch_up(state)
             self._anchor = anchor
-            if read >= 2 * self.snapshot_every and self.verify():
-                # A snapshot went missing (a committer crashed before writing it): heal it so
-                # the next reader does not pay for this long tail again.
-                self.write_snapshot(state)
+            # A snapshot went missing (a committer crashed before writing it). This journal's
+            # next verified commit heals it, so the next reader does not pay for this long tail
+            # again; a load never writes, so readers need no write permission.
+            self._snapshot_missing = read >= 2 * self.snapshot_every
             return state
         raise StoreError(log.SNAPSHOT_PREFIX, f"the newest snapshot kept changing over {_LOAD_ATTEMPTS} reloads")
 
@@ -337,11 +338,13 @@ class Journal(Generic[VersionT]):
 
     def after_commit(self, state: LogState) -> None:
         """Called by the committer of ``state.version`` once its view is verified: writes a
-        snapshot every K versions and a segment every ``SEGMENT_VERSIONS``."""
+        snapshot every K versions (or now, when its load found one missing) and a segment
+        every ``SEGMENT_VERSIONS``."""
         if state.version % SEGMENT_VERSIONS == 0:
             self.write_segment(state.version)
-        if state.version % self.snapshot_every == 0:
+        if state.version % self.snapshot_every == 0 or self._snapshot_missing:
             self.write_snapshot(state)
+            self._snapshot_missing = False
 
     def write_segment(self, last: int) -> bool:
         """Best effort, like snapshots: the segment ending at version ``last`` from the
