@@ -147,8 +147,8 @@ def _tgb(step: int) -> list[bytes]:
     return [b"tgb-%d" % step]
 
 
-def _produce(store: Store, steps: int, **options) -> None:
-    with bw.Producer(store, "prep", dp=1, commit_policy=bw.Manual(), **options) as producer:
+def _produce(store: Store, steps: int, producer_id: str = "prep", **options) -> None:
+    with bw.Producer(store, producer_id, dp=1, commit_policy=bw.Manual(), **options) as producer:
         for step in range(steps):
             producer.append(_tgb(step))
             producer.flush()  # one log version per TGB: a long tail of versions
@@ -237,6 +237,46 @@ def test_producer_without_delete_permission_commits_directly_and_by_group_commit
     report = bw.collect_garbage(namespace.store("collector"), grace_s=0)
     assert report.deleted_intents >= 1 and report.deleted_probes >= 1
     assert _keys(namespace.store("consumer"), "_intents/") == _keys(namespace.store("consumer"), "_probe/") == []
+
+
+class AmbiguousOnceStore(CountingStore):
+    """Once armed, the next log-version put is applied, then reported as a timeout."""
+
+    armed = False
+    fired: str | None = None
+
+    def put_if_absent(self, key, data):
+        super().put_if_absent(key, data)
+        if self.armed and self.fired is None and key.startswith("_log/0"):
+            self.fired = key
+            raise bw.TransientStoreError(key, "simulated timeout after the write was applied")
+
+
+@pytest.mark.parametrize("namespace", [_server_params()[0]], indirect=True)
+def test_producer_without_delete_permission_recovering_from_a_collection_is_fenced_not_denied(namespace):
+    """A zombie whose view garbage collection overtook re-creates a freed log version (an
+    ambiguous put) and, on recovering, would delete it again: denied, it leaves the version
+    to the collector and is fenced as it must be, instead of failing on the delete."""
+    zombie_store = AmbiguousOnceStore(namespace.url, storage_options=namespace.store("producer").storage_options)
+    zombie = bw.Producer(zombie_store, "p", dp=1, commit_policy=bw.Manual(), snapshot_every=2)  # version 1
+    _produce(namespace.store("producer"), 4, "p", snapshot_every=2)  # the new incarnation: versions 2..6
+    with bw.Consumer(namespace.store("trainer"), dp=1, rank=0, timeout_s=30) as consumer:
+        for _ in range(3):
+            next(consumer)
+        consumer.mark_checkpoint("ck3")
+    collector = namespace.store("collector")
+    bw.collect_garbage(collector, grace_s=0)
+    reader = namespace.store("consumer")
+    assert reader.size("_log/00000000000000000002.json") is None
+    zombie_store.armed = True
+    zombie.append(_tgb(0))
+    with pytest.raises(bw.ProducerFencedError):
+        zombie.flush(timeout_s=30)
+    zombie.close(flush=False)
+    assert zombie_store.fired == "_log/00000000000000000002.json" and zombie_store.deletes_denied
+    assert reader.size(zombie_store.fired) is not None  # left in the reclaimed region
+    bw.collect_garbage(collector, grace_s=0)
+    assert reader.size(zombie_store.fired) is None
 
 
 def _keys(store: Store, prefix: str) -> list[str]:
