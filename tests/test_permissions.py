@@ -35,7 +35,9 @@ from batchweave.store import Store, translate_error
 from batchweave.testing import servers
 
 BUCKET = "batchweave-iam"
-NAMESPACES = [f"ns{i}" for i in range(8)]  # more than the tests of one server take
+# Identities are made when the server starts, for namespaces known then: more than the
+# tests of one server take in one process.
+NAMESPACES = [f"ns{i}" for i in range(12)]
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "guides" / "permissions.md"
 
 
