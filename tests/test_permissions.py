@@ -183,6 +183,7 @@ def test_read_only_consumer_trains_end_to_end_and_never_writes(namespace, caplog
     with bw.Consumer(reader, dp=1, rank=0, timeout_s=30) as resumed:
         resumed.load_state_dict(cursor)  # loads the newest state: the whole tail
         assert bytes(next(iter(resumed)).data) == b"tgb-1"
+    assert bw.inspect_namespace(reader).steps == LONG_TAIL  # the other reader: loads it too
     assert reader.count("put", "delete") == 0, reader.requests
     assert "could not write" not in caplog.text and "access denied" not in caplog.text
     assert _keys(producer, "_log/_snapshots/") == []
