@@ -5,6 +5,7 @@
                                         a live view of a running namespace
     batchweave end-stream URL           commit the end-of-stream marker
     batchweave gc URL [--dry-run]       checkpoint-aligned garbage collection
+    batchweave policy ROLE s3://B/P     the IAM policy a role needs on a namespace
     batchweave demo [...]               the whole story: kills, resume, GC, resharding, checks
     batchweave pool URL NAME --fn M:F --shards FILE --producers N --dp D
                                         a producer pool over a list of shards
@@ -274,6 +275,37 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- policy ---------------------------------------------------------------------------
+
+
+def _add_policy(sub: argparse._SubParsersAction) -> None:
+    from batchweave.permissions import ROLES
+
+    p = sub.add_parser(
+        "policy",
+        help="print the IAM policy a role needs on an S3 namespace",
+        description="Print the AWS IAM policy (JSON) that lets ROLE work on the namespace at "
+        "s3://BUCKET/PREFIX and nothing else; docs/guides/permissions.md explains each grant.",
+    )
+    p.add_argument("role", choices=ROLES, help="consumer, trainer (marks checkpoints), producer or collector")
+    p.add_argument("url", help="namespace URL: s3://BUCKET/PREFIX")
+    p.set_defaults(func=_cmd_policy)
+
+
+def _cmd_policy(args: argparse.Namespace) -> int:
+    from urllib.parse import urlparse
+
+    from batchweave.permissions import s3_policy
+
+    url = urlparse(args.url)
+    if url.scheme not in ("s3", "s3a"):
+        raise ConfigError(
+            f"{args.url}: IAM policies are for s3:// namespaces (docs/guides/permissions.md covers Azure and GCS)"
+        )
+    print(json.dumps(s3_policy(args.role, url.netloc, url.path), indent=2))
+    return EXIT_OK
+
+
 # -- pool -----------------------------------------------------------------------------
 
 
@@ -419,6 +451,7 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_watch,
     _add_end_stream,
     _add_gc,
+    _add_policy,
     _add_demo,
     _add_pool,
     _add_bench,

@@ -106,7 +106,15 @@ class ObjectExistsError(StoreError, FileExistsError):
 
 
 class StorePermissionError(StoreError, PermissionError):
-    """Credentials missing or not allowed to do this."""
+    """Credentials missing or not allowed to do this.
+
+    ``action`` is the permission the refused request needs ("s3:PutObject",
+    "storage.objects.delete"; "" when unknown); the message names it and the key.
+    """
+
+    def __init__(self, key: str, problem: str, *, action: str = "") -> None:
+        super().__init__(key, problem)
+        self.action = action
 
 
 class TransientStoreError(StoreError, ConnectionError):

@@ -28,7 +28,7 @@ from batchweave.group import INTENT_PREFIX, decode_intent, parse_intent_key
 from batchweave.journal import Journal
 from batchweave.log import LogState, LogVersion, Reclaim, parse_data_key
 from batchweave.segment import SEGMENT_PREFIX
-from batchweave.store import ObjectInfo, Store, open_store
+from batchweave.store import PROBE_PREFIX, ObjectInfo, Store, open_store
 from batchweave.watermarks import Checkpoint, global_watermark, read_watermarks, released_key, require_namespace
 
 __all__ = ["GCReport", "collect_garbage", "dead_intents"]
@@ -49,6 +49,7 @@ class GCReport:
     deleted_intents: int = 0  # group-commit intents that can never be folded again
     deleted_staging: int = 0  # local directories: files of puts killed mid-write, past the grace
     deleted_staging_bytes: int = 0
+    deleted_probes: int = 0  # create-only probe objects that writers without delete permission left
     orphans: list[str] = field(default_factory=list)
     dry_run: bool = False
 
@@ -92,6 +93,7 @@ def collect_garbage(
     what lets writers prove their view was not cut short (``journal``).
     """
     store = open_store(url, create=False, storage_options=storage_options)
+    now = time.time() if now is None else now
     journal = Journal(store)
     # List the data first, read the log after: every object in the listing was written by
     # an incarnation whose claim is already in the log, so a producer that started while
@@ -100,7 +102,6 @@ def collect_garbage(
     checkpoints = read_watermarks(store)
     w_global = global_watermark(checkpoints)
     report = GCReport(w_global_step=None if w_global is None else int(w_global.position), dry_run=dry_run)
-    now = time.time() if now is None else now
     state, plan = _settle(journal, listed, w_global, grace_s, now, dry_run)
     require_namespace(store, state, has_checkpoints=bool(checkpoints))
     report.reclaimed_steps = plan.target.steps
@@ -116,6 +117,7 @@ def collect_garbage(
         report.deleted_intents = len(dead_intents(store, state))
         stale = _stale_staging(store, grace_s, now)
         report.deleted_staging, report.deleted_staging_bytes = len(stale), sum(info.size for info in stale)
+        report.deleted_probes = len(_stale_probes(store, grace_s, now))
         return report
     for key, size in plan.doomed:
         store.delete(key)
@@ -142,6 +144,9 @@ def collect_garbage(
         store.delete_staging(info.key)
         report.deleted_staging += 1
         report.deleted_staging_bytes += info.size
+    for key in _stale_probes(store, grace_s, now):
+        store.delete(key)
+        report.deleted_probes += 1
     return report
 
 
@@ -149,6 +154,13 @@ def _stale_staging(store: Store, grace_s: float, now: float) -> list[ObjectInfo]
     """Staging files of local puts older than the grace: their put was killed (a live put
     whose file goes anyway writes it again, see ``store._write_durably``)."""
     return [info for info in store.staging_files() if now - info.modified_s >= grace_s]
+
+
+def _stale_probes(store: Store, grace_s: float, now: float) -> list[str]:
+    """Objects of the create-only probe (``Store.require_create_only``) older than the
+    grace: a probe deletes its key within milliseconds, so these are the ones a writer
+    without delete permission (or one that crashed mid-probe) left behind."""
+    return [info.key for info in store.list(PROBE_PREFIX) if now - info.modified_s >= grace_s]
 
 
 def dead_intents(store: Store, state: LogState) -> list[str]:

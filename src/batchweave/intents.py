@@ -87,26 +87,33 @@ class IntentBoard:
                 left.append((key, end))
                 continue
             try:
-                self.requests += 1
-                self.store.delete(key)
+                self.requests += not self.store.deletes_denied
+                self.store.delete_if_allowed(key)
             except StoreError as exc:  # it is harmless where it is; the next collection retries
                 _logger.info("could not delete committed intent %s: %s", key, exc)
                 left.append((key, end))
+            # Not deleted for lack of permission: forgotten, not retried; the garbage
+            # collector deletes it (``gc.dead_intents``).
         return left
 
     def sweep_older_epochs(self, epoch: int) -> int:
         """Delete this producer's intents from epochs before ``epoch``: they can never be
-        folded (the log's epoch moved past them). Called after a claim; returns how many."""
+        folded (the log's epoch moved past them). Called after a claim; returns how many
+        were deleted. Without delete permission it deletes none and leaves them to the
+        garbage collector (``gc.dead_intents``): they are harmless where they are."""
         self.requests += 1
         doomed = [
             info.key
             for info in self.store.list(f"{INTENT_PREFIX}{self.producer_id}/")
             if (parsed := parse_intent_key(info.key)) is not None and parsed[1] < epoch
         ]
+        deleted = 0
         for key in doomed:
             self.requests += 1
-            self.store.delete(key)
-        return len(doomed)
+            if not self.store.delete_if_allowed(key):
+                break  # denied (logged once by the store): the rest would be denied too
+            deleted += 1
+        return deleted
 
     def _reader(self) -> ThreadPoolExecutor:
         if self._pool is None:

@@ -121,7 +121,9 @@ class Journal(Generic[VersionT]):
         read_only: bool = False,
     ) -> None:
         self.store = store
-        # Readers never write, not even a best-effort snapshot: read-only credentials suffice.
+        # A reader's journal (consumers, inspect, watch) refuses to commit; no load writes
+        # anything either (a missing snapshot is healed at the next commit), so readers need
+        # only read permission.
         self.read_only = read_only
         # A writer's journal (heads_only) reads versions as ``LogVersionHead``: it needs the
         # state, never other producers' object keys (see ``log.TGBHead``). The cast is the
@@ -138,6 +140,7 @@ class Journal(Generic[VersionT]):
         self._unproven = False  # versions read since the anchor was last checked (I10)
         self._version_one: bytes | None = None  # version 1's bytes as a reader first read them
         self._store_checked = False
+        self._snapshot_missing = False  # the last load read a long tail: write a snapshot at the next commit
         # The committer's clock reading in the newest version read (its ``committed_at``):
         # group commit takes turns counted from it, so every producer counts alike.
         self.newest_committed_at: float | None = None
@@ -342,9 +345,11 @@ class Journal(Generic[VersionT]):
         return state
 
     def _delete_stale_put(self, key: str) -> None:
+        """A writer without delete permission leaves it to the collector, which deletes
+        every version below the reclaim."""
         try:
-            self.store.delete(key)
-        except StoreError as exc:  # no delete permission, say: GC deletes it (it lies below the reclaim)
+            self.store.delete_if_allowed(key)
+        except StoreError as exc:
             _logger.warning("left a version put into the reclaimed region for garbage collection: %s", exc)
 
     def verify(self) -> bool:
@@ -441,10 +446,10 @@ class Journal(Generic[VersionT]):
             if not self.verify():
                 continue  # a collector overtook the load: what the tail read may be re-created
             self._advance_anchor(state)
-            if read >= 2 * self.snapshot_every and not self.read_only:
-                # A snapshot went missing (a committer crashed before writing it): heal it so
-                # the next reader does not pay for this long tail again.
-                self.write_snapshot(state)
+            # A snapshot went missing (a committer crashed before writing it). This journal's
+            # next verified commit heals it, so the next reader does not pay for this long tail
+            # again; a load never writes, so readers need no write permission.
+            self._snapshot_missing = read >= 2 * self.snapshot_every
             return state
         raise StoreError(log.SNAPSHOT_PREFIX, f"the newest snapshot kept changing over {_LOAD_ATTEMPTS} reloads")
 
@@ -471,11 +476,13 @@ class Journal(Generic[VersionT]):
 
     def after_commit(self, state: LogState) -> None:
         """Called by the committer of ``state.version`` once its view is verified: writes a
-        snapshot every K versions and a segment every ``SEGMENT_VERSIONS``."""
+        snapshot every K versions (or now, when its load found one missing) and a segment
+        every ``SEGMENT_VERSIONS``."""
         if state.version % SEGMENT_VERSIONS == 0:
             self.write_segment(state.version)
-        if state.version % self.snapshot_every == 0:
+        if state.version % self.snapshot_every == 0 or self._snapshot_missing:
             self.write_snapshot(state)
+            self._snapshot_missing = False
 
     def write_segment(self, last: int) -> bool:
         """Best effort, like snapshots: the segment ending at version ``last`` from the

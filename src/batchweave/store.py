@@ -26,6 +26,7 @@ import contextlib
 import difflib
 import functools
 import importlib.resources
+import logging
 import os
 import random
 import re
@@ -58,6 +59,7 @@ from batchweave.errors import (
 __all__ = ["ObjectInfo", "Store", "check_storage_options", "open_store"]
 
 T = TypeVar("T")
+_logger = logging.getLogger(__name__)
 
 _CLOUD_SCHEMES = {"s3", "s3a", "az", "azure", "abfs", "abfss", "adl", "gs"}
 
@@ -105,7 +107,9 @@ _SCHEME_FAMILY = {
     "adl": "az",
     "gs": "gs",
 }
-_PROBE_PREFIX = "_probe/"
+# Where the create-only probe writes (require_create_only); the garbage collector deletes
+# what a writer without delete permission left there.
+PROBE_PREFIX = "_probe/"
 _CONDITIONAL_STORES = (
     "Use a store (or a newer version of this server) that supports conditional writes: "
     "AWS S3, MinIO, SeaweedFS, GCS or Azure Blob Storage."
@@ -174,6 +178,7 @@ class Store:
         # The directory itself, decoded once from the URL (which is percent-encoded).
         self._local_root = _file_url_path(self.url) if self.url.startswith("file:") else None
         self._fsync = bool(self.storage_options.get("fsync", True))
+        self._delete_denied = False  # see delete_if_allowed
         if not create and self._local_root is not None and not os.path.isdir(self._local_root):
             raise ConfigError(
                 f"no namespace at {self.url}: the directory does not exist (readers never create one; "
@@ -276,6 +281,34 @@ class Store:
         except ObjectNotFoundError:
             pass
 
+    def delete_if_allowed(self, key: str) -> bool:
+        """Delete ``key`` unless these credentials may not delete; True if it is gone.
+
+        For writers tidying up after themselves (committed intents, the create-only probe):
+        a producer may run without delete permission (docs/guides/permissions.md), and what
+        it leaves the garbage collector deletes. The first denial is logged once; later
+        calls on this handle then skip the request. Other errors propagate.
+        """
+        if self._delete_denied:
+            return False
+        try:
+            self.delete(key)
+        except StorePermissionError as exc:
+            self._delete_denied = True
+            _logger.warning(
+                "%s: these credentials may not delete; leaving what this process would tidy up "
+                "(committed intents, probe objects) to the garbage collector: %s",
+                self.url,
+                exc,
+            )
+            return False
+        return True
+
+    @property
+    def deletes_denied(self) -> bool:
+        """Whether a delete through this handle was refused for lack of permission."""
+        return self._delete_denied
+
     def require_create_only(self) -> None:
         """Refuse a store that does not honour create-only puts (``If-None-Match: *``).
 
@@ -308,7 +341,7 @@ class Store:
 
     def _probe_create_only(self) -> bool:
         """Whether a second create-only put of one fresh key fails (see require_create_only)."""
-        key = f"{_PROBE_PREFIX}{uuid.uuid4().hex}"
+        key = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
         try:
             try:
                 self.put_if_absent(key, b"1")
@@ -333,9 +366,9 @@ class Store:
             return False
         finally:
             # The verdict stands without the cleanup: a writer without delete rights, or a
-            # failing delete, leaves one tiny object under _probe/.
+            # failing delete, leaves one tiny object under _probe/ (the collector deletes it).
             with contextlib.suppress(StoreError):
-                self.delete(key)
+                self.delete_if_allowed(key)
 
     # -- reads -----------------------------------------------------------------------
 
@@ -419,7 +452,7 @@ class Store:
             except BatchWeaveError:
                 raise
             except Exception as exc:
-                error = translate_error(exc, key, conditional=conditional)
+                error = translate_error(exc, key, conditional=conditional, request=request, store=self.url)
                 if not isinstance(error, TransientStoreError) or attempt == self.max_attempts:
                     raise error from exc
             finally:
@@ -480,6 +513,10 @@ _DEBUG_ERROR_BODY = re.compile(r"^\s*inner: Response \{$", re.MULTILINE)
 _DISPLAY_STATUS = re.compile(r"(?:Server returned (?:non-2xx status code: )?|Client error with status )(\d{3})\b")
 # The error code of an S3 or Azure XML body (NoSuchBucket, SlowDown): for messages only.
 _BODY_CODE = re.compile(r"<Code>(\w+)</Code>")
+# obstore deletes S3 objects with DeleteObjects, which answers 200 and reports each key's
+# failure in the body: `DeleteFailed { path: "...", code: "AccessDenied", ... }` in the
+# Debug part (read before its quoted strings are dropped; the path's quotes are escaped).
+_DEBUG_DELETE_CODE = re.compile(r'DeleteFailed \{\n\s*path: "(?:[^"\\]|\\.)*",\n\s*code: "(\w+)",$', re.MULTILINE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -490,6 +527,7 @@ class _Failure:
     transport: str | None = None  # object_store's HttpErrorKind, if it did not
     error_body: bool = False  # a 2xx whose body was an S3 error (InternalError, SlowDown)
     code: str = ""  # the body's error code, for messages
+    denied: bool = False  # a bulk delete that answered 200 and refused the key (AccessDenied)
 
     def answer(self) -> str:
         """`` (HTTP 412 PreconditionFailed)``, or as much of it as is known."""
@@ -503,6 +541,8 @@ def _failure_of(exc: BaseException, key: str) -> _Failure:
     code = found_code.group(1) if found_code else ""
     display, separator, debug = text.partition(_DEBUG_SEPARATOR)
     if separator:
+        deleted = _DEBUG_DELETE_CODE.search(debug)
+        code = deleted.group(1) if deleted else code
         # Quoted strings first (a URI inside a body goes with it), then the bare URIs:
         # together they hold every copy of the key in the Debug part.
         debug = _URI.sub("<uri>", _QUOTED.sub('""', debug))
@@ -513,6 +553,7 @@ def _failure_of(exc: BaseException, key: str) -> _Failure:
             transport=kind.group(1) if kind else None,
             error_body=_DEBUG_ERROR_BODY.search(debug) is not None,
             code=code,
+            denied=deleted is not None and deleted.group(1) == "AccessDenied",
         )
     # The Display part names the key raw ("Object at location <key> not found: ..."), in
     # the URI (percent-encoded) and in the body: drop the key, then the URIs.
@@ -522,12 +563,69 @@ def _failure_of(exc: BaseException, key: str) -> _Failure:
     return _Failure(status=int(status.group(1)) if status else None, code=code)
 
 
-def translate_error(exc: BaseException, key: str, *, conditional: bool = False) -> StoreError:
+# The permission each request kind needs, per store family: a denial names the one to
+# grant (docs/guides/permissions.md). A HEAD needs what a GET needs on all three.
+_AZURE_BLOBS = "Microsoft.Storage/storageAccounts/blobServices/containers/blobs"
+_PERMISSIONS = {
+    "s3": {
+        "get": "s3:GetObject",
+        "head": "s3:GetObject",
+        "put": "s3:PutObject",
+        "delete": "s3:DeleteObject",
+        "list": "s3:ListBucket",
+    },
+    "az": {
+        "get": f"{_AZURE_BLOBS}/read",
+        "head": f"{_AZURE_BLOBS}/read",
+        "put": f"{_AZURE_BLOBS}/write",
+        "delete": f"{_AZURE_BLOBS}/delete",
+        "list": f"{_AZURE_BLOBS}/read",
+    },
+    "gs": {
+        "get": "storage.objects.get",
+        "head": "storage.objects.get",
+        "put": "storage.objects.create",
+        "delete": "storage.objects.delete",
+        "list": "storage.objects.list",
+    },
+}
+_REQUEST_WORDS = {"get": "read", "head": "read", "put": "write", "delete": "delete", "list": "list"}
+
+
+def required_permission(request: str, store: str = "") -> str:
+    """The permission a ``request`` ("get", "put", "delete", "list", "head") needs on the
+    store of URL ``store`` ("s3:PutObject"); for a local directory, the request itself."""
+    family = _SCHEME_FAMILY.get(urlparse(store).scheme, "")
+    return _PERMISSIONS.get(family, {}).get(request, request)
+
+
+def _denied(key: str, request: str, store: str, answer: str, detail: str) -> StorePermissionError:
+    """A denial that names the refused request and the permission it needs."""
+    if not request:
+        return StorePermissionError(key, f"access denied, check credentials{answer}: {detail}")
+    action = required_permission(request, store)
+    if action == request:  # a local directory: the operating system refused
+        lacks = f"this process may not {_REQUEST_WORDS.get(request, request)} it"
+    else:
+        lacks = f"these credentials lack {action} on this {'prefix' if request == 'list' else 'key'}"
+    return StorePermissionError(
+        key,
+        f"access denied{answer} to {request}: {lacks} (docs/guides/permissions.md lists what each role needs): "
+        f"{detail}",
+        action=action,
+    )
+
+
+def translate_error(
+    exc: BaseException, key: str, *, conditional: bool = False, request: str = "", store: str = ""
+) -> StoreError:
     """Map an obstore exception to ours. The one place that knows obstore's errors.
 
     ``conditional`` says the request was a create-only put: only then does a conflict
     (obstore's AlreadyExists or Precondition, HTTP 409 or 412) mean that the put lost
-    to another writer; on any other request it is a plain ``StoreError``.
+    to another writer; on any other request it is a plain ``StoreError``. ``request``
+    ("get", "put", "delete", "list", "head") and ``store`` (the namespace URL) let a
+    denial name the permission that is missing.
     """
     failure = _failure_of(exc, key)
     status, answer = failure.status, failure.answer()
@@ -541,10 +639,12 @@ def translate_error(exc: BaseException, key: str, *, conditional: bool = False) 
         return StoreError(key, f"conflict on a request that was not a create-only put{answer}: {detail}")
     if isinstance(exc, (obs_errors.NotFoundError, FileNotFoundError)) or status == 404:
         return ObjectNotFoundError(key, f"no such object{answer}")
-    if isinstance(exc, (obs_errors.PermissionDeniedError, obs_errors.UnauthenticatedError, PermissionError)) or (
-        status in (401, 403)
+    if (
+        isinstance(exc, (obs_errors.PermissionDeniedError, obs_errors.UnauthenticatedError, PermissionError))
+        or status in (401, 403)
+        or failure.denied
     ):
-        return StorePermissionError(key, f"access denied, check credentials{answer}: {detail}")
+        return _denied(key, request, store, answer, detail)
     if isinstance(exc, (obs_errors.UnknownConfigurationKeyError, obs_errors.InvalidPathError)):
         return StoreError(key, f"bad store configuration or key ({detail})")
     if isinstance(exc, obs_errors.NotSupportedError):

@@ -52,11 +52,11 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from batchweave.errors import ConfigError
 
@@ -70,13 +70,16 @@ __all__ = [
     "S3_ENV_UNSET",
     "S3_SECRET_KEY",
     "STARTUP_TIMEOUT_S",
+    "S3Identity",
     "Service",
     "azure_env",
     "azurite_blob",
     "create_bucket",
     "create_container",
+    "enforce_moto_iam",
     "moto_s3",
     "s3_env",
+    "seaweedfs_actions",
     "seaweedfs_s3",
     "start_azurite",
     "start_moto",
@@ -144,6 +147,20 @@ def azure_env(endpoint: str) -> dict[str, str]:
         "AZURE_STORAGE_ACCOUNT_NAME": AZURITE_ACCOUNT,
         "AZURE_STORAGE_ACCOUNT_KEY": AZURITE_KEY,
     }
+
+
+@dataclass(frozen=True, slots=True)
+class S3Identity:
+    """One set of S3 credentials on a test server, and (for SeaweedFS) what it may do."""
+
+    name: str
+    access_key: str
+    secret_key: str
+    actions: tuple[str, ...] = ()  # SeaweedFS identity actions ("Read:bucket/prefix/*")
+
+    def storage_options(self) -> dict[str, str]:
+        """``storage_options`` that make a ``Store`` sign its requests as this identity."""
+        return {"access_key_id": self.access_key, "secret_access_key": self.secret_key}
 
 
 # ------------------------------------------------------------------ one process
@@ -356,6 +373,42 @@ def create_bucket(endpoint: str, bucket: str) -> None:
             raise ConfigError(f"creating bucket {bucket!r} on moto: HTTP {resp.status}")
 
 
+def enforce_moto_iam(endpoint: str, policies: dict[str, dict[str, Any]]) -> dict[str, S3Identity]:
+    """Create an IAM user on the moto server at ``endpoint`` for each ``name -> policy
+    document`` (an inline policy), then make moto check every later request against them.
+
+    Returns each user's credentials. From then on the server refuses unsigned requests,
+    unknown keys and anything a user's policy does not allow, for the rest of its life:
+    use a server of its own (moto's access checks are per process). moto matches actions
+    and resources (with ``*``), ignores ``StringLike`` conditions (so the ``s3:prefix``
+    condition of a listing is not enforced) and needs boto3 to create the users.
+    """
+    import boto3
+
+    iam = boto3.client(
+        "iam",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=S3_ACCESS_KEY,
+        aws_secret_access_key=S3_SECRET_KEY,
+    )
+    users = {}
+    for name, policy in policies.items():
+        iam.create_user(UserName=name)
+        iam.put_user_policy(UserName=name, PolicyName=f"{name}-policy", PolicyDocument=json.dumps(policy))
+        key = iam.create_access_key(UserName=name)["AccessKey"]
+        users[name] = S3Identity(name, key["AccessKeyId"], key["SecretAccessKey"])
+    # moto's switch: authenticate and authorize every request after the next 0 ones.
+    # (A form content type, urllib's default, would leave moto an empty body to parse.)
+    request = urllib.request.Request(
+        f"{endpoint}/moto-api/reset-auth", method="POST", data=b"0", headers={"Content-Type": "text/plain"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        if resp.status != 200:
+            raise ConfigError(f"enabling IAM checks on moto at {endpoint}: HTTP {resp.status}")
+    return users
+
+
 @contextmanager
 def moto_s3(bucket: str = "batchweave", timeout_s: float = STARTUP_TIMEOUT_S) -> Iterator[str]:
     """Start moto on 127.0.0.1 with bucket ``bucket``, point the AWS_* variables at it and
@@ -461,21 +514,29 @@ def weed_binary() -> Path | None:
     return next((p for p in candidates if p.is_file() and os.access(p, os.X_OK)), None)
 
 
-def start_seaweedfs(workdir: Path, bucket: str, timeout_s: float = STARTUP_TIMEOUT_S) -> Service:
+def start_seaweedfs(
+    workdir: Path,
+    bucket: str,
+    timeout_s: float = STARTUP_TIMEOUT_S,
+    *,
+    identities: Sequence[S3Identity] = (),
+) -> Service:
     """Start SeaweedFS (master, volume server, filer and S3 gateway in one ``weed server``)
     on 127.0.0.1 with bucket ``bucket``, data and log under ``workdir``.
 
-    Unlike moto it checks request signatures, against the one identity whose keys are
-    :data:`S3_ACCESS_KEY` and :data:`S3_SECRET_KEY`, and keeps objects in volume files on
-    disk, as a deployment does. It is stopped with SIGKILL: nothing of it is kept, and a
-    graceful stop took 15 s on a 2-core machine and still left a gRPC socket behind.
+    Unlike moto it checks request signatures, against the identity whose keys are
+    :data:`S3_ACCESS_KEY` and :data:`S3_SECRET_KEY` (allowed everything) and any
+    ``identities`` (allowed their ``actions`` only: see :func:`seaweedfs_actions`), and
+    keeps objects in volume files on disk, as a deployment does. It is stopped with
+    SIGKILL: nothing of it is kept, and a graceful stop took 15 s on a 2-core machine and
+    still left a gRPC socket behind.
     """
     weed = weed_binary()
     if weed is None:
         raise ConfigError(_SEAWEEDFS_MISSING)
     workdir = Path(workdir)
     config = workdir / "seaweedfs-s3.json"
-    config.write_text(_seaweedfs_identities(S3_ACCESS_KEY, S3_SECRET_KEY))
+    config.write_text(_seaweedfs_identities(S3_ACCESS_KEY, S3_SECRET_KEY, extra=identities))
 
     def make(_: int) -> Service:
         ports = _SeaweedPorts.pick()
@@ -566,19 +627,62 @@ class _SeaweedPorts:
         ]
 
 
-def _seaweedfs_identities(access_key: str, secret_key: str, name: str = "batchweave") -> str:
-    """The S3 gateway's ``-s3.config``: one identity with these keys, allowed everything."""
+def _seaweedfs_identities(
+    access_key: str, secret_key: str, name: str = "batchweave", extra: Sequence[S3Identity] = ()
+) -> str:
+    """The S3 gateway's ``-s3.config``: one identity with these keys, allowed everything,
+    and the ``extra`` ones, each allowed its own actions."""
+    admin = S3Identity(name, access_key, secret_key, ("Admin", "Read", "Write", "List", "Tagging"))
     return json.dumps(
         {
             "identities": [
                 {
-                    "name": name,
-                    "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
-                    "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                    "name": identity.name,
+                    "credentials": [{"accessKey": identity.access_key, "secretKey": identity.secret_key}],
+                    "actions": list(identity.actions),
                 }
+                for identity in (admin, *extra)
             ]
         }
     )
+
+
+# How SeaweedFS's S3 gateway (4.48) authorizes each IAM action: the gateway checks one
+# of its own actions per request, and "Write" covers PutObject and DeleteObject alike.
+_SEAWEEDFS_ACTIONS = {
+    "s3:GetObject": "Read",
+    "s3:ListBucket": "List",
+    "s3:PutObject": "Write",
+    "s3:AbortMultipartUpload": "Write",
+    "s3:DeleteObject": "Write",
+}
+
+
+def seaweedfs_actions(policy: dict[str, Any]) -> tuple[str, ...]:
+    """An IAM policy document (``batchweave.permissions.s3_policy``) as the actions of a
+    SeaweedFS identity, scoped as the gateway can: ``Read:bucket/prefix/*``,
+    ``List:bucket``, ``Write:bucket/prefix/_log/*``.
+
+    Two things do not carry over, both making the identity more permissive than the
+    policy: SeaweedFS's ``Write`` also allows deletes (so a put-only grant allows deletes
+    under the same prefix), and a listing is allowed on the whole bucket (the policy's
+    ``s3:prefix`` condition has no SeaweedFS form). Raises ConfigError for an action or
+    a statement it cannot express (Deny, NotAction, a condition other than ``s3:prefix``).
+    """
+    actions: list[str] = []
+    for statement in policy["Statement"]:
+        unsupported = set(statement) - {"Sid", "Effect", "Action", "Resource", "Condition"}
+        condition = statement.get("Condition", {})
+        if statement["Effect"] != "Allow" or unsupported or set(condition) - {"StringLike"}:
+            raise ConfigError(f"no SeaweedFS form for the statement {statement}")
+        for action in statement["Action"]:
+            if action not in _SEAWEEDFS_ACTIONS:
+                raise ConfigError(f"no SeaweedFS form for the action {action!r}")
+            for resource in statement["Resource"]:
+                scoped = f"{_SEAWEEDFS_ACTIONS[action]}:{resource.removeprefix('arn:aws:s3:::')}"
+                if scoped not in actions:
+                    actions.append(scoped)
+    return tuple(actions)
 
 
 def _seaweedfs_command(weed: Path, home: Path, config: Path, ports: _SeaweedPorts) -> tuple[list[str], dict[str, str]]:
