@@ -18,7 +18,7 @@ from batchweave import log
 from batchweave.journal import Journal
 from batchweave.policies import Manual
 from batchweave.store import Store, open_store
-from batchweave.testing.interleave import Background, PausingStore
+from batchweave.testing.interleave import AmbiguousOnceStore, Background, PausingStore
 
 VERSION_KEY = r"_log/\d{20}\.json"
 
@@ -399,20 +399,6 @@ def test_collector_reading_marks_another_collector_deletes_carries_on(url):
     assert bw.collect_garbage(url, grace_s=0).deleted_watermarks == 2
     held.release()
     assert first.result().reclaimed_steps == 10
-
-
-class AmbiguousOnceStore(Store):
-    """Once armed, the next log-version put is applied, then reported as a timeout (an
-    ambiguous outcome)."""
-
-    armed = False
-    fired: str | None = None
-
-    def put_if_absent(self, key, data):
-        super().put_if_absent(key, data)
-        if self.armed and self.fired is None and key.startswith("_log/0"):
-            self.fired = key
-            raise bw.TransientStoreError(key, "simulated timeout after the write was applied")
 
 
 def test_zombie_with_an_ambiguous_put_into_a_freed_key_is_fenced_and_leaves_nothing(url):

@@ -33,6 +33,7 @@ from batchweave import store as store_module
 from batchweave.permissions import ROLES, s3_policy
 from batchweave.store import Store, translate_error
 from batchweave.testing import servers
+from batchweave.testing.interleave import AmbiguousOnceStore
 
 BUCKET = "batchweave-iam"
 # Identities are made when the server starts, for namespaces known then: more than the
@@ -242,17 +243,8 @@ def test_producer_without_delete_permission_commits_directly_and_by_group_commit
     assert _keys(namespace.store("consumer"), "_intents/") == _keys(namespace.store("consumer"), "_probe/") == []
 
 
-class AmbiguousOnceStore(CountingStore):
-    """Once armed, the next log-version put is applied, then reported as a timeout."""
-
-    armed = False
-    fired: str | None = None
-
-    def put_if_absent(self, key, data):
-        super().put_if_absent(key, data)
-        if self.armed and self.fired is None and key.startswith("_log/0"):
-            self.fired = key
-            raise bw.TransientStoreError(key, "simulated timeout after the write was applied")
+class AmbiguousCountingStore(AmbiguousOnceStore, CountingStore):
+    """An identity's counted store whose next log-version put, once armed, is ambiguous."""
 
 
 @pytest.mark.parametrize("namespace", [_server_params()[0]], indirect=True)
@@ -260,7 +252,7 @@ def test_producer_without_delete_permission_recovering_from_a_collection_is_fenc
     """A zombie whose view garbage collection overtook re-creates a freed log version (an
     ambiguous put) and, on recovering, would delete it again: denied, it leaves the version
     to the collector and is fenced as it must be, instead of failing on the delete."""
-    zombie_store = AmbiguousOnceStore(namespace.url, storage_options=namespace.store("producer").storage_options)
+    zombie_store = AmbiguousCountingStore(namespace.url, storage_options=namespace.store("producer").storage_options)
     zombie = bw.Producer(zombie_store, "p", dp=1, commit_policy=bw.Manual(), snapshot_every=2)  # version 1
     _produce(namespace.store("producer"), 4, "p", snapshot_every=2)  # the new incarnation: versions 2..6
     with bw.Consumer(namespace.store("trainer"), dp=1, rank=0, timeout_s=30) as consumer:

@@ -22,9 +22,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from batchweave.errors import TransientStoreError
 from batchweave.store import Store
 
-__all__ = ["HOLD_S", "Background", "Gate", "PausingStore", "wait_for_any"]
+__all__ = ["HOLD_S", "AmbiguousOnceStore", "Background", "Gate", "PausingStore", "wait_for_any"]
 
 HOLD_S = 60.0  # seconds a held operation waits for its release before it fails
 
@@ -129,6 +130,22 @@ class PausingStore(Store):
     def list(self, prefix: str = ""):
         self._gated("list", prefix)
         return super().list(prefix)
+
+
+class AmbiguousOnceStore(Store):
+    """A real ``Store`` that, once ``armed``, applies the next log-version put and then
+    reports it as a timeout: the ambiguous outcome a writer must survive (its retry finds
+    its own version, which may sit in a key garbage collection freed). ``fired`` is the
+    key it happened to."""
+
+    armed = False
+    fired: str | None = None
+
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> None:
+        super().put_if_absent(key, data)
+        if self.armed and self.fired is None and key.startswith("_log/0"):
+            self.fired = key
+            raise TransientStoreError(key, "simulated timeout after the write was applied")
 
 
 class Background:
