@@ -37,6 +37,7 @@ from batchweave.errors import (
     ObjectNotFoundError,
     StepTimeoutError,
     StoreError,
+    TransientStoreError,
 )
 from batchweave.journal import Journal
 from batchweave.layout import decode_slice
@@ -174,8 +175,9 @@ class Consumer:
 
     def metrics(self) -> ConsumerMetrics:
         """How this consumer's reading went so far: steps and bytes handed out, seconds
-        ``next()`` waited for data, how far behind the log it is, and per-step fetch
-        latency (P50, P95, max over the last 1024 fetches). Cheap: no I/O."""
+        ``next()`` waited for data, how far behind the log it is, per-step fetch latency
+        (P50, P95, max over the last 1024 fetches), and the store requests retried and
+        seconds stalled on throttling or an outage. Cheap: no I/O."""
         steps, nbytes, waited = self._delivered
         p50, p95, worst = self._fetches.percentiles()
         pipeline = self._pipeline
@@ -191,6 +193,8 @@ class Consumer:
             fetch_p50_s=p50,
             fetch_p95_s=p95,
             fetch_max_s=worst,
+            store_retries=self._store.retries,
+            store_stalled_s=self._store.stalled_s,
         )
 
     def mark_checkpoint(self, checkpoint_id: str) -> None:
@@ -753,6 +757,8 @@ class _Pipeline:
             if math.floor(self._start) < reclaimed.steps:
                 raise DataReclaimedError(self._url, math.floor(self._start), reclaimed.steps) from None
             raise
+        except TransientStoreError:
+            raise  # retried until the deadline already: asking for its size would wait as long again
         except StoreError:
             size = self._store.size(key)
             if size is not None and size < start + length:
