@@ -4,6 +4,7 @@ that never answered, the WARNING lines, and the stall figures. No real waiting."
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import time
@@ -63,7 +64,7 @@ def refused(key: str = KEY) -> Exception:
 
 def scripted(clock: FakeClock, draw=lambda: 0.5, **options) -> ScriptedStore:
     store = ScriptedStore(f"memory://retry-{uuid.uuid4().hex}", **options)
-    store._clock, store._sleep, store._draw = clock.monotonic, clock.sleep, draw
+    store._retry_clock, store._retry_sleep, store._retry_draw = clock.monotonic, clock.sleep, draw
     store.put_if_absent(KEY, b"{}")  # served: the store has been reached
     return store
 
@@ -138,7 +139,7 @@ def test_an_endpoint_never_reached_gives_up_in_seconds():
     request: a clear error after UNREACHABLE_DEADLINE_S, not ten silent minutes."""
     clock = FakeClock()
     store = ScriptedStore(f"memory://retry-{uuid.uuid4().hex}")
-    store._clock, store._sleep, store._draw = clock.monotonic, clock.sleep, lambda: 0.5
+    store._retry_clock, store._retry_sleep, store._retry_draw = clock.monotonic, clock.sleep, lambda: 0.5
     store.fault = lambda request, key: refused(key)
     with pytest.raises(bw.TransientStoreError, match="no request of this process ever reached the store"):
         store.get(KEY)
@@ -159,7 +160,7 @@ def test_a_throttled_first_request_gets_the_whole_deadline():
     """A 503 is an answer: the endpoint is right, the store is busy."""
     clock = FakeClock()
     store = ScriptedStore(f"memory://retry-{uuid.uuid4().hex}")
-    store._clock, store._sleep, store._draw = clock.monotonic, clock.sleep, lambda: 0.5
+    store._retry_clock, store._retry_sleep, store._retry_draw = clock.monotonic, clock.sleep, lambda: 0.5
     store.put_if_absent(KEY, b"{}")
     store._reached = False  # as in a fresh process
     store.fault = lambda request, key: throttled(key) if clock.now < 60 else None
@@ -218,3 +219,26 @@ def test_a_commit_that_failed_through_the_whole_deadline_is_final():
         producer.flush(timeout_s=30)
     assert time.monotonic() - started < 5 and producer._store_failures == 1
     producer.close(flush=False)
+
+
+def test_a_consumer_whose_store_gave_up_resumes_after_close_without_a_second_wait():
+    store = ScriptedStore(f"memory://retry-{uuid.uuid4().hex}", storage_options={"retry_deadline_s": 0.2})
+    with bw.Producer(store, "p", dp=1, commit_policy=Manual()) as producer:
+        for offset in range(4):
+            producer.append([f"tgb-{offset}".encode()], source_offset=offset)
+        producer.flush()
+    requests = []
+
+    def throttle_data(request, key):
+        requests.append(request)
+        return throttled(key) if key.startswith("data/") else None
+
+    with bw.Consumer(store, dp=1, rank=0, timeout_s=10) as consumer:
+        assert bytes(next(consumer).data) == b"tgb-0"
+        store.fault = throttle_data
+        with pytest.raises(bw.TransientStoreError, match="still failing after 0.2 s"):
+            next(consumer)
+        assert "head" not in requests  # no size check that would wait out a second deadline
+        store.fault = lambda request, key: None
+        consumer.close()  # the cursor is where next() left it: iteration resumes there
+        assert [bytes(batch.data) for batch in itertools.islice(consumer, 3)] == [b"tgb-1", b"tgb-2", b"tgb-3"]

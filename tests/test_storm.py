@@ -14,6 +14,7 @@ stream and writes its metrics to OUT.
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from conftest import S3_BUCKET
 
 import batchweave as bw
 
@@ -67,9 +69,8 @@ def rate(arrivals: list[float], start: float, end: float) -> float:
 
 @pytest.mark.s3
 @pytest.mark.timeout(180)
-def test_a_60_s_throttling_storm_slows_producer_and_consumer_and_loses_nothing(storm_proxy, tmp_path):
-    from conftest import S3_BUCKET
-
+def test_a_60_s_throttling_storm_slows_producer_and_consumer_and_loses_nothing(storm_proxy, tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="batchweave.store")
     url = f"s3://{S3_BUCKET}/storm-{uuid.uuid4().hex[:12]}"
     stop, out, log = tmp_path / "stop", tmp_path / "producer.json", tmp_path / "producer.log"
     with open(log, "w") as stderr:  # its WARNING lines about the storm, for a failure's message
@@ -103,7 +104,9 @@ def test_a_60_s_throttling_storm_slows_producer_and_consumer_and_loses_nothing(s
     assert got == [payload(offset) for offset in range(report["appended"])]
     assert after_storm > BEFORE_STORM_STEPS and len(got) > after_storm + AFTER_STORM_STEPS
 
-    # Both processes stalled through the storm and counted it.
+    # Both processes stalled through the storm, counted it, and said so in their logs.
+    for said in (caplog.text, log.read_text()):
+        assert "store throttled or unavailable: retrying" in said and "store answering again after" in said
     assert metrics.store_retries > 0 and metrics.store_stalled_s > STORM_S - 10
     produced = report["metrics"]
     assert produced["store_retries"] > 0 and produced["store_stalled_s"] > STORM_S - 10

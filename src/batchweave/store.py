@@ -181,10 +181,11 @@ class Store:
         self.storage_options = check_storage_options(self.url, storage_options)
         self.retry_deadline_s: float = self.storage_options.get(_RETRY_DEADLINE_OPTION, retry.DEFAULT_RETRY_DEADLINE_S)
         self.max_attempts = max_attempts
-        # Whether any request of this process reached the server (even to be refused):
-        # until one has, a request that cannot connect gets only UNREACHABLE_DEADLINE_S.
+        # Whether any request of this Store, in this process, reached the server (even to
+        # be refused): until one has, a request that cannot connect gets only
+        # UNREACHABLE_DEADLINE_S (a mistyped endpoint, not an outage to ride out).
         self._reached = False
-        self._stalls = retry.StallMeter(lambda: self._clock())  # looked up per call: a test may replace it
+        self._stalls = retry.StallMeter(lambda: self._retry_clock())  # looked up per call: a test may replace it
         self._handle: Any = None
         self._pid = -1
         self._local_root = urlparse(self.url).path if self.url.startswith("file://") else None
@@ -214,9 +215,9 @@ class Store:
         return f"Store({self.url!r})"
 
     # The clock, the pause and the jitter of the retry loop (a test replaces them on an instance).
-    _clock = staticmethod(time.monotonic)
-    _sleep = staticmethod(time.sleep)
-    _draw = staticmethod(random.random)
+    _retry_clock = staticmethod(time.monotonic)
+    _retry_sleep = staticmethod(time.sleep)
+    _retry_draw = staticmethod(random.random)
 
     @property
     def retries(self) -> int:
@@ -421,21 +422,17 @@ class Store:
     ) -> T:
         """Retry a request that failed transiently until it succeeds, fails for good, or
         has been failing for the deadline; then raise the last error, saying so."""
-        started = self._clock()
+        started = self._retry_clock()
         self._stalls.begin()
         try:
             for attempt in itertools.count(1):
-                stalled_s = self._clock() - started
+                stalled_s = self._retry_clock() - started
                 budget_s = self._budget_s()
                 if stalled_s >= budget_s or (self.max_attempts is not None and attempt >= self.max_attempts):
                     raise self._gave_up(error, attempt, stalled_s, budget_s) from error
                 if self._stalls.retried():
-                    _logger.warning(
-                        "%s: store throttled or unavailable: retrying %s %s for up to %g s "
-                        "(attempt %d, stalled %.1f s so far): %s",
-                        self.url, request.upper(), key, budget_s, attempt + 1, stalled_s, _short(error.problem),
-                    )  # fmt: skip
-                self._sleep(min(budget_s - stalled_s, retry.jittered_pause_s(attempt, self._draw())))
+                    self._warn_retrying(error, request, attempt + 1, stalled_s, budget_s)
+                self._retry_sleep(min(budget_s - stalled_s, retry.jittered_pause_s(attempt, self._retry_draw())))
                 try:
                     return self._attempt(key, op, request, nbytes, conditional)
                 except TransientStoreError as again:
@@ -443,11 +440,20 @@ class Store:
             raise AssertionError("unreachable")
         finally:
             recovered_after_s = self._stalls.end()
-            if recovered_after_s is not None:
+            if recovered_after_s is not None:  # the end of a stall that was warned about
                 _logger.warning(
                     "%s: store answering again after %.1f s stalled (%d retries in this process so far)",
                     self.url, recovered_after_s, self._stalls.retries,
                 )  # fmt: skip
+
+    def _warn_retrying(
+        self, error: TransientStoreError, request: str, attempt: int, stalled_s: float, budget_s: float
+    ) -> None:
+        """The line a 3 a.m. reader needs: what is retried, for how long, and why."""
+        _logger.warning(
+            "%s: store throttled or unavailable: retrying %s %s for up to %g s (attempt %d, stalled %.1f s so far): %s",
+            self.url, request.upper(), error.key, budget_s, attempt, stalled_s, _short(error.problem),
+        )  # fmt: skip
 
     def _budget_s(self) -> float:
         """How long a failing request is retried: the deadline, or a few seconds while no
