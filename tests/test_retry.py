@@ -146,6 +146,15 @@ def test_an_endpoint_never_reached_gives_up_in_seconds():
     assert clock.now == pytest.approx(retry.UNREACHABLE_DEADLINE_S)
 
 
+def test_a_request_that_gave_up_is_not_logged_as_a_recovery(caplog):
+    clock = FakeClock()
+    store = scripted(clock, storage_options={"retry_deadline_s": 60})
+    store.fault, _ = failing(10**9)
+    with caplog.at_level(logging.WARNING, logger="batchweave.store"), pytest.raises(bw.TransientStoreError):
+        store.get(KEY)
+    assert "retrying GET" in caplog.text and "answering again" not in caplog.text
+
+
 def test_once_reached_a_refused_connection_gets_the_whole_deadline():
     """An endpoint that answered before and now refuses is restarting: ride it out."""
     clock = FakeClock()
@@ -181,6 +190,16 @@ def test_a_stall_is_logged_at_the_first_retry_then_every_30_s_then_its_end(caplo
     assert lines[-1].startswith(f"{store.url}: store answering again after 10") and "retries" in lines[-1]
 
 
+def test_a_stall_that_ends_in_a_permanent_answer_is_a_recovery(caplog):
+    clock = FakeClock()
+    store = scripted(clock)
+    missing = obs_errors.GenericError(obstore_status_message(KEY, 404))
+    store.fault = lambda request, key: throttled(key) if clock.now < 5 else missing
+    with caplog.at_level(logging.WARNING, logger="batchweave.store"), pytest.raises(bw.ObjectNotFoundError):
+        store.get(KEY)
+    assert "store answering again after" in caplog.text
+
+
 def test_no_warning_for_a_request_that_is_not_retried(caplog):
     clock = FakeClock()
     store = scripted(clock)
@@ -200,10 +219,11 @@ def test_stalled_seconds_count_overlapping_stalls_once():
     assert meter.end() is None  # the other request is still stalled
     clock.now = 20
     assert meter.end() == 20 and meter.stalled_s == 20 and meter.retries == 2
+    assert meter.current_s == 0
     clock.now = 50
     meter.begin()
     clock.now = 53
-    assert meter.stalled_s == 23  # the open stall counts as it goes
+    assert meter.stalled_s == 23 and meter.current_s == 3  # the open stall counts as it goes
     assert meter.end() is None  # not warned about: no "answering again" line
 
 
@@ -242,3 +262,24 @@ def test_a_consumer_whose_store_gave_up_resumes_after_close_without_a_second_wai
         store.fault = lambda request, key: None
         consumer.close()  # the cursor is where next() left it: iteration resumes there
         assert [bytes(batch.data) for batch in itertools.islice(consumer, 3)] == [b"tgb-1", b"tgb-2", b"tgb-3"]
+
+
+class RemoteScriptedStore(ScriptedStore):
+    """Read as an object store: the consumer follows the log on a background thread."""
+
+    @property
+    def remote(self) -> bool:
+        return True
+
+
+def test_a_consumer_that_times_out_during_a_stall_says_the_store_is_the_cause():
+    store = RemoteScriptedStore(f"memory://retry-{uuid.uuid4().hex}", storage_options={"retry_deadline_s": 8})
+    with bw.Producer(store, "p", dp=1, commit_policy=Manual()) as producer:
+        producer.append([b"tgb-0"], source_offset=0)
+        producer.flush()
+    with bw.Consumer(store, dp=1, rank=0, timeout_s=2, max_poll_interval_s=0.05) as consumer:
+        assert bytes(next(consumer).data) == b"tgb-0"
+        store.fault = lambda request, key: throttled(key) if key.startswith("_log/") else None
+        with pytest.raises(bw.StepTimeoutError, match=r"no step 1 within 2s .* throttled or unavailable for \d s"):
+            next(consumer)
+        store.fault = lambda request, key: None  # the follower's retry then ends; close() joins it

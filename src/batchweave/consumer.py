@@ -481,7 +481,7 @@ class _Pipeline:
         except queue.Empty:
             raise StepTimeoutError(
                 f"{self._url}: no step {self._next_delivered} within {timeout_s}s "
-                f"(log seen up to version {self.head_version}); are producers running?"
+                f"(log seen up to version {self.head_version}); {self._likely_cause()}"
             ) from None
         if item is _END:
             self._ready.put(_END)  # stay exhausted on later calls
@@ -498,6 +498,15 @@ class _Pipeline:
             raise
         self._next_delivered = batch.step + 1
         return batch, position
+
+    def _likely_cause(self) -> str:
+        stalled_s = self._store.stalled_now_s
+        if stalled_s > 0:
+            return (
+                f"the store has been throttled or unavailable for {stalled_s:.0f} s and is being retried "
+                "(WARNING lines of logger batchweave.store)"
+            )
+        return "are producers running?"
 
     def close(self) -> None:
         self._stop.set()

@@ -85,6 +85,12 @@ class StallMeter:
             current = self._clock() - self._since if self._stalled_requests else 0.0
             return self._past_s + current
 
+    @property
+    def current_s(self) -> float:
+        """How long the current stall has lasted (0 when nothing is being retried)."""
+        with self._lock:
+            return self._clock() - self._since if self._stalled_requests else 0.0
+
     def begin(self) -> None:
         with self._lock:
             if self._stalled_requests == 0:

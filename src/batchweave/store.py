@@ -231,6 +231,11 @@ class Store:
         return self._stalls.stalled_s
 
     @property
+    def stalled_now_s(self) -> float:
+        """Seconds the current stall has lasted (0 when no request is being retried)."""
+        return self._stalls.current_s
+
+    @property
     def object_store(self) -> bool:
         """Whether the URL names an object store (S3, Azure, GCS): a prefix there cannot be
         missing, so readers judge the namespace by what it holds (``require_namespace``)."""
@@ -424,6 +429,7 @@ class Store:
         has been failing for the deadline; then raise the last error, saying so."""
         started = self._retry_clock()
         self._stalls.begin()
+        answered = False
         try:
             for attempt in itertools.count(1):
                 stalled_s = self._retry_clock() - started
@@ -434,13 +440,19 @@ class Store:
                     self._warn_retrying(error, request, attempt + 1, stalled_s, budget_s)
                 self._retry_sleep(min(budget_s - stalled_s, retry.jittered_pause_s(attempt, self._retry_draw())))
                 try:
-                    return self._attempt(key, op, request, nbytes, conditional)
+                    result = self._attempt(key, op, request, nbytes, conditional)
                 except TransientStoreError as again:
                     error = again
+                    continue
+                except StoreError:
+                    answered = True  # a 404 or a lost race is an answer: the store is back
+                    raise
+                answered = True
+                return result
             raise AssertionError("unreachable")
         finally:
             recovered_after_s = self._stalls.end()
-            if recovered_after_s is not None:  # the end of a stall that was warned about
+            if answered and recovered_after_s is not None:  # the end of a stall that was warned about
                 _logger.warning(
                     "%s: store answering again after %.1f s stalled (%d retries in this process so far)",
                     self.url, recovered_after_s, self._stalls.retries,
