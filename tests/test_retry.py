@@ -7,17 +7,20 @@ from __future__ import annotations
 import itertools
 import logging
 import random
+import threading
 import time
 import uuid
 
 import pytest
 from obstore import exceptions as obs_errors
 from obstore_errors import obstore_status_message, obstore_transport_message
+from worker import Eager
 
 import batchweave as bw
 from batchweave import retry
 from batchweave.policies import Manual
 from batchweave.store import Store
+from batchweave.testing import Background
 
 KEY = "_log/00000000000000000007.json"
 
@@ -282,4 +285,46 @@ def test_a_consumer_that_times_out_during_a_stall_says_the_store_is_the_cause():
         store.fault = lambda request, key: throttled(key) if key.startswith("_log/") else None
         with pytest.raises(bw.StepTimeoutError, match=r"no step 1 within 2s .* throttled or unavailable for \d s"):
             next(consumer)
-        store.fault = lambda request, key: None  # the follower's retry then ends; close() joins it
+
+
+def test_closing_a_consumer_during_a_stall_does_not_wait_it_out():
+    """What a closing reader fetches is thrown away: its threads stop retrying at once."""
+    store = RemoteScriptedStore(f"memory://retry-{uuid.uuid4().hex}")  # the default deadline, 600 s
+    with bw.Producer(store, "p", dp=1, commit_policy=Manual()) as producer:
+        for offset in range(3):
+            producer.append([f"tgb-{offset}".encode()], source_offset=offset)
+        producer.flush()
+    stalled = threading.Event()
+
+    def throttle(request, key):
+        if store.stalled_now_s > 0:
+            stalled.set()
+        return throttled(key)
+
+    consumer = bw.Consumer(store, dp=1, rank=0, prefetch=2)
+    store.fault = throttle  # the log and every slice: follower and fetches all retry
+    iterating = Background(next, consumer)
+    assert stalled.wait(30)
+    started = time.monotonic()
+    consumer.close()
+    assert time.monotonic() - started < 5  # not the 600 s deadline
+    with pytest.raises(bw.TransientStoreError, match="stopped retrying: closing"):
+        iterating.result(timeout_s=5)
+
+
+def test_closing_a_producer_without_a_flush_during_a_stall_does_not_wait_it_out():
+    store = ScriptedStore(f"memory://retry-{uuid.uuid4().hex}")  # the default deadline, 600 s
+    producer = bw.Producer(store, "p", dp=1, commit_policy=Eager())
+    stalled = threading.Event()
+
+    def throttle_log(request, key):
+        if store.stalled_now_s > 0:
+            stalled.set()
+        return throttled(key) if key.startswith("_log/") else None
+
+    store.fault = throttle_log
+    producer.append([b"tgb-0"])  # the commit thread tries to commit it at once, and stalls
+    assert stalled.wait(30)
+    started = time.monotonic()
+    producer.close(flush=False)
+    assert time.monotonic() - started < 5  # not the 600 s deadline

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from batchweave import log
+from batchweave import log, retry
 from batchweave.errors import (
     ConfigError,
     CorruptDataError,
@@ -468,7 +468,10 @@ class _Pipeline:
             self.depth = 1
             return
         self._pool = ThreadPoolExecutor(
-            max_workers=consumer.prefetch or MAX_AUTO_PREFETCH, thread_name_prefix="batchweave-fetch"
+            max_workers=consumer.prefetch or MAX_AUTO_PREFETCH,
+            thread_name_prefix="batchweave-fetch",
+            initializer=retry.stop_retrying_when,  # close() during a storm does not wait it out
+            initargs=(self._stop,),
         )
         self._thread = threading.Thread(target=self._follow, name="batchweave-follow", daemon=True)
         self._thread.start()
@@ -543,6 +546,7 @@ class _Pipeline:
 
     def _follow(self) -> None:
         """Background mode: drive the log follower until stopped."""
+        retry.stop_retrying_when(self._stop)
         try:
             for pause in self._steps:
                 if self._stop.wait(pause) if pause else self._stop.is_set():
@@ -574,7 +578,7 @@ class _Pipeline:
         """Queue every step as the log shows it; yield the pause before the next probe."""
         self._open()
         depth = DEFAULT_LOG_READ_AHEAD if self._store.remote else 1  # local reads are too quick to overlap
-        reader = LogReadAhead(self._journal, max(self._cursor.version, 1), depth)
+        reader = LogReadAhead(self._journal, max(self._cursor.version, 1), depth, stop=self._stop)
         try:
             yield from self._follow_versions(reader)
         finally:

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from batchweave import log
+from batchweave import log, retry
 from batchweave.errors import (
     ConfigError,
     LayoutError,
@@ -113,6 +113,7 @@ class Producer:
         self._error: Exception | None = None  # the commit thread's final error, raised to the caller
         self._closed = False
         self._abandon = False  # close(flush=False): drop what is not committed
+        self._abandoned = threading.Event()  # set with it: the commit thread stops retrying a failing store
         self._flush_waiters = 0
         self._metrics: dict[str, float] = {
             "attempts": 0,
@@ -255,6 +256,8 @@ class Producer:
             with self._cond:
                 self._closed = True
                 self._abandon = self._abandon or not flush
+                if self._abandon:
+                    self._abandoned.set()  # what is not committed is dropped: do not wait out a storm for it
                 self._cond.notify_all()
             if self._thread is not None:
                 self._thread.join()
@@ -346,6 +349,7 @@ class Producer:
         return result.state, result.state.producers[self.producer_id], result.fragile_window_s
 
     def _commit_loop(self) -> None:
+        retry.stop_retrying_when(self._abandoned)
         while True:
             with self._cond:
                 batch = self._wait_for_work()
@@ -359,6 +363,7 @@ class Producer:
 
     def _group_loop(self) -> None:
         """Publish intents, follow the log, and commit when it is this producer's turn."""
+        retry.stop_retrying_when(self._abandoned)
         while True:
             with self._cond:
                 if self._error is not None or (self._closed and (self._abandon or not self._pending)):

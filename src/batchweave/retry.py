@@ -34,6 +34,8 @@ __all__ = [
     "StallMeter",
     "backoff_bound_s",
     "jittered_pause_s",
+    "stop_event",
+    "stop_retrying_when",
 ]
 
 #: Seconds a failing store request is retried before it raises (storage option ``retry_deadline_s``).
@@ -46,6 +48,25 @@ FIRST_BACKOFF_S = 0.05
 MAX_BACKOFF_S = 10.0
 #: While requests stay stalled, a WARNING at the first retry and then at most this often.
 WARN_EVERY_S = 30.0
+
+
+_thread_stop = threading.local()
+
+
+def stop_retrying_when(event: threading.Event | None) -> None:
+    """End this thread's store retries as soon as ``event`` is set (None: never early).
+
+    For the threads of a reader that is closing, or of a producer closed without a
+    flush: what they fetch or commit would be thrown away, so ``close()`` must not wait
+    out a storm or the deadline for them. Use it as a thread
+    pool's ``initializer``, or call it at the start of a thread's target.
+    """
+    _thread_stop.event = event
+
+
+def stop_event() -> threading.Event | None:
+    """The event set by ``stop_retrying_when`` for this thread, if any."""
+    return getattr(_thread_stop, "event", None)
 
 
 def backoff_bound_s(retry: int) -> float:

@@ -438,7 +438,10 @@ class Store:
                     raise self._gave_up(error, attempt, stalled_s, budget_s) from error
                 if self._stalls.retried():
                     self._warn_retrying(error, request, attempt + 1, stalled_s, budget_s)
-                self._retry_sleep(min(budget_s - stalled_s, retry.jittered_pause_s(attempt, self._retry_draw())))
+                if not self._pause(min(budget_s - stalled_s, retry.jittered_pause_s(attempt, self._retry_draw()))):
+                    raise TransientStoreError(
+                        error.key, f"{error.problem}; stopped retrying: closing", retried_s=stalled_s
+                    ) from error
                 try:
                     result = self._attempt(key, op, request, nbytes, conditional)
                 except TransientStoreError as again:
@@ -466,6 +469,15 @@ class Store:
             "%s: store throttled or unavailable: retrying %s %s for up to %g s (attempt %d, stalled %.1f s so far): %s",
             self.url, request.upper(), error.key, budget_s, attempt, stalled_s, _short(error.problem),
         )  # fmt: skip
+
+    def _pause(self, seconds: float) -> bool:
+        """Wait before the next attempt; False when this thread was told to stop retrying
+        meanwhile (``retry.stop_retrying_when``: its reader or producer is closing)."""
+        stop = retry.stop_event()
+        if stop is None:
+            self._retry_sleep(seconds)
+            return True
+        return not stop.wait(seconds)
 
     def _budget_s(self) -> float:
         """How long a failing request is retried: the deadline, or a few seconds while no
