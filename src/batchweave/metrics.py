@@ -33,8 +33,8 @@ class ConsumerMetrics:
     and checksum included), over the last 1024 steps fetched. ``store_retries`` counts
     the store requests retried after throttling, server errors or timeouts, and
     ``store_stalled_s`` the seconds during which at least one request was being retried
-    (the consumer's store, in this process; a storm shorter than the store's
-    ``retry_deadline_s`` shows here and nowhere else).
+    (wall-clock, not summed over threads; the consumer's store, in this process): a storm
+    the store rode out, which ``wait_s`` alone would not explain.
     """
 
     steps: int
