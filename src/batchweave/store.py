@@ -810,7 +810,8 @@ def _checked_batchweave_option(url: str, key: str, value: Any) -> Any:
     if key == _RETRY_DEADLINE_OPTION:
         number = isinstance(value, int | float) and not isinstance(value, bool)
         if not (number and math.isfinite(value) and value > 0):
-            shown = f"{value!r}" if number else f"a {type(value).__name__}"
+            why = "" if not number else " that is not finite" if not math.isfinite(value) else " that is not positive"
+            shown = f"a value of type {type(value).__name__}{why}"
             raise ConfigError(
                 f"{url}: storage option {key} must be a positive number of seconds (int or float), got {shown}"
             )
