@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle  # only to prove the Store handle crosses processes; never used on data
+import re
 import subprocess
 import sys
 import uuid
@@ -148,7 +149,8 @@ print(_fork_and_read(store, "k"))
 def test_transient_errors_are_retried_then_reported(monkeypatch):
     import obstore
 
-    store = open_store(f"memory://retries-{uuid.uuid4().hex}")  # a local directory reads without obstore
+    # A memory store (a local directory reads without obstore), with a short deadline.
+    store = open_store(f"memory://retries-{uuid.uuid4().hex}", storage_options={"retry_deadline_s": 0.5})
     store.put_if_absent("k", b"v")
     real_get = obstore.get
     calls = []
@@ -166,6 +168,10 @@ def test_transient_errors_are_retried_then_reported(monkeypatch):
     with pytest.raises(bw.TransientStoreError, match="store unavailable after retries") as info:
         store.get("k")
     assert isinstance(info.value, ConnectionError)
+    assert re.search(
+        r"still failing after 0\.\d s and \d+ attempts \(storage option retry_deadline_s=0.5\)", str(info.value)
+    )
+    assert info.value.retried_s >= 0.5
 
 
 def _always_503():

@@ -9,8 +9,10 @@ and provoke real ones from a tiny HTTP server that answers what each test asks f
 from __future__ import annotations
 
 import http.server
+import logging
 import socket
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -239,6 +241,24 @@ def test_real_refused_connection_is_transient(monkeypatch):
     store = Store("s3://bucket/run-1", max_attempts=1, storage_options={"retry_config": no_retries})
     with pytest.raises(bw.TransientStoreError):
         store.put_if_absent(RACE_KEY, b"{}")
+
+
+def test_an_endpoint_that_never_answered_fails_in_seconds_saying_so(monkeypatch, caplog):
+    """A mistyped endpoint at startup: about 10 s of retries (UNREACHABLE_DEADLINE_S) with
+    a WARNING, then an error that says what to check, not ten silent minutes."""
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    for var, value in services.s3_env(f"http://127.0.0.1:{port}").items():
+        monkeypatch.setenv(var, value)
+    store = Store("s3://bucket/run-1")  # the default deadline, 600 s
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="batchweave.store"):
+        with pytest.raises(bw.TransientStoreError, match="no request of this process ever reached the store"):
+            store.get(RACE_KEY)
+    assert 10 <= time.monotonic() - started < 30
+    assert "retrying GET _log/00000000000000000409.json for up to 10 s" in caplog.text
+    assert "answering again" not in caplog.text  # it gave up: nothing recovered
 
 
 # -- the conditional-put probe on a misbehaving server ---------------------------------

@@ -123,19 +123,50 @@ def test_misspelled_keyword_arguments_are_a_type_error_at_the_call(tmp_path):
 @pytest.mark.parametrize(
     "url,refusal",
     [
-        ("memory://options", "a memory store takes no storage_options"),
-        ("{tmp}", "a local directory takes no storage_options but 'fsync'"),
+        ("memory://options", r"a memory store takes no storage_options but BatchWeave's own \(retry_deadline_s\)"),
+        ("{tmp}", r"a local directory takes no storage_options but 'fsync' and BatchWeave's own \(retry_deadline_s\)"),
     ],
     ids=["memory", "local"],
 )
-def test_local_and_memory_stores_take_no_obstore_options(url, refusal, tmp_path):
+def test_local_and_memory_stores_take_only_batchweaves_storage_options(url, refusal, tmp_path):
     url = url.format(tmp=tmp_path)
     for call in (
         lambda: bw.Producer(url, "p", dp=1, storage_options={"max_lag": 3}),
         lambda: bw.Consumer(url, dp=1, rank=0, storage_options={"max_lag": 3}),
-        lambda: bw.inspect_namespace(url, storage_options={"region": "x"}),
+        lambda: bw.inspect_namespace(url, storage_options={"region": "x", "retry_deadline_s": 5}),
     ):
         fails_fast(call, match=rf"{refusal}, got \['(max_lag|region)'\]")
+    assert Store(url, storage_options={"retry_deadline_s": 5}).retry_deadline_s == 5
+
+
+def test_the_retry_deadline_is_a_batchweave_option_for_every_store(monkeypatch):
+    assert Store("memory://deadline").retry_deadline_s == 600  # the documented default
+    store = Store("s3://b/r", storage_options={"retry_deadline_s": 90, "region": "x"})
+    assert store.retry_deadline_s == 90 and pickle.loads(pickle.dumps(store)).retry_deadline_s == 90
+    built = {}
+    monkeypatch.setattr(store_module, "from_url", lambda url, **options: built.update(options))
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    store_module._build(store.url, store.storage_options, True, None)
+    assert "retry_deadline_s" not in built and built["region"] == "x"  # stripped before obstore
+
+
+@pytest.mark.parametrize(
+    "value,shown",
+    [
+        (0, "got a value of type int that is not positive"),
+        (-5.5, "got a value of type float that is not positive"),
+        (float("nan"), "got a value of type float that is not finite"),
+        ("600", "got a value of type str"),
+        (True, "got a value of type bool"),
+    ],
+)
+def test_a_bad_retry_deadline_names_the_key_and_the_type_not_other_values(value, shown):
+    options = {"retry_deadline_s": value, "secret_access_key": "hunter2"}
+    error = fails_fast(lambda: Store("s3://b/r", storage_options=options))
+    assert "storage option retry_deadline_s must be a positive number of seconds (int or float)" in str(error)
+    assert str(error).endswith(shown) and "hunter2" not in str(error) and "5.5" not in str(error)
+    fails_fast(lambda: Store("memory://deadline", storage_options={"retry_deadline_s": value}), match=shown)
 
 
 def test_object_store_options_are_checked_against_obstores_typed_config():

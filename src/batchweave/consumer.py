@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from batchweave import log
+from batchweave import log, retry
 from batchweave.errors import (
     ConfigError,
     CorruptDataError,
@@ -37,6 +37,7 @@ from batchweave.errors import (
     ObjectNotFoundError,
     StepTimeoutError,
     StoreError,
+    TransientStoreError,
 )
 from batchweave.journal import Journal
 from batchweave.layout import decode_slice
@@ -182,8 +183,9 @@ class Consumer:
 
     def metrics(self) -> ConsumerMetrics:
         """How this consumer's reading went so far: steps and bytes handed out, seconds
-        ``next()`` waited for data, how far behind the log it is, and per-step fetch
-        latency (P50, P95, max over the last 1024 fetches). Cheap: no I/O."""
+        ``next()`` waited for data, how far behind the log it is, per-step fetch latency
+        (P50, P95, max over the last 1024 fetches), and the store requests retried and
+        seconds stalled on throttling or an outage. Cheap: no I/O."""
         steps, nbytes, waited = self._delivered
         p50, p95, worst = self._fetches.percentiles()
         pipeline = self._pipeline
@@ -199,6 +201,8 @@ class Consumer:
             fetch_p50_s=p50,
             fetch_p95_s=p95,
             fetch_max_s=worst,
+            store_retries=self._store.retries,
+            store_stalled_s=self._store.stalled_s,
         )
 
     def mark_checkpoint(self, checkpoint_id: str) -> None:
@@ -474,7 +478,10 @@ class _Pipeline:
             self.depth = 1
             return
         self._pool = ThreadPoolExecutor(
-            max_workers=consumer.prefetch or MAX_AUTO_PREFETCH, thread_name_prefix="batchweave-fetch"
+            max_workers=consumer.prefetch or MAX_AUTO_PREFETCH,
+            thread_name_prefix="batchweave-fetch",
+            initializer=retry.stop_retrying_when,  # close() during a storm does not wait it out
+            initargs=(self._stop,),
         )
         self._thread = threading.Thread(target=self._follow, name="batchweave-follow", daemon=True)
         self._thread.start()
@@ -487,7 +494,7 @@ class _Pipeline:
         except queue.Empty:
             raise StepTimeoutError(
                 f"{self._url}: no step {self._next_delivered} within {timeout_s}s "
-                f"(log seen up to version {self.head_version}); are producers running?"
+                f"(log seen up to version {self.head_version}); {self._likely_cause()}"
             ) from None
         if item is _END:
             self._ready.put(_END)  # stay exhausted on later calls
@@ -504,6 +511,15 @@ class _Pipeline:
             raise
         self._next_delivered = batch.step + 1
         return batch, position
+
+    def _likely_cause(self) -> str:
+        stalled_s = self._store.stalled_now_s
+        if stalled_s > 0:
+            return (
+                f"the store has been throttled or unavailable for {stalled_s:.0f} s and is being retried "
+                "(WARNING lines of logger batchweave.store)"
+            )
+        return "are producers running?"
 
     def close(self) -> None:
         self._stop.set()
@@ -540,6 +556,7 @@ class _Pipeline:
 
     def _follow(self) -> None:
         """Background mode: drive the log follower until stopped."""
+        retry.stop_retrying_when(self._stop)
         try:
             for pause in self._steps:
                 if self._stop.wait(pause) if pause else self._stop.is_set():
@@ -565,7 +582,7 @@ class _Pipeline:
         """Queue every step as the log shows it; yield the pause before the next probe."""
         self._open()
         depth = DEFAULT_LOG_READ_AHEAD if self._store.remote else 1  # local reads are too quick to overlap
-        reader = LogReadAhead(self._journal, max(self._cursor.version, 1), depth)
+        reader = LogReadAhead(self._journal, max(self._cursor.version, 1), depth, stop=self._stop)
         try:
             yield from self._follow_versions(reader)
         finally:
@@ -795,6 +812,8 @@ class _Pipeline:
             if math.floor(self._start) < reclaimed.steps:
                 raise DataReclaimedError(self._url, math.floor(self._start), reclaimed.steps) from None
             raise
+        except TransientStoreError:
+            raise  # retried until the deadline already: asking for its size would wait as long again
         except StoreError:
             size = self._store.size(key)
             if size is not None and size < start + length:

@@ -13,7 +13,7 @@
         ├── ObjectNotFoundError (FileNotFoundError)
         ├── ObjectExistsError (FileExistsError)   a create-only put lost the race
         ├── StorePermissionError (PermissionError)
-        └── TransientStoreError (ConnectionError) still failing after retries
+        └── TransientStoreError (ConnectionError) still failing at the retry deadline
 
 Each error also subclasses the matching built-in, so ``except FileNotFoundError``
 keeps working for callers who do not know our names.
@@ -118,4 +118,12 @@ class StorePermissionError(StoreError, PermissionError):
 
 
 class TransientStoreError(StoreError, ConnectionError):
-    """A request that kept failing with retryable errors (5xx, throttling, timeouts)."""
+    """A request that kept failing with retryable errors (5xx, throttling, timeouts).
+
+    ``retried_s`` is how long the store retried it before giving up (0 for one failure
+    that was not retried).
+    """
+
+    def __init__(self, key: str, problem: str, *, retried_s: float = 0.0) -> None:
+        super().__init__(key, problem)
+        self.retried_s = retried_s

@@ -30,7 +30,11 @@ class ConsumerMetrics:
     each step itself, that includes the read). ``behind_head_steps`` counts the steps
     the log had shown the consumer that it has not handed out yet (prefetched or not),
     as of its newest log read. Fetch latencies are per step (its range reads, decoding
-    and checksum included), over the last 1024 steps fetched.
+    and checksum included), over the last 1024 steps fetched. ``store_retries`` counts
+    the store requests retried after throttling, server errors or timeouts, and
+    ``store_stalled_s`` the seconds during which at least one request was being retried
+    (wall-clock, not summed over threads; the consumer's store, in this process): a storm
+    the store rode out, which ``wait_s`` alone would not explain.
     """
 
     steps: int
@@ -42,6 +46,8 @@ class ConsumerMetrics:
     fetch_p50_s: float
     fetch_p95_s: float
     fetch_max_s: float
+    store_retries: int
+    store_stalled_s: float
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,6 +85,11 @@ def describe(metrics: ConsumerMetrics) -> str:
         f"{metrics.steps} steps, {metrics.bytes / 1e6:.1f} MB, waited {metrics.wait_s:.2f} s for data, "
         f"{metrics.behind_head_steps} steps behind log version {metrics.head_version}, "
         f"fetch P50 {metrics.fetch_p50_s * 1e3:.1f} ms P95 {metrics.fetch_p95_s * 1e3:.1f} ms"
+        + (
+            f", stalled {metrics.store_stalled_s:.1f} s on the store ({metrics.store_retries} retries)"
+            if metrics.store_retries
+            else ""
+        )
     )
 
 

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from batchweave import log
+from batchweave import log, retry
 from batchweave.errors import (
     ConfigError,
     LayoutError,
@@ -29,6 +29,7 @@ from batchweave.errors import (
     SourceOffsetError,
     StoreError,
     StreamEndedError,
+    TransientStoreError,
 )
 from batchweave.group import GroupCommit, build_group_commit, intent_key, turn_rank
 from batchweave.intents import IntentBoard
@@ -43,7 +44,11 @@ from batchweave.watermarks import global_watermark, read_watermarks
 __all__ = ["Producer", "end_stream"]
 
 _logger = logging.getLogger(__name__)
-_MAX_STORE_FAILURES = 10  # consecutive failed commit attempts before the producer gives up
+# Consecutive failed commit attempts before the producer gives up, for errors the store
+# does not retry itself (access denied, a request it refuses): they may be short-lived
+# (credentials being rotated), so a few attempts with backoff. A storm of throttling or
+# server errors never counts here: the store retries those until its deadline.
+_MAX_STORE_FAILURES = 10
 
 
 class Producer:
@@ -110,6 +115,7 @@ class Producer:
         self._error: Exception | None = None  # the commit thread's final error, raised to the caller
         self._closed = False
         self._abandon = False  # close(flush=False): drop what is not committed
+        self._abandoned = threading.Event()  # set with it: the commit thread stops retrying a failing store
         self._flush_waiters = 0
         self._metrics: dict[str, float] = {
             "attempts": 0,
@@ -121,7 +127,9 @@ class Producer:
         }
         self._store_failures = 0
         self._conflict_streak = 0
+        stalled_before_s = self._store.stalled_s
         self._state, self._me, claim_window_s = self._claim_epoch(uuid.uuid4().hex)
+        claim_window_s = self._without_stall(claim_window_s, stalled_before_s)
         if self._group is not None:
             # A group commit is about twice a claim's successful attempt (a probe and a
             # put, then the intents' listing and reads); the whole claim would also count
@@ -250,6 +258,8 @@ class Producer:
             with self._cond:
                 self._closed = True
                 self._abandon = self._abandon or not flush
+                if self._abandon:
+                    self._abandoned.set()  # what is not committed is dropped: do not wait out a storm for it
                 self._cond.notify_all()
             if self._thread is not None:
                 self._thread.join()
@@ -265,7 +275,12 @@ class Producer:
         return {k: float(current[k]) for k in keys if not math.isnan(current[k])}
 
     def metrics(self) -> dict[str, float]:
-        """Counters for dashboards and benchmarks; a plain dict, safe to log as JSON."""
+        """Counters for dashboards and benchmarks; a plain dict, safe to log as JSON.
+
+        ``store_retries`` and ``store_stalled_s`` count the store requests this producer
+        retried and the seconds it spent stalled on throttling or an outage (its uploads
+        and its commit thread alike; see ``Store.retries``, ``Store.stalled_s``).
+        """
         with self._cond:
             out: dict[str, float] = dict(self._metrics)
             out["pending_tgbs"] = len(self._pending)
@@ -274,6 +289,8 @@ class Producer:
             out["log_version"] = self._state.version
         out["fragile_window_ema_s"] = getattr(self.policy, "fragile_window_ema_s", math.nan)
         out["gap_s"] = getattr(self.policy, "gap_s", math.nan)
+        out["store_retries"] = self._store.retries
+        out["store_stalled_s"] = self._store.stalled_s
         return out
 
     def __enter__(self) -> Producer:
@@ -334,6 +351,7 @@ class Producer:
         return result.state, result.state.producers[self.producer_id], result.fragile_window_s
 
     def _commit_loop(self) -> None:
+        retry.stop_retrying_when(self._abandoned)
         while True:
             with self._cond:
                 batch = self._wait_for_work()
@@ -347,6 +365,7 @@ class Producer:
 
     def _group_loop(self) -> None:
         """Publish intents, follow the log, and commit when it is this producer's turn."""
+        retry.stop_retrying_when(self._abandoned)
         while True:
             with self._cond:
                 if self._error is not None or (self._closed and (self._abandon or not self._pending)):
@@ -484,6 +503,7 @@ class Producer:
         False when another writer took the version."""
         assert self._group is not None
         started = time.monotonic()
+        stalled_before_s = self._store.stalled_s
         intents = self._intents.others()
         with self._cond:
             batch = list(self._pending)
@@ -501,18 +521,25 @@ class Producer:
         self._metrics["conflicts"] += result.conflicts
         if result.outcome != "nothing":
             self._metrics["last_fragile_window_s"] = result.fragile_window_s
-            self._group.observe_commit(time.monotonic() - started)
+            self._group.observe_commit(self._without_stall(time.monotonic() - started, stalled_before_s))
         committed_at = result.delta.committed_at if result.delta is not None else self._journal.newest_committed_at
         self._adopt(result.state, committed_at)
         return result.outcome != "conflict"
 
     def _note_store_failure(self, exc: StoreError) -> bool:
-        """Count a failed store request; False once the producer has failed for good."""
+        """Count a failed commit attempt; False once the producer has failed for good.
+
+        A TransientStoreError that the store retried until its deadline (storage option
+        ``retry_deadline_s``) is final at once: minutes of throttling or outage already
+        passed, and more attempts would only hide it. Anything shorter (a storm ends
+        within the deadline, so the store never raises) never gets here.
+        """
         self._store_failures += 1
         _logger.warning(
             "producer %s: commit attempt failed (%d in a row): %s", self.producer_id, self._store_failures, exc
         )
-        if self._store_failures >= _MAX_STORE_FAILURES:
+        retried_out = isinstance(exc, TransientStoreError) and exc.retried_s >= self._store.retry_deadline_s
+        if retried_out or self._store_failures >= _MAX_STORE_FAILURES:
             self._fail(exc)
             return False
         time.sleep(min(5.0, 0.1 * 2**self._store_failures) * random.random())
@@ -520,6 +547,7 @@ class Producer:
 
     def _commit_once(self, batch: list[TGBDescriptor], forced: bool) -> bool:
         """One attempt with its bookkeeping; False once the producer has failed for good."""
+        stalled_before_s = self._store.stalled_s
         try:
             success, window_s = self._attempt(batch)
             self._store_failures = 0
@@ -532,7 +560,7 @@ class Producer:
             return False
         with self._cond:  # metrics() reads the same tracker from the caller's thread
             producers = self._active_producers()
-        self.policy.observe(window_s, producers, success)
+        self.policy.observe(self._without_stall(window_s, stalled_before_s), producers, success)
         self._last_attempt = time.monotonic()
         self._conflict_streak = 0 if success else self._conflict_streak + 1
         if not success and forced:
@@ -541,6 +569,13 @@ class Producer:
             # thins out instead of colliding again in lockstep.
             time.sleep(random.uniform(0, min(2.0, window_s * 2**self._conflict_streak)))
         return True
+
+    def _without_stall(self, window_s: float, stalled_before_s: float) -> float:
+        """``window_s`` less the seconds the store spent retrying since ``stalled_before_s``
+        was read. A commit that rode out throttling measured the storm, not the log's
+        contention: DAC spaces commits about 9 fragile windows apart, so one 60 s window
+        would hold every commit back for minutes after the store recovered."""
+        return max(0.0, window_s - (self._store.stalled_s - stalled_before_s))
 
     def _commit_inline(self, forced: bool) -> None:
         """background_commit=False: commit in the caller's thread (paper, Algorithm 1)."""

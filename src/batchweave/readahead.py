@@ -11,8 +11,10 @@ so a miss discards every speculative read beyond it and the next call probes aga
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from batchweave import retry
 from batchweave.journal import Journal
 from batchweave.log import LogVersion, ReadVersion
 from batchweave.segment import SEGMENT_VERSIONS, segment_last
@@ -39,7 +41,14 @@ class LogReadAhead:
     nothing to overlap), one segment or version at a time.
     """
 
-    def __init__(self, journal: Journal[LogVersion], first_version: int, depth: int = DEFAULT_LOG_READ_AHEAD) -> None:
+    def __init__(
+        self,
+        journal: Journal[LogVersion],
+        first_version: int,
+        depth: int = DEFAULT_LOG_READ_AHEAD,
+        *,
+        stop: threading.Event | None = None,
+    ) -> None:
         self._journal = journal
         self._next = first_version
         self._depth = depth
@@ -52,7 +61,17 @@ class LogReadAhead:
         # Whole segments ahead are worth reading at a start and after a segment was found;
         # a reader that just caught one commit at the head reads one segment at most.
         self._deep = True
-        self._pool = ThreadPoolExecutor(max_workers=depth, thread_name_prefix="batchweave-log") if depth > 1 else None
+        # ``stop`` set (the reader is closing): reads in flight stop retrying a failing store.
+        self._pool = (
+            ThreadPoolExecutor(
+                max_workers=depth,
+                thread_name_prefix="batchweave-log",
+                initializer=retry.stop_retrying_when,
+                initargs=(stop,),
+            )
+            if depth > 1
+            else None
+        )
 
     @property
     def next_version(self) -> int:

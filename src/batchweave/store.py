@@ -15,8 +15,10 @@ URLs:
     az://container/prefix                   AZURE_STORAGE_* from the environment
     gs://bucket/prefix                      GOOGLE_* from the environment
 ``storage_options`` (a dict) pass through to obstore's store constructor, checked here
-against obstore's own typed configuration (``check_storage_options``); a local directory
-takes one option of ours, ``fsync`` (see ``_write_durably``).
+against obstore's own typed configuration (``check_storage_options``), except BatchWeave's
+own: ``retry_deadline_s`` for every kind of store, how long a request that keeps failing
+with throttling, server errors or timeouts is retried (``batchweave.retry``), and
+``fsync`` for local directories (see ``_write_durably``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ import contextlib
 import difflib
 import functools
 import importlib.resources
+import itertools
 import logging
+import math
 import os
 import random
 import re
@@ -46,6 +50,7 @@ import obstore
 from obstore import exceptions as obs_errors
 from obstore.store import LocalStore, MemoryStore, from_url
 
+from batchweave import retry
 from batchweave.errors import (
     BatchWeaveError,
     ConfigError,
@@ -63,9 +68,10 @@ _logger = logging.getLogger(__name__)
 
 _CLOUD_SCHEMES = {"s3", "s3a", "az", "azure", "abfs", "abfss", "adl", "gs"}
 
-# obstore retries 5xx, dropped connections and timeouts of safe requests itself; we keep
-# its budget short so a dead endpoint fails within seconds, and add one more layer for
-# what it does not retry (throttling on writes, errors surfaced as generic ones).
+# obstore retries 5xx, dropped connections and timeouts of safe requests itself, briefly
+# (a blip costs no more than a second); Store._call retries what is left, with its own
+# backoff, until the retry deadline (batchweave.retry), including what obstore does not
+# retry (throttling on writes, errors surfaced as generic ones).
 _OBSTORE_RETRY = {
     "max_retries": 4,
     "retry_timeout": timedelta(seconds=30),
@@ -159,6 +165,13 @@ class Store:
     ``storage_options`` are checked by ``check_storage_options`` (ConfigError for a key
     the store kind does not know); ``create=False`` raises ConfigError at once for a
     local directory that does not exist.
+
+    A request that fails with throttling, a server error, a timeout or a dropped
+    connection is retried with capped exponential backoff and full jitter until
+    ``retry_deadline_s`` (storage option; 600 s by default, see ``batchweave.retry``),
+    then raises TransientStoreError; other errors raise at once. ``max_attempts`` caps
+    the attempts as well (None: the deadline alone decides). ``retries`` and
+    ``stalled_s`` count what it cost this process.
     """
 
     def __init__(
@@ -166,13 +179,19 @@ class Store:
         url: str,
         *,
         create: bool = True,
-        max_attempts: int = 5,
+        max_attempts: int | None = None,
         storage_options: dict[str, Any] | None = None,
     ) -> None:
         self.url = _normalize_url(url)
         self.create = create
         self.storage_options = check_storage_options(self.url, storage_options)
+        self.retry_deadline_s: float = self.storage_options.get(_RETRY_DEADLINE_OPTION, retry.DEFAULT_RETRY_DEADLINE_S)
         self.max_attempts = max_attempts
+        # Whether any request of this Store, in this process, reached the server (even to
+        # be refused): until one has, a request that cannot connect gets only
+        # UNREACHABLE_DEADLINE_S (a mistyped endpoint, not an outage to ride out).
+        self._reached = False
+        self._stalls = retry.StallMeter(lambda: self._retry_clock())  # looked up per call: a test may replace it
         self._handle: Any = None
         self._pid = -1
         # The directory itself, decoded once from the URL (which is percent-encoded).
@@ -203,6 +222,27 @@ class Store:
 
     def __repr__(self) -> str:
         return f"Store({self.url!r})"
+
+    # The clock, the pause and the jitter of the retry loop (a test replaces them on an instance).
+    _retry_clock = staticmethod(time.monotonic)
+    _retry_sleep = staticmethod(time.sleep)
+    _retry_draw = staticmethod(random.random)
+
+    @property
+    def retries(self) -> int:
+        """Requests this Store retried in this process (one per retry, not per request)."""
+        return self._stalls.retries
+
+    @property
+    def stalled_s(self) -> float:
+        """Seconds during which at least one of this Store's requests was failing and
+        being retried (throttling, outages), in this process."""
+        return self._stalls.stalled_s
+
+    @property
+    def stalled_now_s(self) -> float:
+        """Seconds the current stall has lasted (0 when no request is being retried)."""
+        return self._stalls.current_s
 
     @property
     def object_store(self) -> bool:
@@ -443,24 +483,117 @@ class Store:
         return op()
 
     def _call(self, key: str, op: Callable[[], T], request: str, nbytes: int = 0, *, conditional: bool = False) -> T:
-        global _runtime_pid
         self._refuse_forked_runtime()
-        delay = 0.05
-        for attempt in range(1, self.max_attempts + 1):
-            try:
-                return self._perform(request, nbytes, op)
-            except BatchWeaveError:
-                raise
-            except Exception as exc:
-                error = translate_error(exc, key, conditional=conditional, request=request, store=self.url)
-                if not isinstance(error, TransientStoreError) or attempt == self.max_attempts:
-                    raise error from exc
-            finally:
-                _runtime_pid = os.getpid()
-            # Full jitter keeps many ranks that hit the same throttle from retrying in step.
-            time.sleep(random.uniform(0, delay))
-            delay = min(delay * 2, 2.0)
-        raise AssertionError("unreachable")
+        try:
+            return self._attempt(key, op, request, nbytes, conditional)
+        except TransientStoreError as error:
+            failed = error
+        return self._retry(key, op, request, nbytes, conditional, failed)
+
+    def _attempt(self, key: str, op: Callable[[], T], request: str, nbytes: int, conditional: bool) -> T:
+        """One request, its error translated (retried by obstore itself, briefly)."""
+        global _runtime_pid
+        try:
+            result = self._perform(request, nbytes, op)
+        except BatchWeaveError:
+            raise
+        except Exception as exc:
+            self._reached = self._reached or not _never_reached(exc)
+            raise translate_error(exc, key, conditional=conditional, request=request, store=self.url) from exc
+        finally:
+            _runtime_pid = os.getpid()
+        self._reached = True
+        return result
+
+    def _retry(
+        self, key: str, op: Callable[[], T], request: str, nbytes: int, conditional: bool, error: TransientStoreError
+    ) -> T:
+        """Retry a request that failed transiently until it succeeds, fails for good, or
+        has been failing for the deadline; then raise the last error, saying so."""
+        started = self._retry_clock()
+        self._stalls.begin()
+        answered = False
+        try:
+            for attempt in itertools.count(1):
+                stalled_s = self._retry_clock() - started
+                budget_s = self._budget_s()
+                if stalled_s >= budget_s or (self.max_attempts is not None and attempt >= self.max_attempts):
+                    raise self._gave_up(error, attempt, stalled_s, budget_s) from error
+                if self._stalls.retried():
+                    self._warn_retrying(error, request, attempt + 1, stalled_s, budget_s)
+                if not self._pause(min(budget_s - stalled_s, retry.jittered_pause_s(attempt, self._retry_draw()))):
+                    raise TransientStoreError(
+                        error.key, f"{error.problem}; stopped retrying: closing", retried_s=stalled_s
+                    ) from error
+                try:
+                    result = self._attempt(key, op, request, nbytes, conditional)
+                except TransientStoreError as again:
+                    error = again
+                    continue
+                except StoreError:
+                    answered = True  # a 404 or a lost race is an answer: the store is back
+                    raise
+                answered = True
+                return result
+            raise AssertionError("unreachable")
+        finally:
+            recovered_after_s = self._stalls.end()
+            if answered and recovered_after_s is not None:  # the end of a stall that was warned about
+                _logger.warning(
+                    "%s: store answering again after %.1f s stalled (%d retries in this process so far)",
+                    self.url, recovered_after_s, self._stalls.retries,
+                )  # fmt: skip
+
+    def _warn_retrying(
+        self, error: TransientStoreError, request: str, attempt: int, stalled_s: float, budget_s: float
+    ) -> None:
+        """The line a 3 a.m. reader needs: what is retried, for how long, and why."""
+        _logger.warning(
+            "%s: store throttled or unavailable: retrying %s %s for up to %g s (attempt %d, stalled %.1f s so far): %s",
+            self.url, request.upper(), error.key, budget_s, attempt, stalled_s, _short(error.problem),
+        )  # fmt: skip
+
+    def _pause(self, seconds: float) -> bool:
+        """Wait before the next attempt; False when this thread was told to stop retrying
+        meanwhile (``retry.stop_retrying_when``: its reader or producer is closing)."""
+        stop = retry.stop_event()
+        if stop is None:
+            self._retry_sleep(seconds)
+            return True
+        return not stop.wait(seconds)
+
+    def _budget_s(self) -> float:
+        """How long a failing request is retried: the deadline, or a few seconds while no
+        request of this process ever reached the server (a mistyped or dead endpoint
+        should say so at once, not after minutes of silence at startup)."""
+        if self._reached:
+            return self.retry_deadline_s
+        return min(self.retry_deadline_s, retry.UNREACHABLE_DEADLINE_S)
+
+    def _gave_up(self, error: TransientStoreError, attempts: int, stalled_s: float, budget_s: float) -> StoreError:
+        if not self._reached:
+            why = (
+                f"; no request of this process ever reached the store (gave up after {stalled_s:.1f} s and "
+                f"{attempts} attempts): check the endpoint, the network and the URL"
+            )
+        elif self.max_attempts is not None and attempts >= self.max_attempts and stalled_s < budget_s:
+            why = f"; gave up after {attempts} attempts (max_attempts)"
+        else:
+            why = (
+                f"; still failing after {stalled_s:.1f} s and {attempts} attempts "
+                f"(storage option {_RETRY_DEADLINE_OPTION}={budget_s:g})"
+            )
+        return TransientStoreError(error.key, error.problem + why, retried_s=stalled_s)
+
+
+def _never_reached(exc: BaseException) -> bool:
+    """Whether a failed request never reached a server: connection refused, no such
+    host, a TLS handshake that failed (object_store's ``Connect`` kind)."""
+    return isinstance(exc, ConnectionRefusedError) or _failure_of(exc, "").transport == "Connect"
+
+
+def _short(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # -- error classification ------------------------------------------------------------
@@ -911,6 +1044,9 @@ _KEY_PREFIXES = {"s3": ("aws_",), "az": ("azure_storage_", "azure_"), "gs": ("go
 _CLIENT_KEYS = ("client_options", "credential_provider", "retry_config")
 # Ours, for local directories: False skips the fsyncs of a put (throwaway namespaces).
 _FSYNC = "fsync"
+# BatchWeave's own storage options, for every kind of store; stripped before obstore.
+_RETRY_DEADLINE_OPTION = "retry_deadline_s"
+_BATCHWEAVE_OPTIONS = (_RETRY_DEADLINE_OPTION,)
 
 
 @functools.cache
@@ -932,13 +1068,16 @@ def _typed_config_keys(name: str) -> frozenset[str] | None:
 def check_storage_options(url: str, options: dict[str, Any] | None) -> dict[str, Any]:
     """``options`` checked for the store kind of ``url`` (a normalized namespace URL).
 
-    Object stores take obstore's config keys for their kind (``region``, ``endpoint``,
-    ``account_name``, ...; also spelled as the environment variable, ``AWS_REGION``) plus
-    ``client_options``, ``retry_config`` and ``credential_provider``; local directories
-    take ``fsync`` (True or False: whether a put returns only once durable) and memory
-    stores take none. Returns them with config keys in obstore's spelling. Raises
-    ConfigError naming the valid keys for anything else. Messages name keys and the
-    types of values, never a value: options hold secrets.
+    Every store takes BatchWeave's own ``retry_deadline_s`` (seconds a request that keeps
+    failing with throttling, server errors or timeouts is retried: a positive number, 600
+    by default); local directories also take ``fsync`` (True or False: whether a put
+    returns only once durable). Neither reaches obstore. Object stores take obstore's
+    config keys for their kind (``region``, ``endpoint``, ``account_name``, ...; also
+    spelled as the environment variable, ``AWS_REGION``) plus ``client_options``,
+    ``retry_config`` and ``credential_provider``; memory stores take nothing else. Returns
+    them with config keys in obstore's spelling. Raises ConfigError naming the valid keys
+    for anything else. Messages name keys and the types of values, never a value:
+    options hold secrets.
     """
     if options is None:
         return {}
@@ -947,25 +1086,31 @@ def check_storage_options(url: str, options: dict[str, Any] | None) -> dict[str,
     if not all(isinstance(key, str) for key in options):
         kinds = sorted({type(key).__name__ for key in options if not isinstance(key, str)})
         raise ConfigError(f"{url}: storage_options must be a dict with string keys, got keys of type {kinds}")
+    out = {key: _checked_batchweave_option(url, key, options[key]) for key in _BATCHWEAVE_OPTIONS if key in options}
+    rest = {key: value for key, value in options.items() if key not in _BATCHWEAVE_OPTIONS}
     if url.startswith("file:"):
-        return _checked_local_options(url, options)
-    if _FSYNC in options:
+        return {**out, **_checked_local_options(url, rest)}
+    if _FSYNC in rest:
         durable = "it keeps nothing on disk" if url.startswith("memory:") else "a put is durable when it answers"
         raise ConfigError(f"{url}: storage option {_FSYNC!r} is for local directories only ({durable})")
     family = _SCHEME_FAMILY.get(urlparse(url).scheme.lower())
     if family is None:
-        if options:
-            raise ConfigError(f"{url}: a memory store takes no storage_options, got {sorted(options)}")
-        return {}
+        if rest:
+            raise ConfigError(
+                f"{url}: a memory store takes no storage_options but BatchWeave's own "
+                f"({', '.join(_BATCHWEAVE_OPTIONS)}), got {sorted(rest)}"
+            )
+        return out
     config = _typed_config_keys(family)
-    out: dict[str, Any] = {}
     for key, value in options.items():
+        if key in _BATCHWEAVE_OPTIONS:
+            continue
         if key in _CLIENT_KEYS:
             out[key] = _checked_client_option(url, key, value)
             continue
         name = _config_key(key, family, config)
         if name is None:
-            valid = sorted(config or ()) + list(_CLIENT_KEYS)
+            valid = sorted(config or ()) + list(_CLIENT_KEYS) + list(_BATCHWEAVE_OPTIONS)
             near = difflib.get_close_matches(key.lower(), valid, n=1)
             hint = f" (did you mean {near[0]!r}?)" if near else ""
             raise ConfigError(
@@ -979,7 +1124,10 @@ def _checked_local_options(url: str, options: dict[str, Any]) -> dict[str, Any]:
     """The options of a local directory: ``fsync`` only."""
     unknown = sorted(set(options) - {_FSYNC})
     if unknown:
-        raise ConfigError(f"{url}: a local directory takes no storage_options but {_FSYNC!r}, got {unknown}")
+        raise ConfigError(
+            f"{url}: a local directory takes no storage_options but {_FSYNC!r} and BatchWeave's own "
+            f"({', '.join(_BATCHWEAVE_OPTIONS)}), got {unknown}"
+        )
     if _FSYNC in options and not isinstance(options[_FSYNC], bool):
         raise ConfigError(f"{url}: storage option {_FSYNC!r} must be True or False, got {_type_name(options[_FSYNC])}")
     return dict(options)
@@ -988,6 +1136,26 @@ def _checked_local_options(url: str, options: dict[str, Any]) -> dict[str, Any]:
 def _type_name(value: Any) -> str:
     """What a bad option value is, for a message: its type only (the value may be a secret)."""
     return f"a value of type {type(value).__name__}"
+
+
+def _checked_batchweave_option(url: str, key: str, value: Any) -> Any:
+    """A BatchWeave option's value, checked. The message names the key and the type, not
+    the value: storage options sit next to secrets, and a mistake here must not print them."""
+    if key == _RETRY_DEADLINE_OPTION:
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not (number and math.isfinite(value) and value > 0):
+            why = "" if not number else " that is not finite" if not math.isfinite(value) else " that is not positive"
+            shown = f"a value of type {type(value).__name__}{why}"
+            raise ConfigError(
+                f"{url}: storage option {key} must be a positive number of seconds (int or float), got {shown}"
+            )
+        return float(value)
+    raise AssertionError(f"no check for BatchWeave option {key}")
+
+
+def _obstore_options(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` without BatchWeave's own, which obstore would refuse."""
+    return {key: value for key, value in options.items() if key not in _BATCHWEAVE_OPTIONS}
 
 
 def _config_key(key: str, family: str, config: frozenset[str] | None) -> str | None:
@@ -1126,6 +1294,7 @@ def _build(url: str, options: dict[str, Any], create: bool, local_root: str | No
     if scheme == "memory":
         with _memory_lock:
             return _memory_stores.setdefault(url, MemoryStore())
+    options = _obstore_options(options)
     if _SCHEME_FAMILY.get(scheme) == "s3":
         options = _s3_credentials(url, options)
     options = {"retry_config": _OBSTORE_RETRY, **options}

@@ -6,6 +6,9 @@
 - :mod:`batchweave.testing.interleave`'s :class:`PausingStore`: a store that holds a
   chosen operation until the test releases it, to force one interleaving of concurrent
   producers, consumers and GC instead of hoping for it;
+- :mod:`batchweave.testing.proxy`'s :class:`LatencyProxy`: an HTTP proxy in front of a
+  real server that adds the latency model at the wire, counts requests, and answers a
+  throttling storm (``storm(60)``: every request gets S3's ``503 SlowDown``);
 - :mod:`batchweave.testing.servers`: real object-store servers on 127.0.0.1 (moto,
   SeaweedFS, Azurite, s3rver), as ``with`` blocks (:func:`moto_s3`,
   :func:`seaweedfs_s3`, :func:`azurite_blob`) or as processes to start once per test
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 from batchweave.latency import CLOUD_DEFAULTS, LatencyModel, LatencyStore
 from batchweave.testing.interleave import Background, Gate, PausingStore, wait_for_any
+from batchweave.testing.proxy import LatencyProxy, ProxyCounters
 from batchweave.testing.servers import azurite_blob, moto_s3, seaweedfs_s3
 
 __all__ = [
@@ -26,8 +30,10 @@ __all__ = [
     "Background",
     "Gate",
     "LatencyModel",
+    "LatencyProxy",
     "LatencyStore",
     "PausingStore",
+    "ProxyCounters",
     "azurite_blob",
     "moto_s3",
     "seaweedfs_s3",
