@@ -21,7 +21,7 @@ from batchweave import log
 from batchweave.group import GroupCommit
 from batchweave.journal import Journal
 from batchweave.policies import Manual
-from batchweave.store import open_store
+from batchweave.store import Store, open_store
 from batchweave.testing.interleave import Background, PausingStore
 
 VERSION_KEY = r"_log/\d{20}\.json"
@@ -182,3 +182,37 @@ def test_a_reader_proves_a_backlog_once_per_batch_not_per_step(url, monkeypatch)
     with bw.Consumer(url, dp=1, rank=0, timeout_s=10) as reader:
         assert [batch.step for batch in reader] == list(range(100))
     assert 3 <= len(proofs) <= 3 + 7  # three segments, then the last versions one by one
+
+
+class AmbiguousAboveStore(Store):
+    """The first log-version put numbered above ``above`` is applied, then reported as a
+    timeout: an ambiguous outcome in the live log, after a reload."""
+
+    above = 10**9
+    fired: str | None = None
+
+    def put_if_absent(self, key, data):
+        super().put_if_absent(key, data)
+        if self.fired is None and re.fullmatch(VERSION_KEY, key) and int(key[5:25]) > self.above:
+            self.fired = key
+            raise bw.TransientStoreError(key, "simulated timeout after the write was applied")
+
+
+def test_a_retry_from_a_state_older_than_the_anchor_reloads_instead_of_committing_below_it(url):
+    """Found by the simulation: a stale writer's put into a freed key fails its check and
+    it reloads (its anchor moves to the head); its next put, in the live log, times out
+    after landing. The producer retries from the state it held before the reload, below
+    the journal's anchor: the anchor cannot prove anything below it, so the retry must
+    reload again, never 'commit' into the freed keys and keep committing there."""
+    store = AmbiguousAboveStore(url)
+    p = bw.Producer(store, "p", dp=1, commit_policy=Manual(), snapshot_every=10)
+    commit(p, 1)
+    stale = head(url).version
+    overtake(url, stale)
+    store.above = head(url).version  # the put after the reload, at the head, is the ambiguous one
+    for offset in range(1, 4):
+        p.append(tgb("p", offset, 1))
+        p.flush(timeout_s=30)
+    assert store.fired is not None
+    p.close()
+    assert head(url).producers["p"].offset == 4  # every flushed TGB is in the live log

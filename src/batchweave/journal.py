@@ -226,6 +226,11 @@ class Journal(Generic[VersionT]):
         """``state`` advanced through the versions committed since, not proven yet. A version
         that does not follow is damage only if the anchor is intact; otherwise it was
         re-created in a freed key and the view is reloaded (proven)."""
+        if self._anchor is not None and state.version < self._anchor[0]:
+            # The caller holds a state older than this journal's anchor (a commit that raised
+            # after a reload moved the anchor): the anchor proves nothing below itself, so
+            # neither reads nor a put from that state could be proven. Start from the newest.
+            return self._recover_from_stale_view(), 1
         try:
             return self._apply_newer(state)
         except CorruptDataError:
