@@ -80,8 +80,10 @@ def _replay(args: argparse.Namespace) -> int:
     _show(result, args.trace)
     if args.shrink and result.violations:
         shrunk = shrink(result, config, budget_s=args.shrink_seconds)
-        print(f"\nshrunk from {len(result.choices)} to {len(shrunk.choices)} choices, {len(result.trace)} to "
-              f"{len(shrunk.trace)} trace entries:")
+        print(
+            f"\nshrunk from {len(result.choices)} to {len(shrunk.choices)} choices, {len(result.trace)} to "
+            f"{len(shrunk.trace)} trace entries:"
+        )
         _show(shrunk, args.trace)
         print("choices:", json.dumps(shrunk.choices, separators=(",", ":")))
         result = shrunk
@@ -93,8 +95,10 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _show(result: Result, last: int) -> None:
     print(format_trace(result, last or None))
-    print(f"{result.ops} store operations, {result.virtual_s:.0f} virtual s, {result.wall_s:.2f} s, "
-          f"{len(result.choices)} choices, {result.notes}")
+    print(
+        f"{result.ops} store operations, {result.virtual_s:.0f} virtual s, {result.wall_s:.2f} s, "
+        f"{len(result.choices)} choices, {result.notes}"
+    )
     for violation in result.violations:
         print(violation)
 

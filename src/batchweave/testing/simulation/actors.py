@@ -120,7 +120,11 @@ def direct_producer(world: World, actor: Actor, pid: str) -> None:
     """``Producer(background_commit=False)``: commits in append (DAC) or flush (both)."""
     config = world.config
     producer = Producer(
-        world.store, pid, dp=config.dp, commit_policy=_policy(world), snapshot_every=config.snapshot_every,
+        world.store,
+        pid,
+        dp=config.dp,
+        commit_policy=_policy(world),
+        snapshot_every=config.snapshot_every,
         background_commit=False,
     )
     world.producers[actor] = producer
@@ -221,7 +225,9 @@ def trainer(world: World, actor: Actor, name: str, generation: int, start: list[
             if world.ended_at is None and world.choose(3) == 2:  # once the stream ended, drain
                 world.pause((0.5, 5.0, 60.0))
     except BatchWeaveError as exc:
-        world.model.violation("unexpected-error", actor.name, f"a checkpointed reader raised {type(exc).__name__}: {exc}")
+        world.model.violation(
+            "unexpected-error", actor.name, f"a checkpointed reader raised {type(exc).__name__}: {exc}"
+        )
 
 
 def _checkpoint(world: World, checkpoint: str, ranks: list[Consumer]) -> None:
@@ -246,7 +252,9 @@ def _read_one(world: World, actor: Actor, consumer: Consumer, rank: int) -> bool
         actor.waiting_for = ""
         if expected < len(world.model.steps) and world.model.ended:
             world.model.violation(
-                "early-end", actor.name, f"rank {rank} ended at step {expected}, the genuine log has {len(world.model.steps)}"
+                "early-end",
+                actor.name,
+                f"rank {rank} ended at step {expected}, the genuine log has {len(world.model.steps)}",
             )
         return False
     actor.waiting_for = ""

@@ -112,7 +112,9 @@ class Model:
         """(c): the genuine log, checked with plain arithmetic rather than ``log.apply_version``."""
         where = f"version {delta.version}"
         if delta.first_step != len(self.steps):
-            self.violation("steps-not-dense", actor, f"{where} starts at step {delta.first_step}, the log has {len(self.steps)}")
+            self.violation(
+                "steps-not-dense", actor, f"{where} starts at step {delta.first_step}, the log has {len(self.steps)}"
+            )
         if self.ended and delta.tgbs:
             self.violation("after-end", actor, f"{where} commits {len(delta.tgbs)} TGB(s) after the end of the stream")
         for tgb in delta.tgbs:

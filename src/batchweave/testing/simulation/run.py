@@ -33,9 +33,10 @@ class Result:
         return {v.kind for v in self.violations}
 
 
-def simulate(choices: Choices, config: Config = Config()) -> Result:
+def simulate(choices: Choices, config: Config | None = None) -> Result:
     """Run every actor of ``config`` under the schedule ``choices`` gives; check the model
     after every step and liveness at the end."""
+    config = config or Config()
     started = time.perf_counter()
     noise = random.Random(choices.choose(1 << 32))  # ids, tokens, jitter inside batchweave
     clock = VirtualClock()

@@ -181,7 +181,9 @@ class Scheduler:
             except Exception:
                 pass  # its answer never reaches anybody
         actor.state, actor.pending = "crashed", None
-        self.trace.append((self.clock.elapsed, actor.name, "CRASH", f"{op.name} {op.key} {'applied' if applied else 'lost'}"))
+        self.trace.append(
+            (self.clock.elapsed, actor.name, "CRASH", f"{op.name} {op.key} {'applied' if applied else 'lost'}")
+        )
         if actor.on_crash is not None:
             actor.on_crash(actor)
         return True

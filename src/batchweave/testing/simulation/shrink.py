@@ -68,8 +68,8 @@ def _lower_values(current: Callable[[], list[int]], attempt: Callable[[list[int]
     while index < len(current()) and time.monotonic() < deadline:
         choices = current()
         value = choices[index]
-        if value and not attempt(choices[:index] + [0] + choices[index + 1 :]) and value > 1:
-            attempt(choices[:index] + [value // 2] + choices[index + 1 :])
+        if value and not attempt([*choices[:index], 0, *choices[index + 1:]]) and value > 1:
+            attempt([*choices[:index], value // 2, *choices[index + 1:]])
         index += 1
 
 
