@@ -18,6 +18,6 @@ from __future__ import annotations
 from batchweave.testing.simulation.choices import Choices
 from batchweave.testing.simulation.model import Violation
 from batchweave.testing.simulation.run import Result, simulate
-from batchweave.testing.simulation.world import Config
+from batchweave.testing.simulation.world import SHAPES, Config
 
-__all__ = ["Choices", "Config", "Result", "Violation", "simulate"]
+__all__ = ["SHAPES", "Choices", "Config", "Result", "Violation", "simulate"]

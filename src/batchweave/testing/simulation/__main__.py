@@ -20,7 +20,7 @@ import time
 from batchweave.testing.simulation.choices import Choices
 from batchweave.testing.simulation.run import Result, simulate
 from batchweave.testing.simulation.shrink import format_trace, shrink
-from batchweave.testing.simulation.world import Config
+from batchweave.testing.simulation.world import SHAPES
 
 
 def _seed_range(text: str) -> range:
@@ -32,11 +32,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m batchweave.testing.simulation", description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=_seed_range, default=range(0, 100), help="seeds to run, e.g. 0-99")
     parser.add_argument("--minutes", type=float, default=None, help="stop starting new seeds after this long")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="mixed", help="the actors of a run")
     parser.add_argument("--replay", type=int, default=None, help="run this one seed and show it")
     parser.add_argument("--choices", default=None, help="replay a JSON list of recorded choices")
     parser.add_argument("--shrink", action="store_true", help="shrink the replayed run's first violation")
     parser.add_argument("--shrink-seconds", type=float, default=120.0)
     parser.add_argument("--trace", type=int, default=60, help="operations of the trace to show (0: all)")
+    parser.add_argument(
+        "--story", action="store_true", help="show only log writes, crashes and the culprits' operations"
+    )
     parser.add_argument("--save", default=None, help="write the (shrunk) choices to this JSON file")
     args = parser.parse_args(argv)
     if args.replay is not None or args.choices is not None:
@@ -45,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _explore(args: argparse.Namespace) -> int:
-    config = Config()
+    config = SHAPES[args.shape]
     started = time.perf_counter()
     runs = ops = unfinished = 0
     by_kind: dict[str, list[int]] = collections.defaultdict(list)
@@ -71,20 +75,20 @@ def _explore(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    config = Config()
+    config = SHAPES[args.shape]
     if args.choices is not None:
         with open(args.choices) as f:
             result = simulate(Choices(replay=json.load(f)), config)
     else:
         result = simulate(Choices(seed=args.replay), config)
-    _show(result, args.trace)
+    _show(result, args)
     if args.shrink and result.violations:
         shrunk = shrink(result, config, budget_s=args.shrink_seconds)
         print(
             f"\nshrunk from {len(result.choices)} to {len(shrunk.choices)} choices, {len(result.trace)} to "
             f"{len(shrunk.trace)} trace entries:"
         )
-        _show(shrunk, args.trace)
+        _show(shrunk, args)
         print("choices:", json.dumps(shrunk.choices, separators=(",", ":")))
         result = shrunk
     if args.save:
@@ -93,8 +97,8 @@ def _replay(args: argparse.Namespace) -> int:
     return 1 if result.violations else 0
 
 
-def _show(result: Result, last: int) -> None:
-    print(format_trace(result, last or None))
+def _show(result: Result, args: argparse.Namespace) -> None:
+    print(format_trace(result, args.trace or None, story=args.story))
     print(
         f"{result.ops} store operations, {result.virtual_s:.0f} virtual s, {result.wall_s:.2f} s, "
         f"{len(result.choices)} choices, {result.notes}"

@@ -13,6 +13,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import msgspec
+
+from batchweave import log
 from batchweave.consumer import Consumer
 from batchweave.errors import (
     BatchWeaveError,
@@ -23,14 +26,14 @@ from batchweave.errors import (
     StreamEndedError,
 )
 from batchweave.gc import collect_garbage
-from batchweave.group import GroupCommit
-from batchweave.log import version_key
+from batchweave.group import INTENT_PREFIX, GroupCommit, build_group_commit, decode_intent
+from batchweave.log import ProducerState, version_key
 from batchweave.policies import DAC, Manual
 from batchweave.producer import Producer, end_stream
 from batchweave.testing.simulation.group_driver import GroupProducerDriver
 from batchweave.testing.simulation.model import payload
 from batchweave.testing.simulation.scheduler import Actor
-from batchweave.testing.simulation.world import World
+from batchweave.testing.simulation.world import ALIGNED, World
 from batchweave.watermarks import release_checkpoint
 
 __all__ = ["spawn_all"]
@@ -97,7 +100,8 @@ def _producer_life(world: World, actor: Actor, pid: str, script) -> None:
         elif isinstance(exc, StreamEndedError) and not world.model.ended:
             world.model.violation("unexpected-error", actor.name, f"told the stream ended, it has not: {exc}")
     except BatchWeaveError as exc:
-        world.model.violation("unexpected-error", actor.name, f"{type(exc).__name__}: {exc}")
+        if not world.model.stale_error(actor.name, exc):
+            world.model.violation("unexpected-error", actor.name, f"{type(exc).__name__}: {exc}")
     finally:
         world.producers.pop(actor, None)
 
@@ -170,7 +174,7 @@ def group_producer(world: World, actor: Actor, pid: str) -> None:
         elif action == "flush":
             world.model.flushed(actor.name, pid, driver.flush())
         elif action == "pause":
-            world.pause()  # paused with its TGBs pending and its intents published
+            world.pause((5.0, 30.0, ALIGNED, ALIGNED))  # paused with TGBs pending, intents published
         elif action == "restart":
             _restart(world, actor, pid)
         else:
@@ -201,7 +205,7 @@ def _spawn_trainer(world: World, name: str, generation: int, start: list[dict[st
 
 
 def _restart_trainer(world: World, name: str, generation: int) -> None:
-    """A crashed job restarts from its newest complete checkpoint (or the start)."""
+    """A crashed job restarts from its newest durable checkpoint (or the start)."""
     start = world.checkpoints[-1][1] if world.checkpoints else None
     _spawn_trainer(world, name, generation + 1, start, delay_s=world.choices.pick((5.0, 60.0, 600.0)))
 
@@ -225,18 +229,22 @@ def trainer(world: World, actor: Actor, name: str, generation: int, start: list[
             if world.ended_at is None and world.choose(3) == 2:  # once the stream ended, drain
                 world.pause((0.5, 5.0, 60.0))
     except BatchWeaveError as exc:
-        world.model.violation(
-            "unexpected-error", actor.name, f"a checkpointed reader raised {type(exc).__name__}: {exc}"
-        )
+        if not world.model.stale_error(actor.name, exc):
+            world.model.violation(
+                "unexpected-error", actor.name, f"a checkpointed reader raised {type(exc).__name__}: {exc}"
+            )
 
 
 def _checkpoint(world: World, checkpoint: str, ranks: list[Consumer]) -> None:
-    for consumer in ranks:
-        consumer.mark_checkpoint(checkpoint)
+    """As training does: the checkpoint (with the cursors) is durable first, then every
+    rank marks it, then the older ones are released. A crash in between leaves a durable
+    checkpoint that may lack marks: a restart resumes from it all the same."""
     cursors = [consumer.state_dict() for consumer in ranks]
     world.cursors.append(cursors[0] | {"rank": 0})
     old = [c for c, _ in world.checkpoints]
     world.checkpoints.append((checkpoint, cursors))
+    for consumer in ranks:
+        consumer.mark_checkpoint(checkpoint)
     for previous in old:
         release_checkpoint(world.store, previous)
         world.checkpoints = [c for c in world.checkpoints if c[0] != previous]
@@ -269,7 +277,7 @@ def _read_one(world: World, actor: Actor, consumer: Consumer, rank: int) -> bool
 def lagging_reader(world: World, actor: Actor) -> None:
     """An evaluation reader from step 0 that no checkpoint protects, pausing for long
     whiles: collection may overtake it (DataReclaimedError), never mislead it."""
-    consumer = _consumer(world, rank=world.choose(world.config.dp))
+    consumer = actor.notes["consumer"] = _consumer(world, rank=world.choose(world.config.dp))
     _read_unprotected(world, actor, consumer)
 
 
@@ -279,7 +287,7 @@ def resumer(world: World, actor: Actor) -> None:
         return
     cursor = dict(world.cursors[world.choose(len(world.cursors))])
     rank = cursor.pop("rank")
-    consumer = _consumer(world, rank)
+    consumer = actor.notes["consumer"] = _consumer(world, rank)
     try:
         consumer.load_state_dict(cursor)
     except DataReclaimedError:
@@ -295,7 +303,8 @@ def _read_unprotected(world: World, actor: Actor, consumer: Consumer) -> None:
     except DataReclaimedError:
         pass  # collection overtook it: the typed answer
     except BatchWeaveError as exc:
-        world.model.violation("unexpected-error", actor.name, f"{type(exc).__name__}: {exc}")
+        if not world.model.stale_error(actor.name, exc):
+            world.model.violation("unexpected-error", actor.name, f"{type(exc).__name__}: {exc}")
 
 
 # -- collection, damage, the end -----------------------------------------------------------
@@ -313,7 +322,8 @@ def collector(world: World, actor: Actor) -> None:
         except StoreError:
             pass  # the log kept moving under it (several collectors): typed, and it tries again
         except BatchWeaveError as exc:
-            world.model.violation("unexpected-error", actor.name, f"{type(exc).__name__}: {exc}")
+            if not world.model.stale_error(actor.name, exc):
+                world.model.violation("unexpected-error", actor.name, f"{type(exc).__name__}: {exc}")
 
 
 def damager(world: World, actor: Actor) -> None:
@@ -321,7 +331,7 @@ def damager(world: World, actor: Actor) -> None:
     writer would (then deletes them again, as its anchor check makes it do)."""
     store = world.store
     for _ in range(8):
-        world.pause((60.0, 10.0, 200.0))
+        world.pause((60.0, 10.0, 200.0, ALIGNED))  # aligned: as paused writers wake up
         what = world.choose(5)
         if what == 0:
             store.put("_log/_last_snapshot.json", b'{"version": [')
@@ -349,29 +359,63 @@ def _damage_one(world: World, prefix: str, garbage: bytes, suffix: str = "") -> 
 
 
 def _recreate_freed_version(world: World) -> None:
-    """Re-create a deleted version n with what a writer whose view stopped at n-1 would
-    commit there: the same first step, other TGBs (here: the newest genuine version's)."""
-    model = world.model
-    freed = [v for v in model.genuine_bytes if world.store.peek(version_key(v)) is None and v > 1]
+    """Re-create a freed version ``n`` with what a writer whose view stopped at ``n-1``
+    commits there: a group commit folding every intent that state accepts, or else the
+    newest genuine version's TGBs from ``n``'s first step. Stale writers are most often at
+    the view of another stale actor (they paused together), so the versions right after
+    live actors' views come first."""
+    freed = [v for v in world.model.genuine_bytes if v > 1 and world.store.peek(version_key(v)) is None]
     if not freed:
         return
-    import msgspec
-
-    from batchweave import log
-
-    version = freed[world.choose(len(freed))]
-    original = log.decode_version(model.genuine_bytes[version], version_key(version), version)
-    newest = max(model.genuine_bytes)
-    donor = log.decode_version(model.genuine_bytes[newest], version_key(newest), newest)
-    stale = msgspec.structs.replace(
-        donor, version=version, first_step=original.first_step, namespace="", layout=None, committed_at=0.5
-    )
+    near_views = sorted({v + 1 for v in _views(world)} & set(freed))
+    candidates = near_views + [v for v in freed if v not in near_views]
+    version = candidates[world.choose(len(candidates))]
+    stale = _stale_fold(world, version) if world.choose(2) == 0 else None
+    if stale is None:
+        stale = _stale_copy(world, version)
     try:
         world.store.put_if_absent(version_key(version), log.encode(stale))
     except StoreError:
         return
-    world.pause((5.0, 60.0))
+    world.pause((5.0, 60.0))  # the stale writer's anchor check fails; it deletes its put
     world.store.delete(version_key(version))
+
+
+def _views(world: World) -> list[int]:
+    """The log versions live producers and readers last read (peeked, not scheduled)."""
+    views = [producer._state.version for producer in world.producers.values()]
+    for actor in world.scheduler.actors:
+        consumer = actor.notes.get("consumer")
+        if actor.alive and consumer is not None and consumer._pipeline is not None:
+            views.append(consumer._pipeline.head_version)
+    return views
+
+
+def _stale_fold(world: World, version: int) -> log.LogVersion | None:
+    """A group commit after the genuine state at ``version - 1``, of the intents now listed."""
+    state = world.model.states.get(version - 1)
+    if state is None:
+        return None
+    intents = []
+    for key, (body, _) in sorted(world.store.objects.items()):
+        if key.startswith(INTENT_PREFIX):
+            try:
+                intents.append(decode_intent(body, key))
+            except CorruptDataError:
+                continue
+    me = ProducerState(0, 0, "stale")
+    return build_group_commit(state, "stale-writer", me, [], intents, world.scheduler.clock.now)
+
+
+def _stale_copy(world: World, version: int) -> log.LogVersion:
+    """The newest genuine version's TGBs, renumbered to start at ``version``'s first step."""
+    model = world.model
+    original = log.decode_version(model.genuine_bytes[version], version_key(version), version)
+    newest = max(model.genuine_bytes)
+    donor = log.decode_version(model.genuine_bytes[newest], version_key(newest), newest)
+    return msgspec.structs.replace(
+        donor, version=version, first_step=original.first_step, namespace="", layout=None, committed_at=0.5
+    )
 
 
 def ender(world: World, actor: Actor) -> None:

@@ -28,7 +28,7 @@ from fractions import Fraction
 
 from batchweave import log
 from batchweave.errors import CorruptDataError
-from batchweave.log import LogVersion, TGBDescriptor
+from batchweave.log import LogState, LogVersion, TGBDescriptor
 from batchweave.watermarks import Watermark
 
 __all__ = ["Model", "Violation", "payload"]
@@ -66,7 +66,9 @@ class Model:
         self.offsets: dict[str, int] = {}  # producer -> next offset in the genuine log
         self.epochs: dict[str, int] = {}  # producer -> newest epoch the genuine log claimed
         self.ended = False
+        self.states: dict[int, LogState] = {0: LogState()}  # genuine state after each version
         self.recreations: list[tuple[int, str]] = []  # (version, by whom)
+        self.stale_reads: dict[str, list[int]] = {}  # actor -> re-created versions it read
         self._object_step: dict[str, int] = {}  # data object -> the genuine step it holds
         self._marks: dict[str, dict[tuple[int, int], Watermark]] = {}
         self._released: set[str] = set()
@@ -107,6 +109,10 @@ class Model:
             self.violation("damaged-version", actor, f"the first creation of version {version} is damaged: {exc}")
             return
         self._follow(delta, actor)
+        try:  # the genuine state after each version: what a stale writer at that view builds on
+            self.states[version] = log.apply_version(self.states[version - 1], delta, log.version_key(version))
+        except (CorruptDataError, KeyError):
+            pass  # reported above in plain terms
 
     def _follow(self, delta: LogVersion, actor: str) -> None:
         """(c): the genuine log, checked with plain arithmetic rather than ``log.apply_version``."""
@@ -205,6 +211,25 @@ class Model:
                 f"flush() returned with offsets up to {target - 1} appended, the genuine log holds {producer_id} "
                 f"up to {genuine - 1}",
             )
+
+    def read(self, key: str, body: bytes, actor: str) -> None:
+        """An actor read ``key``: note it if that was a stale writer's re-created version."""
+        if (match := _VERSION_KEY.fullmatch(key)) and body != self.genuine_bytes.get(int(match[1])):
+            self.stale_reads.setdefault(actor, []).append(int(match[1]))
+
+    def stale_error(self, actor: str, exc: BaseException) -> bool:
+        """Report ``exc`` as a stale read if ``actor`` had read a re-created version (I10:
+        reload or a typed error that says so, never a verdict on content nobody proved)."""
+        versions = self.stale_reads.get(actor)
+        if not versions:
+            return False
+        self.violation(
+            "stale-read",
+            actor,
+            f"read version(s) {sorted(set(versions))} while a stale writer's re-creation sat in the freed key, "
+            f"then raised {type(exc).__name__}: {exc}",
+        )
+        return True
 
     def position(self, checkpoint: str) -> Fraction | None:
         marks = self._marks.get(checkpoint)

@@ -17,7 +17,7 @@ refuses a dead actor (``Dead`` unwinds it when the run is torn down).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import greenlet
@@ -75,6 +75,7 @@ class Actor:
     waiting_for: str = ""  # what it is blocked on, for "waits forever" messages
     crash_at: int = 0  # dies at its crash_at-th store operation (0: never)
     ops: int = 0  # store operations it was scheduled for
+    notes: dict[str, Any] = field(default_factory=dict)  # what its script wants found (its consumer)
 
     @property
     def alive(self) -> bool:
@@ -146,8 +147,9 @@ class Scheduler:
             candidates = [a for a in self.actors if a.state == "op"]
             # Past the deadline nobody wakes up any more; operations under way complete.
             sleepers = [a for a in self.actors if a.state == "sleeping" and a.wake_at <= deadline()]
-            if sleepers:
-                candidates.append(min(sleepers, key=lambda a: a.wake_at))
+            if sleepers:  # the next to wake, all of them if several wake at the same moment
+                first = min(a.wake_at for a in sleepers)
+                candidates.extend(a for a in sleepers if a.wake_at == first)
             if not candidates:
                 return
             actor = candidates[self.choices.choose(len(candidates))]

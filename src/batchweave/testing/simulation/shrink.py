@@ -3,9 +3,10 @@
 A run is a function of its choice list, so a smaller list that still fails with the
 same kind of violation is a smaller counterexample. In order, while a time budget
 lasts: the shortest failing prefix (an exhausted list answers 0, the calm choice),
-then removing chunks (halves, quarters, ... single choices), then lowering each value
-(to 0, else to half). Each accepted candidate is replaced by what its run really
-recorded, so the list stays exactly replayable.
+then zeroing chunks (calm stretches, no shift), then removing chunks (halves, quarters,
+... single choices), then lowering each value (to 0, else to half). Each accepted
+candidate is replaced by what its run really recorded, so the list stays exactly
+replayable.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def shrink(failing: Result, config: Config, kind: str | None = None, budget_s: f
         return False
 
     _shortest_prefix(best.choices, attempt)
+    _zero_chunks(lambda: best.choices, attempt, deadline)
     _remove_chunks(lambda: best.choices, attempt, deadline)
     _lower_values(lambda: best.choices, attempt, deadline)
     return best
@@ -50,6 +52,19 @@ def _shortest_prefix(choices: list[int], attempt: Callable[[list[int]], bool]) -
             high = middle
         else:
             low = middle + 1
+
+
+def _zero_chunks(current: Callable[[], list[int]], attempt: Callable[[list[int]], bool], deadline: float) -> None:
+    """Calm whole stretches of the schedule down (0 everywhere) without shifting the rest."""
+    chunk = max(1, len(current()) // 4)
+    while chunk >= 4 and time.monotonic() < deadline:
+        start = 0
+        while start < len(current()) and time.monotonic() < deadline:
+            choices = current()
+            if any(choices[start : start + chunk]):
+                attempt([*choices[:start], *[0] * len(choices[start : start + chunk]), *choices[start + chunk :]])
+            start += chunk
+        chunk //= 2
 
 
 def _remove_chunks(current: Callable[[], list[int]], attempt: Callable[[list[int]], bool], deadline: float) -> None:
@@ -68,8 +83,8 @@ def _lower_values(current: Callable[[], list[int]], attempt: Callable[[list[int]
     while index < len(current()) and time.monotonic() < deadline:
         choices = current()
         value = choices[index]
-        if value and not attempt([*choices[:index], 0, *choices[index + 1:]]) and value > 1:
-            attempt([*choices[:index], value // 2, *choices[index + 1:]])
+        if value and not attempt([*choices[:index], 0, *choices[index + 1 :]]) and value > 1:
+            attempt([*choices[:index], value // 2, *choices[index + 1 :]])
         index += 1
 
 
@@ -82,9 +97,23 @@ def _short_key(key: str) -> str:
     return f"{head}/{tail}" if head else tail
 
 
-def format_trace(result: Result, last: int | None = None) -> str:
-    """The run's store operations, one a line: virtual seconds, actor, operation, key."""
-    lines = [f"{t:9.2f}  {actor:<10} {op:<14} {_short_key(key)}" for t, actor, op, key in result.trace]
+def _in_story(entry: tuple[float, str, str, str], culprits: set[str]) -> bool:
+    """Log writes and deletes, claims of checkpoints, crashes, exits, and whatever the
+    violating actors did: the part of a trace that tells what happened."""
+    _, actor, op, key = entry
+    if actor in culprits or op in ("CRASH", "exit"):
+        return True
+    return op != "get" and op != "list" and op != "size" and (key.startswith(("_log/0", "_checkpoints/")))
+
+
+def format_trace(result: Result, last: int | None = None, story: bool = False) -> str:
+    """The run's store operations, one a line: virtual seconds, actor, operation, key.
+    ``story``: only the operations that tell what happened (``_in_story``)."""
+    trace = result.trace
+    if story:
+        culprits = {v.actor for v in result.violations}
+        trace = [entry for entry in trace if _in_story(entry, culprits)]
+    lines = [f"{t:9.2f}  {actor:<10} {op:<14} {_short_key(key)}" for t, actor, op, key in trace]
     if last is not None and len(lines) > last:
         lines = [f"... {len(lines) - last} earlier operations", *lines[-last:]]
     return "\n".join(lines)

@@ -78,7 +78,12 @@ class SimStore(Store):
         return found[0]
 
     def get(self, key: str) -> memoryview:
-        return self._op("get", key, lambda: memoryview(self._body(key)))
+        def apply() -> memoryview:
+            body = self._body(key)
+            self.model.read(key, body, self._actor_name())
+            return memoryview(body)
+
+        return self._op("get", key, apply)
 
     def get_range(self, key: str, start: int, length: int) -> memoryview:
         return self._op("get_range", key, lambda: memoryview(self._body(key))[start : start + length])

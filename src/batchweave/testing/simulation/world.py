@@ -12,7 +12,7 @@ from batchweave.testing.simulation.model import Model
 from batchweave.testing.simulation.scheduler import Actor, Scheduler
 from batchweave.testing.simulation.store import SimStore
 
-__all__ = ["Config", "World"]
+__all__ = ["SHAPES", "Config", "World"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,17 @@ class Config:
     end_after_s: float = 3000.0  # the stream ends once producers are done, or after this
     drain_s: float = 3600.0  # after the end, how long consumers get to reach it
     max_ops: int = 30_000
+
+
+ALIGNED = -1.0  # a pause option: until the next multiple of ALIGN_S
+ALIGN_S = 900.0
+
+# Named shapes of a run: the CLI's --shape, and what the tests pin regressions to.
+SHAPES = {
+    "mixed": Config(),
+    "group": Config(direct_producers=1, group_producers=3, lagging_readers=1, resumers=0),
+    "direct": Config(direct_producers=3, group_producers=0, lagging_readers=2),
+}
 
 
 @dataclass
@@ -63,9 +74,16 @@ class World:
             value -= weight
         raise AssertionError("unreachable")
 
-    def pause(self, options: tuple[float, ...] = (0.05, 0.5, 5.0, 30.0, 120.0, 600.0)) -> None:
-        """Sleep a chosen while: from a hiccup to a process paused across collections."""
-        self.scheduler.sleep(self.choices.pick(options))
+    def pause(self, options: tuple[float, ...] = (0.05, 0.5, 5.0, 30.0, 120.0, 600.0, ALIGNED)) -> None:
+        """Sleep a chosen while: from a hiccup to a process paused across collections.
+        ``ALIGNED`` sleeps until the next multiple of ``ALIGN_S`` virtual seconds: the
+        actors paused that way all wake together, so stale views meet (as processes of
+        one host do when it resumes from a freeze)."""
+        seconds = self.choices.pick(options)
+        if seconds == ALIGNED:
+            elapsed = self.scheduler.clock.elapsed
+            seconds = (elapsed // ALIGN_S + 1) * ALIGN_S - elapsed
+        self.scheduler.sleep(seconds)
 
     def skew(self) -> float:
         """A host clock off by up to ``max_skew_s`` either way (0 most of the time)."""
