@@ -3,7 +3,8 @@
     python -m batchweave.testing.simulation --seeds 0-99 --minutes 1
     python -m batchweave.testing.simulation --replay 55 --trace 40
     python -m batchweave.testing.simulation --replay 55 --shrink
-    python -m batchweave.testing.simulation --choices shrunk.json --trace 0
+    python -m batchweave.testing.simulation --replay 55 --shrink --save shrunk.json
+    python -m batchweave.testing.simulation --choices shrunk.json --story --trace 0
 
 Prints the seeds run, the store operations explored (per minute) and every violation
 with its seed. A seed is replayed exactly: the same seed, the same run.
@@ -34,14 +35,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=None, help="stop starting new seeds after this long")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="mixed", help="the actors of a run")
     parser.add_argument("--replay", type=int, default=None, help="run this one seed and show it")
-    parser.add_argument("--choices", default=None, help="replay a JSON list of recorded choices")
+    parser.add_argument("--choices", default=None, help="replay a schedule saved with --save")
     parser.add_argument("--shrink", action="store_true", help="shrink the replayed run's first violation")
     parser.add_argument("--shrink-seconds", type=float, default=120.0)
     parser.add_argument("--trace", type=int, default=60, help="operations of the trace to show (0: all)")
     parser.add_argument(
         "--story", action="store_true", help="show only log writes, crashes and the culprits' operations"
     )
-    parser.add_argument("--save", default=None, help="write the (shrunk) choices to this JSON file")
+    parser.add_argument("--save", default=None, help="write the (shrunk) schedule to this JSON file")
     args = parser.parse_args(argv)
     if args.replay is not None or args.choices is not None:
         return _replay(args)
@@ -78,7 +79,9 @@ def _replay(args: argparse.Namespace) -> int:
     config = SHAPES[args.shape]
     if args.choices is not None:
         with open(args.choices) as f:
-            result = simulate(Choices(replay=json.load(f)), config)
+            pinned = json.load(f)
+        config = SHAPES[pinned["shape"]]
+        result = simulate(Choices(replay=pinned["choices"]), config)
     else:
         result = simulate(Choices(seed=args.replay), config)
     _show(result, args)
@@ -93,7 +96,13 @@ def _replay(args: argparse.Namespace) -> int:
         result = shrunk
     if args.save:
         with open(args.save, "w") as f:
-            json.dump(result.choices, f)
+            pinned = {
+                "shape": args.shape,
+                "seed": args.replay,
+                "violation": str(result.violations[0]) if result.violations else None,
+                "choices": result.choices,
+            }
+            f.write(json.dumps(pinned, separators=(",", ":")) + "\n")
     return 1 if result.violations else 0
 
 

@@ -134,7 +134,7 @@ def direct_producer(world: World, actor: Actor, pid: str) -> None:
     world.producers[actor] = producer
     offset = producer.resume_offset
     for _ in range(config.actions):
-        action = world.action(_DIRECT_ACTIONS)
+        action = world.action(_DIRECT_ACTIONS | {"pause": config.pause_weight})
         if action == "append":
             producer.append([payload(pid, offset, i) for i in range(config.dp)], source_offset=offset)
             offset += 1
@@ -162,7 +162,7 @@ def group_producer(world: World, actor: Actor, pid: str) -> None:
     world.producers[actor] = driver.producer
     offset = driver.resume_offset
     for _ in range(config.actions):
-        action = world.action(_GROUP_ACTIONS)
+        action = world.action(_GROUP_ACTIONS | {"pause": config.pause_weight})
         if action == "append":
             driver.append([payload(pid, offset, i) for i in range(config.dp)], source_offset=offset)
             offset += 1
@@ -363,12 +363,13 @@ def _recreate_freed_version(world: World) -> None:
     commits there: a group commit folding every intent that state accepts, or else the
     newest genuine version's TGBs from ``n``'s first step. Stale writers are most often at
     the view of another stale actor (they paused together), so the versions right after
-    live actors' views come first."""
+    live actors' views are taken when there are any."""
     freed = [v for v in world.model.genuine_bytes if v > 1 and world.store.peek(version_key(v)) is None]
     if not freed:
         return
-    near_views = sorted({v + 1 for v in _views(world)} & set(freed))
-    candidates = near_views + [v for v in freed if v not in near_views]
+    views = {v + 1 for v in _views(world)} & set(freed)
+    deep = sorted(v for v in views if v + 1 in freed)  # a view two or more versions inside the freed region
+    candidates = deep or sorted(views) or freed
     version = candidates[world.choose(len(candidates))]
     stale = _stale_fold(world, version) if world.choose(2) == 0 else None
     if stale is None:

@@ -41,6 +41,8 @@ def shrink(failing: Result, config: Config, kind: str | None = None, budget_s: f
     _zero_chunks(lambda: best.choices, attempt, deadline)
     _remove_chunks(lambda: best.choices, attempt, deadline)
     _lower_values(lambda: best.choices, attempt, deadline)
+    while best.choices and best.choices[-1] == 0:
+        best.choices.pop()  # an exhausted list answers 0 anyway
     return best
 
 

@@ -29,6 +29,7 @@ class Config:
     dp: int = 2
     snapshot_every: int = 3  # small, so that collections delete versions early and often
     actions: int = 24  # script length of one producer incarnation
+    pause_weight: int = 3  # of a producer's actions, pauses weigh this (appends weigh 10)
     max_incarnations: int = 3  # per producer id (restarts and crash restarts)
     crash_odds: int = 4  # one crashable actor (process) in this many is killed at some store operation
     crash_budget: int = 3
@@ -44,7 +45,7 @@ ALIGN_S = 900.0
 # Named shapes of a run: the CLI's --shape, and what the tests pin regressions to.
 SHAPES = {
     "mixed": Config(),
-    "group": Config(direct_producers=1, group_producers=3, lagging_readers=1, resumers=0),
+    "group": Config(direct_producers=1, group_producers=3, lagging_readers=1, resumers=0, pause_weight=8),
     "direct": Config(direct_producers=3, group_producers=0, lagging_readers=2),
 }
 
