@@ -43,10 +43,10 @@ SEEDS_PER_SHAPE = 120  # about 5 s per shape on one free core
 # Kinds of violation the simulation finds on this branch, each pinned below as a strict
 # xfail: the bugs of issue 18 (I10) the lead is fixing on main. Remove a kind once fixed.
 KNOWN_KINDS = {
-    "waits-forever": "a reader overtaken by collection waits at the head forever (no DataReclaimedError)",
+    "producer-ahead": "an idle group producer adopts a stale fold in a freed key, drops its pending TGBs: lost",
     "wrong-step": "a reader no checkpoint protects delivers a version a stale writer re-created in a freed key",
-    "stale-read": "an actor reads a stale writer's re-created version and raises CorruptDataError, the log is fine",
-    "producer-ahead": "an idle group producer adopts a stale fold, drops its pending TGBs: they are lost",
+    "waits-forever": "a reader overtaken by collection waits at the head forever (no DataReclaimedError)",
+    "stale-read": "an actor reads a stale writer's re-created version and raises CorruptDataError; the log is fine",
 }
 
 
@@ -146,32 +146,62 @@ def test_every_check_reports_a_sabotage_and_shrinks_it(sabotage, monkeypatch):
 # -- the violations found, pinned -----------------------------------------------------
 
 
-def _pinned(name: str):
-    return json.loads((SCHEDULES / f"{name}.json").read_text())
-
-
 def _replay_pinned(name: str) -> None:
-    """The protocol holds on the pinned schedule (fails with the violation while the bug is there)."""
-    pinned = _pinned(name)
+    """The protocol holds on the pinned schedule (it fails with the violation while the bug
+    is there: ``python -m batchweave.testing.simulation --choices tests/simulation/NAME.json
+    --story --trace 0`` shows what happens)."""
+    pinned = json.loads((SCHEDULES / f"{name}.json").read_text())
     result = simulate(Choices(replay=pinned["choices"]), SHAPES[pinned["shape"]])
     assert not result.violations, _explain(result, pinned["seed"], pinned["shape"])
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=f"I10, fixed on main: {KNOWN_KINDS['waits-forever']}")
-def test_reader_overtaken_by_collection_raises_instead_of_waiting_forever():
-    _replay_pinned("waits-forever")
+def _known(kind: str):
+    return pytest.mark.xfail(
+        strict=True, raises=AssertionError, reason=f"I10, being fixed on main: {KNOWN_KINDS[kind]}"
+    )
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=f"I10, fixed on main: {KNOWN_KINDS['wrong-step']}")
+@_known("producer-ahead")
+def test_idle_group_producer_never_adopts_a_stale_fold_from_a_freed_key():
+    """g0 and g1 pause at the same version; collection frees the versions after it; g0 wakes
+    and folds g1's intent into a freed key; g1 wakes, follows the log, reads that fold,
+    drops its pending TGB and deletes its intent: the TGB is lost."""
+    _replay_pinned("producer-ahead")
+
+
+@_known("wrong-step")
 def test_lagging_reader_never_delivers_a_version_re_created_in_a_freed_key():
+    """A reader no checkpoint protects pauses; collection deletes the versions after its
+    cursor; a stale writer re-creates one of those keys (the damager, as a stale producer
+    would); the reader delivers it as its next step."""
     _replay_pinned("wrong-step")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=f"I10, fixed on main: {KNOWN_KINDS['stale-read']}")
+@_known("wrong-step")
+def test_lagging_reader_never_delivers_a_stale_group_commit():
+    """The same with a real stale writer (unshrunk: mixed seed 152): group producer g0.2,
+    paused across a collection, commits into a freed key; the lagging reader delivers it."""
+    result = simulate(Choices(seed=152), SHAPES["mixed"])
+    assert not result.violations, _explain(result, 152, "mixed")
+
+
+@_known("waits-forever")
+def test_reader_overtaken_by_collection_raises_instead_of_waiting_forever():
+    """A lagging reader's next version is deleted by collection: it polls it as if it were
+    the head, forever, instead of raising DataReclaimedError."""
+    _replay_pinned("waits-forever")
+
+
+@_known("stale-read")
 def test_group_producer_reading_a_re_created_version_reloads_instead_of_failing():
+    """A paused group producer follows the log into another stale producer's commit in a
+    freed key and fails with CorruptDataError ("does not follow"): the log is fine; its view
+    is stale, and it should reload."""
     _replay_pinned("stale-read-producer")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=f"I10, fixed on main: {KNOWN_KINDS['stale-read']}")
-def test_lagging_reader_reading_a_re_created_version_raises_data_reclaimed():
+@_known("stale-read")
+def test_resumed_reader_reading_a_re_created_version_raises_data_reclaimed():
+    """A reader resumed from an old cursor reads a version a stale producer re-created in a
+    freed key and raises CorruptDataError instead of DataReclaimedError."""
     _replay_pinned("stale-read-reader")

@@ -6,6 +6,10 @@
 - :mod:`batchweave.testing.interleave`'s :class:`PausingStore`: a store that holds a
   chosen operation until the test releases it, to force one interleaving of concurrent
   producers, consumers and GC instead of hoping for it;
+- :mod:`batchweave.testing.simulation`: a deterministic simulation of the whole protocol
+  (the real producers, consumers and collectors on a simulated store and a virtual clock,
+  every store operation a seeded scheduling point), with replay and shrinking; imported
+  on its own (it needs ``greenlet``);
 - :mod:`batchweave.testing.servers`: real object-store servers on 127.0.0.1 (moto,
   SeaweedFS, Azurite, s3rver), as ``with`` blocks (:func:`moto_s3`,
   :func:`seaweedfs_s3`, :func:`azurite_blob`) or as processes to start once per test

@@ -22,8 +22,10 @@ __all__ = ["format_trace", "shrink"]
 
 
 def shrink(failing: Result, config: Config, kind: str | None = None, budget_s: float = 60.0) -> Result:
-    """The smallest run found that still has a violation of ``kind`` (default: the first's)."""
-    kind = kind or failing.violations[0].kind
+    """The smallest run found that still has a violation of ``kind`` (default: the first's)
+    by an actor of the same role (a lagging reader stays a lagging reader)."""
+    first = next(v for v in failing.violations if kind is None or v.kind == kind)
+    wanted = (first.kind, _role(first.actor))
     deadline = time.monotonic() + budget_s
     best = failing
 
@@ -32,7 +34,8 @@ def shrink(failing: Result, config: Config, kind: str | None = None, budget_s: f
         if time.monotonic() > deadline:
             return False
         result = simulate(Choices(replay=candidate), config)
-        if kind in result.kinds and len(result.choices) <= len(best.choices):
+        same = any((v.kind, _role(v.actor)) == wanted for v in result.violations)
+        if same and len(result.choices) <= len(best.choices):
             best = result
             return True
         return False
@@ -44,6 +47,11 @@ def shrink(failing: Result, config: Config, kind: str | None = None, budget_s: f
     while best.choices and best.choices[-1] == 0:
         best.choices.pop()  # an exhausted list answers 0 anyway
     return best
+
+
+def _role(actor: str) -> str:
+    """``g0.2`` -> ``g``, ``lag0`` -> ``lag``: what the actor is, not which one."""
+    return actor.rstrip("0123456789.").rstrip("0123456789")
 
 
 def _shortest_prefix(choices: list[int], attempt: Callable[[list[int]], bool]) -> None:
@@ -115,7 +123,15 @@ def format_trace(result: Result, last: int | None = None, story: bool = False) -
     if story:
         culprits = {v.actor for v in result.violations}
         trace = [entry for entry in trace if _in_story(entry, culprits)]
-    lines = [f"{t:9.2f}  {actor:<10} {op:<14} {_short_key(key)}" for t, actor, op, key in trace]
+    lines = []
+    repeats = 0
+    for index, (t, actor, op, key) in enumerate(trace):
+        if index + 1 < len(trace) and trace[index + 1][1:] == (actor, op, key):
+            repeats += 1  # a poll repeated: one line says how often
+            continue
+        times = f" (x{repeats + 1} since {trace[index - repeats][0]:.2f})" if repeats else ""
+        lines.append(f"{t:9.2f}  {actor:<10} {op:<14} {_short_key(key)}{times}")
+        repeats = 0
     if last is not None and len(lines) > last:
         lines = [f"... {len(lines) - last} earlier operations", *lines[-last:]]
     return "\n".join(lines)
