@@ -45,6 +45,7 @@ SEEDS_PER_SHAPE = 120  # about 5 s per shape on one free core
 KNOWN_KINDS = {
     "producer-ahead": "an idle group producer adopts a stale fold in a freed key, drops its pending TGBs: lost",
     "wrong-step": "a reader no checkpoint protects delivers a version a stale writer re-created in a freed key",
+    "early-end": "a reader no checkpoint protects ends the stream early at a stale writer's re-created end marker",
     "waits-forever": "a reader overtaken by collection waits at the head forever (no DataReclaimedError)",
     "stale-read": "an actor reads a stale writer's re-created version and raises CorruptDataError; the log is fine",
 }
@@ -185,6 +186,14 @@ def test_lagging_reader_never_delivers_a_stale_group_commit():
     assert not result.violations, _explain(result, 152, "mixed")
 
 
+@_known("early-end")
+def test_reader_never_ends_early_at_a_re_created_end_marker():
+    """Unshrunk (mixed seed 1833): a resumed reader polls a version collection deleted; a
+    stale writer re-creates it with an end-of-stream marker; the reader stops 16 steps early."""
+    result = simulate(Choices(seed=1833), SHAPES["mixed"])
+    assert not result.violations, _explain(result, 1833, "mixed")
+
+
 @_known("waits-forever")
 def test_reader_overtaken_by_collection_raises_instead_of_waiting_forever():
     """A lagging reader's next version is deleted by collection: it polls it as if it were
@@ -194,14 +203,15 @@ def test_reader_overtaken_by_collection_raises_instead_of_waiting_forever():
 
 @_known("stale-read")
 def test_group_producer_reading_a_re_created_version_reloads_instead_of_failing():
-    """A paused group producer follows the log into another stale producer's commit in a
-    freed key and fails with CorruptDataError ("does not follow"): the log is fine; its view
-    is stale, and it should reload."""
+    """A paused group producer wakes and follows the log into a version a stale writer
+    re-created in a freed key, and fails with CorruptDataError ("skips offsets"): the log is
+    fine; its view is stale, and it should reload."""
     _replay_pinned("stale-read-producer")
 
 
 @_known("stale-read")
 def test_resumed_reader_reading_a_re_created_version_raises_data_reclaimed():
-    """A reader resumed from an old cursor reads a version a stale producer re-created in a
-    freed key and raises CorruptDataError instead of DataReclaimedError."""
+    """A reader resumed from an old cursor polls a version collection deleted; a stale
+    writer re-creates it; the reader raises CorruptDataError ("the log was forked") instead
+    of DataReclaimedError."""
     _replay_pinned("stale-read-reader")
