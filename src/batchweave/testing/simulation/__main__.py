@@ -30,7 +30,10 @@ def _seed_range(text: str) -> range:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m batchweave.testing.simulation", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m batchweave.testing.simulation",
+        description="Deterministic simulation of the BatchWeave protocol: explore seeds, replay one, shrink it.",
+    )
     parser.add_argument("--seeds", type=_seed_range, default=range(0, 100), help="seeds to run, e.g. 0-99")
     parser.add_argument("--minutes", type=float, default=None, help="stop starting new seeds after this long")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="mixed", help="the actors of a run")
