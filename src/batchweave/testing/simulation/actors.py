@@ -228,6 +228,8 @@ def trainer(world: World, actor: Actor, name: str, generation: int, start: list[
                 _checkpoint(world, f"{name}-{generation}-{marked}", ranks)
             if world.ended_at is None and world.choose(3) == 2:  # once the stream ended, drain
                 world.pause((0.5, 5.0, 60.0))
+    except DataReclaimedError as exc:  # its durable checkpoint reaches these steps: I4
+        world.model.violation("deleted-reachable", actor.name, f"a checkpointed reader was told: {exc}")
     except BatchWeaveError as exc:
         if not world.model.stale_error(actor.name, exc):
             world.model.violation(
