@@ -24,6 +24,7 @@ from batchweave.errors import (
     ProducerFencedError,
     StoreError,
     StreamEndedError,
+    TransientStoreError,
 )
 from batchweave.gc import collect_garbage
 from batchweave.group import INTENT_PREFIX, GroupCommit, build_group_commit, decode_intent
@@ -99,6 +100,10 @@ def _producer_life(world: World, actor: Actor, pid: str, script) -> None:
             world.model.violation("unexpected-error", actor.name, f"fenced with no newer incarnation: {exc}")
         elif isinstance(exc, StreamEndedError) and not world.model.ended:
             world.model.violation("unexpected-error", actor.name, f"told the stream ended, it has not: {exc}")
+    except TransientStoreError:
+        # Told its claim or an append failed (a lost answer): it stops, and is restarted.
+        world.producers.pop(actor, None)
+        _spawn_producer(world, pid, actor.kind, delay_s=world.choices.pick((1.0, 60.0)))
     except BatchWeaveError as exc:
         if not world.model.stale_error(actor.name, exc):
             world.model.violation("unexpected-error", actor.name, f"{type(exc).__name__}: {exc}")

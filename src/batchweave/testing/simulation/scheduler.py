@@ -22,6 +22,7 @@ from typing import Any
 
 import greenlet
 
+from batchweave.errors import TransientStoreError
 from batchweave.testing.simulation.choices import Choices
 
 __all__ = ["OP_LATENCY_S", "Actor", "Dead", "Op", "Scheduler", "VirtualClock"]
@@ -56,6 +57,7 @@ class Op:
     name: str
     key: str
     apply: Callable[[], Any]
+    timeout: str | None = None  # "applied" or "lost": the caller sees a timeout instead of the answer
 
 
 @dataclass(eq=False)
@@ -74,6 +76,7 @@ class Actor:
     error: BaseException | None = None
     waiting_for: str = ""  # what it is blocked on, for "waits forever" messages
     crash_at: int = 0  # dies at its crash_at-th store operation (0: never)
+    ambiguous_at: int = 0  # its first log-version put from this operation on times out (0: never)
     ops: int = 0  # store operations it was scheduled for
     notes: dict[str, Any] = field(default_factory=dict)  # what its script wants found (its consumer)
 
@@ -85,9 +88,12 @@ class Actor:
 class Scheduler:
     """Runs actors until none is left or a deadline passes; see the module doc."""
 
-    def __init__(self, choices: Choices, clock: VirtualClock, crash_odds: int, crash_budget: int) -> None:
+    def __init__(
+        self, choices: Choices, clock: VirtualClock, crash_odds: int, crash_budget: int, ambiguous_odds: int = 0
+    ) -> None:
         self.choices = choices
         self.clock = clock
+        self.ambiguous_odds = ambiguous_odds  # one producer in this many sees a commit time out (0: none)
         self.crash_odds = crash_odds  # one crashable actor in this many dies
         self.crash_span = 200  # ... at one of its first this many store operations
         self.crash_budget = crash_budget  # crashes left in this run
@@ -106,6 +112,8 @@ class Scheduler:
         actor.wake_at = self.clock.now + delay_s
         if actor.crashable and self.choices.chance(self.crash_odds):
             actor.crash_at = 1 + self.choices.choose(self.crash_span)
+        if self.ambiguous_odds and kind in ("producer", "group") and self.choices.chance(self.ambiguous_odds):
+            actor.ambiguous_at = 1 + self.choices.choose(self.crash_span)
         actor.glet = greenlet.greenlet(lambda: self._run(actor, body), parent=self.main)
         self.actors.append(actor)
         return actor
@@ -126,7 +134,27 @@ class Scheduler:
         actor.pending, actor.state = op, "op"
         self.main.switch()
         actor.pending = None
-        return op.apply()
+        if op.timeout is None:
+            return op.apply()
+        if op.timeout == "applied":
+            try:
+                op.apply()
+            except Exception:
+                pass  # its answer is lost with the rest of the response
+        raise TransientStoreError(op.key, f"simulated timeout, the put was {op.timeout}")
+
+    def _times_out(self, actor: Actor) -> None:
+        """Whether the answer to this log-version put is lost (``ambiguous_at``): the store
+        applied it or not, and the writer sees a timeout either way (I3's ambiguous commit)."""
+        op = actor.pending
+        assert op is not None
+        if actor.ambiguous_at == 0 or actor.ops < actor.ambiguous_at:
+            return
+        if op.name != "put_if_absent" or not op.key.startswith("_log/0"):
+            return  # the first log-version put from its ambiguous_at-th operation on
+        actor.ambiguous_at = 0
+        op.timeout = "applied" if self.choices.choose(2) == 1 else "lost"
+        self.trace.append((self.clock.elapsed, actor.name, "TIMEOUT", f"{op.name} {op.key} {op.timeout}"))
 
     def sleep(self, seconds: float) -> None:
         actor = self._acting()
@@ -162,6 +190,7 @@ class Scheduler:
                 self.trace.append((self.clock.elapsed, actor.name, actor.pending.name, actor.pending.key))
                 if self._crashes(actor):
                     continue
+                self._times_out(actor)
             self._resume(actor)
             self.after_step()
 

@@ -33,6 +33,7 @@ class Config:
     max_incarnations: int = 3  # per producer id (restarts and crash restarts)
     crash_odds: int = 4  # one crashable actor (process) in this many is killed at some store operation
     crash_budget: int = 3
+    ambiguous_odds: int = 0  # one producer incarnation in this many sees one commit time out (0: none)
     max_skew_s: float = 900.0
     end_after_s: float = 3000.0  # the stream ends once producers are done, or after this
     drain_s: float = 3600.0  # after the end, how long consumers get to reach it
@@ -47,6 +48,7 @@ SHAPES = {
     "mixed": Config(),
     "group": Config(direct_producers=1, group_producers=3, lagging_readers=1, resumers=0, pause_weight=8),
     "direct": Config(direct_producers=3, group_producers=0, lagging_readers=2),
+    "ambiguous": Config(ambiguous_odds=2),  # mixed, and half the producers see a commit's answer lost
 }
 
 
