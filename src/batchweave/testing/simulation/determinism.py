@@ -1,0 +1,164 @@
+"""What the batchweave modules see of time, randomness and threads during a simulated run.
+
+``deterministic(sim)`` replaces module attributes (``batchweave.producer.time`` and the
+like), never the standard library itself, and restores them on exit:
+
+- ``time``: ``time()`` is the virtual clock plus the acting actor's skew, ``monotonic()``
+  and ``perf_counter()`` the virtual clock, ``sleep()`` a scheduling point;
+- ``random``, ``uuid``, ``secrets``: drawn from one seeded ``random.Random`` (the run's
+  *noise*, seeded by the run's first choice), so ids, tokens and jitter replay exactly;
+- ``threading`` of ``batchweave.producer``: a ``Condition`` whose ``wait`` is a virtual
+  sleep (group commit waits for its turn that way) and a ``Thread`` that never starts
+  (group mode needs a commit thread today; the simulation steps it instead, see
+  ``actors.GroupProducerDriver``);
+- ``ThreadPoolExecutor`` of ``batchweave.intents``: one that runs each call in the
+  caller (the intent board reads intents on 32 threads otherwise).
+
+Consumers need no patch: on a store that is not remote with ``prefetch=None`` the
+pipeline runs inline and reads the log with a read-ahead depth of 1, on no thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+import batchweave.consumer
+import batchweave.gc
+import batchweave.group
+import batchweave.intents
+import batchweave.journal
+import batchweave.log
+import batchweave.policies
+import batchweave.producer
+import batchweave.store
+
+if TYPE_CHECKING:
+    from batchweave.testing.simulation.scheduler import Scheduler
+
+__all__ = ["InertThread", "SimCondition", "deterministic"]
+
+
+class SimCondition:
+    """``threading.Condition`` for one greenlet at a time: no lock is ever contended, and
+    ``wait(timeout)`` is a virtual sleep (a wait without a timeout would never end in a
+    run with no thread to notify it)."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._scheduler = scheduler
+
+    def __enter__(self) -> SimCondition:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if timeout is None:
+            raise RuntimeError("a Condition.wait() without timeout would block forever in the simulation")
+        self._scheduler.sleep(timeout)
+        return False
+
+    def notify_all(self) -> None:
+        pass
+
+    notify = notify_all
+
+
+class InertThread:
+    """A commit thread that never runs: the simulation drives its loop step by step."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def start(self) -> None:
+        pass
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+
+class InlineExecutor:
+    """``ThreadPoolExecutor`` that runs every call in the caller, in order."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def map(self, fn: Callable[..., Any], *iterables: Iterable[Any]) -> Iterator[Any]:
+        return iter([fn(*args) for args in zip(*iterables, strict=True)])
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        pass
+
+
+def _fake_time(scheduler: Scheduler) -> SimpleNamespace:
+    clock = scheduler.clock
+
+    def skewed() -> float:
+        actor = scheduler.current
+        return clock.now + (actor.skew_s if actor is not None else 0.0)
+
+    def monotonic() -> float:
+        return clock.now - 1_600_000_000.0  # any origin will do; not the wall clock
+
+    return SimpleNamespace(time=skewed, monotonic=monotonic, perf_counter=monotonic, sleep=scheduler.sleep)
+
+
+def _fake_random(noise: random.Random) -> SimpleNamespace:
+    return SimpleNamespace(
+        random=noise.random,
+        uniform=noise.uniform,
+        randrange=noise.randrange,
+        Random=lambda seed=None: random.Random(noise.getrandbits(64) if seed is None else seed),
+    )
+
+
+def _fake_uuid(noise: random.Random) -> SimpleNamespace:
+    return SimpleNamespace(uuid4=lambda: uuid.UUID(int=noise.getrandbits(128), version=4), UUID=uuid.UUID)
+
+
+def _fake_secrets(noise: random.Random) -> SimpleNamespace:
+    return SimpleNamespace(token_hex=lambda n=32: noise.getrandbits(8 * n).to_bytes(n, "big").hex())
+
+
+@contextlib.contextmanager
+def deterministic(scheduler: Scheduler, noise: random.Random) -> Iterator[None]:
+    """Patch the batchweave modules for one run (see the module doc); restore on exit."""
+    fake_time = _fake_time(scheduler)
+    fake_random = _fake_random(noise)
+    threading_shim = SimpleNamespace(Condition=lambda: SimCondition(scheduler), Thread=InertThread)
+    patches: list[tuple[Any, str, Any]] = [
+        (batchweave.producer, "time", fake_time),
+        (batchweave.producer, "random", fake_random),
+        (batchweave.producer, "uuid", _fake_uuid(noise)),
+        (batchweave.producer, "secrets", _fake_secrets(noise)),
+        (batchweave.producer, "threading", threading_shim),
+        (batchweave.consumer, "time", fake_time),
+        (batchweave.consumer, "random", fake_random),
+        (batchweave.journal, "time", fake_time),
+        (batchweave.gc, "time", fake_time),
+        (batchweave.log, "uuid", _fake_uuid(noise)),
+        (batchweave.group, "random", fake_random),
+        (batchweave.policies, "random", fake_random),
+        (batchweave.store, "time", fake_time),
+        (batchweave.store, "random", fake_random),
+        (batchweave.store, "uuid", _fake_uuid(noise)),
+        (batchweave.intents, "ThreadPoolExecutor", InlineExecutor),
+    ]
+    saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
+    quiet = logging.getLogger("batchweave")
+    level = quiet.level
+    try:
+        for module, name, value in patches:
+            setattr(module, name, value)
+        quiet.setLevel(logging.CRITICAL)  # stale views and damaged objects log warnings by design
+        yield
+    finally:
+        quiet.setLevel(level)
+        for module, name, value in saved:
+            setattr(module, name, value)
