@@ -7,15 +7,15 @@ picks which pending store operation completes next, and the model of the genuine
 is checked after every step (docs/invariants.md, I1-I10). Here:
 
 - a bounded exploration of fixed seeds for every shape (``make soak``: BATCHWEAVE_SOAK
-  times as many), which fails on any violation but the known ones below;
+  times as many), which fails on any violation;
 - replay is exact, in this process and in another with another hash seed;
 - every check can fail: each sabotage of the real code below is reported as its kind,
   on a seed where the unsabotaged run does not report it, and shrinks;
-- one regression per violation found, its shrunk schedule pinned in tests/simulation/.
-  Those are I10 bugs being fixed on main: strict xfails, so they flip when fixed.
-  A pinned schedule means the same interleaving only while the code issues the same
-  store operations; once the fix changes them, keep the test as a plain regression and
-  let the exploration guard the rest.
+- one regression per violation found while it was built (the I10 bugs of issue 18, all
+  fixed), its shrunk schedule pinned in tests/simulation/ or its seed named. A pinned
+  schedule replays the same interleaving only while the code issues the same store
+  operations; each still failed on the code before the fixes, and the exploration guards
+  the rest.
 """
 
 from __future__ import annotations
@@ -40,19 +40,6 @@ from batchweave.testing.simulation.shrink import format_trace, shrink
 SCHEDULES = Path(__file__).parent / "simulation"
 SEEDS_PER_SHAPE = 80  # about 5 s per shape on one free core
 
-# Kinds of violation the simulation finds on this branch, each pinned below as a strict
-# xfail: the bugs of issue 18 (I10) the lead is fixing on main. Remove a kind once fixed.
-KNOWN_KINDS = {
-    "producer-ahead": "an idle group producer adopts a stale fold in a freed key, drops its pending TGBs: lost",
-    "wrong-step": "a reader no checkpoint protects delivers a version a stale writer re-created in a freed key",
-    "flush-lost": "a direct producer's commit times out right after a reload; its retry builds on its stale state, "
-    "puts into a freed key, passes the anchor check (the anchor is newer than the put) and flush() returns",
-    "early-end": "a reader no checkpoint protects ends the stream early at a stale writer's re-created end marker",
-    "waits-forever": "a reader overtaken by collection waits at the head forever (no DataReclaimedError)",
-    "stale-read": "an actor reads a stale writer's re-created version and raises CorruptDataError; the log is fine",
-}
-
-
 def _explain(result, seed, shape) -> str:
     first = result.violations[0]
     return (
@@ -62,13 +49,12 @@ def _explain(result, seed, shape) -> str:
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_fixed_seeds_find_no_unknown_violation(shape):
+def test_fixed_seeds_find_no_violation(shape):
     ops = 0
     for seed in range(SEEDS_PER_SHAPE * FACTOR):
         result = simulate(Choices(seed=seed), SHAPES[shape])
         ops += result.ops
-        unknown = [v for v in result.violations if v.kind not in KNOWN_KINDS]
-        assert not unknown, _explain(result, seed, shape)
+        assert not result.violations, _explain(result, seed, shape)
     assert ops > 100 * SEEDS_PER_SHAPE  # the runs did something
 
 
@@ -158,13 +144,6 @@ def _replay_pinned(name: str) -> None:
     assert not result.violations, _explain(result, pinned["seed"], pinned["shape"])
 
 
-def _known(kind: str):
-    return pytest.mark.xfail(
-        strict=True, raises=AssertionError, reason=f"I10, being fixed on main: {KNOWN_KINDS[kind]}"
-    )
-
-
-@_known("producer-ahead")
 def test_idle_group_producer_never_adopts_a_stale_fold_from_a_freed_key():
     """g0 and g1 pause at the same version; collection frees the versions after it; g0 wakes
     and folds g1's intent into a freed key; g1 wakes, follows the log, reads that fold,
@@ -172,7 +151,6 @@ def test_idle_group_producer_never_adopts_a_stale_fold_from_a_freed_key():
     _replay_pinned("producer-ahead")
 
 
-@_known("flush-lost")
 def test_commit_retried_after_a_timeout_never_lands_in_a_freed_key():
     """Found here, and on main at d280ab3 too (ambiguous seed 1512 there). A direct producer
     paused at version v wakes after collection freed v+1..: it puts v+1 (a freed key), its
@@ -180,12 +158,11 @@ def test_commit_retried_after_a_timeout_never_lands_in_a_freed_key():
     its put; its next put times out (lost). Its retry starts again from the producer's own
     state, still v: v+1 is missing, so it puts v+1 once more, and the anchor check passes,
     since the anchor is newer than the put and was never deleted. flush() returns; the
-    TGBs sit in a version no reader reads. Fix: never trust verify() for a put at or below
-    the anchor (or build on the journal's reloaded state, not the caller's)."""
+    TGBs sit in a version no reader reads. Fixed: a journal handed a state older than its
+    anchor reloads first (tests/test_proven_views.py has the same with a forced timeout)."""
     _replay_pinned("flush-lost")
 
 
-@_known("wrong-step")
 def test_lagging_reader_never_delivers_a_version_re_created_in_a_freed_key():
     """A reader no checkpoint protects pauses; collection deletes the versions after its
     cursor; a stale writer re-creates one of those keys (the damager, as a stale producer
@@ -193,7 +170,6 @@ def test_lagging_reader_never_delivers_a_version_re_created_in_a_freed_key():
     _replay_pinned("wrong-step")
 
 
-@_known("wrong-step")
 def test_lagging_reader_never_delivers_a_stale_group_commit():
     """The same with a real stale writer (unshrunk: mixed seed 152): group producer g0.2,
     paused across a collection, commits into a freed key; the lagging reader delivers it."""
@@ -201,7 +177,6 @@ def test_lagging_reader_never_delivers_a_stale_group_commit():
     assert not result.violations, _explain(result, 152, "mixed")
 
 
-@_known("early-end")
 def test_reader_never_ends_early_at_a_re_created_end_marker():
     """Unshrunk (mixed seed 1833): a resumed reader polls a version collection deleted; a
     stale writer re-creates it with an end-of-stream marker; the reader stops 16 steps early."""
@@ -209,14 +184,12 @@ def test_reader_never_ends_early_at_a_re_created_end_marker():
     assert not result.violations, _explain(result, 1833, "mixed")
 
 
-@_known("waits-forever")
 def test_reader_overtaken_by_collection_raises_instead_of_waiting_forever():
     """A lagging reader's next version is deleted by collection: it polls it as if it were
     the head, forever, instead of raising DataReclaimedError."""
     _replay_pinned("waits-forever")
 
 
-@_known("stale-read")
 def test_group_producer_reading_a_re_created_version_reloads_instead_of_failing():
     """A paused group producer wakes and follows the log into a version a stale writer
     re-created in a freed key, and fails with CorruptDataError ("skips offsets"): the log is
@@ -224,7 +197,6 @@ def test_group_producer_reading_a_re_created_version_reloads_instead_of_failing(
     _replay_pinned("stale-read-producer")
 
 
-@_known("stale-read")
 def test_resumed_reader_reading_a_re_created_version_raises_data_reclaimed():
     """A reader resumed from an old cursor polls a version collection deleted; a stale
     writer re-creates it; the reader raises CorruptDataError ("the log was forked") instead

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from types import SimpleNamespace
@@ -131,7 +132,11 @@ def deterministic(scheduler: Scheduler, noise: random.Random) -> Iterator[None]:
     """Patch the batchweave modules for one run (see the module doc); restore on exit."""
     fake_time = _fake_time(scheduler)
     fake_random = _fake_random(noise)
-    threading_shim = SimpleNamespace(Condition=lambda: SimCondition(scheduler), Thread=InertThread)
+    # Event: the producer's flag that stops its store retries at close; the simulated store
+    # never fails transiently, so nothing ever waits on it.
+    threading_shim = SimpleNamespace(
+        Condition=lambda: SimCondition(scheduler), Thread=InertThread, Event=threading.Event
+    )
     patches: list[tuple[Any, str, Any]] = [
         (batchweave.producer, "time", fake_time),
         (batchweave.producer, "random", fake_random),
