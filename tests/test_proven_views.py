@@ -216,3 +216,16 @@ def test_a_retry_from_a_state_older_than_the_anchor_reloads_instead_of_committin
     assert store.fired is not None
     p.close()
     assert head(url).producers["p"].offset == 4  # every flushed TGB is in the live log
+
+
+def test_versions_read_before_a_miss_are_proven_and_delivered(url, monkeypatch):
+    """A finished read the reader counted on (``ready()``) can be a miss: the versions read
+    before it are proven and their steps handed out before the reader pauses, never left
+    in an unproven batch (the consumer then waited at the head with steps in hand)."""
+    from batchweave.readahead import LogReadAhead
+
+    with bw.Producer(url, "p", dp=1, commit_policy=Manual(), snapshot_every=10) as p:
+        commit(p, 10)
+    monkeypatch.setattr(LogReadAhead, "ready", lambda reader: True)  # every read looks finished
+    with bw.Consumer(url, dp=1, rank=0, timeout_s=5) as reader:
+        assert [next(reader).step for _ in range(10)] == list(range(10))

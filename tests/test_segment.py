@@ -195,7 +195,9 @@ def test_a_consumer_reads_a_one_tgb_per_version_backlog_in_about_one_request_per
         steps = [bytes(batch.data) for batch in consumer]
     assert steps == [b"b%d" % offset for offset in range(320)]
     requests = sum(store.reads.values())
-    assert requests / 320 <= 1.1, store.reads  # one range read per step, one segment per 32
+    # One range read per step, one segment per 32 versions, and one proof (I10) per batch of
+    # versions: batches end where a read is still in flight, so their number varies a little.
+    assert requests / 320 <= 1.15, store.reads
 
 
 # -- garbage collection --------------------------------------------------------------------

@@ -21,7 +21,7 @@ import reprlib
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, NamedTuple
@@ -70,8 +70,9 @@ MAX_AUTO_PREFETCH = 64
 # Descriptors only, a few KB each.
 LOG_LOOKAHEAD_TGBS = 256
 # I10: log versions are used only once proven genuine, one proof (a GET of the anchor) per
-# batch of versions read without waiting, at most this many versions to a batch.
-PROOF_BATCH_VERSIONS = 64
+# batch of versions: those read without waiting, or while the previous batch's proof was in
+# flight, at most this many.
+PROOF_BATCH_VERSIONS = 128
 # A reader finding no new version re-checks its anchor this often: a miss may be a version
 # GC deleted (this reader was overtaken) rather than one not committed yet. About 0.1
 # requests a second, against the ~1 a second an idle reader's probes cost.
@@ -583,39 +584,59 @@ class _Pipeline:
         self._open()
         depth = DEFAULT_LOG_READ_AHEAD if self._store.remote else 1  # local reads are too quick to overlap
         reader = LogReadAhead(self._journal, max(self._cursor.version, 1), depth, stop=self._stop)
+        if self._cursor.version == 0 and depth > 1:
+            reader.beside(self._journal.learn_namespace)  # for the first proof, while reading
         try:
             yield from self._follow_versions(reader)
         finally:
             reader.close()
 
     def _follow_versions(self, reader: LogReadAhead) -> Iterator[float]:
-        """Read versions in batches (as many as arrive without waiting), prove each batch
-        with one request (I10), then schedule its steps; pause while nothing is new."""
+        """Read versions in batches (as many as arrive without waiting) and prove each with
+        one request (I10) while the next batch is read; schedule a batch's steps once it is
+        proven. One proof at a time, each anchored on the previous batch's newest version.
+        Pause while nothing is new."""
         pause = 0.0
         batch: list[ReadVersion] = []
+        proving: tuple[Future[None], list[ReadVersion]] | None = None
         while not self._stop.is_set():
+            if proving is not None and proving[0].done():
+                if not self._take_proven(proving):
+                    return
+                proving = None
             version = reader.next_version
             try:
                 read = reader.next()
             except CorruptDataError:
                 # A damaged version: every step before it is delivered first, and a reader
                 # GC overtook hears that instead (the damage may lie in the reclaimed region).
+                if proving is not None:
+                    self._take_proven(proving)
                 self._prove(batch[0].delta.version if batch else version, batch[-1] if batch else None)
                 self._take_all(batch)
                 raise
             if read is not None:
                 batch.append(read)
-                if len(batch) < PROOF_BATCH_VERSIONS and reader.ready():
-                    continue
+                if len(batch) < PROOF_BATCH_VERSIONS and (reader.ready() or proving is not None):
+                    continue  # read on: while the last batch's proof is in flight too
+                if proving is not None and not self._take_proven(proving):
+                    return
+                proving = (reader.beside(self._prove, batch[0].delta.version, batch[-1]), batch)
+                batch = []
+                pause = 0.0
+                yield 0.0
+                continue
+            # A miss (the read a finished future promised can be one): what was read is
+            # proven and taken before the reader pauses.
+            if proving is not None:
+                if not self._take_proven(proving):
+                    return
+                proving = None
             if batch:
                 self._prove(batch[0].delta.version, batch[-1])
                 if not self._take_all(batch):
                     return
                 batch = []
-            if read is not None:
-                pause = 0.0
-                yield 0.0
-                continue
             if time.monotonic() - self._last_proof >= IDLE_PROOF_S:
                 self._prove(version, None)  # a miss may be a version GC deleted: were we overtaken?
             if version <= self._cursor.version:
@@ -627,6 +648,13 @@ class _Pipeline:
                 continue  # that took a while: look at the log again before pausing
             pause = min(self._max_poll_s, max(0.01, pause * 2))
             yield random.uniform(pause / 2, pause)  # jitter spreads 128 ranks' probes
+
+    def _take_proven(self, proving: tuple[Future[None], list[ReadVersion]]) -> bool:
+        """Wait for a batch's proof (it raises if the view could not be proven), then take
+        the batch; False as soon as the reader stops."""
+        proof, batch = proving
+        proof.result()
+        return self._take_all(batch)
 
     def _prove(self, lowest: int, newest: ReadVersion | None) -> None:
         """Go on only with a proven view (I10): every version read since the last proof,

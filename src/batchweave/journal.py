@@ -139,6 +139,7 @@ class Journal(Generic[VersionT]):
         self._unverified: set[int] = set()  # versions we put (or may have put) since the last verified commit
         self._unproven = False  # versions read since the anchor was last checked (I10)
         self._version_one: bytes | None = None  # version 1's bytes as a reader first read them
+        self._snapshot_namespace: str | None = None  # the id a snapshot records (learn_namespace)
         self._store_checked = False
         self._snapshot_missing = False  # the last load read a long tail: write a snapshot at the next commit
         # The committer's clock reading in the newest version read (its ``committed_at``):
@@ -397,22 +398,35 @@ class Journal(Generic[VersionT]):
             self._anchor = (newest.delta.version, log.digest(newest.data))
         return proven
 
+    def learn_namespace(self) -> None:
+        """Read the namespace's id from the newest snapshot, ahead of a start's first proof
+        (a reader from step 0 runs it beside its first reads): that proof then costs one
+        GET instead of a listing and a snapshot lookup. Best effort."""
+        try:
+            self._snapshot_namespace = self._newest_snapshot(trust_hint=True).namespace or None
+        except StoreError:  # CorruptDataError included: the proof looks again, and says so
+            pass
+
     def _proven_without_anchor(self, lowest: int) -> bool:
         """P2, version 1 certified by a snapshot, or P3 (module doc), checked now, after the reads."""
+        if lowest == 1 and self._version_one is not None and self._snapshot_namespace is not None:
+            if self._version_one_is_genuine(self._snapshot_namespace):
+                return True
         if self._listed_snapshot_version() == 0:
             return True  # no snapshot: no version was ever deleted
-        if lowest == 1 and self._version_one is not None and self._version_one_is_genuine():
-            return True
+        if lowest == 1 and self._version_one is not None:
+            if self._version_one_is_genuine(self._newest_snapshot(trust_hint=True).namespace):
+                return True
         return self.load_state().reclaimed.versions <= lowest
 
-    def _version_one_is_genuine(self) -> bool:
-        """Version 1 names the namespace with a random id that every snapshot repeats, so a
-        version 1 re-created in a freed key cannot match it. Matching, and present now with
-        the bytes read before: nothing above it had been deleted when the reads happened."""
+    def _version_one_is_genuine(self, namespace: str) -> bool:
+        """Version 1 names the namespace with a random id that every snapshot repeats (any
+        snapshot, read at any time: the id never changes), so a version 1 re-created in a
+        freed key cannot match it. Matching, and present now with the bytes read before:
+        nothing above it had been deleted when the reads happened."""
         assert self._version_one is not None
         first = log.decode_version_head(self._version_one, log.version_key(1), 1)
-        snapshot = self._newest_snapshot(trust_hint=True)
-        if not first.namespace or first.namespace != snapshot.namespace:
+        if not first.namespace or first.namespace != namespace:
             return False
         now = self._read_raw(log.version_key(1))
         return now is not None and bytes(now) == self._version_one

@@ -12,7 +12,9 @@ so a miss discards every speculative read beyond it and the next call probes aga
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 from batchweave import retry
 from batchweave.journal import Journal
@@ -104,6 +106,20 @@ class LogReadAhead:
         if pending is None and self._in_backlog(self._next):
             pending = self._segment_reads.get(segment_last(self._next))
         return pending is not None and pending.done()
+
+    def beside(self, work: Callable[..., None], *args: Any) -> Future[None]:
+        """Run ``work(*args)`` on the read-ahead's threads while reading goes on (a reader's
+        proof of what it read); in the caller's thread at depth 1."""
+        if self._pool is not None:
+            return self._pool.submit(work, *args)
+        done: Future[None] = Future()
+        try:
+            work(*args)
+        except BaseException as exc:
+            done.set_exception(exc)
+        else:
+            done.set_result(None)
+        return done
 
     def close(self) -> None:
         if self._pool is not None:
