@@ -40,6 +40,7 @@ from batchweave.testing.simulation.shrink import format_trace, shrink
 SCHEDULES = Path(__file__).parent / "simulation"
 SEEDS_PER_SHAPE = 80  # about 5 s per shape on one free core
 
+
 def _explain(result, seed, shape) -> str:
     first = result.violations[0]
     return (
