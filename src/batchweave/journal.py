@@ -409,14 +409,16 @@ class Journal(Generic[VersionT]):
 
     def _proven_without_anchor(self, lowest: int) -> bool:
         """P2, version 1 certified by a snapshot, or P3 (module doc), checked now, after the reads."""
-        if lowest == 1 and self._version_one is not None and self._snapshot_namespace is not None:
-            if self._version_one_is_genuine(self._snapshot_namespace):
-                return True
-        if self._listed_snapshot_version() == 0:
-            return True  # no snapshot: no version was ever deleted
         if lowest == 1 and self._version_one is not None:
-            if self._version_one_is_genuine(self._newest_snapshot(trust_hint=True).namespace):
+            namespace = self._snapshot_namespace  # learned beside the first reads, if it was
+            if namespace is None:
+                if self._listed_snapshot_version() == 0:
+                    return True  # no snapshot: no version was ever deleted
+                namespace = self._newest_snapshot(trust_hint=True).namespace
+            if self._version_one_is_genuine(namespace):
                 return True
+        elif self._listed_snapshot_version() == 0:
+            return True
         return self.load_state().reclaimed.versions <= lowest
 
     def _version_one_is_genuine(self, namespace: str) -> bool:

@@ -86,7 +86,8 @@ def decode_segment(data: bytes | memoryview, last: int) -> list[ReadVersion]:
         segment = _DECODER.decode(_inflate(data, key))
         if segment.format != SEGMENT_FORMAT:
             raise CorruptDataError(key, f"unsupported segment format {segment.format!r} (reader: {SEGMENT_FORMAT})")
-        versions = [ReadVersion(_VERSION.decode(raw), bytes(raw)) for raw in segment.versions]
+        # Each version's bytes as a view into the inflated segment: no copy per version.
+        versions = [ReadVersion(_VERSION.decode(raw), memoryview(raw)) for raw in segment.versions]
     except (zlib.error, msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError) as exc:
         raise CorruptDataError(key, f"damaged log segment: {exc}") from exc
     first = last - SEGMENT_VERSIONS + 1
