@@ -16,12 +16,11 @@ import functools
 import logging
 import math
 import queue
-import random
 import reprlib
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, NamedTuple
@@ -39,11 +38,13 @@ from batchweave.errors import (
     StoreError,
     TransientStoreError,
 )
+from batchweave.follower import FollowItem, ProvenLog
 from batchweave.journal import Journal
 from batchweave.layout import decode_slice
 from batchweave.log import LogState, LogVersion, ReadVersion, TGBDescriptor
 from batchweave.mesh import Mesh, resolve_rank
 from batchweave.metrics import ConsumerMetrics, FetchRecorder, PeriodicLog, describe
+from batchweave.polling import HeadPolling
 from batchweave.readahead import DEFAULT_LOG_READ_AHEAD, LogReadAhead
 from batchweave.reshard import Reshard, SliceRead
 from batchweave.store import Store, open_store
@@ -69,14 +70,6 @@ MAX_AUTO_PREFETCH = 64
 # coming steps live (and finds the end of a backlog) while the fetch slots are all taken.
 # Descriptors only, a few KB each.
 LOG_LOOKAHEAD_TGBS = 256
-# I10: log versions are used only once proven genuine, one proof (a GET of the anchor) per
-# batch of versions: those read without waiting, or while the previous batch's proof was in
-# flight, at most this many.
-PROOF_BATCH_VERSIONS = 128
-# A reader finding no new version re-checks its anchor this often: a miss may be a version
-# GC deleted (this reader was overtaken) rather than one not committed yet. About 0.1
-# requests a second, against the ~1 a second an idle reader's probes cost.
-IDLE_PROOF_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -453,7 +446,7 @@ class _Pipeline:
         self._fetches = consumer._fetches
         self.tgbs_seen = 0  # TGBs the log has shown (the newest version read ends there)
         self._axis = consumer.sequence_axis
-        self._max_poll_s = consumer.max_poll_interval_s
+        self._polling = HeadPolling(consumer.mesh.world_size, max_poll_s=consumer.max_poll_interval_s)
         self._cursor = cursor  # where this pipeline started
         self._next_delivered = cursor.step  # for messages
         self._start = cursor.position
@@ -468,7 +461,6 @@ class _Pipeline:
         self._stop = threading.Event()
         self.head_version = cursor.version  # the newest log version read
         self._expected_step: int | None = None  # the first step of the next version
-        self._last_proof = -math.inf  # when the reader's view was last proven (I10); never yet
         self._offsets: dict[str, tuple[int, int]] = {}  # producer -> (epoch, next offset), as read
         self.namespace = cursor.namespace
         self._broken: BaseException | None = None  # what the log reader or a fetch raised: final
@@ -582,96 +574,41 @@ class _Pipeline:
     def _follow_log(self) -> Generator[float, None, None]:
         """Queue every step as the log shows it; yield the pause before the next probe."""
         self._open()
+        source = self._own_log()
+        try:
+            for item in source:
+                if isinstance(item, list):
+                    if not self._take_all(item):
+                        return
+                    continue
+                if item == 0.0:  # reading on (a proof is in flight): no pause, nothing to schedule
+                    yield 0.0
+                    continue
+                waiting = self._next_step
+                if not self._schedule_ready(block_until=0):  # steps read ahead of the fetches go first
+                    return
+                # Progress took a while: look at the log again before pausing.
+                yield 0.0 if self._next_step != waiting else item
+        finally:
+            source.close()
+
+    def _own_log(self) -> Iterator[FollowItem]:
+        """This rank's own follower: reads ahead, proves every batch (I10), paces probes."""
         depth = DEFAULT_LOG_READ_AHEAD if self._store.remote else 1  # local reads are too quick to overlap
         reader = LogReadAhead(self._journal, max(self._cursor.version, 1), depth, stop=self._stop)
         if self._cursor.version == 0 and depth > 1:
             reader.beside(self._journal.learn_namespace)  # for the first proof, while reading
         try:
-            yield from self._follow_versions(reader)
+            yield from ProvenLog(
+                self._journal, reader, self._polling, self._reclaimed_from, self._url, self._cursor.version
+            )
         finally:
             reader.close()
 
-    def _follow_versions(self, reader: LogReadAhead) -> Iterator[float]:
-        """Read versions in batches (as many as arrive without waiting) and prove each with
-        one request (I10) while the next batch is read; schedule a batch's steps once it is
-        proven. One proof at a time, each anchored on the previous batch's newest version.
-        Pause while nothing is new."""
-        pause = 0.0
-        batch: list[ReadVersion] = []
-        proving: tuple[Future[None], list[ReadVersion]] | None = None
-        while not self._stop.is_set():
-            if proving is not None and proving[0].done():
-                if not self._take_proven(proving):
-                    return
-                proving = None
-            version = reader.next_version
-            try:
-                read = reader.next()
-            except CorruptDataError:
-                # A damaged version: every step before it is delivered first, and a reader
-                # GC overtook hears that instead (the damage may lie in the reclaimed region).
-                if proving is not None:
-                    self._take_proven(proving)
-                self._prove(batch[0].delta.version if batch else version, batch[-1] if batch else None)
-                self._take_all(batch)
-                raise
-            if read is not None:
-                batch.append(read)
-                if len(batch) < PROOF_BATCH_VERSIONS and (reader.ready() or proving is not None):
-                    continue  # read on: while the last batch's proof is in flight too
-                if proving is not None and not self._take_proven(proving):
-                    return
-                proving = (reader.beside(self._prove, batch[0].delta.version, batch[-1]), batch)
-                batch = []
-                pause = 0.0
-                yield 0.0
-                continue
-            # A miss (the read a finished future promised can be one): what was read is
-            # proven and taken before the reader pauses.
-            if proving is not None:
-                if not self._take_proven(proving):
-                    return
-                proving = None
-            if batch:
-                self._prove(batch[0].delta.version, batch[-1])
-                if not self._take_all(batch):
-                    return
-                batch = []
-            if time.monotonic() - self._last_proof >= IDLE_PROOF_S:
-                self._prove(version, None)  # a miss may be a version GC deleted: were we overtaken?
-            if version <= self._cursor.version:
-                raise CorruptDataError(log.version_key(version), "the cursor's log version is missing")
-            waiting = self._next_step
-            if not self._schedule_ready(block_until=0):  # steps read ahead of the fetches go first
-                return
-            if self._next_step != waiting:
-                continue  # that took a while: look at the log again before pausing
-            pause = min(self._max_poll_s, max(0.01, pause * 2))
-            yield random.uniform(pause / 2, pause)  # jitter spreads 128 ranks' probes
-
-    def _take_proven(self, proving: tuple[Future[None], list[ReadVersion]]) -> bool:
-        """Wait for a batch's proof (it raises if the view could not be proven), then take
-        the batch; False as soon as the reader stops."""
-        proof, batch = proving
-        proof.result()
-        return self._take_all(batch)
-
-    def _prove(self, lowest: int, newest: ReadVersion | None) -> None:
-        """Go on only with a proven view (I10): every version read since the last proof,
-        from ``lowest`` on, is genuine. Otherwise GC overtook this reader (DataReclaimedError)
-        or a version vanished that nothing reclaimed (CorruptDataError)."""
-        self._last_proof = time.monotonic()
-        anchor = self._journal.anchor_version
-        if self._journal.prove_reads(lowest, newest):
-            return
-        reclaimed = self._journal.load_state().reclaimed
-        below = anchor if anchor is not None and 0 < anchor <= lowest else lowest
-        if reclaimed.versions > below:
-            next_tgb = self._expected_step if self._expected_step is not None else math.floor(self._start)
-            raise DataReclaimedError(self._url, max(next_tgb, math.floor(self._start)), reclaimed.steps)
-        raise CorruptDataError(
-            log.version_key(below), "this log version vanished although no garbage collection reclaimed it"
-        )
+    def _reclaimed_from(self) -> int:
+        """The first step this reader still needs (for DataReclaimedError's message)."""
+        next_tgb = self._expected_step if self._expected_step is not None else math.floor(self._start)
+        return max(next_tgb, math.floor(self._start))
 
     def _take_all(self, batch: list[ReadVersion]) -> bool:
         """``_take`` each proven version in order; False as soon as the reader stops."""
