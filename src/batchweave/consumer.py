@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 import queue
 import reprlib
 import threading
@@ -44,6 +45,7 @@ from batchweave.layout import decode_slice
 from batchweave.log import LogState, LogVersion, ReadVersion, TGBDescriptor
 from batchweave.mesh import Mesh, resolve_rank
 from batchweave.metrics import ConsumerMetrics, FetchRecorder, PeriodicLog, describe
+from batchweave.node import NodeClient, NodePlan, NodeUnavailableError, plan_node, sharing_supported
 from batchweave.polling import HeadPolling
 from batchweave.readahead import DEFAULT_LOG_READ_AHEAD, LogReadAhead
 from batchweave.reshard import Reshard, SliceRead
@@ -113,6 +115,12 @@ class Consumer:
         storage_options: obstore options for the store, as for ``Producer``.
         log_metrics_s: log ``metrics()`` at INFO (logger ``batchweave.consumer``) every
             this many seconds of iteration (None: never).
+        local_rank, local_world_size: this rank's place on its node, default
+            ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` from the environment (torchrun), else
+            0 of 1.
+        node_sharing: the ranks of one node share one log follower and one read per
+            slice (``batchweave.node``). None (default): on when the node has more than
+            one rank, the store is an object store and the system is Linux.
 
     Opens the store with ``create=False``: a local directory that does not exist is a
     ConfigError at once (on an object store, a namespace nothing was committed to yet is
@@ -134,6 +142,9 @@ class Consumer:
         sequence_axis: int = -1,
         storage_options: dict[str, Any] | None = None,
         log_metrics_s: float | None = None,
+        local_rank: int | None = None,
+        local_world_size: int | None = None,
+        node_sharing: bool | None = None,
     ) -> None:
         self.mesh = Mesh(dp=dp, cp=cp, tp=tp, pp=pp)
         self.rank = resolve_rank(rank, self.mesh)
@@ -143,6 +154,7 @@ class Consumer:
         self.max_poll_interval_s = max_poll_interval_s
         self.sequence_axis = sequence_axis
         self._store = open_store(url, create=False, storage_options=storage_options)
+        self.node = _node_plan(self._store, self.mesh, self.rank, local_rank, local_world_size, node_sharing)
         self._cursor = _Cursor(version=0, position=Fraction(0), step=0)
         self._pipeline: _Pipeline | None = None
         self._fetches = FetchRecorder()  # recorded by the fetching threads
@@ -304,6 +316,33 @@ def _check_interval(seconds: Any) -> float | None:
     return seconds
 
 
+def _node_plan(
+    store: Store, mesh: Mesh, rank: int, local_rank: int | None, local_world_size: int | None, sharing: bool | None
+) -> NodePlan | None:
+    """How this rank shares with its node (None: it reads on its own)."""
+    if sharing is not None and not isinstance(sharing, bool):
+        raise ConfigError(f"node_sharing must be True, False or None, got {sharing!r}")
+    size = _local_setting(local_world_size, "LOCAL_WORLD_SIZE", 1)
+    if sharing is False or (sharing is None and (size < 2 or not store.remote or not sharing_supported())):
+        return None
+    if not sharing_supported():
+        raise ConfigError("node_sharing=True needs Linux (abstract Unix sockets and memfd)")
+    return plan_node(store.url, mesh, rank, _local_setting(local_rank, "LOCAL_RANK", 0), size)
+
+
+def _local_setting(value: int | None, variable: str, default: int) -> int:
+    if value is None:
+        text = os.environ.get(variable, "").strip()
+        if not text:
+            return default
+        if not text.isdigit():
+            raise ConfigError(f"{variable}={text!r} is not a non-negative integer")
+        return int(text)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{variable.lower()} must be a non-negative integer, got {value!r}")
+    return value
+
+
 def check_prefetch(prefetch: Any) -> int | None:
     """``prefetch`` as ``Consumer`` and ``TGBDataset`` take it: steps, or None to choose."""
     if prefetch is not None and (not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 1):
@@ -446,7 +485,9 @@ class _Pipeline:
         self._fetches = consumer._fetches
         self.tgbs_seen = 0  # TGBs the log has shown (the newest version read ends there)
         self._axis = consumer.sequence_axis
-        self._polling = HeadPolling(consumer.mesh.world_size, max_poll_s=consumer.max_poll_interval_s)
+        plan = consumer.node
+        followers = plan.nodes if plan is not None else consumer.mesh.world_size
+        self._polling = HeadPolling(followers, max_poll_s=consumer.max_poll_interval_s)
         self._cursor = cursor  # where this pipeline started
         self._next_delivered = cursor.step  # for messages
         self._start = cursor.position
@@ -465,6 +506,7 @@ class _Pipeline:
         self.namespace = cursor.namespace
         self._broken: BaseException | None = None  # what the log reader or a fetch raised: final
         self._steps = self._follow_log()
+        self._node: NodeClient | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._thread: threading.Thread | None = None
         if self._inline:
@@ -476,6 +518,8 @@ class _Pipeline:
             initializer=retry.stop_retrying_when,  # close() during a storm does not wait it out
             initargs=(self._stop,),
         )
+        if plan is not None:
+            self._node = NodeClient(plan.address, self._store, self._polling, plan.sharers)
         self._thread = threading.Thread(target=self._follow, name="batchweave-follow", daemon=True)
         self._thread.start()
 
@@ -521,6 +565,8 @@ class _Pipeline:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
         self._steps.close()  # the log reader's threads, if it has any
+        if self._node is not None:
+            self._node.close()
 
     def _pull(self, timeout_s: float | None) -> Any:
         """Inline mode: advance the log until a step is queued (or the deadline passes)."""
@@ -574,7 +620,7 @@ class _Pipeline:
     def _follow_log(self) -> Generator[float, None, None]:
         """Queue every step as the log shows it; yield the pause before the next probe."""
         self._open()
-        source = self._own_log()
+        source = self._own_log(max(self._cursor.version, 1)) if self._node is None else self._shared_log()
         try:
             for item in source:
                 if isinstance(item, list):
@@ -592,11 +638,29 @@ class _Pipeline:
         finally:
             source.close()
 
-    def _own_log(self) -> Iterator[FollowItem]:
+    def _shared_log(self) -> Iterator[FollowItem]:
+        """The node's follower (``batchweave.node``), or this rank's own from where it
+        stood if no hub can be reached."""
+        assert self._node is not None
+        anchor = (self._cursor.version, self._cursor.digest) if self._cursor.digest else None
+        try:
+            yield from self._node.log(
+                max(self._cursor.version, 1),
+                anchor,
+                self._cursor.version,
+                self._reclaimed_from,
+                self._url,
+                self._stop,
+            )
+        except NodeUnavailableError as exc:
+            _logger.warning("%s rank %d: %s", self._url, self._rank, exc)
+            yield from self._own_log(exc.next_version)
+
+    def _own_log(self, first: int) -> Iterator[FollowItem]:
         """This rank's own follower: reads ahead, proves every batch (I10), paces probes."""
         depth = DEFAULT_LOG_READ_AHEAD if self._store.remote else 1  # local reads are too quick to overlap
-        reader = LogReadAhead(self._journal, max(self._cursor.version, 1), depth, stop=self._stop)
-        if self._cursor.version == 0 and depth > 1:
+        reader = LogReadAhead(self._journal, first, depth, stop=self._stop)
+        if first == 1 and depth > 1:
             reader.beside(self._journal.learn_namespace)  # for the first proof, while reading
         try:
             yield from ProvenLog(
@@ -769,9 +833,18 @@ class _Pipeline:
             out.append(decode_slice(buf[offset - start : offset - start + length], key, crc))
         return out
 
+    def _read(self, key: str, start: int, length: int) -> memoryview:
+        """Through the node's hub (one read per slice per node), or from the store."""
+        if self._node is not None:
+            try:
+                return self._node.read(key, start, length)
+            except NodeUnavailableError:
+                pass  # read on our own
+        return self._store.get_range(key, start, length)
+
     def _range(self, key: str, start: int, length: int) -> memoryview:
         try:
-            data = self._store.get_range(key, start, length)
+            data = self._read(key, start, length)
         except ObjectNotFoundError:
             reclaimed = self._journal.load_state().reclaimed
             if math.floor(self._start) < reclaimed.steps:
