@@ -49,6 +49,7 @@ from batchweave.node import NodeClient, NodePlan, NodeUnavailableError, plan_nod
 from batchweave.polling import HeadPolling
 from batchweave.readahead import DEFAULT_LOG_READ_AHEAD, LogReadAhead
 from batchweave.reshard import Reshard, SliceRead
+from batchweave.sharedlog import InlineNode
 from batchweave.store import Store, open_store
 from batchweave.watermarks import Watermark, check_checkpoint_id, write_watermark
 
@@ -155,6 +156,7 @@ class Consumer:
         self.sequence_axis = sequence_axis
         self._store = open_store(url, create=False, storage_options=storage_options)
         self.node = _node_plan(self._store, self.mesh, self.rank, local_rank, local_world_size, node_sharing)
+        self._node_override: Any = None  # a node follower given in-process (the deterministic simulation)
         self._cursor = _Cursor(version=0, position=Fraction(0), step=0)
         self._pipeline: _Pipeline | None = None
         self._fetches = FetchRecorder()  # recorded by the fetching threads
@@ -506,7 +508,7 @@ class _Pipeline:
         self.namespace = cursor.namespace
         self._broken: BaseException | None = None  # what the log reader or a fetch raised: final
         self._steps = self._follow_log()
-        self._node: NodeClient | None = None
+        self._node: NodeClient | InlineNode | None = consumer._node_override
         self._pool: ThreadPoolExecutor | None = None
         self._thread: threading.Thread | None = None
         if self._inline:
