@@ -68,7 +68,15 @@ from batchweave.readahead import DEFAULT_LOG_READ_AHEAD, LogReadAhead
 from batchweave.sharedlog import SharedLog, decode_versions
 from batchweave.store import Store
 
-__all__ = ["NodeClient", "NodePlan", "NodeUnavailableError", "node_address", "plan_node", "sharing_supported"]
+__all__ = [
+    "NodeClient",
+    "NodePlan",
+    "NodeUnavailableError",
+    "node_address",
+    "plan_node",
+    "resolve_plan",
+    "sharing_supported",
+]
 
 _logger = logging.getLogger(__name__)
 _PREFIX = struct.Struct("<II")  # header length, payload length
@@ -129,6 +137,34 @@ def plan_node(url: str, mesh: Mesh, rank: int, local_rank: int, local_world_size
     sharers = sum(1 for c in same if (c.dp, c.cp) == (mine.dp, mine.cp))
     nodes = -(-mesh.world_size // local_world_size)
     return NodePlan(node_address(url, first), sharers, nodes)
+
+
+def resolve_plan(
+    store: Store, mesh: Mesh, rank: int, local_rank: int | None, local_world_size: int | None, sharing: bool | None
+) -> NodePlan | None:
+    """How ``rank`` shares with its node (None: it reads on its own), from the settings
+    of ``Consumer`` and torchrun's ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``."""
+    if sharing is not None and not isinstance(sharing, bool):
+        raise ConfigError(f"node_sharing must be True, False or None, got {sharing!r}")
+    size = _local_setting(local_world_size, "LOCAL_WORLD_SIZE", 1)
+    if sharing is False or (sharing is None and (size < 2 or not store.remote or not sharing_supported())):
+        return None
+    if not sharing_supported():
+        raise ConfigError("node_sharing=True needs Linux (abstract Unix sockets and memfd)")
+    return plan_node(store.url, mesh, rank, _local_setting(local_rank, "LOCAL_RANK", 0), size)
+
+
+def _local_setting(value: int | None, variable: str, default: int) -> int:
+    if value is None:
+        text = os.environ.get(variable, "").strip()
+        if not text:
+            return default
+        if not text.isdigit():
+            raise ConfigError(f"{variable}={text!r} is not a non-negative integer")
+        return int(text)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{variable.lower()} must be a non-negative integer, got {value!r}")
+    return value
 
 
 # -- the wire ----------------------------------------------------------------------------
