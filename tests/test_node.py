@@ -266,3 +266,20 @@ def test_sigkilled_hub_process_is_replaced_and_no_rank_loses_or_repeats_a_step(t
     with pytest.raises(OSError):  # the hub's name went with the last process
         probe.connect(node.node_address(url, 0))
     probe.close()
+
+
+def test_a_rank_that_reaches_no_hub_reads_on_its_own_and_says_so_once(monkeypatch, caplog):
+    store = CountingStore("memory://b/nohub")
+    steps = 8
+    fill(store, steps, 2)
+    squatter = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    squatter.bind(node.node_address(store.url, 0))  # holds the name, never answers
+    monkeypatch.setattr(node, "TAKEOVER_S", 0.2)
+    try:
+        with caplog.at_level("WARNING", logger="batchweave.node"):
+            seen = read_node(store, range(2), dp=2, tp=1, sharing=True)
+    finally:
+        squatter.close()
+    assert_each_rank_read_its_slice(seen, steps, 2, 1)
+    unreachable = [r for r in caplog.records if "unreachable" in r.getMessage()]
+    assert 1 <= len(unreachable) <= 2  # once per rank at most, not once per read

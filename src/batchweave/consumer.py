@@ -626,8 +626,7 @@ class _Pipeline:
                 self._url,
                 self._stop,
             )
-        except NodeUnavailableError as exc:
-            _logger.warning("%s rank %d: %s", self._url, self._rank, exc)
+        except NodeUnavailableError as exc:  # logged by the client
             yield from self._own_log(exc.next_version)
 
     def _own_log(self, first: int) -> Iterator[FollowItem]:

@@ -538,6 +538,7 @@ class NodeClient:
         self._ids = itertools.count()
         self._hosting = False
         self._closed = False
+        self._unreachable = False  # no hub within TAKEOVER_S once: this rank reads on its own from then on
 
     def close(self) -> None:
         with self._lock:
@@ -632,7 +633,7 @@ class NodeClient:
     def _connect(self, deadline: float) -> socket.socket:
         pause = 0.001
         while True:
-            if self._closed:
+            if self._closed or self._unreachable:
                 raise NodeUnavailableError(self._address)
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -645,6 +646,8 @@ class NodeClient:
                 _use_hub(self._address, +1)
                 continue
             if time.monotonic() > deadline:
+                self._unreachable = True
+                _logger.warning("%s", NodeUnavailableError(self._address))
                 raise NodeUnavailableError(self._address) from None
             time.sleep(pause)  # a hub binds before it listens: a moment
             pause = min(0.1, pause * 2)
