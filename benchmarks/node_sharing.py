@@ -5,8 +5,15 @@ read every step of a namespace on the latency model, side by side with sharing o
 (every rank follows the log and reads its own slice) and on (one hub per node:
 ``batchweave.node``). Two meshes: dp 2 x tp 4 (four ranks read each slice) and dp 8
 (no slice shared: only the log is). Per row: store requests per step for the node
-(range reads, log GETs), bytes read from the store, and the wall time for every rank to
-read every step. Each pair alternates ``rounds`` times; medians are compared.
+(range reads, log GETs), bytes read from the store, and two timings:
+
+- *flat out*: the wall time for every rank to read every step as fast as it can (the
+  node's capacity; here all ranks share one Python interpreter, and with it the hub's
+  work, which in a job runs in one rank's process beside the others);
+- *paced*: every rank spends ``STEP_S`` per step "training" (a sleep) and the seconds
+  ``next()`` waited for data after the first step are the GPU's stall.
+
+Each pair alternates ``rounds`` times; medians are compared.
 
 Targets (issue 19): store reads per node per step = distinct slices on the node; log
 requests per node = one follower's (at most 1/8 of today's at 8 ranks per node); and
@@ -32,6 +39,7 @@ from benchmarks.report import BenchOptions, BenchResult, machine
 
 NAME = "node-sharing"
 RANKS_PER_NODE = 8
+STEP_S = 0.02  # paced: a training step's compute (50 steps a second, faster than most jobs)
 MESHES = ((2, 4), (8, 1))  # (dp, tp) of one node
 COLUMNS = (
     "mesh",
@@ -43,6 +51,7 @@ COLUMNS = (
     "store_mb",
     "seconds",
     "time_ratio",
+    "paced_stall_s",
     "reads_ratio",
     "log_ratio",
 )
@@ -86,7 +95,8 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
             progress.advance(task)
     summary = [
         f"{r['mesh']} {r['slice_kb']} KB: sharing reads {r['reads_ratio']:.2f}x the slices, "
-        f"{r['log_ratio']:.2f}x the log requests, in {r['time_ratio']:.2f}x the time"
+        f"{r['log_ratio']:.2f}x the log requests; flat out {r['time_ratio']:.2f}x the time; paced, the "
+        f"GPU waited {r['paced_stall_s']:.3f} s (without sharing {r['paced_stall_off_s']:.3f} s)"
         for r in results
         if r["sharing"] == "on"
     ]
@@ -105,13 +115,18 @@ def _pair(dp: int, tp: int, slice_bytes: int, steps: int, rounds: int) -> list[d
     store = _CountingStore(f"memory://bench/{uuid.uuid4().hex[:8]}")
     _fill(store, dp, slice_bytes, steps)
     measured: dict[bool, list[tuple[float, Counter[str]]]] = {False: [], True: []}
+    stalls: dict[bool, list[float]] = {False: [], True: []}
     for _ in range(rounds):
         for sharing in (False, True):
             store.reset()
-            seconds = _read_node(store, dp, tp, sharing)
+            seconds, _ = _read_node(store, dp, tp, sharing, 0.0)
             measured[sharing].append((seconds, Counter(store.counts)))
+            stalls[sharing].append(_read_node(store, dp, tp, sharing, STEP_S)[1])
     rows = {sharing: _row(dp, tp, slice_bytes, steps, sharing, runs) for sharing, runs in measured.items()}
+    for sharing, row in rows.items():
+        row["paced_stall_s"] = statistics.median(stalls[sharing])
     off, on = rows[False], rows[True]
+    on["paced_stall_off_s"] = off["paced_stall_s"]
     for row in (off, on):
         row["time_ratio"] = row["seconds"] / off["seconds"]
         row["reads_ratio"] = row["range_reads_per_step"] / off["range_reads_per_step"]
@@ -146,9 +161,12 @@ def _fill(store: _CountingStore, dp: int, slice_bytes: int, steps: int) -> None:
     end_stream(store)
 
 
-def _read_node(store: _CountingStore, dp: int, tp: int, sharing: bool) -> float:
-    """Seconds for the node's ranks (threads) to read every step, each checking its data."""
+def _read_node(store: _CountingStore, dp: int, tp: int, sharing: bool, step_s: float) -> tuple[float, float]:
+    """Seconds for the node's ranks (threads) to read every step, each checking its data
+    and spending ``step_s`` per step; and the most any rank's ``next()`` waited after
+    its first step."""
     failures: list[BaseException] = []
+    stalls: list[float] = []
     done = threading.Barrier(RANKS_PER_NODE)
 
     def rank_reads(rank: int) -> None:
@@ -164,9 +182,15 @@ def _read_node(store: _CountingStore, dp: int, tp: int, sharing: bool) -> float:
                 timeout_s=60,
             )
             d = rank // tp
+            first_wait = None
             for batch in consumer:
                 if batch.data["x"][0] != batch.step * dp + d:
                     raise AssertionError(f"rank {rank} step {batch.step}: wrong slice")
+                if first_wait is None:
+                    first_wait = consumer.metrics().wait_s
+                if step_s:
+                    time.sleep(step_s)  # the training step
+            stalls.append(consumer.metrics().wait_s - (first_wait or 0.0))
             done.wait(60)  # a job's ranks stop together: a hub closing early would hand over
             consumer.close()
         except BaseException as exc:
@@ -180,7 +204,7 @@ def _read_node(store: _CountingStore, dp: int, tp: int, sharing: bool) -> float:
         thread.join()
     if failures:
         raise failures[0]
-    return time.perf_counter() - started
+    return time.perf_counter() - started, max(stalls)
 
 
 def plot(result: BenchResult, figure: Any) -> None:
