@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from batchweave import log
 from batchweave.log import LogVersion, ReadVersion
-from batchweave.sharedlog import SharedLog, decode_versions
+from batchweave.sharedlog import BEHIND, RESTART, RESTART_WINDOW, SERVE, SharedLog, decode_versions
 
 
 def version(n: int) -> ReadVersion:
@@ -18,26 +18,44 @@ def version(n: int) -> ReadVersion:
 
 def test_a_rank_below_what_is_kept_restarts_the_follower_and_keeps_what_was_proven():
     shared = SharedLog()
-    assert shared.ask("a", 5)  # the first rank starts the follower
+    assert shared.ask("a", 5) == RESTART  # the first rank starts the follower
     assert shared.publish(1, [version(5), version(6)])
     assert [v.delta.version for v in decode_versions(shared.versions_from(5, 1 << 20), 5)] == [5, 6]
-    assert not shared.ask("b", 6)
-    assert shared.ask("c", 2)  # below: a new follower from 2
+    assert shared.ask("b", 6) == SERVE
+    assert shared.ask("c", 2) == RESTART  # a little below: a new follower from 2
     assert not shared.publish(1, [version(7)])  # the replaced one must stop
     assert shared.versions_from(6, 1 << 20) is not None  # proven versions stay
 
 
-def test_versions_every_rank_is_past_are_forgotten_and_a_full_log_waits_for_the_slowest():
-    shared = SharedLog(retain_bytes=1)
+def test_versions_every_rank_is_past_are_forgotten_and_the_slowest_rank_is_let_go_past_the_budget():
+    shared = SharedLog(retain_bytes=10_000)
     shared.ask("a", 1)
     shared.ask("b", 1)
     shared.publish(1, [version(1), version(2), version(3)])
-    assert shared.full()  # b has not moved: nothing to forget
     shared.ask("a", 3)
-    assert shared.full()
     shared.ask("b", 3)  # both past 1 and 2: forgotten
     assert shared.versions_from(1, 1 << 20) is None and shared.versions_from(3, 1 << 20) is not None
-    assert shared.ask("c", 1)  # a rank asking for them restarts the follower
+    assert shared.ask("c", 1) == RESTART  # a little below: served by a restart
+    tight = SharedLog(retain_bytes=1)
+    tight.ask("slow", 1)
+    tight.ask("fast", 1)
+    tight.publish(1, [version(1), version(2)])
+    tight.ask("fast", 3)
+    tight.trim()  # over budget: the slow rank is let go, what only it needed is forgotten
+    assert tight.versions_from(1, 1 << 20) is None
+
+
+def test_a_rank_far_below_what_is_kept_follows_on_its_own_rather_than_pulling_the_others_back():
+    shared = SharedLog()
+    far = RESTART_WINDOW + 10
+    shared.ask("training", far)
+    shared.publish(1, [version(far)])
+    assert shared.ask("evaluation", 1) == BEHIND
+    assert shared.generation == 1  # the training ranks' follower goes on
+    alone = SharedLog()
+    alone.ask("only", far)
+    alone.leave("only")
+    assert alone.ask("evaluation", 1) == RESTART  # nobody else to hold back
 
 
 def test_a_failure_reaches_a_rank_only_after_every_version_before_it():
@@ -59,12 +77,16 @@ def test_every_rank_gets_exactly_the_versions_published_in_order(steps):
     shared = SharedLog(retain_bytes=200)
     follower_at: int | None = None
     for rank, first, publish in steps:
-        if shared.ask(rank, first):
+        answer = shared.ask(rank, first)
+        if answer == BEHIND:
+            continue
+        if answer == RESTART:
             follower_at = first
         if publish and follower_at is not None:
             batch = [version(n) for n in range(follower_at, follower_at + publish)]
             if shared.publish(shared.generation, batch):
                 follower_at += publish
+            shared.trim()
         parts = shared.versions_from(first, 100)
         if parts is not None:
             handed = decode_versions(parts, first)

@@ -48,7 +48,7 @@ from batchweave.node import NodeClient, NodeUnavailableError, resolve_plan
 from batchweave.polling import HeadPolling
 from batchweave.readahead import DEFAULT_LOG_READ_AHEAD, LogReadAhead
 from batchweave.reshard import Reshard, SliceRead
-from batchweave.sharedlog import InlineNode
+from batchweave.sharedlog import InlineNode, NodeBehind
 from batchweave.store import Store, open_store
 from batchweave.watermarks import Watermark, check_checkpoint_id, write_watermark
 
@@ -627,6 +627,9 @@ class _Pipeline:
                 self._stop,
             )
         except NodeUnavailableError as exc:  # logged by the client
+            yield from self._own_log(exc.next_version)
+        except NodeBehind as exc:  # far behind the node's other ranks: on its own (reads still shared)
+            _logger.info("%s rank %d: %s; following the log on its own", self._url, self._rank, exc)
             yield from self._own_log(exc.next_version)
 
     def _own_log(self, first: int) -> Iterator[FollowItem]:

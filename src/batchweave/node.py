@@ -65,7 +65,7 @@ from batchweave.log import ReadVersion
 from batchweave.mesh import Mesh
 from batchweave.polling import HeadPolling
 from batchweave.readahead import DEFAULT_LOG_READ_AHEAD, LogReadAhead
-from batchweave.sharedlog import SharedLog, decode_versions
+from batchweave.sharedlog import BEHIND, RESTART, NodeBehind, SharedLog, decode_versions
 from batchweave.store import Store
 
 __all__ = [
@@ -341,9 +341,11 @@ class _Hub:
     def _log_reply(self, conn: int, request: dict[str, Any]) -> tuple[dict[str, Any], bytes, list[int]]:
         first = request["from"]
         with self._cond:
-            if self._log.ask(conn, first):
+            answer = self._log.ask(conn, first)
+            if answer == BEHIND:
+                return {"behind": True}, b"", []
+            if answer == RESTART:
                 self._start_follower(first, request.get("anchor"), request.get("present_through", 0))
-            self._cond.notify_all()  # a follower waiting for its slowest rank may go on
             deadline = time.monotonic() + LOG_WAIT_S
             while (parts := self._log.versions_from(first, LOG_REPLY_BYTES)) is None:
                 if self._log.failure is not None:
@@ -387,10 +389,9 @@ class _Hub:
         with self._cond:
             if self._stop.is_set() or not self._log.publish(generation, batch):
                 return False
+            self._log.trim()
             self._cond.notify_all()
-            while self._log.full() and generation == self._log.generation and not self._stop.is_set():
-                self._cond.wait(1.0)  # far ahead of the slowest rank: it asks as it consumes
-            return generation == self._log.generation
+            return True
 
     # -- ranges --------------------------------------------------------------------------
 
@@ -577,6 +578,8 @@ class NodeClient:
             except NodeUnavailableError:
                 raise NodeUnavailableError(self._address, version) from None
             _raise_reply(reply, url, next_step)
+            if reply.get("behind"):
+                raise NodeBehind(version)
             if not reply["sizes"]:
                 yield 0.001  # nothing new yet: the hub waited already
                 continue

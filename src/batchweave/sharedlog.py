@@ -8,6 +8,14 @@ hands out was proven by the follower (I10); a rank never gets a version from a f
 started after the one that proved it was replaced, since a restart keeps only versions
 proven before (they stay genuine: a version, once proven, is the log's forever).
 
+A rank far behind the others (an evaluation reader from step 0 beside training at the
+head) must not hold the follower back, nor pull it back: a rank asking more than
+``RESTART_WINDOW`` versions below what is kept is told it is *behind* and follows the
+log on its own (its reads are still shared), and when the kept versions outgrow
+``retain_bytes`` the slowest rank is let go the same way. Within the window, the
+follower starts again lower: after a hub is replaced, the ranks ask from nearby places
+in any order, and re-reading a few versions costs the others a moment.
+
 No threads and no I/O: the hub calls it under its lock, and the deterministic
 simulation drives it inline (``InlineNode``).
 """
@@ -22,16 +30,19 @@ from batchweave.errors import DataReclaimedError
 from batchweave.log import ReadVersion
 from batchweave.polling import MIN_PAUSE_S
 
-__all__ = ["RETAIN_BYTES", "InlineNode", "SharedLog"]
+__all__ = ["BEHIND", "RESTART", "RESTART_WINDOW", "RETAIN_BYTES", "SERVE", "InlineNode", "NodeBehind", "SharedLog"]
 
 RETAIN_BYTES = 64 << 20  # proven versions the hub keeps ahead of its slowest rank
+RESTART_WINDOW = 1024  # versions a rank may ask below what is kept and still be served (by a restart)
+SERVE, RESTART, BEHIND = "serve", "restart", "behind"  # what ``ask`` answers
 
 
 class SharedLog:
     """The proven versions of a node's follower (see the module doc)."""
 
-    def __init__(self, retain_bytes: int = RETAIN_BYTES) -> None:
+    def __init__(self, retain_bytes: int = RETAIN_BYTES, restart_window: int = RESTART_WINDOW) -> None:
         self.retain_bytes = retain_bytes
+        self.restart_window = restart_window
         self.generation = 0  # of the follower; ``ask`` starts the next one
         self._versions: dict[int, bytes] = {}
         self._retained = 0  # their bytes
@@ -39,17 +50,24 @@ class SharedLog:
         self._failure: Any = None  # what the follower raised: final for this generation
         self._positions: dict[object, int] = {}  # rank -> the version it asked for last
 
-    def ask(self, rank: object, first: int) -> bool:
-        """``rank`` wants versions from ``first`` on. True when the follower must start
-        (again) at ``first``: nothing is followed yet, or ``first`` is below what is kept."""
-        restart = self._base is None or first < self._base
-        if restart:
+    def ask(self, rank: object, first: int) -> str:
+        """``rank`` wants versions from ``first`` on: SERVE (from what is kept or will be),
+        RESTART (the follower must start again at ``first``: nothing is followed yet, or
+        ``first`` is a little below what is kept) or BEHIND (far below: the rank follows
+        on its own)."""
+        if self._base is not None and first < self._base:
+            if self._base - first > self.restart_window and any(r != rank for r in self._positions):
+                self._positions.pop(rank, None)
+                return BEHIND
+        if self._base is None or first < self._base:
             self.generation += 1
             self._base = first
             self._failure = None
+            self._positions[rank] = first
+            return RESTART
         self._positions[rank] = first
         self._prune()
-        return restart
+        return SERVE
 
     def leave(self, rank: object) -> None:
         self._positions.pop(rank, None)
@@ -89,9 +107,14 @@ class SharedLog:
         if generation == self.generation:
             self._failure = error
 
-    def full(self) -> bool:
-        """Over the budget with nothing to forget: the follower waits for the slowest rank."""
-        return self._retained > self.retain_bytes and not self._prune()
+    def trim(self) -> None:
+        """Within ``retain_bytes``: forget what every rank is past, then let the slowest
+        ranks go (they hear BEHIND when they ask below what is kept)."""
+        self._prune()
+        while self._retained > self.retain_bytes and len(self._positions) > 1:
+            slowest = min(self._positions, key=self._positions.__getitem__)
+            del self._positions[slowest]
+            self._prune()
 
     def _prune(self) -> bool:
         """Forget versions every rank is past; True when any was forgotten."""
@@ -104,6 +127,15 @@ class SharedLog:
             self._base += 1
             forgotten = True
         return forgotten
+
+
+class NodeBehind(Exception):
+    """This rank asked far below what its node's follower keeps: it follows on its own
+    from ``next_version``."""
+
+    def __init__(self, next_version: int) -> None:
+        super().__init__(f"far behind the node's follower at version {next_version}")
+        self.next_version = next_version
 
 
 def decode_versions(parts: list[bytes] | list[memoryview], first: int) -> list[ReadVersion]:
@@ -123,16 +155,19 @@ class InlineNode:
     Args:
         start_follower: ``(first, anchor, present_through) -> ProvenLog`` iterator.
         read_range: the store's ``get_range``.
+        shared: the kept versions (a simulation makes the budgets small, so ranks fall
+            behind and are let go within a short run).
     """
 
     def __init__(
         self,
         start_follower: Callable[[int, tuple[int, str] | None, int], Iterator[Any]],
         read_range: Callable[[str, int, int], memoryview],
+        shared: SharedLog | None = None,
     ) -> None:
         self._start_follower = start_follower
         self._read_range = read_range
-        self._shared = SharedLog()
+        self._shared = shared or SharedLog()
         self._follower: Iterator[Any] | None = None
         self._advancing = False  # a rank is inside the follower (it waits on the store)
 
@@ -149,7 +184,10 @@ class InlineNode:
         version = first
         try:
             while not stop.is_set():
-                if self._shared.ask(rank, version) or self._follower is None:
+                answer = self._shared.ask(rank, version)
+                if answer == BEHIND:
+                    raise NodeBehind(version)
+                if answer == RESTART or self._follower is None:
                     self._follower = self._start_follower(version, anchor, present_through)
                 parts = self._shared.versions_from(version, 8 << 20)
                 failure = self._shared.failure
@@ -186,6 +224,7 @@ class InlineNode:
             self._advancing = False
         if isinstance(item, list):
             self._shared.publish(generation, item)
+            self._shared.trim()
             return None
         return item
 

@@ -35,7 +35,7 @@ from batchweave.policies import DAC, Manual
 from batchweave.polling import HeadPolling
 from batchweave.producer import Producer, end_stream
 from batchweave.readahead import LogReadAhead
-from batchweave.sharedlog import InlineNode
+from batchweave.sharedlog import InlineNode, SharedLog
 from batchweave.testing.simulation.group_driver import GroupProducerDriver
 from batchweave.testing.simulation.model import payload
 from batchweave.testing.simulation.scheduler import Actor
@@ -219,7 +219,9 @@ def _node(world: World) -> InlineNode | None:
         polling = HeadPolling(1, max_poll_s=5.0)
         return iter(ProvenLog(journal, reader, polling, lambda: 0, world.store.url, present_through))
 
-    return InlineNode(start_follower, world.store.get_range)
+    # Small budgets, so that within a short run ranks fall far behind (and follow on their
+    # own) and are let go when the kept versions outgrow the budget.
+    return InlineNode(start_follower, world.store.get_range, SharedLog(retain_bytes=4_000, restart_window=3))
 
 
 def _spawn_trainer(world: World, name: str, generation: int, start: list[dict[str, Any]] | None, delay_s: float):
