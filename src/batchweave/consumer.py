@@ -481,6 +481,8 @@ class _Pipeline:
         self._broken: BaseException | None = None  # what the log reader or a fetch raised: final
         self._steps = self._follow_log()
         self._node: NodeClient | InlineNode | None = consumer._node_override
+        # A slice no other rank of the node reads gains nothing from the hub: read directly.
+        self._shares_reads = consumer.node is None or consumer.node.sharers > 1
         self._pool: ThreadPoolExecutor | None = None
         self._thread: threading.Thread | None = None
         if self._inline:
@@ -810,8 +812,9 @@ class _Pipeline:
         return out
 
     def _read(self, key: str, start: int, length: int) -> memoryview:
-        """Through the node's hub (one read per slice per node), or from the store."""
-        if self._node is not None:
+        """Through the node's hub (one read per slice per node) when another rank of the
+        node reads the same slice, else from the store."""
+        if self._node is not None and self._shares_reads:
             try:
                 return self._node.read(key, start, length)
             except NodeUnavailableError:
