@@ -22,18 +22,21 @@ import numpy as np
 from batchweave.consumer import Consumer
 from batchweave.errors import StepTimeoutError
 from batchweave.gc import collect_garbage
+from batchweave.latency import LatencyModel
 from batchweave.policies import Manual
 from batchweave.producer import Producer
-from batchweave.latency import LatencyModel
 from batchweave.segment import SEGMENT_VERSIONS
 from batchweave.store import open_store
 from batchweave.watch import SnapshotReader
 from benchmarks.scale_count import (
     DATA,
+    HINT,
     LOG_CLASSES,
+    LOG_LIST,
     LOG_NEXT,
     LOG_VERSION,
     SEGMENT,
+    SNAPSHOT,
     CountingStore,
     Request,
     Tally,
@@ -122,6 +125,8 @@ def _record(state: str, role: str, requests: list[Request], per: dict[str, float
         record[f"c:{name}"] = count / divisor
     for name, count in sorted(by_op(requests).items()):
         record[f"op:{name}"] = count / divisor
+    for (cls, op), count in sorted(Counter((r.key_class, r.request) for r in requests).items()):
+        record[f"j:{cls}|{op}"] = count / divisor
     record["per"] = main
     return record
 
@@ -202,7 +207,10 @@ def consumer_behind(config: MeasureConfig) -> dict[str, Any]:
     requests = [r for r in tally.between(0, float("inf")) if _needed(r, config.behind_steps)]
     step_ranks = config.ranks * config.behind_steps
     data = [r for r in requests if r.key_class == DATA]
-    per_key = Counter(r.key for r in requests if r.key_class != DATA)
+    # Reading on, each rank reads each segment (or version) once; the start's reads (hint,
+    # snapshot, listing) are once per rank and reported apart.
+    per_key = Counter(r.key for r in requests if r.key_class in (SEGMENT, LOG_VERSION))
+    start = sum(1 for r in requests if r.key_class in (HINT, SNAPSHOT, LOG_LIST))
     return _record(
         "behind the head",
         "consumer",
@@ -214,6 +222,7 @@ def consumer_behind(config: MeasureConfig) -> dict[str, Any]:
         data_reads_per_step=len(data) / config.behind_steps,
         distinct_slices_per_step=config.dp,
         max_log_requests_per_key_per_rank=max(per_key.values()) / config.ranks if per_key else 0.0,
+        start_requests_per_rank=start / config.ranks,
     )
 
 
@@ -312,7 +321,9 @@ def producers(config: MeasureConfig, policy: str) -> dict[str, Any]:
     url = f"memory://scale-producers-{uuid.uuid4().hex}"
     tally = Tally()
     pool = [
-        Producer(CountingStore(url, tally, "producer", seed=config.seed + i), f"p{i}", dp=config.dp, commit_policy=policy)
+        Producer(
+            CountingStore(url, tally, "producer", seed=config.seed + i), f"p{i}", dp=config.dp, commit_policy=policy
+        )
         for i in range(config.producers)
     ]
     started = time.monotonic()
@@ -378,7 +389,8 @@ def gc_runs(config: MeasureConfig) -> list[dict[str, Any]]:
                 requests,
                 {"run": 1},
                 versions=steps,
-                deleted_objects=len(report.deleted_objects), deleted_versions=report.deleted_versions,
+                deleted_objects=len(report.deleted_objects),
+                deleted_versions=report.deleted_versions,
             )
         )
     return records
