@@ -16,8 +16,8 @@ import pytest
 from worker import origin_of, tgb
 
 import batchweave as bw
-from batchweave import consumer as consumer_module
 from batchweave import log
+from batchweave import polling as polling_module
 from batchweave.group import GroupCommit
 from batchweave.journal import Journal
 from batchweave.policies import Manual
@@ -151,7 +151,7 @@ def test_lagging_reader_never_delivers_a_version_put_into_a_freed_key(url):
 def test_consumer_overtaken_at_the_head_raises_instead_of_waiting(url, monkeypatch):
     """Scenario 3: a reader waiting at the head while GC reclaims past it must say so
     (DataReclaimedError), not wait forever (timeout_s=None) as if no step had come."""
-    monkeypatch.setattr(consumer_module, "IDLE_PROOF_S", 0.2, raising=False)
+    monkeypatch.setattr(polling_module, "IDLE_PROOF_S", 0.2)
     with bw.Producer(url, "p", dp=1, commit_policy=Manual(), snapshot_every=10) as p:
         commit(p, 2)
     reader = bw.Consumer(url, dp=1, rank=0, max_poll_interval_s=0.05)

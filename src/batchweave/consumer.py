@@ -15,13 +15,13 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 import queue
-import random
 import reprlib
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, NamedTuple
@@ -39,11 +39,14 @@ from batchweave.errors import (
     StoreError,
     TransientStoreError,
 )
+from batchweave.follower import FollowItem, ProvenLog
 from batchweave.journal import Journal
 from batchweave.layout import decode_slice
 from batchweave.log import LogState, LogVersion, ReadVersion, TGBDescriptor
 from batchweave.mesh import Mesh, resolve_rank
 from batchweave.metrics import ConsumerMetrics, FetchRecorder, PeriodicLog, describe
+from batchweave.node import NodeClient, NodePlan, NodeUnavailableError, plan_node, sharing_supported
+from batchweave.polling import HeadPolling
 from batchweave.readahead import DEFAULT_LOG_READ_AHEAD, LogReadAhead
 from batchweave.reshard import Reshard, SliceRead
 from batchweave.store import Store, open_store
@@ -69,14 +72,6 @@ MAX_AUTO_PREFETCH = 64
 # coming steps live (and finds the end of a backlog) while the fetch slots are all taken.
 # Descriptors only, a few KB each.
 LOG_LOOKAHEAD_TGBS = 256
-# I10: log versions are used only once proven genuine, one proof (a GET of the anchor) per
-# batch of versions: those read without waiting, or while the previous batch's proof was in
-# flight, at most this many.
-PROOF_BATCH_VERSIONS = 128
-# A reader finding no new version re-checks its anchor this often: a miss may be a version
-# GC deleted (this reader was overtaken) rather than one not committed yet. About 0.1
-# requests a second, against the ~1 a second an idle reader's probes cost.
-IDLE_PROOF_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +115,12 @@ class Consumer:
         storage_options: obstore options for the store, as for ``Producer``.
         log_metrics_s: log ``metrics()`` at INFO (logger ``batchweave.consumer``) every
             this many seconds of iteration (None: never).
+        local_rank, local_world_size: this rank's place on its node, default
+            ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` from the environment (torchrun), else
+            0 of 1.
+        node_sharing: the ranks of one node share one log follower and one read per
+            slice (``batchweave.node``). None (default): on when the node has more than
+            one rank, the store is an object store and the system is Linux.
 
     Opens the store with ``create=False``: a local directory that does not exist is a
     ConfigError at once (on an object store, a namespace nothing was committed to yet is
@@ -141,6 +142,9 @@ class Consumer:
         sequence_axis: int = -1,
         storage_options: dict[str, Any] | None = None,
         log_metrics_s: float | None = None,
+        local_rank: int | None = None,
+        local_world_size: int | None = None,
+        node_sharing: bool | None = None,
     ) -> None:
         self.mesh = Mesh(dp=dp, cp=cp, tp=tp, pp=pp)
         self.rank = resolve_rank(rank, self.mesh)
@@ -150,6 +154,7 @@ class Consumer:
         self.max_poll_interval_s = max_poll_interval_s
         self.sequence_axis = sequence_axis
         self._store = open_store(url, create=False, storage_options=storage_options)
+        self.node = _node_plan(self._store, self.mesh, self.rank, local_rank, local_world_size, node_sharing)
         self._cursor = _Cursor(version=0, position=Fraction(0), step=0)
         self._pipeline: _Pipeline | None = None
         self._fetches = FetchRecorder()  # recorded by the fetching threads
@@ -311,6 +316,33 @@ def _check_interval(seconds: Any) -> float | None:
     return seconds
 
 
+def _node_plan(
+    store: Store, mesh: Mesh, rank: int, local_rank: int | None, local_world_size: int | None, sharing: bool | None
+) -> NodePlan | None:
+    """How this rank shares with its node (None: it reads on its own)."""
+    if sharing is not None and not isinstance(sharing, bool):
+        raise ConfigError(f"node_sharing must be True, False or None, got {sharing!r}")
+    size = _local_setting(local_world_size, "LOCAL_WORLD_SIZE", 1)
+    if sharing is False or (sharing is None and (size < 2 or not store.remote or not sharing_supported())):
+        return None
+    if not sharing_supported():
+        raise ConfigError("node_sharing=True needs Linux (abstract Unix sockets and memfd)")
+    return plan_node(store.url, mesh, rank, _local_setting(local_rank, "LOCAL_RANK", 0), size)
+
+
+def _local_setting(value: int | None, variable: str, default: int) -> int:
+    if value is None:
+        text = os.environ.get(variable, "").strip()
+        if not text:
+            return default
+        if not text.isdigit():
+            raise ConfigError(f"{variable}={text!r} is not a non-negative integer")
+        return int(text)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{variable.lower()} must be a non-negative integer, got {value!r}")
+    return value
+
+
 def check_prefetch(prefetch: Any) -> int | None:
     """``prefetch`` as ``Consumer`` and ``TGBDataset`` take it: steps, or None to choose."""
     if prefetch is not None and (not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 1):
@@ -453,7 +485,9 @@ class _Pipeline:
         self._fetches = consumer._fetches
         self.tgbs_seen = 0  # TGBs the log has shown (the newest version read ends there)
         self._axis = consumer.sequence_axis
-        self._max_poll_s = consumer.max_poll_interval_s
+        plan = consumer.node
+        followers = plan.nodes if plan is not None else consumer.mesh.world_size
+        self._polling = HeadPolling(followers, max_poll_s=consumer.max_poll_interval_s)
         self._cursor = cursor  # where this pipeline started
         self._next_delivered = cursor.step  # for messages
         self._start = cursor.position
@@ -468,11 +502,11 @@ class _Pipeline:
         self._stop = threading.Event()
         self.head_version = cursor.version  # the newest log version read
         self._expected_step: int | None = None  # the first step of the next version
-        self._last_proof = -math.inf  # when the reader's view was last proven (I10); never yet
         self._offsets: dict[str, tuple[int, int]] = {}  # producer -> (epoch, next offset), as read
         self.namespace = cursor.namespace
         self._broken: BaseException | None = None  # what the log reader or a fetch raised: final
         self._steps = self._follow_log()
+        self._node: NodeClient | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._thread: threading.Thread | None = None
         if self._inline:
@@ -484,6 +518,8 @@ class _Pipeline:
             initializer=retry.stop_retrying_when,  # close() during a storm does not wait it out
             initargs=(self._stop,),
         )
+        if plan is not None:
+            self._node = NodeClient(plan.address, self._store, self._polling, plan.sharers)
         self._thread = threading.Thread(target=self._follow, name="batchweave-follow", daemon=True)
         self._thread.start()
 
@@ -529,6 +565,8 @@ class _Pipeline:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
         self._steps.close()  # the log reader's threads, if it has any
+        if self._node is not None:
+            self._node.close()
 
     def _pull(self, timeout_s: float | None) -> Any:
         """Inline mode: advance the log until a step is queued (or the deadline passes)."""
@@ -582,96 +620,59 @@ class _Pipeline:
     def _follow_log(self) -> Generator[float, None, None]:
         """Queue every step as the log shows it; yield the pause before the next probe."""
         self._open()
+        source = self._own_log(max(self._cursor.version, 1)) if self._node is None else self._shared_log()
+        try:
+            for item in source:
+                if isinstance(item, list):
+                    if not self._take_all(item):
+                        return
+                    continue
+                if item == 0.0:  # reading on (a proof is in flight): no pause, nothing to schedule
+                    yield 0.0
+                    continue
+                waiting = self._next_step
+                if not self._schedule_ready(block_until=0):  # steps read ahead of the fetches go first
+                    return
+                # Progress took a while: look at the log again before pausing.
+                yield 0.0 if self._next_step != waiting else item
+        finally:
+            source.close()
+
+    def _shared_log(self) -> Iterator[FollowItem]:
+        """The node's follower (``batchweave.node``), or this rank's own from where it
+        stood if no hub can be reached."""
+        assert self._node is not None
+        anchor = (self._cursor.version, self._cursor.digest) if self._cursor.digest else None
+        try:
+            yield from self._node.log(
+                max(self._cursor.version, 1),
+                anchor,
+                self._cursor.version,
+                self._reclaimed_from,
+                self._url,
+                self._stop,
+            )
+        except NodeUnavailableError as exc:
+            _logger.warning("%s rank %d: %s", self._url, self._rank, exc)
+            yield from self._own_log(exc.next_version)
+
+    def _own_log(self, first: int) -> Iterator[FollowItem]:
+        """This rank's own follower: reads ahead, proves every batch (I10), paces probes."""
         depth = DEFAULT_LOG_READ_AHEAD if self._store.remote else 1  # local reads are too quick to overlap
-        reader = LogReadAhead(self._journal, max(self._cursor.version, 1), depth, stop=self._stop)
-        if self._cursor.version == 0 and depth > 1:
+        reader = LogReadAhead(self._journal, first, depth, stop=self._stop)
+        if first == 1 and depth > 1:
             reader.beside(self._journal.learn_namespace)  # for the first proof, while reading
         try:
-            yield from self._follow_versions(reader)
+            yield from ProvenLog(
+                self._journal, reader, self._polling, self._reclaimed_from, self._url, self._cursor.version
+            )
         finally:
             reader.close()
 
-    def _follow_versions(self, reader: LogReadAhead) -> Iterator[float]:
-        """Read versions in batches (as many as arrive without waiting) and prove each with
-        one request (I10) while the next batch is read; schedule a batch's steps once it is
-        proven. One proof at a time, each anchored on the previous batch's newest version.
-        Pause while nothing is new."""
-        pause = 0.0
-        batch: list[ReadVersion] = []
-        proving: tuple[Future[None], list[ReadVersion]] | None = None
-        while not self._stop.is_set():
-            if proving is not None and proving[0].done():
-                if not self._take_proven(proving):
-                    return
-                proving = None
-            version = reader.next_version
-            try:
-                read = reader.next()
-            except CorruptDataError:
-                # A damaged version: every step before it is delivered first, and a reader
-                # GC overtook hears that instead (the damage may lie in the reclaimed region).
-                if proving is not None:
-                    self._take_proven(proving)
-                self._prove(batch[0].delta.version if batch else version, batch[-1] if batch else None)
-                self._take_all(batch)
-                raise
-            if read is not None:
-                batch.append(read)
-                if len(batch) < PROOF_BATCH_VERSIONS and (reader.ready() or proving is not None):
-                    continue  # read on: while the last batch's proof is in flight too
-                if proving is not None and not self._take_proven(proving):
-                    return
-                proving = (reader.beside(self._prove, batch[0].delta.version, batch[-1]), batch)
-                batch = []
-                pause = 0.0
-                yield 0.0
-                continue
-            # A miss (the read a finished future promised can be one): what was read is
-            # proven and taken before the reader pauses.
-            if proving is not None:
-                if not self._take_proven(proving):
-                    return
-                proving = None
-            if batch:
-                self._prove(batch[0].delta.version, batch[-1])
-                if not self._take_all(batch):
-                    return
-                batch = []
-            if time.monotonic() - self._last_proof >= IDLE_PROOF_S:
-                self._prove(version, None)  # a miss may be a version GC deleted: were we overtaken?
-            if version <= self._cursor.version:
-                raise CorruptDataError(log.version_key(version), "the cursor's log version is missing")
-            waiting = self._next_step
-            if not self._schedule_ready(block_until=0):  # steps read ahead of the fetches go first
-                return
-            if self._next_step != waiting:
-                continue  # that took a while: look at the log again before pausing
-            pause = min(self._max_poll_s, max(0.01, pause * 2))
-            yield random.uniform(pause / 2, pause)  # jitter spreads 128 ranks' probes
-
-    def _take_proven(self, proving: tuple[Future[None], list[ReadVersion]]) -> bool:
-        """Wait for a batch's proof (it raises if the view could not be proven), then take
-        the batch; False as soon as the reader stops."""
-        proof, batch = proving
-        proof.result()
-        return self._take_all(batch)
-
-    def _prove(self, lowest: int, newest: ReadVersion | None) -> None:
-        """Go on only with a proven view (I10): every version read since the last proof,
-        from ``lowest`` on, is genuine. Otherwise GC overtook this reader (DataReclaimedError)
-        or a version vanished that nothing reclaimed (CorruptDataError)."""
-        self._last_proof = time.monotonic()
-        anchor = self._journal.anchor_version
-        if self._journal.prove_reads(lowest, newest):
-            return
-        reclaimed = self._journal.load_state().reclaimed
-        below = anchor if anchor is not None and 0 < anchor <= lowest else lowest
-        if reclaimed.versions > below:
-            next_tgb = self._expected_step if self._expected_step is not None else math.floor(self._start)
-            raise DataReclaimedError(self._url, max(next_tgb, math.floor(self._start)), reclaimed.steps)
-        raise CorruptDataError(
-            log.version_key(below), "this log version vanished although no garbage collection reclaimed it"
-        )
+    def _reclaimed_from(self) -> int:
+        """The first step this reader still needs (for DataReclaimedError's message)."""
+        next_tgb = self._expected_step if self._expected_step is not None else math.floor(self._start)
+        return max(next_tgb, math.floor(self._start))
 
     def _take_all(self, batch: list[ReadVersion]) -> bool:
         """``_take`` each proven version in order; False as soon as the reader stops."""
@@ -832,9 +833,18 @@ class _Pipeline:
             out.append(decode_slice(buf[offset - start : offset - start + length], key, crc))
         return out
 
+    def _read(self, key: str, start: int, length: int) -> memoryview:
+        """Through the node's hub (one read per slice per node), or from the store."""
+        if self._node is not None:
+            try:
+                return self._node.read(key, start, length)
+            except NodeUnavailableError:
+                pass  # read on our own
+        return self._store.get_range(key, start, length)
+
     def _range(self, key: str, start: int, length: int) -> memoryview:
         try:
-            data = self._store.get_range(key, start, length)
+            data = self._read(key, start, length)
         except ObjectNotFoundError:
             reclaimed = self._journal.load_state().reclaimed
             if math.floor(self._start) < reclaimed.steps:

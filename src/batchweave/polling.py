@@ -76,7 +76,7 @@ class HeadPolling:
         self.commit_interval_s: float | None = None  # smoothed, from the versions found
         self._last_commit: float | None = None
         self._pause = 0.0  # the mean pause the next miss starts from (0: just found a version)
-        self._rng = rng or random.Random()
+        self._rng = rng  # None: the random module's (which a simulation replaces)
 
     @property
     def idle_proof_s(self) -> float:
@@ -103,7 +103,7 @@ class HeadPolling:
         else:
             self._pause = min(self.max_poll_s, self._pause * 2)
         mean = max(self._pause, self.floor_s)
-        return self._rng.uniform(mean / 2, mean * 1.5)
+        return (self._rng or random).uniform(mean / 2, mean * 1.5)
 
     def mean_rate_per_s(self) -> float:
         """Requests a second this follower sends to the head key while idle (for sizing)."""

@@ -30,12 +30,14 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import batchweave.consumer
+import batchweave.follower
 import batchweave.gc
 import batchweave.group
 import batchweave.intents
 import batchweave.journal
 import batchweave.log
 import batchweave.policies
+import batchweave.polling
 import batchweave.producer
 import batchweave.store
 
@@ -144,7 +146,8 @@ def deterministic(scheduler: Scheduler, noise: random.Random) -> Iterator[None]:
         (batchweave.producer, "secrets", _fake_secrets(noise)),
         (batchweave.producer, "threading", threading_shim),
         (batchweave.consumer, "time", fake_time),
-        (batchweave.consumer, "random", fake_random),
+        (batchweave.follower, "time", fake_time),
+        (batchweave.polling, "random", fake_random),
         (batchweave.journal, "time", fake_time),
         (batchweave.gc, "time", fake_time),
         (batchweave.log, "uuid", _fake_uuid(noise)),

@@ -1,0 +1,135 @@
+"""Following the log as a reader: proven versions in order, and pauses while none is new.
+
+``ProvenLog`` is what a rank's consumer and a node's shared follower (``node``) run: it
+reads versions ahead (``LogReadAhead``), proves each batch of them with one request (I10)
+while reading the next, and paces its probes at the head (``HeadPolling``). It yields
+either a non-empty list of proven versions, in order, or a pause in seconds (nothing new:
+the caller may do other work, then sleeps that long before iterating again). A damaged
+version comes after every version before it, as the error its read raised.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from typing import Union
+
+from batchweave import log
+from batchweave.errors import CorruptDataError, DataReclaimedError
+from batchweave.journal import Journal
+from batchweave.log import LogVersion, ReadVersion
+from batchweave.polling import HeadPolling
+from batchweave.readahead import LogReadAhead
+
+__all__ = ["PROOF_BATCH_VERSIONS", "FollowItem", "ProvenLog"]
+
+# I10: log versions are used only once proven genuine, one proof (a GET of the anchor) per
+# batch of versions: those read without waiting, or while the previous batch's proof was in
+# flight, at most this many.
+PROOF_BATCH_VERSIONS = 128
+
+FollowItem = Union[list[ReadVersion], float]  # noqa: UP007 (a runtime alias)
+
+
+class ProvenLog:
+    """Proven log versions from ``reader``'s next version on (see the module doc).
+
+    Args:
+        journal: the reader's journal (read-only), anchored where the reader starts if
+            it can be.
+        reader: reads the versions ahead.
+        polling: the pauses at the head, and how often an idle follower re-proves.
+        next_step: the first step the follower's user still needs (for the message of a
+            DataReclaimedError when GC overtook it).
+        url: the namespace, for messages.
+        present_through: versions up to this one exist (the cursor's version): missing,
+            one is damage, not a version not committed yet.
+    """
+
+    def __init__(
+        self,
+        journal: Journal[LogVersion],
+        reader: LogReadAhead,
+        polling: HeadPolling,
+        next_step: Callable[[], int],
+        url: str,
+        present_through: int = 0,
+    ) -> None:
+        self._journal = journal
+        self._reader = reader
+        self._polling = polling
+        self._next_step = next_step
+        self._url = url
+        self._present_through = present_through
+        self._last_proof = -math.inf  # when the view was last proven; never yet
+
+    def __iter__(self) -> Iterator[FollowItem]:
+        reader = self._reader
+        batch: list[ReadVersion] = []
+        proving: tuple[Future[None], list[ReadVersion]] | None = None
+        while True:
+            if proving is not None and proving[0].done():
+                yield _proven(proving)
+                proving = None
+            version = reader.next_version
+            try:
+                read = reader.next()
+            except CorruptDataError:
+                # A damaged version: every version before it first, and a reader GC
+                # overtook hears that instead (the damage may lie in the reclaimed region).
+                if proving is not None:
+                    yield _proven(proving)
+                self.prove(batch[0].delta.version if batch else version, batch[-1] if batch else None)
+                if batch:
+                    yield batch
+                raise
+            if read is not None:
+                self._polling.found(read.delta.committed_at)
+                batch.append(read)
+                if len(batch) < PROOF_BATCH_VERSIONS and (reader.ready() or proving is not None):
+                    continue  # read on: while the last batch's proof is in flight too
+                if proving is not None:
+                    yield _proven(proving)
+                proving = (reader.beside(self.prove, batch[0].delta.version, batch[-1]), batch)
+                batch = []
+                yield 0.0
+                continue
+            # A miss (the read a finished future promised can be one): what was read is
+            # proven and handed out before the follower pauses.
+            if proving is not None:
+                yield _proven(proving)
+                proving = None
+            if batch:
+                self.prove(batch[0].delta.version, batch[-1])
+                yield batch
+                batch = []
+            if time.monotonic() - self._last_proof >= self._polling.idle_proof_s:
+                self.prove(version, None)  # a miss may be a version GC deleted: were we overtaken?
+            if version <= self._present_through:
+                raise CorruptDataError(log.version_key(version), "the cursor's log version is missing")
+            yield self._polling.missed()
+
+    def prove(self, lowest: int, newest: ReadVersion | None) -> None:
+        """Go on only with a proven view (I10): every version read since the last proof,
+        from ``lowest`` on, is genuine. Otherwise GC overtook this follower
+        (DataReclaimedError) or a version vanished that nothing reclaimed (CorruptDataError)."""
+        self._last_proof = time.monotonic()
+        anchor = self._journal.anchor_version
+        if self._journal.prove_reads(lowest, newest):
+            return
+        reclaimed = self._journal.load_state().reclaimed
+        below = anchor if anchor is not None and 0 < anchor <= lowest else lowest
+        if reclaimed.versions > below:
+            raise DataReclaimedError(self._url, self._next_step(), reclaimed.steps)
+        raise CorruptDataError(
+            log.version_key(below), "this log version vanished although no garbage collection reclaimed it"
+        )
+
+
+def _proven(proving: tuple[Future[None], list[ReadVersion]]) -> list[ReadVersion]:
+    """A batch once its proof is done (which raises if the view could not be proven)."""
+    proof, batch = proving
+    proof.result()
+    return batch

@@ -1,0 +1,268 @@
+"""Node-level sharing (``batchweave.node``): the ranks of one node share one log follower
+and one read per slice, and a hub that dies is replaced without losing a step."""
+
+from __future__ import annotations
+
+import collections
+import json
+import mmap
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import batchweave as bw
+from batchweave import node
+from batchweave.errors import ConfigError
+from batchweave.latency import LatencyModel, LatencyStore
+from batchweave.mesh import Mesh
+from batchweave.policies import Manual
+
+pytestmark = pytest.mark.skipif(not node.sharing_supported(), reason="node sharing needs Linux")
+
+HERE = Path(__file__).resolve().parent
+FAST = LatencyModel(put_s=0.001, first_byte_s=0.001, head_s=0.001, list_s=0.001, delete_s=0.001, jitter_sigma=0)
+
+
+class CountingStore(LatencyStore):
+    """A remote-like store counting range reads (by object and offset) and log reads."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url, model=FAST)
+        self.ranges: collections.Counter[tuple[str, int]] = collections.Counter()
+        self.log_reads = 0
+        self._lock = threading.Lock()
+
+    def get_range(self, key, start, length):
+        with self._lock:
+            self.ranges[(key, start)] += 1
+        return super().get_range(key, start, length)
+
+    def get(self, key):
+        if key.startswith("_log/"):
+            with self._lock:
+                self.log_reads += 1
+        return super().get(key)
+
+
+def fill(store, steps: int, dp: int, *, first: int = 0, end: bool = True) -> None:
+    """TGBs ``first`` to ``steps - 1`` of ``dp`` slices; slice d of step s holds ``s * dp + d``."""
+    with bw.Producer(store, "p", dp=dp, commit_policy=Manual()) as producer:
+        for step in range(first, steps):
+            producer.append([{"x": np.full(4, step * dp + d)} for d in range(dp)], source_offset=step)
+            if step % 5 == 4:
+                producer.flush()
+    if end:
+        bw.end_stream(store)
+
+
+def read_node(store, ranks: range, *, dp: int, tp: int, sharing: bool) -> dict[int, list]:
+    """Every rank of ``ranks`` (one node) reads to the end, each in its own thread."""
+    seen: dict[int, list] = {}
+    failures: list[BaseException] = []
+    first = ranks[0]
+    finished = threading.Barrier(len(ranks))  # a job's ranks stop together (a hub closing early hands over)
+
+    def run(rank: int) -> None:
+        try:
+            consumer = bw.Consumer(
+                store,
+                dp=dp,
+                tp=tp,
+                rank=rank,
+                local_rank=rank - first,
+                local_world_size=len(ranks),
+                node_sharing=sharing,
+                timeout_s=30,
+            )
+            seen[rank] = [(b.step, int(b.data["x"][0]), b.data["x"]) for b in consumer]
+            finished.wait(30)
+            consumer.close()
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in ranks]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not failures, failures
+    return seen
+
+
+def assert_each_rank_read_its_slice(seen: dict[int, list], steps: int, dp: int, tp: int) -> None:
+    mesh = Mesh(dp=dp, tp=tp)
+    for rank, records in seen.items():
+        d = mesh.coords(rank).dp
+        assert [(s, v) for s, v, _ in records] == [(s, s * dp + d) for s in range(steps)], rank
+
+
+def test_tp_ranks_on_a_node_issue_one_read_per_slice_and_one_followers_log_requests():
+    steps, dp, tp = 30, 2, 4
+    alone, shared = CountingStore("memory://b/alone"), CountingStore("memory://b/shared")
+    for store in (alone, shared):
+        fill(store, steps, dp)
+        store.ranges.clear()
+        store.log_reads = 0
+    assert_each_rank_read_its_slice(read_node(alone, range(8), dp=dp, tp=tp, sharing=False), steps, dp, tp)
+    assert_each_rank_read_its_slice(read_node(shared, range(8), dp=dp, tp=tp, sharing=True), steps, dp, tp)
+    assert sum(alone.ranges.values()) == steps * dp * tp  # today: every TP rank reads
+    assert len(shared.ranges) == steps * dp  # every distinct slice ...
+    assert set(shared.ranges.values()) == {1}  # ... read once for the node
+    single = CountingStore("memory://b/single")
+    fill(single, steps, dp)
+    single.log_reads = 0
+    read_node(single, range(1), dp=1, tp=1, sharing=False)  # one follower's log requests
+    assert shared.log_reads <= single.log_reads * 1.25  # read-ahead speculates a little differently each run
+    assert shared.log_reads * 8 <= alone.log_reads * 1.25
+
+
+def test_shared_slices_are_read_only_views_of_one_shared_memory_copy():
+    store = CountingStore("memory://b/views")
+    fill(store, 3, 1)
+    seen = read_node(store, range(2), dp=1, tp=2, sharing=True)
+    for rank in (0, 1):
+        array = seen[rank][0][2]
+        assert not array.flags.writeable
+        base = array
+        while not isinstance(base, memoryview) and base.base is not None:
+            base = base.base
+        assert isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap)
+
+
+def test_ranks_of_two_nodes_on_one_machine_do_not_share():
+    store = CountingStore("memory://b/twonodes")
+    steps, dp, tp = 10, 2, 2
+    fill(store, steps, dp)
+    store.ranges.clear()
+    seen = read_node(store, range(0, 2), dp=dp, tp=tp, sharing=True)  # node 0: ranks 0, 1 (d = 0)
+    seen |= read_node(store, range(2, 4), dp=dp, tp=tp, sharing=True)  # node 1: ranks 2, 3 (d = 1)
+    assert_each_rank_read_its_slice(seen, steps, dp, tp)
+    assert node.node_address(store.url, 0) != node.node_address(store.url, 2)
+    assert sum(store.ranges.values()) == steps * dp
+
+
+def test_closing_the_hubs_consumer_mid_run_hands_the_hub_to_another_rank():
+    store = CountingStore("memory://b/handover")
+    fill(store, 20, 1, end=False)
+    consumers = [
+        bw.Consumer(store, dp=1, tp=3, rank=r, local_rank=r, local_world_size=3, node_sharing=True, timeout_s=30)
+        for r in range(3)
+    ]
+    its = [iter(c) for c in consumers]
+    first = [[next(it).step for _ in range(10)] for it in its]
+    assert [hub.users for hub in node._hubs.values()] == [1]
+    old_hub = next(iter(node._hubs.values()))
+    host = next(i for i, c in enumerate(consumers) if c._pipeline._node._hosting)
+    consumers[host].close()  # its hub closes; the others' requests go to a new one
+    assert old_hub not in node._hubs.values()
+    fill(store, 40, 1, first=20)  # what is left needs a hub
+    rest = [[b.step for b in it] for i, it in enumerate(its) if i != host]
+    for done, later in zip([f for i, f in enumerate(first) if i != host], rest, strict=True):
+        assert done + later == list(range(40))
+    hosting = sum(c._pipeline._node._hosting for i, c in enumerate(consumers) if i != host)
+    assert [hub.users for hub in node._hubs.values()] == [hosting] and hosting >= 1  # a new hub, in use
+    assert max(store.ranges.values()) <= 2  # a range read again only across the handover
+    for c in consumers:
+        c.close()
+    assert not node._hubs
+
+
+def test_node_settings_are_checked(monkeypatch):
+    store = CountingStore("memory://b/settings")
+    with pytest.raises(ConfigError, match="LOCAL_WORLD_SIZE"):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "eight")
+        bw.Consumer(store, dp=8, rank=0)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    with pytest.raises(ConfigError, match="outside the mesh"):
+        bw.Consumer(store, dp=4, rank=3, local_rank=0, local_world_size=2, node_sharing=True)
+    with pytest.raises(ConfigError, match="node_sharing"):
+        bw.Consumer(store, dp=2, rank=0, node_sharing="yes")
+    plan = node.plan_node(store.url, Mesh(dp=2, tp=4), 5, 5, 8)
+    assert (plan.sharers, plan.nodes) == (4, 1)
+    assert node.plan_node(store.url, Mesh(dp=1250, tp=8), 9, 1, 8).nodes == 1250
+
+
+def test_env_turns_sharing_on_for_a_remote_store_only(monkeypatch, tmp_path):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert bw.Consumer(CountingStore("memory://b/env"), dp=2, rank=1).node is not None
+    local = tmp_path / "ns"
+    local.mkdir()
+    assert bw.Consumer(local.as_uri(), dp=2, rank=1).node is None
+
+
+def shm_names() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+@pytest.mark.s3
+def test_sigkilled_hub_process_is_replaced_and_no_rank_loses_or_repeats_a_step(tmp_path, monkeypatch, request):
+    from conftest import _make_backend_url
+
+    url = _make_backend_url("s3", request, tmp_path, monkeypatch)
+    steps, dp, tp = 24, 2, 2
+    fill(url, steps, dp)
+    before = shm_names()
+    go = tmp_path / "go"
+    procs = {
+        rank: subprocess.Popen(
+            [
+                sys.executable,
+                str(HERE / "node_worker.py"),
+                url,
+                str(rank),
+                str(tmp_path / f"r{rank}.json"),
+                "--dp",
+                str(dp),
+                "--tp",
+                str(tp),
+                "--local-world-size",
+                "4",
+                "--pause-at",
+                "5",
+                "--go",
+                str(go),
+            ],
+        )
+        for rank in range(4)
+    }
+    try:
+        ready = {}
+        for rank, proc in procs.items():
+            path = tmp_path / f"r{rank}.ready"
+            while not path.exists():  # each rank writes it after step 5
+                assert proc.poll() is None, f"rank {rank} exited with {proc.returncode}"
+                threading.Event().wait(0.02)
+            ready[rank] = json.loads(path.read_text())
+        hosts = [rank for rank, r in ready.items() if r["hosting"]]
+        assert len(hosts) == 1, ready
+        procs[hosts[0]].send_signal(signal.SIGKILL)
+        procs[hosts[0]].wait()
+        go.touch()
+        for rank, proc in procs.items():
+            if rank != hosts[0]:
+                assert proc.wait(90) == 0
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    mesh = Mesh(dp=dp, tp=tp)
+    for rank in procs:
+        if rank == hosts[0]:
+            continue
+        seen = json.loads((tmp_path / f"r{rank}.json").read_text())["seen"]
+        d = mesh.coords(rank).dp
+        assert seen == [[s, s * dp + d] for s in range(steps)], rank
+    assert shm_names() <= before  # memfds only: nothing named in /dev/shm, crash or not
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with pytest.raises(OSError):  # the hub's name went with the last process
+        probe.connect(node.node_address(url, 0))
+    probe.close()
