@@ -22,9 +22,10 @@ from typing import Any
 from batchweave.polling import HEAD_BUDGET_PER_S, HeadPolling
 from benchmarks.report import BenchOptions, BenchResult, machine
 from benchmarks.scale_count import LOG_CLASSES, LOG_NEXT
-from benchmarks.scale_measure import MeasureConfig, measure_all, node_sharing_available
+from benchmarks.scale_measure import OWN, SHARED, MeasureConfig, measure_all
 from benchmarks.scale_model import (
     LIMITS,
+    NEXT,
     PRICES_AS_OF,
     FollowerRates,
     Load,
@@ -60,11 +61,10 @@ Joint = dict[tuple[str, str], float]
 def run(options: BenchOptions, progress: Any) -> BenchResult:
     measure = MeasureConfig.quick() if options.quick else MeasureConfig()
     scales = QUICK_SCALES if options.quick else SCALES
-    task = progress.add_task("bench scale: measuring", total=6 + 2 * len(scales))
-    measured = measure_all(measure, progress, task)
-    by_state = {r["state"]: r for r in measured}
-    other = _other_rates(by_state)
-    results: list[dict[str, Any]] = [_measured_row(r) for r in measured]
+    task = progress.add_task("bench scale: measuring", total=5 + 2 * len(scales))
+    measured = Measured(measure_all(measure, progress, task))
+    other = _other_rates(measured)
+    results: list[dict[str, Any]] = [_measured_row(r) for r in measured.records]
     comparisons: list[dict[str, Any]] = []
     series: dict[str, list[dict[str, float]]] = {}
     for ranks, producers in scales:
@@ -73,17 +73,16 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
         for column in ("before", "after"):
             shared = column == "after"
             followers = scale.nodes if shared else scale.ranks
-            rates = _after_rates(by_state, scale) if shared else _before_rates(by_state, measure)
-            loads = project(scale, followers, rates, other, shared=shared)
+            loads = project(scale, followers, _follower_rates(measured, scale, column), other, shared=shared)
             results.extend(_projected_row(scale, column, load) for load in loads)
-            sims = _simulate(scale, column, followers, options)
-            for state, sim in sims.items():
+            for state, sim in _simulate(scale, column, followers, options).items():
                 load = next(load for load in loads if load.state == state)
                 results.append(_simulated_row(scale, column, state, sim))
                 comparisons.append(_comparison(scale, column, state, load, sim))
                 series[f"{column} {ranks} {state}"] = [{"window": i, "requests": n} for i, n in enumerate(sim.windows)]
         progress.advance(task, 2)
-    node_check = _per_node_check(by_state, scales, measure)
+    checks = _model_checks(measured, measure)
+    node_check = _per_node_check(measured, scales, measure)
     config = {
         "measured": {
             "mesh": f"dp {measure.dp} x tp {measure.tp} = {measure.ranks} ranks, one process, threads",
@@ -95,7 +94,7 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
             "producers": measure.producers,
             "producer_s": measure.producer_s,
             "watch_interval_s": measure.watch_interval_s,
-            "node_sharing_measured": node_sharing_available(),
+            "node_sharing_measured": measured.shared,
         },
         "projection": {
             "scales": [list(s) for s in scales],
@@ -107,61 +106,55 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
             "gc_every_s": other.gc_every_s,
             "watch": "one `batchweave watch` at its default 2 s interval",
             "head_budget_per_s": HEAD_BUDGET_PER_S,
-            "after_source": (
-                "measured node sharing"
-                if node_sharing_available()
-                else "computed: one follower per node with the measured single-rank log requests behind the head, "
-                "HeadPolling's mean pauses at the head, one read per distinct (d, c) slice per node"
-            ),
+            "before": "each rank its own follower: log requests behind the head as measured per rank; at the head "
+            "the pauses of the consumer before HeadPolling (0.01 s doubling to 1 s, uniform(p/2, p), a re-proof "
+            "every 10 s), one follower's mean pattern; one read per rank per step",
+            "after": "one follower per node: log requests behind the head as measured "
+            + ("per node with node sharing" if measured.shared else "per rank (node sharing not in this checkout)")
+            + "; at the head HeadPolling(nodes)'s mean pattern; one read per distinct (d, c) slice per node",
         },
         "prices": PRICES_AS_OF,
         "limits": [
             {"name": lim.name, "per_s": lim.per_s, "hard": lim.hard, "document": lim.document} for lim in LIMITS
         ],
         "comparisons": comparisons,
+        "model_checks": checks,
         "per_node_log": node_check,
         "quick": options.quick,
         "store": "latency (counting), always",
         "machine": machine(),
     }
-    return BenchResult(NAME, config, results, COLUMNS, summary=verdict(results, comparisons, node_check), series=series)
+    summary = verdict(results, comparisons, node_check, checks)
+    return BenchResult(NAME, config, results, COLUMNS, summary=summary, series=series)
 
 
 # -- rates from the measured records ------------------------------------------------------
 
 
-def _joint(
-    record: dict[str, Any], classes: frozenset[str] | None = None, exclude: frozenset[str] = frozenset()
-) -> Joint:
+class Measured:
+    """The measured records, found by state and consumer setup."""
+
+    def __init__(self, records: list[dict[str, Any]]) -> None:
+        self.records = records
+        self.shared = any(r.get("setup") == SHARED for r in records)
+
+    def get(self, state: str, setup: str | None = None) -> dict[str, Any]:
+        return next(r for r in self.records if r["state"] == state and (setup is None or r.get("setup") == setup))
+
+    def consumer(self, state: str, shared: bool) -> dict[str, Any]:
+        return self.get(state, SHARED if shared and self.shared else OWN)
+
+
+def _joint(record: dict[str, Any], classes: frozenset[str] | None = None, unit: str | None = None) -> Joint:
+    """The record's (class, op) rates, per its main unit or per ``unit``."""
+    factor = 1.0 if unit is None else record[f"per_{unit}"] / record[f"per_{record['per']}"]
     out: Joint = {}
     for key, value in record.items():
         if key.startswith("j:"):
             cls, op = key[2:].split("|")
-            if (classes is None or cls in classes) and cls not in exclude:
-                out[cls, op] = value
+            if classes is None or cls in classes:
+                out[cls, op] = value * factor
     return out
-
-
-def _per(record: dict[str, Any], unit: str) -> float:
-    """The factor from the record's main unit to ``unit`` (both among its per_* fields)."""
-    return record[f"per_{unit}"] / record[f"per_{record['per']}"]
-
-
-def _before_rates(by_state: dict[str, dict[str, Any]], measure: MeasureConfig) -> FollowerRates:
-    behind, flowing, idle = (
-        by_state[s] for s in ("behind the head", "at the head, commits flowing", "idle at the head")
-    )
-    ranks = measure.ranks
-    return FollowerRates(
-        behind_per_step=_joint(behind, LOG_CLASSES),
-        behind_max_per_key=behind["max_log_requests_per_key_per_rank"],
-        flowing_per_s=_joint(flowing, LOG_CLASSES),
-        # The measured busiest key's second, per rank: every request a rank sends to one version.
-        flowing_per_version_on_one_key=flowing["hot_key_mean_per_s"] / ranks,
-        idle_per_s=_joint(idle, LOG_CLASSES),
-        idle_next_key_per_s=idle.get(f"c:{LOG_NEXT}", 0.0),
-        spread_s=1.0 / measure.steps_per_s,
-    )
 
 
 def _pattern_joint(sim: SimResult) -> Joint:
@@ -172,37 +165,40 @@ def _pattern_joint(sim: SimResult) -> Joint:
     return out
 
 
-def _after_rates(by_state: dict[str, dict[str, Any]], scale: Scale) -> FollowerRates:
-    """One follower per node: behind the head it reads what one rank reads (measured); at
-    the head it pauses as HeadPolling says for the job's node followers (its mean pattern)."""
+def _follower_rates(measured: Measured, scale: Scale, column: str) -> FollowerRates:
+    """One follower of the job: each rank ("before") or each node ("after"). Behind the
+    head it reads what was measured (per rank, or per node with sharing); at the head it
+    pauses as its policy says for the job's followers (the policy's mean pattern)."""
+    shared = column == "after"
+    followers = scale.nodes if shared else scale.ranks
+    behind = measured.consumer("behind the head", shared)
+    per_follower_step = "node_step" if behind.get("setup") == SHARED else "rank_step"
     interval = 1.0 / scale.steps_per_s
-    make = _policy("after", scale.nodes)
+    make = _policy(column, followers)
     flowing = follower_pattern(make, interval, idle=False)
     idle = follower_pattern(make, interval, idle=True)
-    behind = by_state["behind the head"]
-    floor = make(None).floor_s
+    spread = max(interval, make(None).floor_s)
     return FollowerRates(
-        behind_per_step=_joint(behind, LOG_CLASSES),
-        behind_max_per_key=behind["max_log_requests_per_key_per_rank"],
+        behind_per_step=_joint(behind, LOG_CLASSES, per_follower_step),
+        behind_max_per_key=behind["max_log_requests_per_key"] / behind["followers"],
         flowing_per_s=_pattern_joint(flowing),
         # Followers coming round within a second send all of a version's requests (probes,
         # the read, proofs) to its key in that second; spread wider by the budget, each
         # follower's visit sends one request (a probe or the read) to the key being visited.
         flowing_per_version_on_one_key=(
-            flowing.requests_per_follower_per_s / flowing.versions_per_s if max(interval, floor) <= 1.0 else 1.0
+            flowing.requests_per_follower_per_s / flowing.versions_per_s if spread <= 1.0 else 1.0
         ),
         idle_per_s=_pattern_joint(idle),
-        idle_next_key_per_s=idle.per_follower_per_s.get("next version (miss)", 0.0),
-        spread_s=max(interval, floor),
+        idle_next_key_per_s=idle.per_follower_per_s.get(NEXT, 0.0),
+        spread_s=spread,
     )
 
 
-def _other_rates(by_state: dict[str, dict[str, Any]]) -> OtherRates:
-    gc = by_state["gc run, reclaiming"]
+def _other_rates(measured: Measured) -> OtherRates:
     return OtherRates(
-        producer_per_tgb=_joint(by_state["producing, direct (DAC)"]),
-        watch_per_s=_joint(by_state["watch refreshing"]),
-        gc_per_run=_joint(gc),
+        producer_per_tgb=_joint(measured.get("producing, direct (DAC)")),
+        watch_per_s=_joint(measured.get("watch refreshing")),
+        gc_per_run=_joint(measured.get("gc run, reclaiming")),
     )
 
 
@@ -210,6 +206,33 @@ def _policy(column: str, followers: int):
     if column == "before":
         return lambda rng: TodayPolling(rng=rng)
     return lambda rng: HeadPolling(followers, rng=rng)
+
+
+def _model_checks(measured: Measured, measure: MeasureConfig) -> list[dict[str, Any]]:
+    """The real consumer at the head (this checkout's: HeadPolling for its followers)
+    against one follower's mean pattern under the same policy: log requests per follower
+    and second, and the busiest key's second."""
+    out = []
+    setups = (OWN, SHARED) if measured.shared else (OWN,)
+    for setup in setups:
+        for state in ("at the head, commits flowing", "idle at the head"):
+            record = measured.get(state, setup)
+            followers = record["followers"]
+            make = _policy("after", followers)
+            pattern = follower_pattern(make, 1 / measure.steps_per_s, idle=state.startswith("idle"))
+            real = record["log_per_rank_s"] * record["ranks"] / followers
+            out.append(
+                {
+                    "setup": setup,
+                    "state": state,
+                    "followers": followers,
+                    "measured_log_per_follower_s": real,
+                    "model_log_per_follower_s": pattern.requests_per_follower_per_s,
+                    "model_over_measured": pattern.requests_per_follower_per_s / real if real else float("nan"),
+                    "measured_hot_key_mean_per_s": record["hot_key_mean_per_s"],
+                }
+            )
+    return out
 
 
 # -- simulation ---------------------------------------------------------------------------
@@ -243,7 +266,7 @@ def _measured_row(record: dict[str, Any]) -> dict[str, Any]:
     unit = record["per"]
     row = {
         "kind": "measured",
-        "setup": f"{record['role']}",
+        "setup": record["role"] + (f": {record['setup']}" if "setup" in record else ""),
         "state": record["state"],
         "ranks": record.get("ranks"),
         "producers": record.get("producers"),
@@ -314,21 +337,31 @@ def _comparison(scale: Scale, column: str, state: str, load: Load, sim: SimResul
 
 
 def _per_node_check(
-    by_state: dict[str, dict[str, Any]], scales: tuple[tuple[int, int], ...], measure: MeasureConfig
+    measured: Measured, scales: tuple[tuple[int, int], ...], measure: MeasureConfig
 ) -> list[dict[str, Any]]:
-    """Log requests a second per node of 8 ranks: today's (8 ranks, each its own follower,
-    measured) against one node follower under HeadPolling at each scale (target 1/8)."""
+    """Log requests a second per node of 8 ranks: today's (8 followers with the pauses of
+    before HeadPolling) against one node follower under HeadPolling at each scale, and as
+    measured with node sharing (one node). Target: at most 1/8."""
     out = []
+    interval = 1 / measure.steps_per_s
     for state in ("at the head, commits flowing", "idle at the head"):
-        today = 8 * by_state[state]["log_per_rank_s"]
-        for ranks, producers in scales:
-            scale = Scale(ranks, producers, steps_per_s=measure.steps_per_s)
-            pattern = follower_pattern(_policy("after", scale.nodes), 1 / scale.steps_per_s, state.startswith("idle"))
-            after = pattern.requests_per_follower_per_s
+        idle = state.startswith("idle")
+        today = 8 * follower_pattern(_policy("before", 8), interval, idle).requests_per_follower_per_s
+        nodes: list[tuple[str, float]] = [
+            (
+                f"{ranks:,} ranks (model)",
+                follower_pattern(_policy("after", -(-ranks // 8)), interval, idle).requests_per_follower_per_s,
+            )
+            for ranks, _ in scales
+        ]
+        if measured.shared:
+            record = measured.get(state, SHARED)
+            nodes.append(("one node (measured)", record["log_per_rank_s"] * record["ranks"]))
+        for name, after in nodes:
             out.append(
                 {
                     "state": state,
-                    "ranks": ranks,
+                    "where": name,
                     "today_per_node_s": today,
                     "after_per_node_s": after,
                     "ratio": after / today,
@@ -339,7 +372,10 @@ def _per_node_check(
 
 
 def verdict(
-    results: list[dict[str, Any]], comparisons: list[dict[str, Any]], node_check: list[dict[str, Any]]
+    results: list[dict[str, Any]],
+    comparisons: list[dict[str, Any]],
+    node_check: list[dict[str, Any]],
+    checks: list[dict[str, Any]],
 ) -> list[str]:
     lines = []
     for column in ("before", "after"):
@@ -367,8 +403,16 @@ def verdict(
         "log requests per node <= 1/8 of today's: "
         + ("met" if met else "NOT met")
         + " ("
-        + ", ".join(f"{n['state'].split(',')[0]} {n['ranks']:,}: {n['ratio']:.3f}" for n in node_check)
+        + ", ".join(f"{n['state'].split(',')[0]}, {n['where']}: {n['ratio']:.3f}" for n in node_check)
         + ")"
+    )
+    lines.append(
+        "real consumer vs model, log requests per follower-s: "
+        + ", ".join(
+            f"{c['setup'].split(' (')[0]}, {c['state'].split(',')[0]}: {c['measured_log_per_follower_s']:.2f} "
+            f"measured, {c['model_log_per_follower_s']:.2f} model"
+            for c in checks
+        )
     )
     return lines
 

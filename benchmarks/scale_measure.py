@@ -45,7 +45,7 @@ from benchmarks.scale_count import (
     hottest_key_windows,
 )
 
-__all__ = ["MeasureConfig", "measure_all", "node_sharing_available"]
+__all__ = ["OWN", "SHARED", "MeasureConfig", "measure_all", "node_sharing_available"]
 
 # The collector and watch run alone, one request at a time: what they ask does not depend
 # on how long the store takes, so they are counted without the modelled latency.
@@ -96,11 +96,11 @@ def node_sharing_available() -> bool:
 
 def measure_all(config: MeasureConfig, progress: Any = None, task: Any = None) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
+    sharing = (False, True) if node_sharing_available() else (False,)
     steps = [
-        lambda: records.append(consumer_behind(config)),
-        lambda: records.extend(consumer_at_head(config)),
-        lambda: records.append(producers(config, "dac")),
-        lambda: records.append(producers(config, "group")),
+        lambda: records.extend(consumer_behind(config, s) for s in sharing),
+        lambda: records.extend(_side_by_side(lambda s: consumer_at_head(config, s), sharing)),
+        lambda: records.extend(_side_by_side(lambda policy: [producers(config, policy)], ("dac", "group"))),
         lambda: records.extend(gc_runs(config)),
         lambda: records.append(watch(config)),
     ]
@@ -109,6 +109,21 @@ def measure_all(config: MeasureConfig, progress: Any = None, task: Any = None) -
         if progress is not None:
             progress.advance(task)
     return records
+
+
+def _side_by_side(measure: Any, variants: tuple[Any, ...]) -> list[dict[str, Any]]:
+    """``measure(variant)`` for each variant at once, in threads (they mostly wait on
+    the latency model), the records in the variants' order."""
+    out: dict[Any, list[dict[str, Any]]] = {}
+    threads = [threading.Thread(target=lambda v=v: out.__setitem__(v, measure(v))) for v in variants]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    missing = [v for v in variants if v not in out]
+    if missing:
+        raise RuntimeError(f"measuring {missing} failed (see the thread's traceback above)")
+    return [record for v in variants for record in out[v]]
 
 
 # -- records -----------------------------------------------------------------------------
@@ -146,10 +161,24 @@ def _commit(producer: Producer, config: MeasureConfig, offset: int) -> None:
 class _Ranks:
     """The ranks of a dp x tp mesh as Consumers in threads, each on its own counting store."""
 
-    def __init__(self, url: str, tally: Tally, config: MeasureConfig, limit: int | None = None) -> None:
+    def __init__(
+        self, url: str, tally: Tally, config: MeasureConfig, *, sharing: bool, limit: int | None = None
+    ) -> None:
         self.stores = [CountingStore(url, tally, "consumer", seed=config.seed + r) for r in range(config.ranks)]
+        # Node sharing: the ranks are one node's (local ranks 0..7), the hub in this process.
+        node = {"node_sharing": sharing} if node_sharing_available() else {}
+        if sharing:
+            node.update(local_world_size=config.ranks)
         self.consumers = [
-            Consumer(store, dp=config.dp, tp=config.tp, rank=rank, timeout_s=0.2)
+            Consumer(
+                store,
+                dp=config.dp,
+                tp=config.tp,
+                rank=rank,
+                timeout_s=0.2,
+                **node,
+                **({"local_rank": rank} if sharing else {}),
+            )
             for rank, store in enumerate(self.stores)
         ]
         self.steps = [0] * config.ranks
@@ -164,6 +193,8 @@ class _Ranks:
     def _iterate(self, rank: int) -> None:
         consumer = self.consumers[rank]
         while not self.stop.is_set():
+            if self.limit is not None and self.steps[rank] >= self.limit:
+                return  # (a rank done early waits for the others: a node's hub serves them)
             try:
                 next(consumer)
             except StepTimeoutError:
@@ -171,9 +202,6 @@ class _Ranks:
             except StopIteration:
                 return
             self.steps[rank] += 1
-            if self.limit is not None and self.steps[rank] >= self.limit:
-                self.stores[rank].active = False  # what follows is past the measured stretch
-                return
 
     def wait_for(self, steps: int, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -183,22 +211,37 @@ class _Ranks:
             time.sleep(0.01)
 
     def close(self) -> None:
+        for store in self.stores:
+            store.active = False  # what follows is past the measured stretch
         self.stop.set()
         for thread in self.threads:
             thread.join()
-        for consumer in self.consumers:
-            consumer.close()
+        # At once: closed one by one, each rank left would take over the node's hub in turn.
+        closing = [threading.Thread(target=c.close) for c in self.consumers]
+        for thread in closing:
+            thread.start()
+        for thread in closing:
+            thread.join()
 
 
-def consumer_behind(config: MeasureConfig) -> dict[str, Any]:
+OWN = "each rank its own follower"
+SHARED = "node sharing (one node of 8 ranks)"
+
+
+def _setup(sharing: bool) -> str:
+    return SHARED if sharing else OWN
+
+
+def consumer_behind(config: MeasureConfig, sharing: bool = False) -> dict[str, Any]:
     """Every rank reads ``behind_steps`` steps of a log committed long before, one TGB per
-    version, and far more versions than it reads (no head in sight)."""
+    version, and far more versions than it reads (no head in sight). Counted until the
+    last rank has them all (so with sharing, the hub's reads for every rank)."""
     url = f"memory://scale-behind-{uuid.uuid4().hex}"
     with Producer(open_store(url), "p0", dp=config.dp, commit_policy=Manual()) as producer:
         for offset in range(config.behind_steps + 64):
             _commit(producer, config, offset)
     tally = Tally()
-    ranks = _Ranks(url, tally, config, limit=config.behind_steps)
+    ranks = _Ranks(url, tally, config, sharing=sharing, limit=config.behind_steps)
     started = time.monotonic()
     ranks.start()
     ranks.wait_for(config.behind_steps)
@@ -215,13 +258,16 @@ def consumer_behind(config: MeasureConfig) -> dict[str, Any]:
         "behind the head",
         "consumer",
         requests,
-        {"rank_step": step_ranks},
+        {"rank_step": step_ranks, "node_step": config.behind_steps},
+        setup=_setup(sharing),
         ranks=config.ranks,
         seconds=elapsed,
         log_per_rank_step=sum(1 for r in requests if r.key_class in LOG_CLASSES) / step_ranks,
+        data_reads_per_rank_step=len(data) / step_ranks,
         data_reads_per_step=len(data) / config.behind_steps,
         distinct_slices_per_step=config.dp,
-        max_log_requests_per_key_per_rank=max(per_key.values()) / config.ranks if per_key else 0.0,
+        followers=1 if sharing else config.ranks,
+        max_log_requests_per_key=max(per_key.values()) if per_key else 0,
         start_requests_per_rank=start / config.ranks,
     )
 
@@ -243,7 +289,7 @@ def _needed(request: Request, steps: int) -> bool:
     return True
 
 
-def consumer_at_head(config: MeasureConfig) -> list[dict[str, Any]]:
+def consumer_at_head(config: MeasureConfig, sharing: bool = False) -> list[dict[str, Any]]:
     """Ranks at the head while a producer commits one TGB per version at ``steps_per_s``,
     then the same ranks idle at the head once it stops."""
     url = f"memory://scale-head-{uuid.uuid4().hex}"
@@ -251,7 +297,7 @@ def consumer_at_head(config: MeasureConfig) -> list[dict[str, Any]]:
     producer = Producer(CountingStore(url, tally, "committer"), "p0", dp=config.dp, commit_policy=Manual())
     for offset in range(3):
         _commit(producer, config, offset)
-    ranks = _Ranks(url, tally, config)
+    ranks = _Ranks(url, tally, config, sharing=sharing)
     ranks.start()
     ranks.wait_for(3)
     stop = threading.Event()
@@ -290,7 +336,7 @@ def consumer_at_head(config: MeasureConfig) -> list[dict[str, Any]]:
         requests = tally.between(start, end, "consumer")
         seconds = end - start
         hot_max, hot_mean, hot_key = hottest_key_windows(requests)
-        per = {"rank_s": config.ranks * seconds}
+        per = {"rank_s": config.ranks * seconds, "node_s": seconds}
         if steps:
             per["rank_step"] = config.ranks * steps
         records.append(
@@ -299,7 +345,9 @@ def consumer_at_head(config: MeasureConfig) -> list[dict[str, Any]]:
                 "consumer",
                 requests,
                 per,
+                setup=_setup(sharing),
                 ranks=config.ranks,
+                followers=1 if sharing else config.ranks,
                 seconds=seconds,
                 steps=steps,
                 steps_per_s=steps / seconds,

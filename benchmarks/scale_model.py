@@ -22,8 +22,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from batchweave.consumer import IDLE_PROOF_S as TODAY_IDLE_PROOF_S
 from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES
+from batchweave.polling import IDLE_PROOF_S, MIN_PAUSE_S
 
 __all__ = [
     "LIMITS",
@@ -91,11 +91,11 @@ class Polling(Protocol):
 
 
 class TodayPolling:
-    """The consumer's pauses before ``HeadPolling``: doubling from 0.01 s to
-    ``max_poll_interval_s`` after each miss, drawn from uniform(p/2, p), and an idle
-    re-proof of the anchor every ``consumer.IDLE_PROOF_S``."""
+    """The consumer's pauses before ``HeadPolling`` (to commit 6349aa0): doubling from
+    0.01 s to ``max_poll_interval_s`` (1 s) after each miss, drawn from uniform(p/2, p),
+    and an idle re-proof of the anchor every 10 s (the same constants as ``polling``'s)."""
 
-    idle_proof_s = TODAY_IDLE_PROOF_S
+    idle_proof_s = IDLE_PROOF_S
     floor_s = 0.0
 
     def __init__(self, max_poll_s: float = 1.0, rng: Any = None) -> None:
@@ -107,7 +107,7 @@ class TodayPolling:
         self._pause = 0.0
 
     def missed(self) -> float:
-        self._pause = min(self.max_poll_s, max(0.01, self._pause * 2))
+        self._pause = min(self.max_poll_s, max(MIN_PAUSE_S, self._pause * 2))
         return self._rng.uniform(self._pause / 2, self._pause)
 
 
@@ -245,12 +245,13 @@ def follower_pattern(make_policy: Callable[[Any], Polling], commit_interval_s: f
     the projection multiplies by the followers of a job."""
     floor = getattr(make_policy(MidpointRng()), "floor_s", 0.0)
     settle = max(20.0, 3 * floor)
+    counted = max(120.0, 100 * floor)  # a hundred pauses at least: whole ones, few cut off at the end
     return simulate(
         1,
         make_policy,
         commit_interval_s=commit_interval_s,
-        flowing_s=settle + 120.0 if not idle else settle,
-        idle_s=settle + 120.0 if idle else 0.0,
+        flowing_s=settle + counted if not idle else settle,
+        idle_s=settle + counted if idle else 0.0,
         warmup_s=settle,
         rng_factory=lambda i: MidpointRng(),
     )
