@@ -21,12 +21,13 @@ from typing import Any
 
 from batchweave.polling import HEAD_BUDGET_PER_S, HeadPolling
 from benchmarks.report import BenchOptions, BenchResult, machine
-from benchmarks.scale_count import LOG_CLASSES, LOG_NEXT
+from benchmarks.scale_count import LOG_CLASSES, LOG_NEXT, LOG_VERSION, SEGMENT
 from benchmarks.scale_measure import OWN, SHARED, MeasureConfig, measure_all
 from benchmarks.scale_model import (
     LIMITS,
     NEXT,
     PRICES_AS_OF,
+    SEGMENT_READ,
     FollowerRates,
     Load,
     OtherRates,
@@ -160,7 +161,7 @@ def _joint(record: dict[str, Any], classes: frozenset[str] | None = None, unit: 
 def _pattern_joint(sim: SimResult) -> Joint:
     out: Joint = {}
     for kind, rate in sim.per_follower_per_s.items():
-        key = (LOG_NEXT, "get") if kind.startswith("next") else ("log version", "get")
+        key = (LOG_NEXT, "get") if kind == NEXT else (SEGMENT, "get") if kind == SEGMENT_READ else (LOG_VERSION, "get")
         out[key] = out.get(key, 0.0) + rate
     return out
 

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES
 from batchweave.polling import IDLE_PROOF_S, MIN_PAUSE_S
+from batchweave.segment import segment_last
 
 __all__ = [
     "LIMITS",
@@ -120,7 +121,25 @@ class MidpointRng:
 
 # -- the discrete-event model -------------------------------------------------------------
 
-NEXT, ANCHOR, READ = "next version (miss)", "anchor (proof)", "version (read)"
+NEXT, ANCHOR, READ, SEGMENT_READ = "next version (miss)", "anchor (proof)", "version (read)", "segment (read)"
+
+
+def catch_up_keys(first: int, head: int) -> list[int]:
+    """The keys a follower reads to go from ``first`` to ``head`` (committed), as
+    ``LogReadAhead`` does: version by version until two are found in a row, then each
+    whole segment (32 versions, written once its last version is) as one object, the
+    rest version by version. Versions as themselves, segments as minus their last."""
+    keys: list[int] = []
+    version = first
+    while version <= head:
+        last = segment_last(version)
+        if version - first >= 2 and last <= head:
+            keys.append(-last)
+            version = last + 1
+        else:
+            keys.append(version)
+            version += 1
+    return keys
 
 
 @dataclass(slots=True)
@@ -129,7 +148,7 @@ class SimResult:
     seconds: float  # counted (after the warm-up)
     hot_key_max_per_s: float  # the busiest key's requests in the busiest 1-s window
     hot_key_mean_per_s: float  # ... averaged over the windows
-    hot_key_kind: str  # what the busiest key was at its peak (NEXT, ANCHOR or READ)
+    hot_key_kind: str  # what the busiest key was at its peak (NEXT, ANCHOR, READ or SEGMENT_READ)
     per_follower_per_s: dict[str, float]  # requests by kind
     versions_per_s: float
     windows: list[float] = field(default_factory=list)  # the busiest key's count, window by window
@@ -156,8 +175,8 @@ def simulate(
 
     Counted: the windows of the flowing stretch after ``warmup_s`` when ``idle_s`` is 0,
     else the windows of the idle stretch after ``warmup_s``. A follower that probes a
-    committed version reads every version up to the head (one GET each), proves the
-    batch with one GET of its anchor (the newest version it had), and probes the next
+    committed version reads every version up to the head (``catch_up_keys``: one GET a
+    version, or a segment), proves the batch with one GET of its anchor (the newest version it had), and probes the next
     version at once; a probe that misses pauses as the policy says; a follower waiting
     re-proves its anchor every ``idle_proof_s``. Each probe takes ``request_s`` (the
     latency model's GET) before the pause starts. Followers start spread over one
@@ -203,8 +222,8 @@ def simulate(
         policy = policies[i]
         head = head_at(t)
         if nxt[i] <= head:
-            for version in range(nxt[i], head + 1):
-                count(t, version, READ)
+            for key in catch_up_keys(nxt[i], head):
+                count(t, key, READ if key > 0 else SEGMENT_READ)
             count(t, anchor[i], ANCHOR)
             anchor[i], nxt[i], last_proof[i] = head, head + 1, t
             policy.found(committed_at(head))
