@@ -75,12 +75,12 @@ class MeasureConfig:
     def quick(cls) -> MeasureConfig:
         return cls(
             behind_steps=60,
-            flowing_s=1.0,
-            idle_s=1.0,
+            flowing_s=0.8,
+            idle_s=0.8,
             producers=2,
-            producer_s=1.0,
+            producer_s=0.6,
             watch_refreshes=2,
-            settle_s=0.5,
+            settle_s=0.3,
             gc_versions=40,
         )
 
@@ -98,7 +98,7 @@ def measure_all(config: MeasureConfig, progress: Any = None, task: Any = None) -
     records: list[dict[str, Any]] = []
     sharing = (False, True) if node_sharing_available() else (False,)
     steps = [
-        lambda: records.extend(consumer_behind(config, s) for s in sharing),
+        lambda: records.extend(_side_by_side(lambda s: [consumer_behind(config, s)], sharing)),
         lambda: records.extend(_side_by_side(lambda s: consumer_at_head(config, s), sharing)),
         lambda: records.extend(_side_by_side(lambda policy: [producers(config, policy)], ("dac", "group"))),
         lambda: records.extend(gc_runs(config)),
