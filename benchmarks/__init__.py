@@ -34,6 +34,7 @@ BENCHMARKS: dict[str, tuple[str, tuple[str, ...]]] = {
     "consumers": ("consumers", ("streaming", "torch", "weed")),
     "e2e": ("e2e", ("torch", "PIL")),
     "overhead": ("overhead", ()),
+    "node-sharing": ("node_sharing", ()),
     "scale": ("scale", ()),
 }
 # What each --store of `batchweave bench` needs besides.

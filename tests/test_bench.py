@@ -45,6 +45,7 @@ REQUIRED = {
     },
     "e2e": {"system", "steps", "steps_per_s", "step_p50_s", "step_p95_s", "data_wait_fraction"},
     "overhead": {"store", "side", "steps", "batchweave_s", "plain_s", "plain_kind", "ratio", "target", "met"},
+    "node-sharing": {"mesh", "sharing", "range_reads_per_step", "log_gets_per_step", "time_ratio", "reads_ratio"},
     "scale": {"kind", "setup", "state", "ranks", "producers", "hot_key_per_s"},
 }
 
@@ -100,6 +101,10 @@ def test_quick_benchmark_writes_its_three_files(name, tmp_path):
         }
         assert all(r["batchweave_s"] > 0 and r["plain_s"] > 0 for r in result["results"])
         assert "consumer.py" in result["config"]["profiles"]["consumer"]  # a profile of our reading code
+    if name == "node-sharing":  # one read per distinct slice per node, one follower's log requests
+        shared = {r["mesh"]: r for r in result["results"] if r["sharing"] == "on"}
+        assert shared["dp 2 x tp 4"]["range_reads_per_step"] == 2 and shared["dp 8 x tp 1"]["reads_ratio"] == 1
+        assert all(r["log_ratio"] <= 0.2 for r in shared.values())
     assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (out / f"{name}.md").read_text()
     assert table.startswith(f"# {name}") and table.count("\n|") >= len(result["results"]) + 1

@@ -266,3 +266,64 @@ def test_sigkilled_hub_process_is_replaced_and_no_rank_loses_or_repeats_a_step(t
     with pytest.raises(OSError):  # the hub's name went with the last process
         probe.connect(node.node_address(url, 0))
     probe.close()
+
+
+def test_a_rank_that_reaches_no_hub_reads_on_its_own_and_says_so_once(monkeypatch, caplog):
+    store = CountingStore("memory://b/nohub")
+    steps = 8
+    fill(store, steps, 2)
+    squatter = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    squatter.bind(node.node_address(store.url, 0))  # holds the name, never answers
+    monkeypatch.setattr(node, "TAKEOVER_S", 0.2)
+    try:
+        with caplog.at_level("WARNING", logger="batchweave.node"):
+            seen = read_node(store, range(2), dp=2, tp=1, sharing=True)
+    finally:
+        squatter.close()
+    assert_each_rank_read_its_slice(seen, steps, 2, 1)
+    unreachable = [r for r in caplog.records if "unreachable" in r.getMessage()]
+    assert 1 <= len(unreachable) <= 2  # once per rank at most, not once per read
+
+
+def test_resharded_reads_and_resumed_cursors_are_the_same_with_sharing():
+    """TGBs of dp 4 read by a node of dp 2 x tp 2 (each step joins two slices), stopped at
+    step 5 and resumed from the cursors: the same steps as without sharing."""
+    store = CountingStore("memory://b/reshard")
+    fill(store, 12, 4)
+
+    def read(sharing: bool) -> dict[int, list]:
+        def node(cursors=None):
+            consumers = []
+            for rank in range(4):
+                consumer = bw.Consumer(
+                    store,
+                    dp=2,
+                    tp=2,
+                    rank=rank,
+                    local_rank=rank,
+                    local_world_size=4,
+                    node_sharing=sharing,
+                    timeout_s=30,
+                )
+                if cursors is not None:
+                    consumer.load_state_dict(cursors[rank])
+                consumers.append(consumer)
+            return consumers
+
+        first = node()
+        seen = {r: [] for r in range(4)}
+        for rank, consumer in enumerate(first):
+            for _ in range(3):
+                batch = next(consumer)
+                seen[rank].append((batch.step, batch.data["x"].tolist()))
+        cursors = [c.state_dict() for c in first]
+        for consumer in first:
+            consumer.close()
+        for rank, consumer in enumerate(node(cursors)):
+            seen[rank] += [(b.step, b.data["x"].tolist()) for b in consumer]
+            consumer.close()
+        return seen
+
+    shared = read(True)
+    assert shared == read(False)
+    assert all([s for s, _ in steps] == list(range(24)) for steps in shared.values())  # a TGB = 2 steps here

@@ -31,6 +31,7 @@ import pytest
 from soak import FACTOR
 
 import batchweave.consumer
+import batchweave.follower
 import batchweave.gc
 import batchweave.log
 import batchweave.producer
@@ -131,6 +132,18 @@ def test_every_check_reports_a_sabotage_and_shrinks_it(sabotage, monkeypatch):
     assert kind in failing.kinds, f"{sabotage}: not reported on seed {seed}"
     shrunk = shrink(failing, SHAPES["mixed"], kind, budget_s=2.0)
     assert kind in shrunk.kinds and len(shrunk.choices) < len(failing.choices)
+
+
+def test_a_node_follower_that_skips_its_proofs_is_caught(monkeypatch):
+    """The node shape's readers get their versions through a shared node follower: one
+    that used what it read unproven is reported (as the rank's own follower would be)."""
+    monkeypatch.setattr(batchweave.follower.ProvenLog, "prove", lambda self, lowest, newest: None)
+    kinds = set()
+    for seed in range(200):
+        kinds |= simulate(Choices(seed=seed), SHAPES["node"]).kinds
+        if {"wrong-step", "waits-forever"} <= kinds:
+            break
+    assert {"wrong-step", "waits-forever"} <= kinds
 
 
 # -- the violations found, pinned -----------------------------------------------------

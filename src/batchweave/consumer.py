@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import os
 import queue
 import reprlib
 import threading
@@ -45,10 +44,11 @@ from batchweave.layout import decode_slice
 from batchweave.log import LogState, LogVersion, ReadVersion, TGBDescriptor
 from batchweave.mesh import Mesh, resolve_rank
 from batchweave.metrics import ConsumerMetrics, FetchRecorder, PeriodicLog, describe
-from batchweave.node import NodeClient, NodePlan, NodeUnavailableError, plan_node, sharing_supported
+from batchweave.node import NodeClient, NodeUnavailableError, resolve_plan
 from batchweave.polling import HeadPolling
 from batchweave.readahead import DEFAULT_LOG_READ_AHEAD, LogReadAhead
 from batchweave.reshard import Reshard, SliceRead
+from batchweave.sharedlog import InlineNode
 from batchweave.store import Store, open_store
 from batchweave.watermarks import Watermark, check_checkpoint_id, write_watermark
 
@@ -154,7 +154,8 @@ class Consumer:
         self.max_poll_interval_s = max_poll_interval_s
         self.sequence_axis = sequence_axis
         self._store = open_store(url, create=False, storage_options=storage_options)
-        self.node = _node_plan(self._store, self.mesh, self.rank, local_rank, local_world_size, node_sharing)
+        self.node = resolve_plan(self._store, self.mesh, self.rank, local_rank, local_world_size, node_sharing)
+        self._node_override: Any = None  # a node follower given in-process (the deterministic simulation)
         self._cursor = _Cursor(version=0, position=Fraction(0), step=0)
         self._pipeline: _Pipeline | None = None
         self._fetches = FetchRecorder()  # recorded by the fetching threads
@@ -314,33 +315,6 @@ def _check_interval(seconds: Any) -> float | None:
     if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0):
         raise ConfigError(f"log_metrics_s must be a positive number of seconds or None, got {seconds!r}")
     return seconds
-
-
-def _node_plan(
-    store: Store, mesh: Mesh, rank: int, local_rank: int | None, local_world_size: int | None, sharing: bool | None
-) -> NodePlan | None:
-    """How this rank shares with its node (None: it reads on its own)."""
-    if sharing is not None and not isinstance(sharing, bool):
-        raise ConfigError(f"node_sharing must be True, False or None, got {sharing!r}")
-    size = _local_setting(local_world_size, "LOCAL_WORLD_SIZE", 1)
-    if sharing is False or (sharing is None and (size < 2 or not store.remote or not sharing_supported())):
-        return None
-    if not sharing_supported():
-        raise ConfigError("node_sharing=True needs Linux (abstract Unix sockets and memfd)")
-    return plan_node(store.url, mesh, rank, _local_setting(local_rank, "LOCAL_RANK", 0), size)
-
-
-def _local_setting(value: int | None, variable: str, default: int) -> int:
-    if value is None:
-        text = os.environ.get(variable, "").strip()
-        if not text:
-            return default
-        if not text.isdigit():
-            raise ConfigError(f"{variable}={text!r} is not a non-negative integer")
-        return int(text)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"{variable.lower()} must be a non-negative integer, got {value!r}")
-    return value
 
 
 def check_prefetch(prefetch: Any) -> int | None:
@@ -506,7 +480,7 @@ class _Pipeline:
         self.namespace = cursor.namespace
         self._broken: BaseException | None = None  # what the log reader or a fetch raised: final
         self._steps = self._follow_log()
-        self._node: NodeClient | None = None
+        self._node: NodeClient | InlineNode | None = consumer._node_override
         self._pool: ThreadPoolExecutor | None = None
         self._thread: threading.Thread | None = None
         if self._inline:
@@ -652,8 +626,7 @@ class _Pipeline:
                 self._url,
                 self._stop,
             )
-        except NodeUnavailableError as exc:
-            _logger.warning("%s rank %d: %s", self._url, self._rank, exc)
+        except NodeUnavailableError as exc:  # logged by the client
             yield from self._own_log(exc.next_version)
 
     def _own_log(self, first: int) -> Iterator[FollowItem]:

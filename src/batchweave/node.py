@@ -65,16 +65,24 @@ from batchweave.log import ReadVersion
 from batchweave.mesh import Mesh
 from batchweave.polling import HeadPolling
 from batchweave.readahead import DEFAULT_LOG_READ_AHEAD, LogReadAhead
+from batchweave.sharedlog import SharedLog, decode_versions
 from batchweave.store import Store
 
-__all__ = ["NodeClient", "NodePlan", "NodeUnavailableError", "node_address", "plan_node", "sharing_supported"]
+__all__ = [
+    "NodeClient",
+    "NodePlan",
+    "NodeUnavailableError",
+    "node_address",
+    "plan_node",
+    "resolve_plan",
+    "sharing_supported",
+]
 
 _logger = logging.getLogger(__name__)
 _PREFIX = struct.Struct("<II")  # header length, payload length
 _MAX_HEADER = 1 << 20
 LOG_WAIT_S = 0.5  # a log request waits this long for a new version before the reply says "none yet"
 LOG_REPLY_BYTES = 8 << 20  # versions in one reply at most (a backlog comes in several)
-RETAIN_BYTES = 64 << 20  # proven versions the hub keeps ahead of its slowest rank
 CACHE_BYTES = 512 << 20  # ranges kept for ranks that have not taken them yet (shared memory)
 TAKEOVER_S = 10.0  # how long a rank tries to reach or become the hub before reading alone
 _HUB_THREADS = 128  # reads in flight for the whole node (each rank fetches up to 64 steps ahead)
@@ -129,6 +137,34 @@ def plan_node(url: str, mesh: Mesh, rank: int, local_rank: int, local_world_size
     sharers = sum(1 for c in same if (c.dp, c.cp) == (mine.dp, mine.cp))
     nodes = -(-mesh.world_size // local_world_size)
     return NodePlan(node_address(url, first), sharers, nodes)
+
+
+def resolve_plan(
+    store: Store, mesh: Mesh, rank: int, local_rank: int | None, local_world_size: int | None, sharing: bool | None
+) -> NodePlan | None:
+    """How ``rank`` shares with its node (None: it reads on its own), from the settings
+    of ``Consumer`` and torchrun's ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``."""
+    if sharing is not None and not isinstance(sharing, bool):
+        raise ConfigError(f"node_sharing must be True, False or None, got {sharing!r}")
+    size = _local_setting(local_world_size, "LOCAL_WORLD_SIZE", 1)
+    if sharing is False or (sharing is None and (size < 2 or not store.remote or not sharing_supported())):
+        return None
+    if not sharing_supported():
+        raise ConfigError("node_sharing=True needs Linux (abstract Unix sockets and memfd)")
+    return plan_node(store.url, mesh, rank, _local_setting(local_rank, "LOCAL_RANK", 0), size)
+
+
+def _local_setting(value: int | None, variable: str, default: int) -> int:
+    if value is None:
+        text = os.environ.get(variable, "").strip()
+        if not text:
+            return default
+        if not text.isdigit():
+            raise ConfigError(f"{variable}={text!r} is not a non-negative integer")
+        return int(text)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{variable.lower()} must be a non-negative integer, got {value!r}")
+    return value
 
 
 # -- the wire ----------------------------------------------------------------------------
@@ -231,13 +267,7 @@ class _Hub:
             initargs=(self._stop,),
         )
         self._cond = threading.Condition()
-        self._versions: dict[int, bytes] = {}  # proven versions kept for the ranks
-        self._retained = 0  # their bytes
-        self._base: int | None = None  # the lowest version the follower can still hand out
-        self._head = 0  # the next version the follower will prove
-        self._failure: tuple[int, dict[str, Any]] | None = None  # (version, error reply): final
-        self._positions: dict[int, int] = {}  # connection -> the version it asked for last
-        self._generation = 0  # of the follower thread; a restart starts the next one
+        self._log = SharedLog()  # guarded by _cond
         self._ranges: OrderedDict[tuple[str, int, int], _Range] = OrderedDict()
         self._range_bytes = 0
         self._connections: set[socket.socket] = set()
@@ -282,7 +312,7 @@ class _Hub:
         finally:
             with self._cond:
                 self._connections.discard(conn)
-                self._positions.pop(id(conn), None)
+                self._log.leave(id(conn))
                 self._cond.notify_all()
             conn.close()
 
@@ -311,37 +341,22 @@ class _Hub:
     def _log_reply(self, conn: int, request: dict[str, Any]) -> tuple[dict[str, Any], bytes, list[int]]:
         first = request["from"]
         with self._cond:
-            if self._base is None or first < self._base:
-                self._restart_follower(first, request.get("anchor"), request.get("present_through", 0))
-            self._positions[conn] = first
-            self._prune()
+            if self._log.ask(conn, first):
+                self._start_follower(first, request.get("anchor"), request.get("present_through", 0))
+            self._cond.notify_all()  # a follower waiting for its slowest rank may go on
             deadline = time.monotonic() + LOG_WAIT_S
-            while first not in self._versions and not self._failed_at(first) and not self._stop.is_set():
+            while (parts := self._log.versions_from(first, LOG_REPLY_BYTES)) is None:
+                if self._log.failure is not None:
+                    return dict(self._log.failure), b"", []
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
+                if remaining <= 0 or self._stop.is_set():
+                    return {"sizes": []}, b"", []
                 self._cond.wait(remaining)
-            sizes, parts = [], []
-            version = first
-            while version in self._versions and sum(sizes) < LOG_REPLY_BYTES:
-                sizes.append(len(self._versions[version]))
-                parts.append(self._versions[version])
-                version += 1
-            if not sizes and self._failed_at(first):
-                assert self._failure is not None
-                return dict(self._failure[1]), b"", []
-        return {"sizes": sizes}, b"".join(parts), []
+        return {"sizes": [len(p) for p in parts]}, b"".join(parts), []
 
-    def _failed_at(self, version: int) -> bool:
-        return self._failure is not None and self._failure[0] <= version
-
-    def _restart_follower(self, first: int, anchor: list[Any] | None, present_through: int) -> None:
-        """Follow from ``first`` (a rank behind what the hub keeps, or the first rank)."""
-        self._generation += 1
-        self._base = first
-        self._head = first
-        self._failure = None
-        args = (self._generation, first, anchor, present_through)
+    def _start_follower(self, first: int, anchor: list[Any] | None, present_through: int) -> None:
+        """Follow from ``first`` (the first rank, or one behind what the hub keeps)."""
+        args = (self._log.generation, first, anchor, present_through)
         threading.Thread(target=self._follow, args=args, name="batchweave-node-follow", daemon=True).start()
 
     def _follow(self, generation: int, first: int, anchor: list[Any] | None, present_through: int) -> None:
@@ -355,46 +370,27 @@ class _Hub:
         proven = ProvenLog(journal, reader, self._polling, lambda: 0, self._store.url, present_through)
         try:
             for item in proven:
-                if not self._current(generation):
-                    return
                 if isinstance(item, list):
-                    self._publish(generation, item)
-                elif item:
-                    self._stop.wait(item)
-        except Exception as exc:  # of any type: every rank hears it, in order
+                    if not self._publish(generation, item):
+                        return
+                elif self._stop.wait(item) if item else self._stop.is_set():
+                    return
+        except Exception as exc:  # of any type: every rank hears it, after the versions before it
             with self._cond:
-                if self._current(generation):
-                    self._failure = (self._head, _error_reply(exc))
-                    self._cond.notify_all()
+                self._log.fail(generation, _error_reply(exc))
+                self._cond.notify_all()
         finally:
             reader.close()
 
-    def _current(self, generation: int) -> bool:
-        return generation == self._generation and not self._stop.is_set()
-
-    def _publish(self, generation: int, batch: list[ReadVersion]) -> None:
+    def _publish(self, generation: int, batch: list[ReadVersion]) -> bool:
+        """Hand a proven batch to the ranks; False when this follower was replaced."""
         with self._cond:
-            for read in batch:
-                if read.delta.version not in self._versions:
-                    self._versions[read.delta.version] = bytes(read.data)
-                    self._retained += len(read.data)
-            self._head = batch[-1].delta.version + 1
+            if self._stop.is_set() or not self._log.publish(generation, batch):
+                return False
             self._cond.notify_all()
-            # Far ahead of the slowest rank: wait for it (it asks as it consumes).
-            while self._retained > RETAIN_BYTES and self._current(generation) and not self._prune():
-                self._cond.wait(1.0)
-
-    def _prune(self) -> bool:
-        """Forget versions every connected rank is past; True when any was forgotten."""
-        if not self._positions or self._base is None:
-            return False
-        slowest = min(self._positions.values())
-        forgotten = False
-        while self._base < slowest and self._base in self._versions:
-            self._retained -= len(self._versions.pop(self._base))
-            self._base += 1
-            forgotten = True
-        return forgotten
+            while self._log.full() and generation == self._log.generation and not self._stop.is_set():
+                self._cond.wait(1.0)  # far ahead of the slowest rank: it asks as it consumes
+            return generation == self._log.generation
 
     # -- ranges --------------------------------------------------------------------------
 
@@ -542,6 +538,7 @@ class NodeClient:
         self._ids = itertools.count()
         self._hosting = False
         self._closed = False
+        self._unreachable = False  # no hub within TAKEOVER_S once: this rank reads on its own from then on
 
     def close(self) -> None:
         with self._lock:
@@ -636,7 +633,7 @@ class NodeClient:
     def _connect(self, deadline: float) -> socket.socket:
         pause = 0.001
         while True:
-            if self._closed:
+            if self._closed or self._unreachable:
                 raise NodeUnavailableError(self._address)
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -649,6 +646,8 @@ class NodeClient:
                 _use_hub(self._address, +1)
                 continue
             if time.monotonic() > deadline:
+                self._unreachable = True
+                _logger.warning("%s", NodeUnavailableError(self._address))
                 raise NodeUnavailableError(self._address) from None
             time.sleep(pause)  # a hub binds before it listens: a moment
             pause = min(0.1, pause * 2)
@@ -683,12 +682,6 @@ class NodeClient:
 
 
 def _versions(payload: bytes, sizes: list[int], first: int) -> list[ReadVersion]:
-    out = []
-    offset = 0
     view = memoryview(payload)
-    for i, size in enumerate(sizes):
-        data = view[offset : offset + size]
-        offset += size
-        key = log.version_key(first + i)
-        out.append(ReadVersion(log.decode_version(data, key, first + i), data))
-    return out
+    ends = list(itertools.accumulate(sizes))
+    return decode_versions([view[end - n : end] for end, n in zip(ends, sizes, strict=True)], first)

@@ -49,6 +49,9 @@ class TGBDataset(torch.utils.data.IterableDataset):
         rank: this rank in BatchWeave's order (``pp, dp, cp, tp``, outermost first);
             default: from ``mesh``, else ``RANK`` from the environment.
         prefetch, timeout_s, sequence_axis, storage_options: as for ``batchweave.Consumer``.
+        local_rank, local_world_size, node_sharing: as for ``batchweave.Consumer``: the
+            ranks of a node share one log follower and one read per slice, by default
+            under torchrun with several ranks per node on an object store.
         copy: False (default) wraps the consumer's read-only numpy arrays without copying
             (``torch.from_numpy``; torch's not-writable warning is suppressed): do not
             modify the tensors in place, move them (``.to(device)``) or copy them first.
@@ -84,6 +87,9 @@ class TGBDataset(torch.utils.data.IterableDataset):
         dim_names: Mapping[str, str] | None = None,
         copy: bool = False,
         storage_options: dict[str, Any] | None = None,
+        local_rank: int | None = None,
+        local_world_size: int | None = None,
+        node_sharing: bool | None = None,
     ) -> None:
         super().__init__()
         if mesh is not None:
@@ -104,6 +110,11 @@ class TGBDataset(torch.utils.data.IterableDataset):
         self.timeout_s = timeout_s
         self.sequence_axis = sequence_axis
         self.copy = copy
+        self._node_settings = {
+            "local_rank": local_rank,
+            "local_world_size": local_world_size,
+            "node_sharing": node_sharing,
+        }
         self.last_step: int | None = None
         self._consumer: Consumer | None = None
         self._state: dict[str, Any] | None = None  # a cursor to apply when the consumer is built
@@ -135,6 +146,7 @@ class TGBDataset(torch.utils.data.IterableDataset):
                 prefetch=self.prefetch,
                 timeout_s=self.timeout_s,
                 sequence_axis=self.sequence_axis,
+                **self._node_settings,
             )
             if self._state is not None:
                 consumer.load_state_dict(self._state)

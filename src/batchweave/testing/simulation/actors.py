@@ -26,11 +26,16 @@ from batchweave.errors import (
     StreamEndedError,
     TransientStoreError,
 )
+from batchweave.follower import ProvenLog
 from batchweave.gc import collect_garbage
 from batchweave.group import INTENT_PREFIX, GroupCommit, build_group_commit, decode_intent
+from batchweave.journal import Journal
 from batchweave.log import ProducerState, version_key
 from batchweave.policies import DAC, Manual
+from batchweave.polling import HeadPolling
 from batchweave.producer import Producer, end_stream
+from batchweave.readahead import LogReadAhead
+from batchweave.sharedlog import InlineNode
 from batchweave.testing.simulation.group_driver import GroupProducerDriver
 from batchweave.testing.simulation.model import payload
 from batchweave.testing.simulation.scheduler import Actor
@@ -193,9 +198,28 @@ def group_producer(world: World, actor: Actor, pid: str) -> None:
 # -- consumers ---------------------------------------------------------------------------
 
 
-def _consumer(world: World, rank: int) -> Consumer:
+def _consumer(world: World, rank: int, node: InlineNode | None = None) -> Consumer:
     # prefetch=None on a store that is not remote: the pipeline runs inline, no thread.
-    return Consumer(world.store, dp=world.config.dp, rank=rank, max_poll_interval_s=5.0)
+    consumer = Consumer(world.store, dp=world.config.dp, rank=rank, max_poll_interval_s=5.0)
+    consumer._node_override = node  # the follower of its node, as the hub's would be
+    return consumer
+
+
+def _node(world: World) -> InlineNode | None:
+    """A node follower for readers to share (``node_sharing`` shapes): the hub's follower
+    and shared log, run inline by whichever reader asks first."""
+    if not world.config.node_sharing:
+        return None
+
+    def start_follower(first: int, anchor: tuple[int, str] | None, present_through: int) -> Any:
+        journal = Journal(world.store, read_only=True)
+        if anchor is not None:
+            journal.anchor_on(*anchor)
+        reader = LogReadAhead(journal, first, 1)
+        polling = HeadPolling(1, max_poll_s=5.0)
+        return iter(ProvenLog(journal, reader, polling, lambda: 0, world.store.url, present_through))
+
+    return InlineNode(start_follower, world.store.get_range)
 
 
 def _spawn_trainer(world: World, name: str, generation: int, start: list[dict[str, Any]] | None, delay_s: float):
@@ -218,7 +242,8 @@ def _restart_trainer(world: World, name: str, generation: int) -> None:
 def trainer(world: World, actor: Actor, name: str, generation: int, start: list[dict[str, Any]] | None) -> None:
     """A training job: ``dp`` ranks read in lockstep and mark checkpoints, releasing the
     older ones once a newer is complete; no error is allowed (its checkpoints protect it)."""
-    ranks = [_consumer(world, rank) for rank in range(world.config.dp)]
+    node = _node(world)
+    ranks = [_consumer(world, rank, node) for rank in range(world.config.dp)]
     if start is not None:
         for consumer, cursor in zip(ranks, start, strict=True):
             consumer.load_state_dict(cursor)
@@ -284,7 +309,9 @@ def _read_one(world: World, actor: Actor, consumer: Consumer, rank: int) -> bool
 def lagging_reader(world: World, actor: Actor) -> None:
     """An evaluation reader from step 0 that no checkpoint protects, pausing for long
     whiles: collection may overtake it (DataReclaimedError), never mislead it."""
-    consumer = actor.notes["consumer"] = _consumer(world, rank=world.choose(world.config.dp))
+    if world.lagging_node is None:
+        world.lagging_node = _node(world)
+    consumer = actor.notes["consumer"] = _consumer(world, world.choose(world.config.dp), world.lagging_node)
     _read_unprotected(world, actor, consumer)
 
 

@@ -38,6 +38,7 @@ class Config:
     end_after_s: float = 3000.0  # the stream ends once producers are done, or after this
     drain_s: float = 3600.0  # after the end, how long consumers get to reach it
     max_ops: int = 30_000
+    node_sharing: bool = False  # a trainer's ranks share one node follower, and so do the lagging readers
 
 
 ALIGNED = -1.0  # a pause option: until the next multiple of ALIGN_S
@@ -49,6 +50,7 @@ SHAPES = {
     "group": Config(direct_producers=1, group_producers=3, lagging_readers=1, resumers=0, pause_weight=8),
     "direct": Config(direct_producers=3, group_producers=0, lagging_readers=2),
     "ambiguous": Config(ambiguous_odds=2),  # mixed, and half the producers see a commit's answer lost
+    "node": Config(node_sharing=True, lagging_readers=2),  # readers through shared node followers
 }
 
 
@@ -64,6 +66,7 @@ class World:
     checkpoints: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)  # live, oldest first
     cursors: list[dict[str, Any]] = field(default_factory=list)  # every cursor a trainer saved
     ended_at: float | None = None
+    lagging_node: Any = None  # the node follower the lagging readers share (node_sharing)
 
     def choose(self, n: int) -> int:
         return self.choices.choose(n)
