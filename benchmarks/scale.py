@@ -7,7 +7,7 @@ ranks and producers, against the request limits of S3, Azure and GCS.
 2. Projected (``scale_model.project``) to (ranks, producers) = (64, 16), (1,024, 128),
    (10,000, 1,024), 8 ranks a node, tp = 8 within a node, 3 steps a second: the busiest
    key, each prefix, the total and dollars an hour, in two columns: "before" (every rank
-   follows the log and reads its own slice, today's polling) and "after" (one follower
+   follows the log and reads its own slice, the pauses before HeadPolling) and "after" (one follower
    and one read per distinct slice per node, the head-polling budget of
    ``batchweave.polling``).
 3. Simulated (``scale_model.simulate``): every follower of those jobs, jittered, probing
@@ -386,7 +386,7 @@ def verdict(
                 if row["ranks"] not in worst or row["limit_ratio"] > worst[row["ranks"]]["limit_ratio"]:
                     worst[row["ranks"]] = row
         lines.append(
-            f"{column}: first limit at each scale: "
+            f"{column}: the most loaded limit at each scale (EXCEEDED: the first one hit): "
             + "; ".join(f"{r:,} ranks: {row['first_limit']} ({row['state']})" for r, row in sorted(worst.items()))
         )
     biggest = max(c["ranks"] for c in comparisons)
