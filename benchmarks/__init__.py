@@ -35,6 +35,7 @@ BENCHMARKS: dict[str, tuple[str, tuple[str, ...]]] = {
     "e2e": ("e2e", ("torch", "PIL")),
     "overhead": ("overhead", ()),
     "node-sharing": ("node_sharing", ()),
+    "scale": ("scale", ()),
 }
 # What each --store of `batchweave bench` needs besides.
 STORE_NEEDS = {"latency": (), "local": (), "s3": ("moto",), "seaweedfs": ("weed",)}

@@ -46,6 +46,7 @@ REQUIRED = {
     "e2e": {"system", "steps", "steps_per_s", "step_p50_s", "step_p95_s", "data_wait_fraction"},
     "overhead": {"store", "side", "steps", "batchweave_s", "plain_s", "plain_kind", "ratio", "target", "met"},
     "node-sharing": {"mesh", "sharing", "range_reads_per_step", "log_gets_per_step", "time_ratio", "reads_ratio"},
+    "scale": {"kind", "setup", "state", "ranks", "producers", "hot_key_per_s"},
 }
 
 
