@@ -41,7 +41,9 @@ def test_versions_every_rank_is_past_are_forgotten_and_the_slowest_rank_is_let_g
     tight.ask("fast", 1)
     tight.publish(1, [version(1), version(2)])
     tight.ask("fast", 3)
-    tight.trim()  # over budget: the slow rank is let go, what only it needed is forgotten
+    assert tight.trim(force=False)  # over budget, but the slow rank is close: the follower waits
+    assert tight.versions_from(1, 1 << 20) is not None
+    tight.trim(force=True)  # let go: what only it needed is forgotten
     assert tight.versions_from(1, 1 << 20) is None
 
 
@@ -86,9 +88,32 @@ def test_every_rank_gets_exactly_the_versions_published_in_order(steps):
             batch = [version(n) for n in range(follower_at, follower_at + publish)]
             if shared.publish(shared.generation, batch):
                 follower_at += publish
-            shared.trim()
+            shared.trim(force=True)
         parts = shared.versions_from(first, 100)
         if parts is not None:
             handed = decode_versions(parts, first)
             assert [v.delta.version for v in handed] == list(range(first, first + len(handed)))
             assert all(bytes(v.data) == bytes(version(v.delta.version).data) for v in handed)
+
+
+def test_the_follower_reads_at_most_read_ahead_versions_beyond_the_furthest_rank():
+    shared = SharedLog(read_ahead=3)
+    assert not shared.wants_more()  # nobody asks
+    shared.ask("a", 1)
+    assert shared.wants_more()
+    shared.publish(1, [version(1), version(2), version(3)])
+    assert not shared.wants_more()  # 3 ahead of the request for 1
+    shared.ask("a", 2)
+    assert shared.wants_more()
+
+
+def test_a_rank_far_behind_is_let_go_when_the_budget_runs_out():
+    far = RESTART_WINDOW + 5
+    shared = SharedLog(retain_bytes=1)
+    shared.ask("slow", 1)
+    shared.ask("fast", 1)
+    shared.publish(1, [version(n) for n in range(1, far + 2)])
+    shared.ask("fast", far + 1)
+    shared.trim(force=False)  # the slow rank is over a window behind: let go
+    assert shared.versions_from(1, 1 << 20) is None and shared.versions_from(far + 1, 1 << 20) is not None
+    assert shared.ask("slow", 2) == BEHIND

@@ -38,6 +38,7 @@ import json
 import logging
 import mmap
 import os
+import random
 import socket
 import struct
 import sys
@@ -65,7 +66,7 @@ from batchweave.log import ReadVersion
 from batchweave.mesh import Mesh
 from batchweave.polling import HeadPolling
 from batchweave.readahead import DEFAULT_LOG_READ_AHEAD, LogReadAhead
-from batchweave.sharedlog import BEHIND, RESTART, NodeBehind, SharedLog, decode_versions
+from batchweave.sharedlog import BEHIND, NODE_READ_AHEAD, RESTART, NodeBehind, SharedLog, decode_versions
 from batchweave.store import Store
 
 __all__ = [
@@ -267,7 +268,7 @@ class _Hub:
             initargs=(self._stop,),
         )
         self._cond = threading.Condition()
-        self._log = SharedLog()  # guarded by _cond
+        self._log = SharedLog(read_ahead=random.randint(*NODE_READ_AHEAD))  # guarded by _cond
         self._ranges: OrderedDict[tuple[str, int, int], _Range] = OrderedDict()
         self._range_bytes = 0
         self._connections: set[socket.socket] = set()
@@ -346,6 +347,7 @@ class _Hub:
                 return {"behind": True}, b"", []
             if answer == RESTART:
                 self._start_follower(first, request.get("anchor"), request.get("present_through", 0))
+            self._cond.notify_all()  # the follower may read on: this rank moved
             deadline = time.monotonic() + LOG_WAIT_S
             while (parts := self._log.versions_from(first, LOG_REPLY_BYTES)) is None:
                 if self._log.failure is not None:
@@ -389,9 +391,10 @@ class _Hub:
         with self._cond:
             if self._stop.is_set() or not self._log.publish(generation, batch):
                 return False
-            self._log.trim()
             self._cond.notify_all()
-            return True
+            while not self._log.wants_more() and generation == self._log.generation and not self._stop.is_set():
+                self._cond.wait(1.0)  # far enough ahead of the ranks: they ask as they consume
+            return generation == self._log.generation and not self._stop.is_set()
 
     # -- ranges --------------------------------------------------------------------------
 

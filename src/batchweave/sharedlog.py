@@ -8,13 +8,21 @@ hands out was proven by the follower (I10); a rank never gets a version from a f
 started after the one that proved it was replaced, since a restart keeps only versions
 proven before (they stay genuine: a version, once proven, is the log's forever).
 
+The follower reads at most ``read_ahead`` versions beyond the furthest rank's request
+(ranks ask as their own read-ahead needs). Each hub draws that margin at random from
+``NODE_READ_AHEAD``: the nodes of a job consume in lockstep, and with one margin they
+would all read each log segment in the same second (1,250 nodes: 1,250 requests a
+second on one key); with margins spread over 64 to 1,024 versions, each segment's reads
+spread over the time the job takes to consume 960 versions.
+
 A rank far behind the others (an evaluation reader from step 0 beside training at the
 head) must not hold the follower back, nor pull it back: a rank asking more than
 ``RESTART_WINDOW`` versions below what is kept is told it is *behind* and follows the
 log on its own (its reads are still shared), and when the kept versions outgrow
-``retain_bytes`` the slowest rank is let go the same way. Within the window, the
-follower starts again lower: after a hub is replaced, the ranks ask from nearby places
-in any order, and re-reading a few versions costs the others a moment.
+``retain_bytes`` while the slowest rank is that far behind the fastest, it is let go
+the same way (otherwise the follower waits for it). Within the window, the follower
+starts again lower: after a hub is replaced, the ranks ask from nearby places in any
+order, and re-reading a few versions costs the others a moment.
 
 No threads and no I/O: the hub calls it under its lock, and the deterministic
 simulation drives it inline (``InlineNode``).
@@ -30,19 +38,37 @@ from batchweave.errors import DataReclaimedError
 from batchweave.log import ReadVersion
 from batchweave.polling import MIN_PAUSE_S
 
-__all__ = ["BEHIND", "RESTART", "RESTART_WINDOW", "RETAIN_BYTES", "SERVE", "InlineNode", "NodeBehind", "SharedLog"]
+__all__ = [
+    "BEHIND",
+    "NODE_READ_AHEAD",
+    "RESTART",
+    "RESTART_WINDOW",
+    "RETAIN_BYTES",
+    "SERVE",
+    "InlineNode",
+    "NodeBehind",
+    "SharedLog",
+]
 
 RETAIN_BYTES = 64 << 20  # proven versions the hub keeps ahead of its slowest rank
 RESTART_WINDOW = 1024  # versions a rank may ask below what is kept and still be served (by a restart)
+NODE_READ_AHEAD = (64, 1024)  # versions a hub's follower reads beyond its furthest rank: drawn per hub
 SERVE, RESTART, BEHIND = "serve", "restart", "behind"  # what ``ask`` answers
 
 
 class SharedLog:
     """The proven versions of a node's follower (see the module doc)."""
 
-    def __init__(self, retain_bytes: int = RETAIN_BYTES, restart_window: int = RESTART_WINDOW) -> None:
+    def __init__(
+        self,
+        retain_bytes: int = RETAIN_BYTES,
+        restart_window: int = RESTART_WINDOW,
+        read_ahead: int = NODE_READ_AHEAD[1],
+    ) -> None:
         self.retain_bytes = retain_bytes
         self.restart_window = restart_window
+        self.read_ahead = read_ahead
+        self._head = 0  # the version after the newest one published
         self.generation = 0  # of the follower; ``ask`` starts the next one
         self._versions: dict[int, bytes] = {}
         self._retained = 0  # their bytes
@@ -100,21 +126,36 @@ class SharedLog:
             if read.delta.version not in self._versions:
                 self._versions[read.delta.version] = bytes(read.data)
                 self._retained += len(read.data)
+        self._head = max(self._head, batch[-1].delta.version + 1)
         return True
+
+    def wants_more(self) -> bool:
+        """Whether the follower should read on now: a rank is asking, fewer than
+        ``read_ahead`` versions are proven beyond the furthest request, and the kept
+        versions fit the budget (after letting a rank far behind go, if need be)."""
+        if not self._positions or self._head - max(self._positions.values()) >= self.read_ahead:
+            return False
+        return not self.trim(force=False)
 
     def fail(self, generation: int, error: Any) -> None:
         """Follower ``generation`` raised ``error`` after the versions it published."""
         if generation == self.generation:
             self._failure = error
 
-    def trim(self) -> None:
-        """Within ``retain_bytes``: forget what every rank is past, then let the slowest
-        ranks go (they hear BEHIND when they ask below what is kept)."""
+    def trim(self, *, force: bool) -> bool:
+        """Forget what every rank is past; then, over ``retain_bytes``, let the slowest
+        rank go (it hears BEHIND when it asks below what is kept) while it is more than
+        ``restart_window`` versions behind the fastest, or always with ``force``. True
+        when the kept versions are still over the budget (the follower should wait)."""
         self._prune()
         while self._retained > self.retain_bytes and len(self._positions) > 1:
             slowest = min(self._positions, key=self._positions.__getitem__)
+            fastest = max(self._positions.values())
+            if not force and fastest - self._positions[slowest] <= self.restart_window:
+                return True
             del self._positions[slowest]
             self._prune()
+        return self._retained > self.retain_bytes
 
     def _prune(self) -> bool:
         """Forget versions every rank is past; True when any was forgotten."""
@@ -224,7 +265,7 @@ class InlineNode:
             self._advancing = False
         if isinstance(item, list):
             self._shared.publish(generation, item)
-            self._shared.trim()
+            self._shared.trim(force=True)  # inline, a rank that waited for another could wait forever
             return None
         return item
 
