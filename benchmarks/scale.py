@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from batchweave.polling import HEAD_BUDGET_PER_S, HeadPolling
+from batchweave.sharedlog import NODE_READ_AHEAD
 from benchmarks.report import BenchOptions, BenchResult, machine
 from benchmarks.scale_count import LOG_CLASSES, LOG_NEXT, LOG_VERSION, SEGMENT
 from benchmarks.scale_measure import OWN, SHARED, MeasureConfig, measure_all
@@ -192,6 +193,10 @@ def _follower_rates(measured: Measured, scale: Scale, column: str) -> FollowerRa
         idle_per_s=_pattern_joint(idle),
         idle_next_key_per_s=idle.per_follower_per_s.get(NEXT, 0.0),
         spread_s=spread,
+        # Node followers read ahead of their ranks by a margin drawn per node: a segment's
+        # reads spread over the time the job takes to consume the margins' range (one
+        # TGB per version, the worst case).
+        behind_spread_s=(NODE_READ_AHEAD[1] - NODE_READ_AHEAD[0]) / scale.steps_per_s if shared else 1.0,
     )
 
 

@@ -394,6 +394,7 @@ class FollowerRates:
     idle_per_s: dict[tuple[str, str], float]
     idle_next_key_per_s: float
     spread_s: float  # how long the job's followers take to all come round to a new version
+    behind_spread_s: float = 1.0  # how long the job's followers take to all read one segment behind the head
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,8 +423,10 @@ def project(scale: Scale, followers: int, rates: FollowerRates, other: OtherRate
     """The job's load in three states: reading behind the head at the step rate, at the
     head with commits flowing at the step rate, and idle at the head (no commits).
 
-    The busiest key: behind the head, the ranks of a synchronous job reach each log
-    segment and each TGB object within the same second; at the head, every follower's
+    The busiest key: behind the head, the ranks of a synchronous job reach each TGB
+    object within the same second, and each log segment within ``behind_spread_s`` (a
+    second without node sharing; with it, each node's follower reads a margin drawn per
+    node ahead of its ranks, ``sharedlog.NODE_READ_AHEAD``); at the head, every follower's
     requests for a new version land within ``spread_s`` (the whole count in one second
     when that is shorter); idle, every probe goes to the next version's key.
     """
@@ -434,11 +437,12 @@ def project(scale: Scale, followers: int, rates: FollowerRates, other: OtherRate
         _scaled(other.producer_per_tgb, s), other.watch_per_s, _scaled(other.gc_per_run, 1 / other.gc_every_s)
     )
     per_object = reads_per_step / scale.tgb_parts
+    segment_hot = followers * rates.behind_max_per_key / max(1.0, rates.behind_spread_s)
     behind = Load(
         "behind the head",
         _sum(_scaled(rates.behind_per_step, followers * s), data, background),
-        max(followers * rates.behind_max_per_key, per_object),
-        "a log segment" if followers * rates.behind_max_per_key >= per_object else "a TGB object",
+        max(segment_hot, per_object),
+        "a log segment" if segment_hot >= per_object else "a TGB object",
     )
     spread = max(1.0, rates.spread_s)
     flowing_hot = followers * rates.flowing_per_version_on_one_key / spread
