@@ -163,6 +163,7 @@ MIN_WINDOW_S = 1.0
 MAX_CREDIT_S = 1.0
 #: Tokens a limited process may bank while idle: one request may go at once, not a burst.
 BURST = 1.0
+_EPSILON_S = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,12 +186,14 @@ class RequestRateLimiter:
 
     Unlimited until the store answers a request with throttling (HTTP 503 SlowDown, 429).
     Then the allowed rate starts at half the rate measured since the last spell (or
-    since the start) and is halved again on each throttled answer to a request that was
-    sent after the previous cut, at half the rate actually requested if that is lower; never
-    below ``MIN_RATE_PER_S``. Successful answers raise it additively, by the pre-throttle
-    rate every ``RECOVERY_S`` seconds of successes, and once it reaches that rate the
-    limit is lifted. Requests take a ticket (``reserve``) and wait until the token bucket
-    has issued it (``wait_s``); a ticket's wait shrinks or grows as the rate changes.
+    since the start), and is halved again by each throttled answer to a request sent
+    after the previous cut (the answers to requests already in flight at a cut say
+    nothing about the new rate: a burst of them cuts once), from the rate the process
+    really requested since that cut if lower; never below ``MIN_RATE_PER_S``. Successful
+    answers raise it additively, by the pre-throttle rate / ``RECOVERY_S`` per second of
+    successes, and once it is back at that rate the limit is lifted. Requests take a
+    ticket (``reserve``) and wait until the token bucket has issued it (``wait_s``); the
+    tickets already waiting are issued at the new rate when it changes.
 
     Plain logic: the clock is given to every call that needs it. Thread-safe. While no
     request was ever throttled, ``reserve`` and ``succeeded`` are an attribute test and a
@@ -219,7 +222,7 @@ class RequestRateLimiter:
 
     def reserve(self, clock: Callable[[], float]) -> int | None:
         """Take a ticket before sending a request: None while not limited (send at once),
-        else the ticket to wait for with ``wait_s`` and to report a throttle with."""
+        else the ticket to wait for with ``wait_s``."""
         if self.limit_per_s is None:
             self._sent += 1  # unlocked: a lost count only blurs an estimate
             return None
@@ -240,18 +243,22 @@ class RequestRateLimiter:
                 return 0.0
             now = clock()
             issued = min(self._issued + limit * (now - self._issued_t), self._sent + BURST)
-            return max(0.0, (ticket + 1 - issued) / limit)
+            wait_s = (ticket + 1 - issued) / limit
+            return wait_s if wait_s > _EPSILON_S else 0.0  # (a rounding error is no reason to wait)
 
-    def throttled(self, ticket: int | None, clock: Callable[[], float]) -> RateNotice | None:
-        """A request sent with ``ticket`` was answered with throttling."""
+    def throttled(self, sent_at: float | None, clock: Callable[[], float]) -> RateNotice | None:
+        """A request sent at ``sent_at`` (None: sent while not limited) was answered with
+        throttling."""
         with self._lock:
             now = clock()
             if self.limit_per_s is None:
                 return self._start(now)
-            if ticket is None or ticket < self._cut[1]:
-                return None  # sent before the last cut: it could not see the lower rate yet
-            before = self.limit_per_s
-            self._set_limit(now, max(MIN_RATE_PER_S, min(before, self._rate_since(self._cut, now)) * DECREASE_FACTOR))
+            if sent_at is None or sent_at <= self._cut[0]:
+                return None  # sent before the last cut: it says nothing about the lower rate
+            before = basis = self.limit_per_s
+            if now - self._cut[0] >= MIN_WINDOW_S:  # long enough to tell what the process sends
+                basis = min(basis, self._rate_since(self._cut, now))
+            self._set_limit(now, max(MIN_RATE_PER_S, basis * DECREASE_FACTOR))
             self._cut = (now, self._sent)
             self._credited_t = now
             if now < self._next_warning:

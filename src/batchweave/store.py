@@ -508,20 +508,24 @@ class Store:
 
     def _call(self, key: str, op: Callable[[], T], request: str, nbytes: int = 0, *, conditional: bool = False) -> T:
         self._refuse_forked_runtime()
+        began = sent_at = None
         ticket = self._limiter.reserve(self._retry_clock)
-        if ticket is not None and not self._wait_turn(ticket):
-            raise TransientStoreError(key, "stopped waiting to send (the store is throttling this process): closing")
+        if ticket is not None:  # the store has been throttling: wait for this process's turn
+            began = self._retry_clock()
+            sent_at = self._wait_turn(ticket, began + self._budget_s())
+            if sent_at is None:
+                raise TransientStoreError(key, "stopped waiting to send (the store is throttling): closing")
         try:
-            return self._attempt(key, op, request, nbytes, conditional, ticket)
+            return self._attempt(key, op, request, nbytes, conditional, sent_at)
         except TransientStoreError as error:
             failed = error
-        return self._retry(key, op, request, nbytes, conditional, failed)
+        return self._retry(key, op, request, nbytes, conditional, failed, began)
 
     def _attempt(
-        self, key: str, op: Callable[[], T], request: str, nbytes: int, conditional: bool, ticket: int | None
+        self, key: str, op: Callable[[], T], request: str, nbytes: int, conditional: bool, sent_at: float | None
     ) -> T:
         """One request, its error translated (retried by obstore itself, briefly), its
-        answer told to the request-rate limiter (``ticket``: its place there, if limited)."""
+        answer told to the request-rate limiter (``sent_at``: when, if it took a turn)."""
         global _runtime_pid
         try:
             result = self._perform(request, nbytes, op)
@@ -533,7 +537,7 @@ class Store:
             if not isinstance(error, TransientStoreError):
                 self._answered()  # a 404 or a lost race is an answer too
             elif _throttling(exc, key):
-                self._say(self._limiter.throttled(ticket, self._retry_clock))
+                self._say(self._limiter.throttled(sent_at, self._retry_clock))
             raise error from exc
         finally:
             _runtime_pid = os.getpid()
@@ -545,15 +549,18 @@ class Store:
         if self._limiter.limit_per_s is not None:  # nothing to do while requests are not limited
             self._say(self._limiter.succeeded(self._retry_clock))
 
-    def _wait_turn(self, ticket: int, until: float = math.inf) -> bool:
-        """Wait until the request-rate limiter lets ``ticket`` go, or until ``until`` (a
-        retry's deadline: its last attempt goes then, as a cut backoff pause does); False
-        when this thread was told to stop meanwhile. Waits in short steps: the rate may
-        change meanwhile."""
-        while (wait_s := min(self._limiter.wait_s(ticket, self._retry_clock), until - self._retry_clock())) > 0:
+    def _wait_turn(self, ticket: int, until: float) -> float | None:
+        """Wait until the request-rate limiter lets ``ticket`` go, or until ``until`` (the
+        request's deadline: its last attempt goes then, as a cut backoff pause does). The
+        time it goes; None when this thread was told to stop meanwhile. Waits in short
+        steps: the rate may change meanwhile."""
+        while True:
+            now = self._retry_clock()
+            wait_s = min(self._limiter.wait_s(ticket, self._retry_clock), until - now)
+            if wait_s <= 0:
+                return now
             if not self._pause(min(wait_s, _RATE_RECHECK_S)):
-                return False
-        return True
+                return None
 
     def _say(self, notice: retry.RateNotice | None) -> None:
         """Log a change of the request-rate limit (at most every 30 s while throttled)."""
@@ -578,11 +585,19 @@ class Store:
             )  # fmt: skip
 
     def _retry(
-        self, key: str, op: Callable[[], T], request: str, nbytes: int, conditional: bool, error: TransientStoreError
+        self,
+        key: str,
+        op: Callable[[], T],
+        request: str,
+        nbytes: int,
+        conditional: bool,
+        error: TransientStoreError,
+        began: float | None,
     ) -> T:
         """Retry a request that failed transiently until it succeeds, fails for good, or
-        has been failing for the deadline; then raise the last error, saying so."""
-        started = self._retry_clock()
+        has been failing for the deadline (counted from ``began``, when it started waiting
+        for its first turn, if it did); then raise the last error, saying so."""
+        started = self._retry_clock() if began is None else began
         self._stalls.begin()
         answered = False
         try:
@@ -598,11 +613,12 @@ class Store:
                 )
                 if not self._pause(min(budget_s - stalled_s, retry.jittered_pause_s(attempt, self._retry_draw()))):
                     raise closing from error
+                sent_at = None
                 ticket = self._limiter.reserve(self._retry_clock)  # the backoff, then this process's turn
-                if ticket is not None and not self._wait_turn(ticket, until=started + budget_s):
+                if ticket is not None and (sent_at := self._wait_turn(ticket, started + budget_s)) is None:
                     raise closing from error
                 try:
-                    result = self._attempt(key, op, request, nbytes, conditional, ticket)
+                    result = self._attempt(key, op, request, nbytes, conditional, sent_at)
                 except TransientStoreError as again:
                     error = again
                     continue
