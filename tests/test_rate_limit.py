@@ -11,6 +11,7 @@ import itertools
 import logging
 import math
 import random
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -21,7 +22,10 @@ from obstore import exceptions as obs_errors
 from obstore_errors import obstore_status_message
 from test_retry import KEY, FakeClock, ScriptedStore, scripted, throttled
 
+import batchweave as bw
 from batchweave import retry
+from batchweave.metrics import describe, register_prometheus
+from batchweave.policies import Manual
 from batchweave.retry import MIN_RATE_PER_S, RECOVERY_S, RequestRateLimiter
 from batchweave.store import Store
 
@@ -389,3 +393,30 @@ def test_handles_of_different_buckets_have_their_own_limiters():
     same = Store("s3://bucket-a/run-2", storage_options={"endpoint": "http://127.0.0.1:9"})
     elsewhere = Store("s3://bucket-b/run-1", storage_options={"endpoint": "http://127.0.0.1:9"})
     assert s3._limiter is same._limiter and s3._limiter is not elsewhere._limiter
+
+
+def test_consumer_and_producer_metrics_show_the_limit_and_prometheus_exposes_it():
+    prometheus_client = pytest.importorskip("prometheus_client")
+    url = f"memory://rate-{uuid.uuid4().hex}"
+    registry = prometheus_client.CollectorRegistry()
+    with bw.Producer(url, "p", dp=1, commit_policy=Manual()) as producer:
+        producer.append([b"tgb-0"], source_offset=0)
+        producer.flush()
+        with bw.Consumer(url, dp=1, rank=0, timeout_s=10) as consumer:
+            assert bytes(next(consumer).data) == b"tgb-0"
+            register_prometheus(consumer, registry, rank="0")
+            before = consumer.metrics()
+            assert before.store_rate_limit_per_s == math.inf and before.store_rate_limited_s == 0
+            assert "limited" not in describe(before)
+            assert 'batchweave_consumer_store_rate_limit_per_s{rank="0"} +Inf' in scrape(prometheus_client, registry)
+            Store(url)._limiter.throttled(None, time.monotonic)  # as a 503 SlowDown answer would
+            during = consumer.metrics()
+            assert MIN_RATE_PER_S <= during.store_rate_limit_per_s < math.inf
+            assert f"requests limited to {during.store_rate_limit_per_s:.1f}/s (store throttling)" in describe(during)
+            assert producer.metrics()["store_rate_limit_per_s"] == during.store_rate_limit_per_s
+            limit = f"batchweave_consumer_store_rate_limit_per_s{{rank=\"0\"}} {during.store_rate_limit_per_s}"
+            assert limit in scrape(prometheus_client, registry)
+
+
+def scrape(prometheus_client, registry) -> str:
+    return prometheus_client.generate_latest(registry).decode()
