@@ -414,7 +414,7 @@ def test_consumer_and_producer_metrics_show_the_limit_and_prometheus_exposes_it(
             assert MIN_RATE_PER_S <= during.store_rate_limit_per_s < math.inf
             assert f"requests limited to {during.store_rate_limit_per_s:.1f}/s (store throttling)" in describe(during)
             assert producer.metrics()["store_rate_limit_per_s"] == during.store_rate_limit_per_s
-            limit = f"batchweave_consumer_store_rate_limit_per_s{{rank=\"0\"}} {during.store_rate_limit_per_s}"
+            limit = f'batchweave_consumer_store_rate_limit_per_s{{rank="0"}} {during.store_rate_limit_per_s}'
             assert limit in scrape(prometheus_client, registry)
 
 
