@@ -195,16 +195,18 @@ class RequestRateLimiter:
     ticket (``reserve``) and wait until the token bucket has issued it (``wait_s``); the
     tickets already waiting are issued at the new rate when it changes.
 
-    Plain logic: the clock is given to every call that needs it. Thread-safe. While no
-    request was ever throttled, ``reserve`` and ``succeeded`` are an attribute test and a
-    counter: nothing else.
+    Plain logic: the clock is given to every call that needs it. Thread-safe. While not
+    limited, a caller need only test ``limit_per_s is None`` and count ``sent``.
     """
 
     def __init__(self, now: float) -> None:
         self._lock = threading.Lock()
         #: Requests per second allowed now; None while not limited.
         self.limit_per_s: float | None = None
-        self._sent = 0  # requests reserved so far (limited or not); a ticket is one of these numbers
+        #: Requests sent so far. While not limited the caller counts them itself (``sent +=
+        #: 1``: the only cost of the limiter then, unlocked, as a lost count only blurs an
+        #: estimate); ``reserve`` counts the others. A ticket is one of these numbers.
+        self.sent = 0
         self._mark = (now, 0)  # (time, sent) the pre-throttle rate is measured from
         # The token bucket: ``issued`` tokens as of ``issued_t``; ticket n may go once issued > n.
         self._issued = 0.0
@@ -224,15 +226,15 @@ class RequestRateLimiter:
         """Take a ticket before sending a request: None while not limited (send at once),
         else the ticket to wait for with ``wait_s``."""
         if self.limit_per_s is None:
-            self._sent += 1  # unlocked: a lost count only blurs an estimate
+            self.sent += 1
             return None
         with self._lock:
             if self.limit_per_s is None:
-                self._sent += 1
+                self.sent += 1
                 return None
             self._accrue(clock())
-            ticket = self._sent
-            self._sent += 1
+            ticket = self.sent
+            self.sent += 1
             return ticket
 
     def wait_s(self, ticket: int, clock: Callable[[], float]) -> float:
@@ -242,7 +244,7 @@ class RequestRateLimiter:
             if limit is None:
                 return 0.0
             now = clock()
-            issued = min(self._issued + limit * (now - self._issued_t), self._sent + BURST)
+            issued = min(self._issued + limit * (now - self._issued_t), self.sent + BURST)
             wait_s = (ticket + 1 - issued) / limit
             return wait_s if wait_s > _EPSILON_S else 0.0  # (a rounding error is no reason to wait)
 
@@ -259,7 +261,7 @@ class RequestRateLimiter:
             if now - self._cut[0] >= MIN_WINDOW_S:  # long enough to tell what the process sends
                 basis = min(basis, self._rate_since(self._cut, now))
             self._set_limit(now, max(MIN_RATE_PER_S, basis * DECREASE_FACTOR))
-            self._cut = (now, self._sent)
+            self._cut = (now, self.sent)
             self._credited_t = now
             if now < self._next_warning:
                 return None
@@ -299,9 +301,9 @@ class RequestRateLimiter:
         measured = self._rate_since(self._mark, now)
         self._ceiling = max(measured, 2 * MIN_RATE_PER_S)
         self._step_per_s = self._ceiling / RECOVERY_S
-        self._issued, self._issued_t = self._sent + BURST, now  # no queue yet: the next request may go
+        self._issued, self._issued_t = self.sent + BURST, now  # no queue yet: the next request may go
         self.limit_per_s = max(MIN_RATE_PER_S, measured * DECREASE_FACTOR)
-        self._cut = (now, self._sent)
+        self._cut = (now, self.sent)
         self._credited_t = self._since = now
         self._warned = now >= self._next_warning
         if not self._warned:
@@ -313,7 +315,7 @@ class RequestRateLimiter:
         before = self.limit_per_s
         assert before is not None
         self.limit_per_s = None
-        self._mark = (now, self._sent)
+        self._mark = (now, self.sent)
         spell_s = now - self._since
         self._past_s += spell_s
         return RateNotice("ended", math.inf, before, spell_s) if self._warned else None
@@ -324,10 +326,10 @@ class RequestRateLimiter:
 
     def _accrue(self, now: float) -> None:
         assert self.limit_per_s is not None
-        self._issued = min(self._issued + self.limit_per_s * (now - self._issued_t), self._sent + BURST)
+        self._issued = min(self._issued + self.limit_per_s * (now - self._issued_t), self.sent + BURST)
         self._issued_t = now
 
     def _rate_since(self, mark: tuple[float, int], now: float) -> float:
         """Requests per second reserved since ``mark``, over at least ``MIN_WINDOW_S``."""
         since_t, since_sent = mark
-        return (self._sent - since_sent) / max(now - since_t, MIN_WINDOW_S)
+        return (self.sent - since_sent) / max(now - since_t, MIN_WINDOW_S)

@@ -508,11 +508,14 @@ class Store:
 
     def _call(self, key: str, op: Callable[[], T], request: str, nbytes: int = 0, *, conditional: bool = False) -> T:
         self._refuse_forked_runtime()
+        limiter = self._limiter
         began = sent_at = None
-        ticket = self._limiter.reserve(self._retry_clock)
-        if ticket is not None:  # the store has been throttling: wait for this process's turn
+        if limiter.limit_per_s is None:  # the common case, kept to a test and a count
+            limiter.sent += 1
+        else:  # the store has been throttling: wait for this process's turn
+            ticket = limiter.reserve(self._retry_clock)
             began = self._retry_clock()
-            sent_at = self._wait_turn(ticket, began + self._budget_s())
+            sent_at = self._wait_turn(ticket, began + self._budget_s()) if ticket is not None else began
             if sent_at is None:
                 raise TransientStoreError(key, "stopped waiting to send (the store is throttling): closing")
         try:
@@ -542,12 +545,12 @@ class Store:
         finally:
             _runtime_pid = os.getpid()
         self._reached = True
-        self._answered()
+        if self._limiter.limit_per_s is not None:  # (nothing to tell it while not limited)
+            self._answered()
         return result
 
     def _answered(self) -> None:
-        if self._limiter.limit_per_s is not None:  # nothing to do while requests are not limited
-            self._say(self._limiter.succeeded(self._retry_clock))
+        self._say(self._limiter.succeeded(self._retry_clock))
 
     def _wait_turn(self, ticket: int, until: float) -> float | None:
         """Wait until the request-rate limiter lets ``ticket`` go, or until ``until`` (the
