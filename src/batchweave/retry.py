@@ -17,6 +17,15 @@ in lockstep, and the bound doubles from 50 ms to 10 s, so a stalled process send
 requests a second at first and about one every five seconds per stalled request later
 (the AWS architecture blog, "Exponential Backoff And Jitter", 2015). The cap bounds how
 long a process keeps waiting after the store has recovered.
+
+Why a request-rate limiter as well: backoff spaces the retries of each request, but a
+process with 64 fetch threads still sends 64 times what one request would, and new
+requests keep arriving at full speed. ``RequestRateLimiter`` slows the process as a
+whole, per bucket: once the store throttles, the allowed rate halves with every round of
+throttled answers and climbs back linearly as requests succeed (AIMD: additive increase,
+multiplicative decrease, the rule TCP uses to share a congested link: processes that
+all follow it converge on a fair share of what the store takes instead of oscillating
+together). While the store never throttles it does nothing but count.
 """
 
 from __future__ import annotations
@@ -147,7 +156,7 @@ class StallMeter:
             return length if self._warned else None
 
 
-# -- the request-rate limiter ---------------------------------------------------------
+# -- the request-rate limiter ----------------------------------------------------------
 
 #: The lowest request rate, per second, the limiter ever allows one process on one bucket.
 MIN_RATE_PER_S = 1.0
