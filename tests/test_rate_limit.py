@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from obstore import exceptions as obs_errors
-from obstore_errors import obstore_status_message
+from obstore_errors import obstore_status_message, obstore_transport_message
 from test_retry import KEY, FakeClock, ScriptedStore, scripted, throttled
 
 import batchweave as bw
@@ -358,14 +358,31 @@ def test_store_requests_take_turns_once_throttled_and_the_limit_is_in_the_figure
     assert store.rate_limited_s > storm_until - 1
 
 
-def test_a_server_error_or_a_timeout_does_not_limit_the_rate():
+@pytest.mark.parametrize(
+    "status,code,limits",
+    [
+        (503, "SlowDown", True),  # S3
+        (503, "ServerBusy", True),  # Azure
+        (429, "TooManyRequests", True),  # GCS
+        (500, "InternalError", False),
+        (502, "BadGateway", False),
+        (504, "GatewayTimeout", False),
+    ],
+)
+def test_throttling_limits_the_rate_and_a_server_error_does_not(status, code, limits):
     clock = FakeClock()
     store = scripted(clock)
-    store.fault = lambda request, key: (
-        obs_errors.GenericError(obstore_status_message(key, 500, method="GET", code="InternalError"))
-        if clock.now < 5
-        else None
-    )
+    failure = obs_errors.GenericError(obstore_status_message(KEY, status, method="GET", code=code))
+    store.fault = lambda request, key: failure if clock.now < 5 else None
+    store.get(KEY)
+    assert store.retries > 0 and (store.rate_limit_per_s < math.inf) == limits
+
+
+def test_a_timeout_does_not_limit_the_rate():
+    clock = FakeClock()
+    store = scripted(clock)
+    timeout = obs_errors.GenericError(obstore_transport_message(KEY, "Timeout"))
+    store.fault = lambda request, key: timeout if clock.now < 5 else None
     store.get(KEY)
     assert store.retries > 0 and store.rate_limit_per_s == math.inf
 

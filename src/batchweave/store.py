@@ -693,7 +693,7 @@ def _throttling(exc: BaseException, key: str) -> bool:
     """Whether a failed request was answered with throttling (S3's 503 SlowDown, Azure's
     503 ServerBusy, GCS's 429): the store asks for fewer requests."""
     failure = _failure_of(exc, key)
-    return failure.status in _THROTTLING_STATUSES or failure.code in _THROTTLING_CODES
+    return failure.status in _THROTTLING_STATUSES or (failure.error_body and failure.code in _THROTTLING_CODES)
 
 
 def _never_reached(exc: BaseException) -> bool:
