@@ -134,6 +134,7 @@ class NoLimit:
     """A request-rate limiter that never limits: the retry loop as it was before the limiter."""
 
     limit_per_s = None
+    sent = 0
 
     def reserve(self, clock):
         return None
