@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import random
 import threading
 import time
@@ -61,6 +62,11 @@ def throttled(key: str = KEY) -> Exception:
     return obs_errors.GenericError(obstore_status_message(key, 503, method="GET", code="SlowDown"))
 
 
+def server_error(key: str = KEY) -> Exception:
+    """A transient error that is not throttling: retried alike, but the rate stays unlimited."""
+    return obs_errors.GenericError(obstore_status_message(key, 500, method="GET", code="InternalError"))
+
+
 def refused(key: str = KEY) -> Exception:
     return obs_errors.GenericError(obstore_transport_message(key, "Connect"))
 
@@ -88,14 +94,23 @@ def test_a_throttled_request_is_retried_until_it_succeeds():
     store = scripted(clock)
     store.fault, calls = failing(7)
     assert bytes(store.get(KEY)) == b"{}"
+    assert len(calls) == 8 and store.retries == 7
+    assert store.stalled_s == pytest.approx(sum(clock.pauses))  # backoff, and turns under the rate limit
+
+
+def test_a_request_that_failed_with_a_server_error_pauses_once_per_retry():
+    clock = FakeClock()
+    store = scripted(clock)
+    store.fault, calls = failing(7, server_error)
+    assert bytes(store.get(KEY)) == b"{}"
     assert len(calls) == 8 and store.retries == 7 and len(clock.pauses) == 7
-    assert store.stalled_s == pytest.approx(sum(clock.pauses))
+    assert store.stalled_s == pytest.approx(sum(clock.pauses)) and store.rate_limit_per_s == math.inf
 
 
 def test_the_backoff_doubles_from_50_ms_to_a_10_s_cap():
     clock = FakeClock()
     store = scripted(clock, draw=lambda: 1.0)  # the top of every jitter range
-    store.fault, _ = failing(12)
+    store.fault, _ = failing(12, server_error)  # (throttling adds the rate limit's waits: see below)
     store.get(KEY)
     assert clock.pauses == pytest.approx([0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 10, 10, 10, 10])
 
@@ -106,7 +121,7 @@ def test_the_jitter_is_full_and_differs_between_processes():
     for seed in (1, 2):
         clock = FakeClock()
         store = scripted(clock, draw=random.Random(seed).random)
-        store.fault, _ = failing(40)
+        store.fault, _ = failing(40, server_error)
         store.get(KEY)
         bounds = [retry.backoff_bound_s(n) for n in range(1, 41)]
         assert all(0 <= pause <= bound for pause, bound in zip(clock.pauses, bounds))
@@ -188,9 +203,11 @@ def test_a_stall_is_logged_at_the_first_retry_then_every_30_s_then_its_end(caplo
     lines = [record.getMessage() for record in caplog.records]
     retrying = [line for line in lines if "retrying GET" in line]
     assert len(retrying) == 4  # at 0 s, then at least 30 s apart through 100 s
-    assert "store throttled or unavailable: retrying GET _log/00000000000000000007.json for up to 600 s" in lines[0]
-    assert "(attempt 2, stalled 0.0 s so far)" in lines[0] and "HTTP 503 SlowDown" in lines[0]
-    assert lines[-1].startswith(f"{store.url}: store answering again after 10") and "retries" in lines[-1]
+    assert "store throttled or unavailable: retrying GET _log/00000000000000000007.json for up to 600 s" in retrying[0]
+    assert "(attempt 2, stalled 0.0 s so far)" in retrying[0] and "HTTP 503 SlowDown" in retrying[0]
+    recovered = [line for line in lines if "store answering again" in line]
+    assert recovered == [lines[-1]] and lines[-1].startswith(f"{store.url}: store answering again after 10")
+    assert "retries" in lines[-1]
 
 
 def test_a_stall_that_ends_in_a_permanent_answer_is_a_recovery(caplog):
@@ -252,14 +269,14 @@ def test_a_consumer_whose_store_gave_up_resumes_after_close_without_a_second_wai
         producer.flush()
     requests = []
 
-    def throttle_data(request, key):
+    def throttle_data(request, key):  # (not throttling: the rate limit's climb back would slow the rest)
         requests.append(request)
-        return throttled(key) if key.startswith("data/") else None
+        return server_error(key) if key.startswith("data/") else None
 
     with bw.Consumer(store, dp=1, rank=0, timeout_s=10) as consumer:
         assert bytes(next(consumer).data) == b"tgb-0"
         store.fault = throttle_data
-        with pytest.raises(bw.TransientStoreError, match="still failing after 0.2 s"):
+        with pytest.raises(bw.TransientStoreError, match=r"HTTP 500 InternalError.*still failing after 0.2 s"):
             next(consumer)
         assert "head" not in requests  # no size check that would wait out a second deadline
         store.fault = lambda request, key: None

@@ -1,4 +1,5 @@
-"""Issue 18 item 8: a throttling storm must not kill a training rank.
+"""Issue 18 item 8: a throttling storm must not kill a training rank; and a process
+under throttling sends fewer requests (the adaptive request-rate limiter).
 
 A proxy in front of a real S3 server (moto) answers every request with S3's
 ``503 SlowDown`` for 60 s. A producer in a child process and a consumer in this one read
@@ -13,10 +14,14 @@ stream and writes its metrics to OUT.
 
 from __future__ import annotations
 
+import collections
+import itertools
 import json
 import logging
+import math
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -25,6 +30,8 @@ import pytest
 from conftest import S3_BUCKET
 
 import batchweave as bw
+from batchweave import store as store_module
+from batchweave.store import Store
 
 STORM_S = 60.0
 BEFORE_STORM_STEPS = 5  # delivered before the storm starts
@@ -121,6 +128,126 @@ def test_a_60_s_throttling_storm_slows_producer_and_consumer_and_loses_nothing(s
         f"{produced['store_retries']} retries, {produced['store_stalled_s']:.1f} s stalled; {len(got)} TGBs"
     )
     assert early > 0 and late < early / 2, f"requests/s in the storm: first 10 s {early:.1f}, last 30 s {late:.1f}"
+
+
+class NoLimit:
+    """A request-rate limiter that never limits: the retry loop as it was before the limiter."""
+
+    limit_per_s = None
+    sent = 0
+
+    def reserve(self, clock):
+        return None
+
+    def throttled(self, sent_at, clock):
+        return None
+
+    def succeeded(self, clock):
+        return None
+
+    def current_per_s(self):
+        return math.inf
+
+    def limited_s(self, clock):
+        return 0.0
+
+
+REQUESTERS = 32  # threads in this process, over 4 Store handles on the bucket
+SHORT_STORM_S = 3.0
+WARM_UP_S = 0.5  # unthrottled requests first: what the limiter measures the process's rate on
+AFTER_SHORT_STORM = 1  # round trips each requester completes after the storm (its own in the storm)
+
+
+def requesters_through_a_storm(proxy, limited: bool) -> dict:
+    """REQUESTERS threads each put an object of their own and read it back, over and over,
+    through a SHORT_STORM_S storm, until each has done AFTER_SHORT_STORM round trips after
+    it. Returns the storm's arrivals, every object written and what was read back."""
+    run = f"s3://{S3_BUCKET}/rate-{uuid.uuid4().hex[:12]}"
+    stores = [Store(f"{run}/{index}") for index in range(4)]
+    if limited:  # a fresh limiter for the bucket (the registry's: shared by all four handles)
+        with store_module._limiters_lock:
+            store_module._limiters.clear()
+        stores = [Store(store.url) for store in stores]
+        assert all(store._limiter is stores[0]._limiter for store in stores)
+    else:
+        for store in stores:
+            store._limiter = NoLimit()
+    written: dict[str, bytes] = {}
+    read: dict[str, bytes] = {}
+    errors: list[BaseException] = []
+    storm_over = [math.inf]
+    lock = threading.Lock()
+
+    def requester(who: int) -> None:
+        store = stores[who % len(stores)]
+        after = 0
+        try:
+            for n in itertools.count():
+                key, body = f"r{who}/{n:06d}", f"{who}-{n}-{limited}".encode()
+                store.put_if_absent(key, body)
+                got = bytes(store.get(key))
+                with lock:
+                    written[f"{store.url}/{key}"], read[f"{store.url}/{key}"] = body, got
+                if time.monotonic() >= storm_over[0]:
+                    after += 1
+                    if after >= AFTER_SHORT_STORM:
+                        return
+        except BaseException as exc:  # reported by the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=requester, args=(who,), daemon=True) for who in range(REQUESTERS)]
+    for thread in threads:
+        thread.start()
+    time.sleep(WARM_UP_S)  # (a pace, not a wait for a condition: the requesters run meanwhile)
+    began = time.monotonic()
+    arrivals_before = len(proxy.storm_arrivals())
+    storm_over[0] = proxy.storm(SHORT_STORM_S)
+    for thread in threads:
+        thread.join(60)
+    arrivals = proxy.storm_arrivals()[arrivals_before:]
+    return {
+        "began": began,
+        "over": storm_over[0],
+        "arrivals": arrivals,
+        "written": written,
+        "read": read,
+        "errors": errors,
+        "alive": sum(thread.is_alive() for thread in threads),
+        "done_s": time.monotonic() - storm_over[0],
+        "limit": stores[0].rate_limit_per_s,
+        "limited_s": stores[0].rate_limited_s,
+    }
+
+
+@pytest.mark.s3
+@pytest.mark.timeout(120)
+def test_requesters_of_one_process_send_far_fewer_requests_into_a_storm_with_the_rate_limiter(storm_proxy, caplog):
+    caplog.set_level(logging.WARNING, logger="batchweave.store")
+    plain = requesters_through_a_storm(storm_proxy, limited=False)
+    limited = requesters_through_a_storm(storm_proxy, limited=True)
+
+    for run in (plain, limited):  # every request succeeded once the storm was over, nothing lost
+        assert run["errors"] == [] and run["alive"] == 0
+        assert run["read"] == run["written"] and len(run["written"]) >= REQUESTERS * AFTER_SHORT_STORM
+
+    def per_second(run: dict) -> list[int]:
+        counts = collections.Counter(int(t - run["began"]) for t in run["arrivals"])
+        return [counts.get(second, 0) for second in range(math.ceil(SHORT_STORM_S))]
+
+    def late_rate(run: dict) -> float:  # after the first second: the burst in flight is answered
+        return rate(run["arrivals"], run["began"] + 1, run["over"])
+
+    print(
+        f"requests answered 503 per second of a {SHORT_STORM_S:g} s storm, {REQUESTERS} requesters in one "
+        f"process: without the limiter {per_second(plain)} ({late_rate(plain):.1f}/s after the first second), "
+        f"with it {per_second(limited)} ({late_rate(limited):.1f}/s); all done {plain['done_s']:.1f} s / "
+        f"{limited['done_s']:.1f} s after the storm; limited for {limited['limited_s']:.1f} s"
+    )
+    # The limiter cuts the rate once per round of answers: by the storm's last second the
+    # process sends a small fraction of what backoff alone would.
+    assert per_second(limited)[-1] < per_second(plain)[-1] / 4
+    assert late_rate(limited) < late_rate(plain) / 2
+    assert "store throttling: this process now sends at most" in caplog.text
 
 
 if __name__ == "__main__":

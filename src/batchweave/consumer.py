@@ -210,6 +210,8 @@ class Consumer:
             fetch_max_s=worst,
             store_retries=self._store.retries,
             store_stalled_s=self._store.stalled_s,
+            store_rate_limit_per_s=self._store.rate_limit_per_s,
+            store_rate_limited_s=self._store.rate_limited_s,
         )
 
     def mark_checkpoint(self, checkpoint_id: str) -> None:

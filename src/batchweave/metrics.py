@@ -34,7 +34,10 @@ class ConsumerMetrics:
     the store requests retried after throttling, server errors or timeouts, and
     ``store_stalled_s`` the seconds during which at least one request was being retried
     (wall-clock, not summed over threads; the consumer's store, in this process): a storm
-    the store rode out, which ``wait_s`` alone would not explain.
+    the store rode out, which ``wait_s`` alone would not explain. ``store_rate_limit_per_s``
+    is how many requests a second this process may send to the bucket now (``inf`` unless
+    the store has been throttling it: see ``batchweave.retry.RequestRateLimiter``), and
+    ``store_rate_limited_s`` the seconds it was limited so far.
     """
 
     steps: int
@@ -48,6 +51,8 @@ class ConsumerMetrics:
     fetch_max_s: float
     store_retries: int
     store_stalled_s: float
+    store_rate_limit_per_s: float = math.inf
+    store_rate_limited_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,6 +93,11 @@ def describe(metrics: ConsumerMetrics) -> str:
         + (
             f", stalled {metrics.store_stalled_s:.1f} s on the store ({metrics.store_retries} retries)"
             if metrics.store_retries
+            else ""
+        )
+        + (
+            f", requests limited to {metrics.store_rate_limit_per_s:.1f}/s (store throttling)"
+            if math.isfinite(metrics.store_rate_limit_per_s)
             else ""
         )
     )

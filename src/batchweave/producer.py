@@ -291,6 +291,8 @@ class Producer:
         out["gap_s"] = getattr(self.policy, "gap_s", math.nan)
         out["store_retries"] = self._store.retries
         out["store_stalled_s"] = self._store.stalled_s
+        out["store_rate_limit_per_s"] = self._store.rate_limit_per_s  # inf unless throttled (Store.rate_limit_per_s)
+        out["store_rate_limited_s"] = self._store.rate_limited_s
         return out
 
     def __enter__(self) -> Producer:

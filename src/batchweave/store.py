@@ -80,6 +80,14 @@ _OBSTORE_RETRY = {
 _memory_stores: dict[str, MemoryStore] = {}
 _memory_lock = threading.Lock()
 
+# One request-rate limiter per bucket or container (store root) and process, shared by
+# every Store of it: a store throttles the requests of all the process's threads and
+# namespaces there together (batchweave.retry.RequestRateLimiter).
+_limiters: dict[str, retry.RequestRateLimiter] = {}
+_limiters_lock = threading.Lock()
+# A request waiting for its turn looks at the rate again this often (it may have grown).
+_RATE_RECHECK_S = 0.25
+
 # Store roots (see _store_root) whose handling of create-only puts this process checked:
 # True if a second create-only put of a key failed as it must, False if it succeeded.
 # One probe per process per root, however many namespaces share the bucket.
@@ -171,7 +179,10 @@ class Store:
     ``retry_deadline_s`` (storage option; 600 s by default, see ``batchweave.retry``),
     then raises TransientStoreError; other errors raise at once. ``max_attempts`` caps
     the attempts as well (None: the deadline alone decides). ``retries`` and
-    ``stalled_s`` count what it cost this process.
+    ``stalled_s`` count what it cost this process. Once the store answers with
+    throttling, every request of the process to the same bucket waits for its turn
+    under an adaptive request rate (``rate_limit_per_s``), until the rate has climbed
+    back.
     """
 
     def __init__(
@@ -192,6 +203,7 @@ class Store:
         # UNREACHABLE_DEADLINE_S (a mistyped endpoint, not an outage to ride out).
         self._reached = False
         self._stalls = retry.StallMeter(lambda: self._retry_clock())  # looked up per call: a test may replace it
+        self._limiter = _limiter_for(_store_root(self.url, self.storage_options) or self.url)
         self._handle: Any = None
         self._pid = -1
         # The directory itself, decoded once from the URL (which is percent-encoded).
@@ -243,6 +255,18 @@ class Store:
     def stalled_now_s(self) -> float:
         """Seconds the current stall has lasted (0 when no request is being retried)."""
         return self._stalls.current_s
+
+    @property
+    def rate_limit_per_s(self) -> float:
+        """Requests per second this process may send to this Store's bucket now: inf
+        unless the store has been throttling them (``batchweave.retry.RequestRateLimiter``;
+        shared by every Store of the bucket in this process)."""
+        return self._limiter.current_per_s()
+
+    @property
+    def rate_limited_s(self) -> float:
+        """Seconds during which this process's requests to the bucket were rate-limited."""
+        return self._limiter.limited_s(self._retry_clock)
 
     @property
     def object_store(self) -> bool:
@@ -484,14 +508,27 @@ class Store:
 
     def _call(self, key: str, op: Callable[[], T], request: str, nbytes: int = 0, *, conditional: bool = False) -> T:
         self._refuse_forked_runtime()
+        limiter = self._limiter
+        began = sent_at = None
+        if limiter.limit_per_s is None:  # the common case, kept to a test and a count
+            limiter.sent += 1
+        else:  # the store has been throttling: wait for this process's turn
+            ticket = limiter.reserve(self._retry_clock)
+            began = self._retry_clock()
+            sent_at = self._wait_turn(ticket, began + self._budget_s()) if ticket is not None else began
+            if sent_at is None:
+                raise TransientStoreError(key, "stopped waiting to send (the store is throttling): closing")
         try:
-            return self._attempt(key, op, request, nbytes, conditional)
+            return self._attempt(key, op, request, nbytes, conditional, sent_at)
         except TransientStoreError as error:
             failed = error
-        return self._retry(key, op, request, nbytes, conditional, failed)
+        return self._retry(key, op, request, nbytes, conditional, failed, began)
 
-    def _attempt(self, key: str, op: Callable[[], T], request: str, nbytes: int, conditional: bool) -> T:
-        """One request, its error translated (retried by obstore itself, briefly)."""
+    def _attempt(
+        self, key: str, op: Callable[[], T], request: str, nbytes: int, conditional: bool, sent_at: float | None
+    ) -> T:
+        """One request, its error translated (retried by obstore itself, briefly), its
+        answer told to the request-rate limiter (``sent_at``: when, if it took a turn)."""
         global _runtime_pid
         try:
             result = self._perform(request, nbytes, op)
@@ -499,18 +536,71 @@ class Store:
             raise
         except Exception as exc:
             self._reached = self._reached or not _never_reached(exc)
-            raise translate_error(exc, key, conditional=conditional, request=request, store=self.url) from exc
+            error = translate_error(exc, key, conditional=conditional, request=request, store=self.url)
+            if not isinstance(error, TransientStoreError):
+                self._answered()  # a 404 or a lost race is an answer too
+            elif _throttling(exc, key):
+                self._say(self._limiter.throttled(sent_at, self._retry_clock))
+            raise error from exc
         finally:
             _runtime_pid = os.getpid()
         self._reached = True
+        if self._limiter.limit_per_s is not None:  # (nothing to tell it while not limited)
+            self._answered()
         return result
 
+    def _answered(self) -> None:
+        self._say(self._limiter.succeeded(self._retry_clock))
+
+    def _wait_turn(self, ticket: int, until: float) -> float | None:
+        """Wait until the request-rate limiter lets ``ticket`` go, or until ``until`` (the
+        request's deadline: its last attempt goes then, as a cut backoff pause does). The
+        time it goes; None when this thread was told to stop meanwhile. Waits in short
+        steps: the rate may change meanwhile."""
+        while True:
+            now = self._retry_clock()
+            wait_s = min(self._limiter.wait_s(ticket, self._retry_clock), until - now)
+            if wait_s <= 0:
+                return now
+            if not self._pause(min(wait_s, _RATE_RECHECK_S)):
+                return None
+
+    def _say(self, notice: retry.RateNotice | None) -> None:
+        """Log a change of the request-rate limit (at most every 30 s while throttled)."""
+        if notice is None:
+            return
+        if notice.kind == "started":
+            _logger.warning(
+                "%s: store throttling: this process now sends at most %.1f requests/s to this bucket (it sent "
+                "about %.1f/s); the limit halves while throttling goes on and climbs back as requests succeed",
+                self.url, notice.limit_per_s, notice.before_per_s,
+            )  # fmt: skip
+        elif notice.kind == "lowered":
+            _logger.warning(
+                "%s: store still throttling after %.0f s: this process now sends at most %.1f requests/s "
+                "to this bucket (was %.1f/s)",
+                self.url, notice.limited_s, notice.limit_per_s, notice.before_per_s,
+            )  # fmt: skip
+        else:
+            _logger.warning(
+                "%s: store throttling over: request rate no longer limited, after %.0f s of limiting",
+                self.url, notice.limited_s,
+            )  # fmt: skip
+
     def _retry(
-        self, key: str, op: Callable[[], T], request: str, nbytes: int, conditional: bool, error: TransientStoreError
+        self,
+        key: str,
+        op: Callable[[], T],
+        request: str,
+        nbytes: int,
+        conditional: bool,
+        error: TransientStoreError,
+        began: float | None,
     ) -> T:
         """Retry a request that failed transiently until it succeeds, fails for good, or
-        has been failing for the deadline; then raise the last error, saying so."""
-        started = self._retry_clock()
+        has been failing for the deadline (counted from ``began``, when it started waiting
+        for its first turn, if it did); then raise the last error, saying so."""
+        started = self._retry_clock() if began is None else began
         self._stalls.begin()
         answered = False
         try:
@@ -521,12 +611,17 @@ class Store:
                     raise self._gave_up(error, attempt, stalled_s, budget_s) from error
                 if self._stalls.retried():
                     self._warn_retrying(error, request, attempt + 1, stalled_s, budget_s)
+                closing = TransientStoreError(
+                    error.key, f"{error.problem}; stopped retrying: closing", retried_s=stalled_s
+                )
                 if not self._pause(min(budget_s - stalled_s, retry.jittered_pause_s(attempt, self._retry_draw()))):
-                    raise TransientStoreError(
-                        error.key, f"{error.problem}; stopped retrying: closing", retried_s=stalled_s
-                    ) from error
+                    raise closing from error
+                sent_at = None
+                ticket = self._limiter.reserve(self._retry_clock)  # the backoff, then this process's turn
+                if ticket is not None and (sent_at := self._wait_turn(ticket, started + budget_s)) is None:
+                    raise closing from error
                 try:
-                    result = self._attempt(key, op, request, nbytes, conditional)
+                    result = self._attempt(key, op, request, nbytes, conditional, sent_at)
                 except TransientStoreError as again:
                     error = again
                     continue
@@ -586,6 +681,21 @@ class Store:
         return TransientStoreError(error.key, error.problem + why, retried_s=stalled_s)
 
 
+def _limiter_for(root: str) -> retry.RequestRateLimiter:
+    with _limiters_lock:
+        limiter = _limiters.get(root)
+        if limiter is None:
+            limiter = _limiters[root] = retry.RequestRateLimiter(time.monotonic())
+        return limiter
+
+
+def _throttling(exc: BaseException, key: str) -> bool:
+    """Whether a failed request was answered with throttling (S3's 503 SlowDown, Azure's
+    503 ServerBusy, GCS's 429): the store asks for fewer requests."""
+    failure = _failure_of(exc, key)
+    return failure.status in _THROTTLING_STATUSES or (failure.error_body and failure.code in _THROTTLING_CODES)
+
+
 def _never_reached(exc: BaseException) -> bool:
     """Whether a failed request never reached a server: connection refused, no such
     host, a TLS handshake that failed (object_store's ``Connect`` kind)."""
@@ -628,6 +738,10 @@ def _short(text: str, limit: int = 160) -> str:
 _RACE_STATUSES = frozenset({409, 412})
 # Throttling, server errors and request timeouts: the same request may succeed later.
 _TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+# Of those, the ones a store answers when it wants fewer requests (the request-rate
+# limiter slows down for them), and the codes that say so in a 200's error body.
+_THROTTLING_STATUSES = frozenset({429, 503})
+_THROTTLING_CODES = frozenset({"SlowDown", "ServerBusy", "TooManyRequests", "RequestLimitExceeded"})
 # object_store's HttpErrorKind values for a request that never got an answer: connect
 # failures, dropped connections, timeouts (Decode and Unknown are not known to be transient).
 _TRANSIENT_HTTP_KINDS = frozenset({"Connect", "Request", "Timeout", "Interrupted"})
