@@ -7,8 +7,8 @@ within ``budget_per_s`` however many followers there are, and so a follower that
 the commit cadence does not waste probes between commits:
 
 - **A floor from the budget.** ``followers / budget_per_s`` is the shortest mean pause:
-  10,000 ranks as 1,250 node followers at 80 requests/s on the key probe each about
-  every 16 s, 8 followers every 0.1 s (the floor then never binds).
+  10,000 ranks as 1,250 node followers at 70 requests/s on the key probe each about
+  every 18 s, 8 followers every 0.11 s (the floor then never binds).
 - **A start from the cadence.** After a version is found, the first probe waits a
   quarter of the commit interval the log shows (the ``committed_at`` of consecutive
   versions, smoothed); the pause doubles from there up to ``max_poll_s``. A follower
@@ -34,11 +34,11 @@ __all__ = ["HEAD_BUDGET_PER_S", "IDLE_PROOF_S", "MIN_PAUSE_S", "HeadPolling"]
 
 # Requests a second the job's followers together send to one log key while waiting at
 # the head, on average. Azure documents about 500 a second per blob, S3 about 5,500 GETs
-# a second per prefix; a mean of 80 keeps the busiest second under 100 (random arrivals
-# vary: at 10,000 ranks the simulation in `bench scale` sees the busiest second 12-20%
-# over the mean), and leaves room for the readers behind the head, the producers and
+# a second per prefix; a mean of 70 keeps the busiest second under 100 (random arrivals
+# vary: at a mean of 80, the simulation in `bench scale` saw a busiest second of 103 at
+# 10,000 ranks), and leaves room for the readers behind the head, the producers and
 # the collector on that prefix.
-HEAD_BUDGET_PER_S = 80.0
+HEAD_BUDGET_PER_S = 70.0
 # A waiting follower re-checks its anchor at least this often (I10): a miss may be a
 # version GC deleted rather than one not committed yet.
 IDLE_PROOF_S = 10.0
