@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pool_work
 import pytest
+from checks import check_pool_exactly_once_in_order
 
 import batchweave as bw
 from batchweave.pool import PoolPlan, run_pool
@@ -37,17 +38,8 @@ def cluster():
     ray.shutdown()
 
 
-def read_shards(url) -> list[int]:
-    with bw.Consumer(url, dp=pool_work.DP, rank=0, timeout_s=30) as consumer:
-        return [int(batch.data["shard"][0]) for batch in consumer]
-
-
 def check_exactly_once_in_order(url, shards: int, producers: int) -> None:
-    seen = read_shards(url)
-    assert sorted(seen) == list(range(shards))
-    for owner in range(producers):
-        mine = [s for s in seen if s % producers == owner]
-        assert mine == sorted(mine)
+    check_pool_exactly_once_in_order(url, shards, producers, pool_work.DP)
 
 
 def wait_for(path: Path, timeout: float = 60) -> str:

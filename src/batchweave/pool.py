@@ -207,15 +207,21 @@ def run_pool(
     end_of_stream: bool = False,
     progress: bool = True,
     storage_options: dict[str, Any] | None = None,
+    ray_remote_args: Mapping[str, Any] | Callable[[int], Mapping[str, Any]] | None = None,
 ) -> PoolReport:
     """Turn every shard of ``source`` into one TGB of the namespace at ``url``; see the module doc.
 
     ``commit_policy`` is a policy name (``"dac"`` by default; names cross processes).
     ``end_of_stream`` commits the end marker once every shard is committed. Raises the
     first worker error that restarts did not cure (a ``BatchWeaveError`` as it is).
+    ``ray_remote_args`` (Ray backend only): Ray actor options for every producer actor
+    (``resources``, ``scheduling_strategy``, ``num_cpus``, ``runtime_env``, ...), or a function
+    of the producer index returning them; see ``batchweave.ray_pool``.
     """
     if backend not in _BACKENDS:
         raise ConfigError(f"unknown pool backend {backend!r}; known: {list(_BACKENDS)}")
+    if ray_remote_args is not None and backend != "ray":
+        raise ConfigError(f"ray_remote_args places Ray actors: it needs backend='ray', not {backend!r}")
     if not isinstance(max_restarts, int) or max_restarts < 0:
         raise ConfigError(f"max_restarts must be a non-negative integer, got {max_restarts!r}")
     plan = PoolPlan(name, producers, len(source))
@@ -230,7 +236,7 @@ def run_pool(
     if backend == "ray":
         from batchweave.ray_pool import run_ray_pool
 
-        run_ray_pool(job, report, progress)
+        run_ray_pool(job, report, progress, ray_remote_args)
     else:
         _LocalPool(job).run(report, progress)
     report.seconds = time.monotonic() - started
