@@ -16,6 +16,7 @@ on the driver's node, reserving nothing).
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -63,6 +64,7 @@ def cluster():
     finally:
         ray.shutdown()
         cluster.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def wait_until(condition, what: str) -> None:
