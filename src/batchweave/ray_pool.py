@@ -19,10 +19,13 @@ kinds of retry count against the same ``max_restarts`` per producer.
 
 Placement: producer actors are spread over the cluster's nodes (Ray's ``"SPREAD"``
 strategy) unless ``ray_remote_args`` says otherwise: Ray actor options for every producer, or
-a function of the producer index returning them (pin producers to nodes with
-``NodeAffinitySchedulingStrategy(node_id, soft=True)``, which lets Ray restart one elsewhere
-when its node is lost; ask for custom ``resources``; give ``num_cpus``). The options the
+a function of the producer index returning them (custom ``resources`` or ``num_cpus`` to
+choose the nodes; ``NodeAffinitySchedulingStrategy(node_id, soft=False)`` pins a producer to
+a node for good, ``soft=True`` only prefers it: Ray 2.60 may place it elsewhere while that
+node is slow to start a worker, and restarts it elsewhere when the node is lost). The options the
 pool sets itself (the actor's name and namespace, its restarts and lifetime) are refused.
+A producer's actor is ended as soon as its run is done, so that what it reserved goes to
+producers still waiting for room (a pool may have more producers than the cluster holds).
 The small actor that gathers progress runs on the driver's node with no CPU reserved, so
 losing any other node loses no pool state (a head node started with ``num_cpus=0``, as Ray
 advises for large clusters, can host it).
@@ -172,6 +175,9 @@ def run_ray_pool(job: PoolJob, report: PoolReport, progress: bool, remote_args: 
                         raise _failed(plan, pid, max_restarts, exc) from exc
                     report.resumed_at.setdefault(pid, resumed_at)
                     report.metrics[pid] = metrics
+                    # Done: its CPUs and resources go to producers still waiting for room
+                    # (more producers than the cluster holds, or one restarting after a node loss).
+                    _end(actors[index])
         starts, _ = ray.get(tracker.snapshot.remote())
         for index in actors:
             pid = plan.producer_id(index)
@@ -181,9 +187,13 @@ def run_ray_pool(job: PoolJob, report: PoolReport, progress: bool, remote_args: 
             report.restarts[pid] = max(len(runs) - 1, retries[index])
     finally:
         for actor in (*actors.values(), tracker):
-            # Ray types ``ActorClass.remote()`` as ``ActorHandle[T] | type[T]`` (so that methods
-            # resolve), which its own ``ray.kill(actor: ActorHandle)`` does not accept.
-            ray.kill(actor, no_restart=True)  # pyright: ignore[reportArgumentType]
+            _end(actor)
+
+
+def _end(actor: Any) -> None:
+    # Ray types ``ActorClass.remote()`` as ``ActorHandle[T] | type[T]`` (so that methods
+    # resolve), which its own ``ray.kill(actor: ActorHandle)`` does not accept.
+    ray.kill(actor, no_restart=True)
 
 
 def _failed(plan: PoolPlan, pid: str, max_restarts: int, exc: BaseException) -> BatchWeaveError:
