@@ -103,8 +103,7 @@ def main(argv: list[str] | None = None) -> None:
             save(path, record)
             if hold:
                 wait_for_go(out / "go")
-        record["done"] = True
-        record["held"] = False
+        record.update(done=True, held=False, metrics=consumer.metrics().to_dict())
         save(path, record)
 
 
