@@ -106,6 +106,7 @@ def test_a_pool_across_two_nodes_survives_the_loss_of_one_and_commits_every_shar
             backend="ray", progress=False, end_of_stream=True, ray_remote_args=placed.__getitem__,
         )  # fmt: skip
         wait_until(lambda: (tmp_path / "held").exists() or running.done(), "producer 1 to hold at shard 9")
+        assert not running.done(), running.result()  # the pool's error, if it ended early
         held = int((tmp_path / "held").read_text())
         # Mid-run: the worker node's producer has shards committed and is inside another.
         wait_until(lambda: offset_of(url, "prep.0001-of-0002") >= 2, "producer 1 to commit 2 shards")

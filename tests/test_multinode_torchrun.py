@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -150,9 +151,18 @@ def ranks_of(node: int) -> list[int]:
 
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    """A free port below the ephemeral range: the rendezvous binds it seconds later (after
+    torchrun imports torch), and a port from the ephemeral range (``bind(0)``) could be taken
+    meanwhile by any outgoing connection on the machine; these are never handed out there."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in random.sample(range(10_000, low), 200):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use
+            return port
+    raise RuntimeError(f"no free port in 10000..{low}")
 
 
 def tgb(offset: int) -> list[dict[str, np.ndarray]]:
