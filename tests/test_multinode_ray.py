@@ -151,3 +151,11 @@ def test_ray_remote_args_need_the_ray_backend(tmp_path):
         bw.run_pool(
             tmp_path.as_uri(), "prep", [0], pool_work.tgb_of, producers=1, dp=2, ray_remote_args={"num_cpus": 1}
         )
+
+
+def test_bad_ray_remote_args_are_refused_before_the_pool_touches_the_store(tmp_path):
+    url = (tmp_path / "ns").as_uri()
+    with pytest.raises(bw.ConfigError, match=r"prep.0000-of-0001 sets \['lifetime'\]"):
+        bw.run_pool(url, "prep", [0], pool_work.tgb_of, producers=1, dp=2, backend="ray",
+                    ray_remote_args={"lifetime": "detached"})  # fmt: skip
+    assert not (tmp_path / "ns").exists()  # no shard list recorded, no namespace created

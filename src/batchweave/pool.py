@@ -225,6 +225,8 @@ def run_pool(
     if not isinstance(max_restarts, int) or max_restarts < 0:
         raise ConfigError(f"max_restarts must be a non-negative integer, got {max_restarts!r}")
     plan = PoolPlan(name, producers, len(source))
+    # The Ray actors' options are checked before the store is touched.
+    ray_options = _ray_actor_options(plan, ray_remote_args) if backend == "ray" else None
     store = open_store(url, storage_options=storage_options)
     producer_states = Journal(store).load_state().producers
     plan.check_log(list(producer_states))
@@ -233,16 +235,22 @@ def run_pool(
     started = time.monotonic()
     report = PoolReport(name, producers, len(source))
     job = PoolJob(store.url, plan, source, preprocess, dp, cp, commit_policy, max_restarts, storage_options)
-    if backend == "ray":
+    if ray_options is not None:
         from batchweave.ray_pool import run_ray_pool
 
-        run_ray_pool(job, report, progress, ray_remote_args)
+        run_ray_pool(job, report, progress, ray_options)
     else:
         _LocalPool(job).run(report, progress)
     report.seconds = time.monotonic() - started
     if end_of_stream:
         end_stream(store)
     return report
+
+
+def _ray_actor_options(plan: PoolPlan, ray_remote_args: Any) -> list[dict[str, Any]]:
+    from batchweave.ray_pool import producer_options  # imports ray: only for the Ray backend
+
+    return [producer_options(plan, index, ray_remote_args) for index in range(plan.producers)]
 
 
 _RECORD_ATTEMPTS = 8  # each retry means another driver recorded a list of this pool meanwhile

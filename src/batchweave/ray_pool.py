@@ -39,7 +39,7 @@ from every node: an object store, or a directory they share (never ``memory://``
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ray
@@ -127,10 +127,14 @@ def producer_options(plan: PoolPlan, index: int, remote_args: RemoteArgs) -> dic
     return {"scheduling_strategy": "SPREAD", **given}
 
 
-def run_ray_pool(job: PoolJob, report: PoolReport, progress: bool, remote_args: RemoteArgs = None) -> None:
-    """Run every producer of ``job`` as a Ray actor until all are done; fill ``report``."""
+def run_ray_pool(
+    job: PoolJob, report: PoolReport, progress: bool, options: Sequence[Mapping[str, Any]] | None = None
+) -> None:
+    """Run every producer of ``job`` as a Ray actor until all are done; fill ``report``.
+    ``options``: per producer index, its actor options (``producer_options``; default: spread)."""
     plan, max_restarts = job.plan, job.max_restarts
-    options = {index: producer_options(plan, index, remote_args) for index in range(plan.producers)}
+    if options is None:
+        options = [producer_options(plan, index, None) for index in range(plan.producers)]
     if not ray.is_initialized():
         ray.init()
     # On the driver's node, which lives as long as the pool: a tracker lost with another node
