@@ -53,3 +53,21 @@ def assert_ranks_agree(seen_by_rank: dict[int, list[dict]], tgbs: list[tuple[int
         assert [s["step"] for s in seen] == list(range(len(tgbs))), f"rank {rank} saw a gap or a repeat"
         for s in seen:
             assert s["origin"] == by_step[s["step"]], f"rank {rank} step {s['step']} came from the wrong TGB"
+
+
+def read_pool_shards(url: str, dp: int) -> list[int]:
+    """The shard each step holds, in step order, as rank 0 of a ``dp``-wide job reads them
+    (for the pool tests: ``pool_work.tgb_of`` writes the shard number into every slice)."""
+    from batchweave import Consumer
+
+    with Consumer(url, dp=dp, rank=0, timeout_s=30) as consumer:
+        return [int(batch.data["shard"][0]) for batch in consumer]  # pyright: ignore[reportIndexIssue]
+
+
+def check_pool_exactly_once_in_order(url: str, shards: int, producers: int, dp: int) -> None:
+    """Every shard in exactly one step, and each producer's shards in their offset order."""
+    seen = read_pool_shards(url, dp)
+    assert sorted(seen) == list(range(shards))
+    for owner in range(producers):
+        mine = [s for s in seen if s % producers == owner]
+        assert mine == sorted(mine)

@@ -59,3 +59,15 @@ def held_at(item: tuple[int, int, str]) -> list[dict[str, np.ndarray]]:
         while time.monotonic() < deadline:
             time.sleep(0.05)
     return tgb_of(shard)
+
+
+def noted_held_at(item: tuple[int, int, str]) -> list[dict[str, np.ndarray]]:
+    """``(shard, victim, marker_dir)``: ``held_at``, and every shard also writes which Ray node
+    and process preprocessed it to ``<marker_dir>/ran/<shard>-<pid>`` (for the multi-node tests)."""
+    import ray  # only the Ray tests use this function
+
+    shard, _, marker_dir = item
+    ran = Path(marker_dir) / "ran"
+    ran.mkdir(exist_ok=True)
+    (ran / f"{shard}-{os.getpid()}").write_text(ray.get_runtime_context().get_node_id())
+    return held_at(item)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pool_work
 import pytest
+from checks import check_pool_exactly_once_in_order
 
 import batchweave as bw
 from batchweave.pool import PoolPlan, run_pool
@@ -37,17 +38,8 @@ def cluster():
     ray.shutdown()
 
 
-def read_shards(url) -> list[int]:
-    with bw.Consumer(url, dp=pool_work.DP, rank=0, timeout_s=30) as consumer:
-        return [int(batch.data["shard"][0]) for batch in consumer]
-
-
 def check_exactly_once_in_order(url, shards: int, producers: int) -> None:
-    seen = read_shards(url)
-    assert sorted(seen) == list(range(shards))
-    for owner in range(producers):
-        mine = [s for s in seen if s % producers == owner]
-        assert mine == sorted(mine)
+    check_pool_exactly_once_in_order(url, shards, producers, pool_work.DP)
 
 
 def wait_for(path: Path, timeout: float = 60) -> str:
@@ -109,3 +101,21 @@ def test_a_preprocessing_bug_surfaces_after_the_retries_run_out(tmp_path):
             progress=False,
         )  # fmt: skip
     assert bw.inspect_namespace(url).producers["prep.0001-of-0002"]["offset"] == 2
+
+
+def test_more_producers_than_the_cluster_has_room_for_run_as_others_finish(tmp_path):
+    url = (tmp_path / "ns").as_uri()
+    # 3 producers reserving a CPU each on a 2-CPU cluster: the third starts when one is done.
+    with ThreadPoolExecutor(1) as driver:
+        running = driver.submit(
+            run_pool, url, "prep", list(range(9)), pool_work.tgb_of, producers=3, dp=pool_work.DP, backend="ray",
+            progress=False, end_of_stream=True, ray_remote_args={"num_cpus": 1},
+        )  # fmt: skip
+        try:
+            report = running.result(timeout=60)
+        except TimeoutError:
+            for index in range(3):  # end the pool: its run tasks fail once their actors are gone
+                ray.kill(ray.get_actor(actor_name(PoolPlan("prep", 3, 9).producer_id(index))), no_restart=True)
+            pytest.fail("a producer never started: the finished ones kept their CPUs")
+    assert report.produced == 9
+    check_exactly_once_in_order(url, 9, 3)

@@ -207,18 +207,26 @@ def run_pool(
     end_of_stream: bool = False,
     progress: bool = True,
     storage_options: dict[str, Any] | None = None,
+    ray_remote_args: Mapping[str, Any] | Callable[[int], Mapping[str, Any]] | None = None,
 ) -> PoolReport:
     """Turn every shard of ``source`` into one TGB of the namespace at ``url``; see the module doc.
 
     ``commit_policy`` is a policy name (``"dac"`` by default; names cross processes).
     ``end_of_stream`` commits the end marker once every shard is committed. Raises the
     first worker error that restarts did not cure (a ``BatchWeaveError`` as it is).
+    ``ray_remote_args`` (Ray backend only): Ray actor options for every producer actor
+    (``resources``, ``scheduling_strategy``, ``num_cpus``, ``runtime_env``, ...), or a function
+    of the producer index returning them; see ``batchweave.ray_pool``.
     """
     if backend not in _BACKENDS:
         raise ConfigError(f"unknown pool backend {backend!r}; known: {list(_BACKENDS)}")
+    if ray_remote_args is not None and backend != "ray":
+        raise ConfigError(f"ray_remote_args places Ray actors: it needs backend='ray', not {backend!r}")
     if not isinstance(max_restarts, int) or max_restarts < 0:
         raise ConfigError(f"max_restarts must be a non-negative integer, got {max_restarts!r}")
     plan = PoolPlan(name, producers, len(source))
+    # The Ray actors' options are checked before the store is touched.
+    ray_options = _ray_actor_options(plan, ray_remote_args) if backend == "ray" else None
     store = open_store(url, storage_options=storage_options)
     producer_states = Journal(store).load_state().producers
     plan.check_log(list(producer_states))
@@ -227,16 +235,22 @@ def run_pool(
     started = time.monotonic()
     report = PoolReport(name, producers, len(source))
     job = PoolJob(store.url, plan, source, preprocess, dp, cp, commit_policy, max_restarts, storage_options)
-    if backend == "ray":
+    if ray_options is not None:
         from batchweave.ray_pool import run_ray_pool
 
-        run_ray_pool(job, report, progress)
+        run_ray_pool(job, report, progress, ray_options)
     else:
         _LocalPool(job).run(report, progress)
     report.seconds = time.monotonic() - started
     if end_of_stream:
         end_stream(store)
     return report
+
+
+def _ray_actor_options(plan: PoolPlan, ray_remote_args: Any) -> list[dict[str, Any]]:
+    from batchweave.ray_pool import producer_options  # imports ray: only for the Ray backend
+
+    return [producer_options(plan, index, ray_remote_args) for index in range(plan.producers)]
 
 
 _RECORD_ATTEMPTS = 8  # each retry means another driver recorded a list of this pool meanwhile

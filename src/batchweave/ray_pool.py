@@ -17,6 +17,19 @@ repeated or skipped and the old incarnation, if it still runs somewhere, is fenc
 preprocessing error is not a death: the driver calls ``run`` again on the same actor, and both
 kinds of retry count against the same ``max_restarts`` per producer.
 
+Placement: producer actors are spread over the cluster's nodes (Ray's ``"SPREAD"``
+strategy) unless ``ray_remote_args`` says otherwise: Ray actor options for every producer, or
+a function of the producer index returning them (custom ``resources`` or ``num_cpus`` to
+choose the nodes; ``NodeAffinitySchedulingStrategy(node_id, soft=False)`` pins a producer to
+a node for good, ``soft=True`` only prefers it: Ray 2.60 may place it elsewhere while that
+node is slow to start a worker, and restarts it elsewhere when the node is lost). The options the
+pool sets itself (the actor's name and namespace, its restarts and lifetime) are refused.
+A producer's actor is ended as soon as its run is done, so that what it reserved goes to
+producers still waiting for room (a pool may have more producers than the cluster holds).
+The small actor that gathers progress runs on the driver's node with no CPU reserved, so
+losing any other node loses no pool state (a head node started with ``num_cpus=0``, as Ray
+advises for large clusters, can host it).
+
 The ``source`` is put in Ray's object store once and shared by every actor; ``preprocess`` is
 pickled by reference when it is a module-level function, so its module must be importable on
 every worker (install it, or give Ray a ``runtime_env``). The namespace URL must be reachable
@@ -26,15 +39,23 @@ from every node: an object store, or a directory they share (never ``memory://``
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from batchweave.errors import BatchWeaveError
+from batchweave.errors import BatchWeaveError, ConfigError
 from batchweave.pool import PoolJob, PoolPlan, PoolReport, _Progress
 
-__all__ = ["actor_name", "run_ray_pool"]
+__all__ = ["actor_name", "producer_options", "run_ray_pool"]
+
+RemoteArgs = Mapping[str, Any] | Callable[[int], Mapping[str, Any]] | None
+# Actor options the pool owns: the name is how ``ray.get_actor(actor_name(pid))`` finds a
+# producer, restarts are ``run_pool``'s ``max_restarts``, and the pool kills its actors when
+# it returns (a detached lifetime would not change that).
+_POOL_OPTIONS = ("name", "namespace", "get_if_exists", "max_restarts", "max_task_retries", "lifetime")
 
 
 def actor_name(producer_id: str) -> str:
@@ -86,17 +107,47 @@ class _ProducerActor:
         return self._job.produce(self._index, on_append=on_append)
 
 
-def run_ray_pool(job: PoolJob, report: PoolReport, progress: bool) -> None:
-    """Run every producer of ``job`` as a Ray actor until all are done; fill ``report``."""
+def producer_options(plan: PoolPlan, index: int, remote_args: RemoteArgs) -> dict[str, Any]:
+    """The Ray actor options the user gives producer ``index`` (``ray_remote_args`` of
+    ``run_pool``), with ``scheduling_strategy="SPREAD"`` unless they chose one. Pure."""
+    given = remote_args(index) if callable(remote_args) else remote_args
+    pid = plan.producer_id(index)
+    if given is None:
+        given = {}
+    if not isinstance(given, Mapping) or not all(isinstance(key, str) for key in given):
+        raise ConfigError(
+            f"pool {plan.name!r}: ray_remote_args for {pid} must be a dict of Ray actor options, got {given!r}"
+        )
+    owned = sorted(set(given) & set(_POOL_OPTIONS))
+    if owned:
+        raise ConfigError(
+            f"pool {plan.name!r}: ray_remote_args for {pid} sets {owned}, which the pool sets itself "
+            "(the actor name, its restarts: use run_pool's max_restarts)"
+        )
+    return {"scheduling_strategy": "SPREAD", **given}
+
+
+def run_ray_pool(
+    job: PoolJob, report: PoolReport, progress: bool, options: Sequence[Mapping[str, Any]] | None = None
+) -> None:
+    """Run every producer of ``job`` as a Ray actor until all are done; fill ``report``.
+    ``options``: per producer index, its actor options (``producer_options``; default: spread)."""
+    plan, max_restarts = job.plan, job.max_restarts
+    if options is None:
+        options = [producer_options(plan, index, None) for index in range(plan.producers)]
     if not ray.is_initialized():
         ray.init()
-    plan, max_restarts = job.plan, job.max_restarts
-    tracker = _Tracker.remote()
+    # On the driver's node, which lives as long as the pool: a tracker lost with another node
+    # would fail the pool at its end. No CPU reserved, so a head with num_cpus=0 can host it.
+    here = ray.get_runtime_context().get_node_id()
+    tracker = _Tracker.options(
+        num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)
+    ).remote()
     # The job (with the source) goes to Ray's object store once; every actor reads it there.
     job_ref = ray.put(dataclasses.replace(job, source=list(job.source)))
     actors = {
         index: _ProducerActor.options(
-            name=actor_name(plan.producer_id(index)), max_restarts=max_restarts, max_task_retries=-1
+            name=actor_name(plan.producer_id(index)), max_restarts=max_restarts, max_task_retries=-1, **options[index]
         ).remote(tracker, job_ref, index)
         for index in range(plan.producers)
     }
@@ -128,6 +179,9 @@ def run_ray_pool(job: PoolJob, report: PoolReport, progress: bool) -> None:
                         raise _failed(plan, pid, max_restarts, exc) from exc
                     report.resumed_at.setdefault(pid, resumed_at)
                     report.metrics[pid] = metrics
+                    # Done: its CPUs and resources go to producers still waiting for room
+                    # (more producers than the cluster holds, or one restarting after a node loss).
+                    _end(actors[index])
         starts, _ = ray.get(tracker.snapshot.remote())
         for index in actors:
             pid = plan.producer_id(index)
@@ -137,9 +191,13 @@ def run_ray_pool(job: PoolJob, report: PoolReport, progress: bool) -> None:
             report.restarts[pid] = max(len(runs) - 1, retries[index])
     finally:
         for actor in (*actors.values(), tracker):
-            # Ray types ``ActorClass.remote()`` as ``ActorHandle[T] | type[T]`` (so that methods
-            # resolve), which its own ``ray.kill(actor: ActorHandle)`` does not accept.
-            ray.kill(actor, no_restart=True)  # pyright: ignore[reportArgumentType]
+            _end(actor)
+
+
+def _end(actor: Any) -> None:
+    # Ray types ``ActorClass.remote()`` as ``ActorHandle[T] | type[T]`` (so that methods
+    # resolve), which its own ``ray.kill(actor: ActorHandle)`` does not accept.
+    ray.kill(actor, no_restart=True)
 
 
 def _failed(plan: PoolPlan, pid: str, max_restarts: int, exc: BaseException) -> BatchWeaveError:
