@@ -50,14 +50,16 @@ _NO_BODY_STATUS = (204, 304)
 
 @dataclass(slots=True)
 class ProxyCounters:
-    """Requests and response-body bytes by HTTP method, plus request-body bytes."""
+    """Requests and response-body bytes by HTTP method, plus request-body bytes, and the
+    GETs of a byte range among the requests (a consumer's slice reads)."""
 
     requests: dict[str, int] = field(default_factory=dict)
     response_bytes: dict[str, int] = field(default_factory=dict)
     request_bytes: dict[str, int] = field(default_factory=dict)
+    range_gets: int = 0
 
     def copy(self) -> ProxyCounters:
-        return ProxyCounters(dict(self.requests), dict(self.response_bytes), dict(self.request_bytes))
+        return ProxyCounters(dict(self.requests), dict(self.response_bytes), dict(self.request_bytes), self.range_gets)
 
     @property
     def total_requests(self) -> int:
@@ -224,7 +226,7 @@ class LatencyProxy:
         if (request.header("expect") or "").lower() == "100-continue":
             client_w.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             await client_w.drain()
-        self._count_request(method)
+        self._count_request(method, ranged=method == "GET" and request.header("range") is not None)
         up_w.write(request.encode(drop=("expect",)))
         sent = await _copy_body(client_r, up_w, _request_framing(request), None, self._tally("request_bytes", method))
         await up_w.drain()
@@ -284,9 +286,10 @@ class LatencyProxy:
 
         return wait_after
 
-    def _count_request(self, method: str) -> None:
+    def _count_request(self, method: str, *, ranged: bool = False) -> None:
         with self._lock:
             self._counters.requests[method] = self._counters.requests.get(method, 0) + 1
+            self._counters.range_gets += ranged
 
     def _tally(self, which: str, method: str) -> Callable[[int], None]:
         """Adds body bytes to counter ``which`` of ``method`` as they pass."""
