@@ -148,10 +148,10 @@ class CountingStore(LatencyStore):
         self.role = role
         self.active = True
 
-    def _attempt(self, key: str, op: Callable[[], T], request: str, nbytes: int, conditional: bool) -> T:
+    def _attempt(self, key: str, op: Callable[[], T], request: str, *args: Any) -> T:
         found = True
         try:
-            return super()._attempt(key, op, request, nbytes, conditional)
+            return super()._attempt(key, op, request, *args)
         except ObjectNotFoundError:
             found = False
             raise
