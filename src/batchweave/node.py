@@ -171,7 +171,12 @@ def _local_setting(value: int | None, variable: str, default: int) -> int:
 # -- the wire ----------------------------------------------------------------------------
 
 
-def _send(sock: socket.socket, header: dict[str, Any], payload: bytes | memoryview = b"", fds: list[int] = ()) -> None:
+def _send(
+    sock: socket.socket,
+    header: dict[str, Any],
+    payload: bytes | memoryview = b"",
+    fds: list[int] | tuple[int, ...] = (),
+) -> None:
     head = json.dumps(header, separators=(",", ":")).encode()
     first = _PREFIX.pack(len(head), len(payload)) + head
     sent = socket.send_fds(sock, [first], list(fds)) if fds else sock.send(first)
@@ -245,7 +250,8 @@ class _Range:
 
     key: tuple[str, int, int]  # object, start, length
     sharers: int  # ranks of this node that read it
-    done: threading.Event = field(default_factory=threading.Event)
+    done: bool = False  # read (or failed): replies go out at once
+    waiters: list[tuple[socket.socket, threading.Lock, int]] = field(default_factory=list)
     fd: int = -1
     length: int = 0
     error: dict[str, Any] | None = None
@@ -288,7 +294,7 @@ class _Hub:
         self._pool.shutdown(wait=False, cancel_futures=True)
         with self._cond:
             for shared in list(self._ranges.values()):
-                self._forget(shared)  # those being sent are closed by their last reply
+                self._drop(shared)  # those being sent are closed by their last reply
 
     # -- connections ---------------------------------------------------------------------
 
@@ -303,11 +309,16 @@ class _Hub:
             threading.Thread(target=self._serve, args=(conn,), name="batchweave-node-conn", daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
-        lock = threading.Lock()
+        """One rank's requests: ranges are answered from here (a range read already, or
+        being read, needs no thread of its own), log requests on the pool (they wait)."""
+        lock = threading.Lock()  # one reply at a time on this connection
         try:
             while not self._stop.is_set():
                 request, _, _ = _recv(conn)
-                self._pool.submit(self._answer, conn, lock, request)
+                if request["op"] == "range":
+                    self._ask_range(conn, lock, request)
+                else:
+                    self._pool.submit(self._answer_log, conn, lock, request)
         except (_HubLost, OSError, ValueError, RuntimeError):
             pass  # the rank closed or died (RuntimeError: the pool is shutting down)
         finally:
@@ -317,46 +328,33 @@ class _Hub:
                 self._cond.notify_all()
             conn.close()
 
-    def _answer(self, conn: socket.socket, lock: threading.Lock, request: dict[str, Any]) -> None:
-        shared: _Range | None = None
+    def _answer_log(self, conn: socket.socket, lock: threading.Lock, request: dict[str, Any]) -> None:
         try:
-            if request["op"] == "log":
-                reply, payload, fds = self._log_reply(id(conn), request)
-            else:
-                shared = self._take_range(request)
-                reply, payload, fds = self._range_reply(shared)
+            reply, payload = self._log_reply(id(conn), request)
         except Exception as exc:  # answered, never dropped: the rank would wait forever
-            reply, payload, fds = _error_reply(exc), b"", []
-        reply["id"] = request["id"]
-        try:
-            with lock:
-                _send(conn, reply, payload, fds)
-        except OSError:
-            pass  # the rank went away; its connection thread cleans up
-        finally:
-            if shared is not None:
-                self._handed(shared)
+            reply, payload = _error_reply(exc), b""
+        _reply(conn, lock, request["id"], reply, payload)
 
     # -- the log -------------------------------------------------------------------------
 
-    def _log_reply(self, conn: int, request: dict[str, Any]) -> tuple[dict[str, Any], bytes, list[int]]:
+    def _log_reply(self, conn: int, request: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
         first = request["from"]
         with self._cond:
             answer = self._log.ask(conn, first)
             if answer == BEHIND:
-                return {"behind": True}, b"", []
+                return {"behind": True}, b""
             if answer == RESTART:
                 self._start_follower(first, request.get("anchor"), request.get("present_through", 0))
             self._cond.notify_all()  # the follower may read on: this rank moved
             deadline = time.monotonic() + LOG_WAIT_S
             while (parts := self._log.versions_from(first, LOG_REPLY_BYTES)) is None:
                 if self._log.failure is not None:
-                    return dict(self._log.failure), b"", []
+                    return dict(self._log.failure), b""
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self._stop.is_set():
-                    return {"sizes": []}, b"", []
+                    return {"sizes": []}, b""
                 self._cond.wait(remaining)
-        return {"sizes": [len(p) for p in parts]}, b"".join(parts), []
+        return {"sizes": [len(p) for p in parts]}, b"".join(parts)
 
     def _start_follower(self, first: int, anchor: list[Any] | None, present_through: int) -> None:
         """Follow from ``first`` (the first rank, or one behind what the hub keeps)."""
@@ -398,40 +396,49 @@ class _Hub:
 
     # -- ranges --------------------------------------------------------------------------
 
-    def _take_range(self, request: dict[str, Any]) -> _Range:
-        """The range a request asks for, read once for every rank that shares it; its
-        descriptor stays open until this request's reply is sent (``_handed``)."""
+    def _ask_range(self, conn: socket.socket, lock: threading.Lock, request: dict[str, Any]) -> None:
+        """Answer with the range's shared memory: at once when it was read already, else
+        once the one read of it for the node (started by the first rank asking) is done."""
         key = (request["key"], request["start"], request["length"])
         with self._cond:
             shared = self._ranges.get(key)
             fetch = shared is None
             if shared is None:
                 shared = self._ranges[key] = _Range(key, sharers=max(1, request["sharers"]))
-            shared.in_flight += 1
+            shared.in_flight += 1  # its descriptor stays open until this reply is sent
+            ready = shared.done
+            if not ready:
+                shared.waiters.append((conn, lock, request["id"]))
         if fetch:
-            self._fill(shared)
-        else:
-            shared.done.wait()
-        return shared
-
-    @staticmethod
-    def _range_reply(shared: _Range) -> tuple[dict[str, Any], bytes, list[int]]:
-        if shared.error is not None:
-            return dict(shared.error), b"", []
-        return {"length": shared.length}, b"", [shared.fd]
+            self._pool.submit(self._fill, shared)
+        if ready:
+            self._hand(shared, conn, lock, request["id"])
 
     def _fill(self, shared: _Range) -> None:
+        """Read the range once, into shared memory, and answer every rank waiting for it."""
         try:
             data = self._store.get_range(*shared.key)
             shared.fd, shared.length = _shared_memory(data), len(data)
         except Exception as exc:
             shared.error = _error_reply(exc)
-        finally:
-            with self._cond:
+        with self._cond:
+            if shared.error is None:
                 self._range_bytes += shared.length
-                if shared.error is not None and self._ranges.get(shared.key) is shared:
-                    del self._ranges[shared.key]  # a later request reads again
-            shared.done.set()
+            elif self._ranges.get(shared.key) is shared:
+                del self._ranges[shared.key]  # a later request reads again
+            shared.done = True
+            waiters, shared.waiters = shared.waiters, []
+        for conn, lock, ident in waiters:
+            self._hand(shared, conn, lock, ident)
+
+    def _hand(self, shared: _Range, conn: socket.socket, lock: threading.Lock, ident: int) -> None:
+        try:
+            if shared.error is not None:
+                _reply(conn, lock, ident, dict(shared.error))
+            else:
+                _reply(conn, lock, ident, {"length": shared.length}, fds=[shared.fd])
+        finally:
+            self._handed(shared)
 
     def _handed(self, shared: _Range) -> None:
         """One more reply sent: drop the range once every sharer has it, or old ones past
@@ -441,20 +448,38 @@ class _Hub:
             shared.in_flight -= 1
             shared.handed += 1
             if shared.handed >= shared.sharers or self._stop.is_set():
-                self._forget(shared)
+                self._drop(shared)
             for oldest in list(self._ranges.values()):
                 if self._range_bytes <= CACHE_BYTES:
                     break
-                if oldest.done.is_set():
-                    self._forget(oldest)
+                if oldest.done:
+                    self._drop(oldest)
+            if self._ranges.get(shared.key) is not shared and shared.in_flight == 0:
+                _close_fd(shared)  # dropped while this reply was on its way
 
-    def _forget(self, shared: _Range) -> None:
+    def _drop(self, shared: _Range) -> None:
         """Out of the cache now; its descriptor closed once no reply uses it."""
         if self._ranges.get(shared.key) is shared:
             del self._ranges[shared.key]
             self._range_bytes -= shared.length
         if shared.in_flight == 0:
             _close_fd(shared)
+
+
+def _reply(
+    conn: socket.socket,
+    lock: threading.Lock,
+    ident: int,
+    reply: dict[str, Any],
+    payload: bytes = b"",
+    fds: list[int] = (),
+) -> None:
+    reply["id"] = ident
+    try:
+        with lock:
+            _send(conn, reply, payload, fds)
+    except OSError:
+        pass  # the rank went away; its connection thread cleans up
 
 
 def _shared_memory(data: memoryview | bytes) -> int:
