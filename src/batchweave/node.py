@@ -372,6 +372,8 @@ class _Hub:
         proven = ProvenLog(journal, reader, self._polling, lambda: 0, self._store.url, present_through)
         try:
             for item in proven:
+                if generation != self._log.generation:
+                    return  # replaced by a follower started lower: not one more request
                 if isinstance(item, list):
                     if not self._publish(generation, item):
                         return
