@@ -20,6 +20,7 @@ import functools
 import math
 import multiprocessing as mp
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -163,6 +164,9 @@ def run_ingest(spec: IngestSpec, store: Store, processes: int | None = None) -> 
         "window_attempts": window["attempts"],
         "conflicts": totals["conflicts"],
         "log_versions": state.version,
+        # CPU (user + system) of the producer processes during the window, per producer per
+        # second of window: appends, uploads, log following and commits together.
+        "cpu_per_producer_s_per_s": sum(r["window_cpu_s"] for r in reports) / spec.producers / spec.duration_s,
         "log_steps": state.steps,
         **visibility_percentiles(visible),
         "error": errors[0] if errors else None,
@@ -229,11 +233,13 @@ def _worker(spec: IngestSpec, store: Store, share: list[int], start: Any, result
     ]
     start.wait(timeout=300)
     started = time.monotonic()
+    cpu_started = _cpu_s()
     if spec.leave_at_s is not None:
         threading.Timer(spec.leave_at_s, leave.set).start()
     for thread in threads:
         thread.start()
     series, window = _sample_until(producers, survivors, started, spec)
+    window_cpu_s = _cpu_s() - cpu_started  # the window only: the drain is a burst of flushes
     stop.set()
     leave.set()
     for thread in threads:
@@ -246,6 +252,7 @@ def _worker(spec: IngestSpec, store: Store, share: list[int], start: Any, result
         "errors": errors,
         "handed": handed,
         "finished_s": time.monotonic() - started,
+        "window_cpu_s": window_cpu_s,
         "survivors": [
             {"gap_s": p.metrics()["gap_s"], "producers_counted": p.policy.producers} for p in survivors if spec.stay
         ],
@@ -345,6 +352,12 @@ def _merge_series(per_worker: list[list[dict]]) -> list[dict]:
     for points in zip(*per_worker, strict=False):
         merged.append({"t_s": points[0]["t_s"], **{k: sum(p[k] for p in points) for k in points[0] if k != "t_s"}})
     return merged
+
+
+def _cpu_s() -> float:
+    """CPU seconds (user + system) this process used so far, all its threads."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _rate(totals: dict[str, int]) -> float:
