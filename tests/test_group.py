@@ -182,12 +182,69 @@ def test_turn_waits_grow_by_one_stagger_per_rank():
     for rank, wait in enumerate(waits):
         assert 0.5 + 0.2 * rank <= wait <= (0.5 + 0.2 * rank) * 1.1
     auto = GroupCommit(interval_s=0.5)
-    auto.observe_commit(0.3)
-    auto.observe_commit(0.3)
-    assert auto.stagger() == pytest.approx(3 * 0.3)  # the first observation seeds the average
+    auto.observe_commit(0.3)  # the claim: a put takes 0.3 s, and turns come 0.6 s late until the log says
+    assert auto.stagger() == pytest.approx((0.6 + 4 * 0.3) + 0.3)
     auto.observe_commit(0.8)
-    assert auto.stagger() == pytest.approx(3 * (0.8 * 0.3 + 0.2 * 0.8))
-    assert GroupCommit().stagger() == pytest.approx(0.75)  # nothing timed yet
+    put = 0.8 * 0.3 + 0.2 * 0.8
+    assert auto.stagger() == pytest.approx((0.6 + 4 * 0.3) + put)
+    auto.observe_gap(0.5 + 0.2)  # the log: a version built 0.2 s after its due moment
+    dev, mean = 0.3 + 0.25 * (0.4 - 0.3), 0.6 + 0.125 * (0.2 - 0.6)
+    assert auto.delay is not None and (auto.delay.mean_s, auto.delay.dev_s) == pytest.approx((mean, dev))
+    assert auto.stagger() == pytest.approx(mean + 4 * dev + put)
+    assert GroupCommit().stagger() == pytest.approx(0.5 + 4 * 0.25 + 0.25)  # nothing timed yet
+
+
+def test_turn_delay_follows_the_log_and_backs_off_after_lost_races():
+    delay = group.TurnDelay(seed_s=1.0)
+    assert delay.estimate_s() == pytest.approx(1.0 + 4 * 0.5)  # wide until the log shows a turn
+    for _ in range(40):  # turns about 0.1 s late: the seed (its first sample) fades out
+        delay.observe_gap(0.4 + 0.1, interval_s=0.4)
+    assert delay.mean_s == pytest.approx(0.1, abs=0.01) and delay.dev_s < 0.01
+    mean, dev = delay.mean_s, delay.dev_s
+    delay.observe_gap(0.4 + 0.09, interval_s=0.4)  # Jacobson's update: deviation, then mean
+    dev = dev + 0.25 * (abs(0.09 - mean) - dev)
+    mean = mean + 0.125 * (0.09 - mean)
+    assert (delay.mean_s, delay.dev_s) == pytest.approx((mean, dev))
+    # A turn a stand-in took is late by a whole stagger: capped at the estimate, it moves
+    # the estimate by a step, never by its own size.
+    capped = mean + 4 * dev
+    delay.observe_gap(60.0, interval_s=0.4)
+    assert delay.mean_s == pytest.approx(mean + 0.125 * (capped - mean))
+    assert delay.dev_s == pytest.approx(dev + 0.25 * (capped - mean - dev))
+    delay.observe_gap(0.1, interval_s=0.4)  # built early (another host's clock): no delay, not a negative one
+    assert delay.mean_s > 0 and delay.dev_s > 0
+    for _ in range(10):
+        delay.lost()
+    assert delay.backoff == 8.0  # doubled per lost race, up to the cap
+    delay.won()
+    delay.won()
+    assert delay.backoff == 2.0
+    for _ in range(5):
+        delay.won()
+    assert delay.backoff == 1.0
+    policy = GroupCommit(interval_s=0.4)
+    policy.observe_commit(0.1)
+    before = policy.stagger()
+    policy.lost_race()
+    assert policy.stagger() == pytest.approx(2 * before)  # the whole stagger, put included
+    for _ in range(10):
+        policy.lost_race()
+        policy.observe_gap(900.0)  # another host's clock, far ahead
+    assert policy.stagger() == policy.max_stagger_s == 4.0  # 10 intervals: a dead producer's turn is not parked
+    assert GroupCommit(stagger_s=0.3).stagger() == 0.3  # a fixed stagger is never learned
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0, 100), max_size=60), st.lists(st.booleans(), max_size=20))
+def test_turn_delay_stays_finite_and_positive(gaps, races):
+    delay = group.TurnDelay(seed_s=0.2)
+    for gap in gaps:
+        before = delay.estimate_s()
+        delay.observe_gap(gap, interval_s=0.4)
+        assert 0 <= delay.mean_s <= delay.estimate_s() <= 1.875 * before + 1e-9  # one step at a time
+    for lost in races:
+        delay.lost() if lost else delay.won()
+        assert 1.0 <= delay.backoff <= delay.max_backoff
 
 
 @pytest.mark.parametrize(
@@ -258,6 +315,34 @@ def test_a_pool_in_group_mode_commits_every_tgb_once_in_shared_versions(tmp_path
         bw.end_stream(url)
         seen = [origin_of(batch.data) for batch in consumer]
     assert sorted(seen) == sorted((p, o) for _, p, o, _ in tgbs)
+
+
+def test_a_turn_taken_while_a_stand_in_lists_the_intents_is_not_raced(tmp_path):
+    """A stand-in whose turn came lists the intents; meanwhile another producer commits
+    the version. The stand-in gives way: no conflict, no extra version on top (at 32
+    producers on a loaded store such stand-ins piled up and lost most races); what it
+    had not published waits for the next turn, and a flush commits it once."""
+    url = str(tmp_path / "ns")
+    store = PausingStore(url)
+    owner = bw.Producer(url, "owner", dp=1, commit_policy=quiet())
+    stand_in = bw.Producer(store, "stand-in", dp=1, commit_policy=quiet())
+    stand_in.append(tgb("stand-in", 0, 1))
+    wait_for(lambda: intents_of(store, "stand-in"), "the stand-in's intent")
+    stand_in.append(tgb("stand-in", 1, 1))  # after its intent for this turn: not in it
+    listing = store.pause("list", group.INTENT_PREFIX)
+    turn = Background(stand_in._group_commit_once, False)  # its turn, not a flush
+    listing.wait_reached()
+    owner.append(tgb("owner", 0, 1))
+    owner.flush()  # takes the turn, folding stand-in@0 from its intent
+    version = Journal(open_store(url)).load_state().version
+    listing.release()
+    assert turn.result() is True  # gave way: not a lost race
+    assert stand_in.metrics()["conflicts"] == 0 and stand_in.metrics()["attempts"] == 0
+    assert Journal(open_store(url)).load_state().version == version  # nothing raced on top
+    assert stand_in.resume_offset == 1  # the folded one is in, the other still pending
+    stand_in.close()
+    owner.close()
+    assert_exactly_once(url, {"owner": 1, "stand-in": 2})
 
 
 def test_committer_losing_to_the_owner_folds_only_what_is_left(url):
