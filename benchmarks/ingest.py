@@ -35,6 +35,7 @@ from typing import Any
 from batchweave import producer as producer_module
 from batchweave.journal import Journal
 from batchweave.latency import CLOUD_DEFAULTS, LatencyStore
+from batchweave.log import LogState
 from batchweave.policies import RecentCommitters
 from batchweave.producer import Producer
 from batchweave.store import Store, open_store
@@ -145,6 +146,7 @@ def run_ingest(spec: IngestSpec, store: Store, processes: int | None = None) -> 
     with store.paused() if isinstance(store, LatencyStore) else nullcontext():
         state = Journal(store).load_state()  # bookkeeping after the run: no modelled latency
         visible = _visibility(store, [h for r in reports for h in r["handed"]])
+        follow_cpu_s = _follow_cpu_s(store)
     record = {
         "system": "batchweave",
         **asdict(spec),
@@ -167,6 +169,10 @@ def run_ingest(spec: IngestSpec, store: Store, processes: int | None = None) -> 
         # CPU (user + system) of the producer processes during the window, per producer per
         # second of window: appends, uploads, log following and commits together.
         "cpu_per_producer_s_per_s": sum(r["window_cpu_s"] for r in reports) / spec.producers / spec.duration_s,
+        # What following this run's log costs one producer, per second of run: every
+        # version read, decoded, applied and proven by one journal after the run, alone
+        # on the machine (so the figure does not depend on how busy the run kept it).
+        "follow_cpu_s_per_s": follow_cpu_s / total_s,
         "log_steps": state.steps,
         **visibility_percentiles(visible),
         "error": errors[0] if errors else None,
@@ -312,6 +318,13 @@ def _produce(
         producer.flush()  # finalization: drain what is still pending
     except Exception as exc:
         errors.append(f"{producer.producer_id}: {type(exc).__name__}: {exc}")
+
+
+def _follow_cpu_s(store: Store) -> float:
+    """CPU seconds (this process, all threads) to follow the log from version 0 to its head."""
+    started = time.process_time()
+    Journal(store).catch_up(LogState())
+    return time.process_time() - started
 
 
 def _visibility(store: Store, handed: list[tuple[str, int, float]]) -> list[float]:
