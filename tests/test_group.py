@@ -8,6 +8,7 @@ on real stores (memory and a local directory), with the races forced by
 from __future__ import annotations
 
 import random
+import threading
 import time
 import uuid
 
@@ -317,25 +318,32 @@ def test_a_pool_in_group_mode_commits_every_tgb_once_in_shared_versions(tmp_path
     assert sorted(seen) == sorted((p, o) for _, p, o, _ in tgbs)
 
 
-def test_a_turn_taken_while_a_stand_in_lists_the_intents_is_not_raced(tmp_path):
-    """A stand-in whose turn came lists the intents; meanwhile another producer commits
-    the version. The stand-in gives way: no conflict, no extra version on top (at 32
-    producers on a loaded store such stand-ins piled up and lost most races); what it
+def test_a_turn_taken_while_a_stand_in_gathers_the_intents_is_not_raced(tmp_path):
+    """A stand-in whose turn came gathers the intents to fold; meanwhile another producer
+    commits the version. The stand-in gives way: no conflict, no extra version on top (at
+    32 producers on a loaded store such stand-ins piled up and lost most races); what it
     had not published waits for the next turn, and a flush commits it once."""
     url = str(tmp_path / "ns")
-    store = PausingStore(url)
     owner = bw.Producer(url, "owner", dp=1, commit_policy=quiet())
-    stand_in = bw.Producer(store, "stand-in", dp=1, commit_policy=quiet())
+    stand_in = bw.Producer(url, "stand-in", dp=1, commit_policy=quiet())
     stand_in.append(tgb("stand-in", 0, 1))
-    wait_for(lambda: intents_of(store, "stand-in"), "the stand-in's intent")
+    wait_for(lambda: intents_of(open_store(url), "stand-in"), "the stand-in's intent")
     stand_in.append(tgb("stand-in", 1, 1))  # after its intent for this turn: not in it
-    listing = store.pause("list", group.INTENT_PREFIX)
+    gathering, go_on = threading.Event(), threading.Event()
+    gather = stand_in._intents_for_turn
+
+    def held(*args):
+        gathering.set()
+        assert go_on.wait(30)
+        return gather(*args)
+
+    stand_in._intents_for_turn = held  # only a turn gathers intents: the commit thread waits for 3600 s
     turn = Background(stand_in._group_commit_once, False)  # its turn, not a flush
-    listing.wait_reached()
+    assert gathering.wait(30)
     owner.append(tgb("owner", 0, 1))
     owner.flush()  # takes the turn, folding stand-in@0 from its intent
     version = Journal(open_store(url)).load_state().version
-    listing.release()
+    go_on.set()
     assert turn.result() is True  # gave way: not a lost race
     assert stand_in.metrics()["conflicts"] == 0 and stand_in.metrics()["attempts"] == 0
     assert Journal(open_store(url)).load_state().version == version  # nothing raced on top

@@ -252,7 +252,8 @@ class GroupCommit:
         active_versions: a producer is in the rotation while the log recorded it within
             this many versions.
         intent_lead_s: how long before the next turn a producer writes its TGBs so far
-            as one intent; None: a fifth of ``interval_s``. One intent per producer per
+            as one intent; None: half of ``interval_s``, so that the intents have landed
+            when the next committer reads them, a quarter interval before its turn. One intent per producer per
             version, not one per append: each is a put now and a delete later.
         alpha: EMA coefficient of the time to put a version.
     """
@@ -278,7 +279,7 @@ class GroupCommit:
         self.interval_s = interval_s
         self.stagger_s = stagger_s
         self.active_versions = active_versions
-        self.intent_lead_s = interval_s / 5 if intent_lead_s is None else min(intent_lead_s, interval_s)
+        self.intent_lead_s = interval_s / 2 if intent_lead_s is None else min(intent_lead_s, interval_s)
         self.alpha = alpha
         self.rng = rng or random.Random()
         self.commit_ema_s: float | None = None  # seeded by the first observation
@@ -299,8 +300,9 @@ class GroupCommit:
             self.commit_ema_s = (1 - self.alpha) * self.commit_ema_s + self.alpha * duration_s
         if self.delay is None:
             # Until the log shows how late turns come: a commit is the intents' listing
-            # and reads, about another probe and put, before its own.
-            self.delay = TurnDelay(2 * duration_s)
+            # and reads, about another probe and put, before its own; and a claim on an
+            # idle store is quicker than turns will be, so never below a few round trips.
+            self.delay = TurnDelay(self._seed_s(duration_s))
 
     def observe_gap(self, gap_s: float) -> None:
         """Two consecutive versions were built ``gap_s`` seconds apart (their ``committed_at``)."""
@@ -314,8 +316,11 @@ class GroupCommit:
 
     def _delay(self) -> TurnDelay:
         if self.delay is None:
-            self.delay = TurnDelay(2 * (self.commit_ema_s or _DEFAULT_COMMIT_S))
+            self.delay = TurnDelay(self._seed_s(self.commit_ema_s or _DEFAULT_COMMIT_S))
         return self.delay
+
+    def _seed_s(self, commit_s: float) -> float:
+        return max(2 * commit_s, min(self.interval_s, _DEFAULT_COMMIT_S))
 
     def stagger(self) -> float:
         if self.stagger_s is not None:

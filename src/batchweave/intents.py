@@ -65,6 +65,12 @@ class IntentBoard:
         self._cache = {k: v for k, v in self._cache.items() if k in keep}
         return [intent for intent in self._cache.values() if intent is not None]
 
+    def cached(self) -> list[Intent]:
+        """The other producers' intents as last listed, without a request. Some may be
+        folded or deleted since: folding leaves out whatever no longer continues its
+        producer's offset, so a stale one costs nothing."""
+        return [intent for intent in self._cache.values() if intent is not None]
+
     def _read(self, key: str) -> Intent | None:
         self.requests += 1
         try:

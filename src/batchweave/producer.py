@@ -31,7 +31,7 @@ from batchweave.errors import (
     StreamEndedError,
     TransientStoreError,
 )
-from batchweave.group import GroupCommit, build_group_commit, intent_key, turn_rank
+from batchweave.group import GroupCommit, Intent, build_group_commit, intent_key, turn_rank
 from batchweave.intents import IntentBoard
 from batchweave.journal import DEFAULT_SNAPSHOT_EVERY, Journal
 from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES, encode_tgb
@@ -412,8 +412,9 @@ class Producer:
         time.sleep(random.uniform(0, min(2.0, self._group.stagger() * 2**self._conflict_streak)))
 
     def _prefetch_from(self) -> float:
-        """When the next committer (rank 0) reads the intents already written, so that at
-        its turn only the listing and the few written since are on its critical path."""
+        """When the next committer (rank 0) reads the intents written for its turn (half a
+        lead after they were due): at the turn it folds these, with no request on its
+        critical path but the version's probe and put."""
         assert self._group is not None
         if self._turn[1] != 0 or self._prefetched_for == self._version_seen[0]:
             return math.inf
@@ -421,8 +422,9 @@ class Producer:
 
     def _prefetch_intents(self) -> None:
         if time.monotonic() >= self._prefetch_from():
-            self._prefetched_for = self._version_seen[0]
+            version = self._version_seen[0]
             self._intents.others()
+            self._prefetched_for = version
 
     def _publish_from(self) -> float:
         assert self._group is not None
@@ -456,7 +458,7 @@ class Producer:
         the turn clock and delete our intents the log now holds (none in other modes)."""
         with self._cond:
             if state.version > self._version_seen[0]:
-                self._observe_gap(state.version, committed_at)
+                self._observe_gap(state.version, committed_at, turn=state.steps > self._state.steps)
                 self._version_seen = (state.version, self._committed_when(committed_at))
             before = len(self._pending)
             self._state = state
@@ -468,14 +470,15 @@ class Producer:
         if self._published:
             self._published = self._intents.collect(state, self._published)
 
-    def _observe_gap(self, version: int, committed_at: float | None) -> None:
+    def _observe_gap(self, version: int, committed_at: float | None, turn: bool) -> None:
         """Group commit learns how late turns are taken from consecutive versions' build
-        times (``GroupCommit.observe_gap``): every producer, from every version it sees.
-        Two versions may come from hosts whose clocks disagree: the gap is never taken as
-        longer than we saw pass between them on our own clock."""
+        times (``GroupCommit.observe_gap``): every producer, from every version it sees
+        that carries TGBs (a claim is not a turn). Two versions may come from hosts whose
+        clocks disagree: the gap is never taken as longer than we saw pass between them
+        on our own clock."""
         previous, self._seen_committed_at = self._seen_committed_at, committed_at
         noticed, self._noticed_at = self._noticed_at, time.monotonic()
-        if self._group is None or committed_at is None or previous is None:
+        if self._group is None or committed_at is None or previous is None or not turn:
             return
         if version == self._version_seen[0] + 1:  # versions read together: only the newest's time is known
             self._group.observe_gap(min(committed_at - previous, self._noticed_at - noticed))
@@ -518,11 +521,10 @@ class Producer:
         attempt gives way to a version that landed since the turn began."""
         assert self._group is not None
         stalled_before_s = self._store.stalled_s
-        intents = self._intents.others()
+        turn_version, rank, _ = self._turn
+        intents = self._intents_for_turn(forced, turn_version, rank)
         with self._cond:
             batch = list(self._pending)
-
-        turn_version = self._turn[0]
 
         def commit(state: LogState) -> log.LogVersion | None:
             remaining = log.pending_after_rebase(state, self.producer_id, self._me, batch)
@@ -550,6 +552,18 @@ class Producer:
         committed_at = result.delta.committed_at if result.delta is not None else self._journal.newest_committed_at
         self._adopt(result.state, committed_at)
         return result.outcome != "conflict"
+
+    def _intents_for_turn(self, forced: bool, turn_version: int, rank: int) -> list[Intent]:
+        """The intents a commit folds. Listing and reading them is most of a commit's time
+        on a loaded store, so only the one whose turn it is pays for it, once: rank 0 read
+        them ahead (``_prefetch_intents``) and folds what it read then (an intent written
+        since waits one turn); a stand-in folds only what it read at an earlier turn and
+        commits its own TGBs, so a missing rank 0 costs one stagger, not a pile of
+        listings (the next version's rank 0 folds the rest). A flush lists: its producer
+        is leaving, and the first to flush folds the others'."""
+        if forced or (rank == 0 and self._prefetched_for != turn_version):
+            return self._intents.others()
+        return self._intents.cached()
 
     def _note_store_failure(self, exc: StoreError) -> bool:
         """Count a failed commit attempt; False once the producer has failed for good.
