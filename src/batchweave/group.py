@@ -253,7 +253,8 @@ class GroupCommit:
             this many versions.
         intent_lead_s: how long before the next turn a producer writes its TGBs so far
             as one intent; None: half of ``interval_s``, so that the intents have landed
-            when the next committer reads them, a quarter interval before its turn. One intent per producer per
+            when the next committer reads them (an eighth of an interval later) and it
+            has read them by its turn. One intent per producer per
             version, not one per append: each is a put now and a delete later.
         alpha: EMA coefficient of the time to put a version.
     """

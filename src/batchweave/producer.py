@@ -153,6 +153,7 @@ class Producer:
         self._turn = (-1, 0, 0.0)  # group commit: (version, our rank after it, when our turn comes)
         self._flush_since: float | None = None  # group commit: when the current flush began
         self._published_for = -1  # group commit: the version after which we last wrote an intent
+        self._follow_after = 0.0  # group commit: when the loop reads the log again
         self._prefetched_for = -1  # group commit: the version after which we last read intents ahead
         if self._group is not None:
             self._intents.sweep_older_epochs(self._me.epoch)  # a crashed incarnation's, never foldable
@@ -389,7 +390,13 @@ class Producer:
         """One pass: publish, look at the log, then commit if the turn has come, else wait."""
         assert self._group is not None
         self._publish_intents(forced)
-        self._follow_log()
+        now = time.monotonic()
+        if forced or now >= self._follow_after:
+            # Not on every wake-up: appends wake this loop, and a producer appending
+            # hundreds of TGBs a second would read the log as often. A quarter interval
+            # keeps the turn clock; a commit reads on to the newest version anyway.
+            self._follow_log()
+            self._follow_after = now + self._group.interval_s / 4
         due = self._turn_due(forced)
         if time.monotonic() < due:
             self._prefetch_intents()
@@ -412,13 +419,13 @@ class Producer:
         time.sleep(random.uniform(0, min(2.0, self._group.stagger() * 2**self._conflict_streak)))
 
     def _prefetch_from(self) -> float:
-        """When the next committer (rank 0) reads the intents written for its turn (half a
-        lead after they were due): at the turn it folds these, with no request on its
+        """When the next committer (rank 0) reads the intents written for its turn (a
+        quarter lead after they were due, time for their puts): at the turn it folds these, with no request on its
         critical path but the version's probe and put."""
         assert self._group is not None
         if self._turn[1] != 0 or self._prefetched_for == self._version_seen[0]:
             return math.inf
-        return self._publish_from() + self._group.intent_lead_s / 2
+        return self._publish_from() + self._group.intent_lead_s / 4
 
     def _prefetch_intents(self) -> None:
         if time.monotonic() >= self._prefetch_from():
