@@ -353,6 +353,39 @@ def test_a_turn_taken_while_a_stand_in_gathers_the_intents_is_not_raced(tmp_path
     assert_exactly_once(url, {"owner": 1, "stand-in": 2})
 
 
+def test_only_the_turns_rank_0_lists_the_intents(tmp_path):
+    """A stand-in (rank 1) commits its own TGBs without listing the intents (at 32
+    producers every stand-in listing and reading them all was most of the store's load);
+    the next rank 0 folds what the stand-in left. Rank 0 reads them ahead of its turn,
+    and at its turn folds what it read without another request."""
+    url = str(tmp_path / "ns")
+    other = bw.Producer(url, "other", dp=1, commit_policy=quiet())
+    me = bw.Producer(url, "me", dp=1, commit_policy=quiet())
+    other.append(tgb("other", 0, 1))
+    wait_for(lambda: intents_of(open_store(url), "other"), "the other's intent")
+    me.append(tgb("me", 0, 1))
+    # Its commit thread has written its intent and waits for a turn an hour away: the
+    # turns below are taken here, one at a time.
+    wait_for(lambda: any(k.endswith("000000000000.json") for k in intents_of(open_store(url), "me")), "my intent")
+    version = Journal(open_store(url)).load_state().version
+    listings = []
+    others = me._intents.others
+    me._intents.others = lambda: listings.append(1) or others()
+    me._turn = (version, 1, 0.0)  # a stand-in's turn
+    assert me._group_commit_once(False) is True
+    assert listings == []  # no listing, no intent read
+    state = Journal(open_store(url)).load_state()
+    assert state.producers["me"].offset == 1 and state.producers["other"].offset == 0
+    me.append(tgb("me", 1, 1))
+    wait_for(lambda: any(k.endswith("000000000001.json") for k in intents_of(open_store(url), "me")), "my intent")
+    me._turn = (state.version, 0, 0.0)  # rank 0 of the next turn, not read ahead yet: it lists now
+    assert me._group_commit_once(False) is True and listings == [1]
+    assert Journal(open_store(url)).load_state().producers["other"].offset == 1  # folded
+    other.close()
+    me.close()
+    assert_exactly_once(url, {"other": 1, "me": 2})
+
+
 def test_committer_losing_to_the_owner_folds_only_what_is_left(url):
     """The owner commits its own TGBs while a committer that read its intent is held at
     its put: the committer's retry must not commit those TGBs again."""
