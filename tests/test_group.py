@@ -174,7 +174,22 @@ def test_idle_producers_leave_the_rotation():
     state = msgspec.structs.replace(state, version=20, producers=producers)
     ranks = {p: group.turn_rank(state, p, 8) for p in ("busy", "me")}
     assert sorted(ranks.values()) == [0, 1]  # two in the rotation: the idle one is not waited for
-    assert group.turn_rank(state, "newcomer", 8) in (0, 1, 2)  # one not in the log yet counts itself
+    assert group.turn_rank(state, "idle", 8) == 2  # after every active one
+    assert group.turn_rank(state, "newcomer", 8) in (2, 3)  # one not in the log yet, likewise
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=12), st.integers(0, 40))
+def test_every_version_has_exactly_one_rank_0_and_distinct_ranks(last_versions, version):
+    """Whoever the log recorded lately, all producers agree on one order: one rank 0 and
+    no two producers at the same rank (at 128 producers after their claims, producers
+    outside the recent ones each counted themselves in, and a dozen had rank 0)."""
+    producers = {
+        f"p{i:03d}": ProducerState(0, 1, f"i{i}", last_version=min(v, version)) for i, v in enumerate(last_versions)
+    }
+    state = LogState(version=version, steps=0, producers=producers, layout=Layout(1, 1))
+    ranks = sorted(group.turn_rank(state, p, 8) for p in producers)
+    assert ranks == list(range(len(producers)))
 
 
 def test_turn_waits_grow_by_one_stagger_per_rank():

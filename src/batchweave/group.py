@@ -182,12 +182,18 @@ def build_group_commit(
 def turn_rank(state: LogState, producer_id: str, active_versions: int) -> int:
     """This producer's place in the rotation for the version after ``state.version``: 0
     commits first, rank ``r`` after ``r`` staggers. The rotation is the producers the log
-    recorded within the last ``active_versions`` versions (an idle one drops out, so its
-    turn is not waited for), plus this one; every producer computes the same from the
-    same version, so only one has rank 0."""
+    recorded within the last ``active_versions`` versions, rotated by the version; every
+    other producer (idle, or not folded lately) ranks after all of them, so an idle one's
+    turn is not waited for and, however few the active ones, only one producer has rank
+    0: every producer computes the same order from the same version. (Counting oneself
+    into the rotation instead gave every producer outside it a rotation of its own, and
+    at 128 producers a dozen rank 0s, each reading every intent.)"""
     horizon = state.version - active_versions
-    active = sorted({p for p, s in state.producers.items() if s.last_version > horizon} | {producer_id})
-    return (active.index(producer_id) - state.version) % len(active)
+    active = sorted(p for p, s in state.producers.items() if s.last_version > horizon)
+    if producer_id in active:
+        return (active.index(producer_id) - state.version) % len(active)
+    rest = sorted(({p for p in state.producers if p not in active}) | {producer_id})
+    return len(active) + (rest.index(producer_id) - state.version) % len(rest)
 
 
 class TurnDelay:
