@@ -27,6 +27,7 @@ __all__ = ["BENCHMARKS", "load", "main", "missing"]
 BENCHMARKS: dict[str, tuple[str, tuple[str, ...]]] = {
     "dac": ("dac", ()),
     "producers": ("producers", ("nats",)),
+    "producer-scale": ("producer_scale", ()),
     "commit-cost": ("commit_cost", ()),
     "exactly-once": ("exactly_once", ()),
     "lifecycle": ("lifecycle", ()),

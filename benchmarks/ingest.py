@@ -20,6 +20,7 @@ import functools
 import math
 import multiprocessing as mp
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -34,6 +35,7 @@ from typing import Any
 from batchweave import producer as producer_module
 from batchweave.journal import Journal
 from batchweave.latency import CLOUD_DEFAULTS, LatencyStore
+from batchweave.log import LogState
 from batchweave.policies import RecentCommitters
 from batchweave.producer import Producer
 from batchweave.store import Store, open_store
@@ -144,6 +146,7 @@ def run_ingest(spec: IngestSpec, store: Store, processes: int | None = None) -> 
     with store.paused() if isinstance(store, LatencyStore) else nullcontext():
         state = Journal(store).load_state()  # bookkeeping after the run: no modelled latency
         visible = _visibility(store, [h for r in reports for h in r["handed"]])
+        follow_cpu_s = _follow_cpu_s(store)
     record = {
         "system": "batchweave",
         **asdict(spec),
@@ -163,6 +166,13 @@ def run_ingest(spec: IngestSpec, store: Store, processes: int | None = None) -> 
         "window_attempts": window["attempts"],
         "conflicts": totals["conflicts"],
         "log_versions": state.version,
+        # CPU (user + system) of the producer processes during the window, per producer per
+        # second of window: appends, uploads, log following and commits together.
+        "cpu_per_producer_s_per_s": sum(r["window_cpu_s"] for r in reports) / spec.producers / spec.duration_s,
+        # What following this run's log costs one producer, per second of run: every
+        # version read, decoded, applied and proven by one journal after the run, alone
+        # on the machine (so the figure does not depend on how busy the run kept it).
+        "follow_cpu_s_per_s": follow_cpu_s / total_s,
         "log_steps": state.steps,
         **visibility_percentiles(visible),
         "error": errors[0] if errors else None,
@@ -229,11 +239,13 @@ def _worker(spec: IngestSpec, store: Store, share: list[int], start: Any, result
     ]
     start.wait(timeout=300)
     started = time.monotonic()
+    cpu_started = _cpu_s()
     if spec.leave_at_s is not None:
         threading.Timer(spec.leave_at_s, leave.set).start()
     for thread in threads:
         thread.start()
     series, window = _sample_until(producers, survivors, started, spec)
+    window_cpu_s = _cpu_s() - cpu_started  # the window only: the drain is a burst of flushes
     stop.set()
     leave.set()
     for thread in threads:
@@ -246,6 +258,7 @@ def _worker(spec: IngestSpec, store: Store, share: list[int], start: Any, result
         "errors": errors,
         "handed": handed,
         "finished_s": time.monotonic() - started,
+        "window_cpu_s": window_cpu_s,
         "survivors": [
             {"gap_s": p.metrics()["gap_s"], "producers_counted": p.policy.producers} for p in survivors if spec.stay
         ],
@@ -307,6 +320,13 @@ def _produce(
         errors.append(f"{producer.producer_id}: {type(exc).__name__}: {exc}")
 
 
+def _follow_cpu_s(store: Store) -> float:
+    """CPU seconds (this process, all threads) to follow the log from version 0 to its head."""
+    started = time.process_time()
+    Journal(store).catch_up(LogState())
+    return time.process_time() - started
+
+
 def _visibility(store: Store, handed: list[tuple[str, int, float]]) -> list[float]:
     """Seconds from each TGB's hand-over to the build of the version that made it visible
     (its ``committed_at``; the version's put follows within one PUT latency). Read from
@@ -345,6 +365,12 @@ def _merge_series(per_worker: list[list[dict]]) -> list[dict]:
     for points in zip(*per_worker, strict=False):
         merged.append({"t_s": points[0]["t_s"], **{k: sum(p[k] for p in points) for k in points[0] if k != "t_s"}})
     return merged
+
+
+def _cpu_s() -> float:
+    """CPU seconds (user + system) this process used so far, all its threads."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _rate(totals: dict[str, int]) -> float:

@@ -28,6 +28,7 @@ INGESTION = {
 REQUIRED = {
     "dac": INGESTION,
     "producers": INGESTION | {"visibility_p50_s", "visibility_p95_s"},
+    "producer-scale": INGESTION | {"set", "visibility_p95_s", "cpu_per_producer_s_per_s", "follow_cpu_s_per_s"},
     "commit-cost": {"history_tgbs", "fragile_window_p50_s", "fragile_window_p95_s"},
     "exactly-once": {
         "tgb_slices",

@@ -8,6 +8,7 @@ on real stores (memory and a local directory), with the races forced by
 from __future__ import annotations
 
 import random
+import threading
 import time
 import uuid
 
@@ -173,7 +174,22 @@ def test_idle_producers_leave_the_rotation():
     state = msgspec.structs.replace(state, version=20, producers=producers)
     ranks = {p: group.turn_rank(state, p, 8) for p in ("busy", "me")}
     assert sorted(ranks.values()) == [0, 1]  # two in the rotation: the idle one is not waited for
-    assert group.turn_rank(state, "newcomer", 8) in (0, 1, 2)  # one not in the log yet counts itself
+    assert group.turn_rank(state, "idle", 8) == 2  # after every active one
+    assert group.turn_rank(state, "newcomer", 8) in (2, 3)  # one not in the log yet, likewise
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=12), st.integers(0, 40))
+def test_every_version_has_exactly_one_rank_0_and_distinct_ranks(last_versions, version):
+    """Whoever the log recorded lately, all producers agree on one order: one rank 0 and
+    no two producers at the same rank (at 128 producers after their claims, producers
+    outside the recent ones each counted themselves in, and a dozen had rank 0)."""
+    producers = {
+        f"p{i:03d}": ProducerState(0, 1, f"i{i}", last_version=min(v, version)) for i, v in enumerate(last_versions)
+    }
+    state = LogState(version=version, steps=0, producers=producers, layout=Layout(1, 1))
+    ranks = sorted(group.turn_rank(state, p, 8) for p in producers)
+    assert ranks == list(range(len(producers)))
 
 
 def test_turn_waits_grow_by_one_stagger_per_rank():
@@ -182,12 +198,69 @@ def test_turn_waits_grow_by_one_stagger_per_rank():
     for rank, wait in enumerate(waits):
         assert 0.5 + 0.2 * rank <= wait <= (0.5 + 0.2 * rank) * 1.1
     auto = GroupCommit(interval_s=0.5)
-    auto.observe_commit(0.3)
-    auto.observe_commit(0.3)
-    assert auto.stagger() == pytest.approx(3 * 0.3)  # the first observation seeds the average
+    auto.observe_commit(0.3)  # the claim: a put takes 0.3 s, and turns come 0.6 s late until the log says
+    assert auto.stagger() == pytest.approx((0.6 + 4 * 0.3) + 0.3)
     auto.observe_commit(0.8)
-    assert auto.stagger() == pytest.approx(3 * (0.8 * 0.3 + 0.2 * 0.8))
-    assert GroupCommit().stagger() == pytest.approx(0.75)  # nothing timed yet
+    put = 0.8 * 0.3 + 0.2 * 0.8
+    assert auto.stagger() == pytest.approx((0.6 + 4 * 0.3) + put)
+    auto.observe_gap(0.5 + 0.2)  # the log: a version built 0.2 s after its due moment
+    dev, mean = 0.3 + 0.25 * (0.4 - 0.3), 0.6 + 0.125 * (0.2 - 0.6)
+    assert auto.delay is not None and (auto.delay.mean_s, auto.delay.dev_s) == pytest.approx((mean, dev))
+    assert auto.stagger() == pytest.approx(mean + 4 * dev + put)
+    assert GroupCommit().stagger() == pytest.approx(0.5 + 4 * 0.25 + 0.25)  # nothing timed yet
+
+
+def test_turn_delay_follows_the_log_and_backs_off_after_lost_races():
+    delay = group.TurnDelay(seed_s=1.0)
+    assert delay.estimate_s() == pytest.approx(1.0 + 4 * 0.5)  # wide until the log shows a turn
+    for _ in range(40):  # turns about 0.1 s late: the seed (its first sample) fades out
+        delay.observe_gap(0.4 + 0.1, interval_s=0.4)
+    assert delay.mean_s == pytest.approx(0.1, abs=0.01) and delay.dev_s < 0.01
+    mean, dev = delay.mean_s, delay.dev_s
+    delay.observe_gap(0.4 + 0.09, interval_s=0.4)  # Jacobson's update: deviation, then mean
+    dev = dev + 0.25 * (abs(0.09 - mean) - dev)
+    mean = mean + 0.125 * (0.09 - mean)
+    assert (delay.mean_s, delay.dev_s) == pytest.approx((mean, dev))
+    # A turn a stand-in took is late by a whole stagger: capped at the estimate, it moves
+    # the estimate by a step, never by its own size.
+    capped = mean + 4 * dev
+    delay.observe_gap(60.0, interval_s=0.4)
+    assert delay.mean_s == pytest.approx(mean + 0.125 * (capped - mean))
+    assert delay.dev_s == pytest.approx(dev + 0.25 * (capped - mean - dev))
+    delay.observe_gap(0.1, interval_s=0.4)  # built early (another host's clock): no delay, not a negative one
+    assert delay.mean_s > 0 and delay.dev_s > 0
+    for _ in range(10):
+        delay.lost()
+    assert delay.backoff == 8.0  # doubled per lost race, up to the cap
+    delay.won()
+    delay.won()
+    assert delay.backoff == 2.0
+    for _ in range(5):
+        delay.won()
+    assert delay.backoff == 1.0
+    policy = GroupCommit(interval_s=0.4)
+    policy.observe_commit(0.1)
+    before = policy.stagger()
+    policy.lost_race()
+    assert policy.stagger() == pytest.approx(2 * before)  # the whole stagger, put included
+    for _ in range(10):
+        policy.lost_race()
+        policy.observe_gap(900.0)  # another host's clock, far ahead
+    assert policy.stagger() == policy.max_stagger_s == 4.0  # 10 intervals: a dead producer's turn is not parked
+    assert GroupCommit(stagger_s=0.3).stagger() == 0.3  # a fixed stagger is never learned
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0, 100), max_size=60), st.lists(st.booleans(), max_size=20))
+def test_turn_delay_stays_finite_and_positive(gaps, races):
+    delay = group.TurnDelay(seed_s=0.2)
+    for gap in gaps:
+        before = delay.estimate_s()
+        delay.observe_gap(gap, interval_s=0.4)
+        assert 0 <= delay.mean_s <= delay.estimate_s() <= 1.875 * before + 1e-9  # one step at a time
+    for lost in races:
+        delay.lost() if lost else delay.won()
+        assert 1.0 <= delay.backoff <= delay.max_backoff
 
 
 @pytest.mark.parametrize(
@@ -258,6 +331,74 @@ def test_a_pool_in_group_mode_commits_every_tgb_once_in_shared_versions(tmp_path
         bw.end_stream(url)
         seen = [origin_of(batch.data) for batch in consumer]
     assert sorted(seen) == sorted((p, o) for _, p, o, _ in tgbs)
+
+
+def test_a_turn_taken_while_a_stand_in_gathers_the_intents_is_not_raced(tmp_path):
+    """A stand-in whose turn came gathers the intents to fold; meanwhile another producer
+    commits the version. The stand-in gives way: no conflict, no extra version on top (at
+    32 producers on a loaded store such stand-ins piled up and lost most races); what it
+    had not published waits for the next turn, and a flush commits it once."""
+    url = str(tmp_path / "ns")
+    owner = bw.Producer(url, "owner", dp=1, commit_policy=quiet())
+    stand_in = bw.Producer(url, "stand-in", dp=1, commit_policy=quiet())
+    stand_in.append(tgb("stand-in", 0, 1))
+    wait_for(lambda: intents_of(open_store(url), "stand-in"), "the stand-in's intent")
+    stand_in.append(tgb("stand-in", 1, 1))  # after its intent for this turn: not in it
+    gathering, go_on = threading.Event(), threading.Event()
+    gather = stand_in._intents_for_turn
+
+    def held(*args):
+        gathering.set()
+        assert go_on.wait(30)
+        return gather(*args)
+
+    stand_in._intents_for_turn = held  # only a turn gathers intents: the commit thread waits for 3600 s
+    turn = Background(stand_in._group_commit_once, False)  # its turn, not a flush
+    assert gathering.wait(30)
+    owner.append(tgb("owner", 0, 1))
+    owner.flush()  # takes the turn, folding stand-in@0 from its intent
+    version = Journal(open_store(url)).load_state().version
+    go_on.set()
+    assert turn.result() is True  # gave way: not a lost race
+    assert stand_in.metrics()["conflicts"] == 0 and stand_in.metrics()["attempts"] == 0
+    assert Journal(open_store(url)).load_state().version == version  # nothing raced on top
+    assert stand_in.resume_offset == 1  # the folded one is in, the other still pending
+    stand_in.close()
+    owner.close()
+    assert_exactly_once(url, {"owner": 1, "stand-in": 2})
+
+
+def test_only_the_turns_rank_0_lists_the_intents(tmp_path):
+    """A stand-in (rank 1) commits its own TGBs without listing the intents (at 32
+    producers every stand-in listing and reading them all was most of the store's load);
+    the next rank 0 folds what the stand-in left. Rank 0 reads them ahead of its turn,
+    and at its turn folds what it read without another request."""
+    url = str(tmp_path / "ns")
+    other = bw.Producer(url, "other", dp=1, commit_policy=quiet())
+    me = bw.Producer(url, "me", dp=1, commit_policy=quiet())
+    other.append(tgb("other", 0, 1))
+    wait_for(lambda: intents_of(open_store(url), "other"), "the other's intent")
+    me.append(tgb("me", 0, 1))
+    # Its commit thread has written its intent and waits for a turn an hour away: the
+    # turns below are taken here, one at a time.
+    wait_for(lambda: any(k.endswith("000000000000.json") for k in intents_of(open_store(url), "me")), "my intent")
+    version = Journal(open_store(url)).load_state().version
+    listings = []
+    others = me._intents.others
+    me._intents.others = lambda: listings.append(1) or others()
+    me._turn = (version, 1, 0.0)  # a stand-in's turn
+    assert me._group_commit_once(False) is True
+    assert listings == []  # no listing, no intent read
+    state = Journal(open_store(url)).load_state()
+    assert state.producers["me"].offset == 1 and state.producers["other"].offset == 0
+    me.append(tgb("me", 1, 1))
+    wait_for(lambda: any(k.endswith("000000000001.json") for k in intents_of(open_store(url), "me")), "my intent")
+    me._turn = (state.version, 0, 0.0)  # rank 0 of the next turn, not read ahead yet: it lists now
+    assert me._group_commit_once(False) is True and listings == [1]
+    assert Journal(open_store(url)).load_state().producers["other"].offset == 1  # folded
+    other.close()
+    me.close()
+    assert_exactly_once(url, {"other": 1, "me": 2})
 
 
 def test_committer_losing_to_the_owner_folds_only_what_is_left(url):

@@ -39,6 +39,7 @@ __all__ = [
     "INTENT_PREFIX",
     "GroupCommit",
     "Intent",
+    "TurnDelay",
     "build_group_commit",
     "decode_intent",
     "encode_intent",
@@ -51,6 +52,7 @@ __all__ = [
 INTENT_FORMAT = "batchweave.intent/1"
 INTENT_PREFIX = "_intents/"
 _MIN_STAGGER_S = 0.05
+_MAX_STAGGER_S = 2.0  # the least cap of a learned stagger; see GroupCommit.max_stagger_s
 _DEFAULT_COMMIT_S = 0.25  # before any commit was timed: a few cloud round trips
 
 
@@ -180,12 +182,65 @@ def build_group_commit(
 def turn_rank(state: LogState, producer_id: str, active_versions: int) -> int:
     """This producer's place in the rotation for the version after ``state.version``: 0
     commits first, rank ``r`` after ``r`` staggers. The rotation is the producers the log
-    recorded within the last ``active_versions`` versions (an idle one drops out, so its
-    turn is not waited for), plus this one; every producer computes the same from the
-    same version, so only one has rank 0."""
+    recorded within the last ``active_versions`` versions, rotated by the version; every
+    other producer (idle, or not folded lately) ranks after all of them, so an idle one's
+    turn is not waited for and, however few the active ones, only one producer has rank
+    0: every producer computes the same order from the same version. (Counting oneself
+    into the rotation instead gave every producer outside it a rotation of its own, and
+    at 128 producers a dozen rank 0s, each reading every intent.)"""
     horizon = state.version - active_versions
-    active = sorted({p for p, s in state.producers.items() if s.last_version > horizon} | {producer_id})
-    return (active.index(producer_id) - state.version) % len(active)
+    active = sorted(p for p, s in state.producers.items() if s.last_version > horizon)
+    if producer_id in active:
+        return (active.index(producer_id) - state.version) % len(active)
+    rest = sorted(({p for p in state.producers if p not in active}) | {producer_id})
+    return len(active) + (rest.index(producer_id) - state.version) % len(rest)
+
+
+class TurnDelay:
+    """How late the pool's turns are taken, learned from the log. Pure.
+
+    A stand-in (rank ``r > 0``) must not move before rank 0's version has landed, or
+    both put the same version and one loses a race that costs the store a conflict and
+    the pool a turn. How long rank 0 takes after its due moment is in the log: every
+    version carries its build time (``committed_at``), so the gap between two consecutive
+    versions, less the interval, is how late the committer built it (its listing and
+    reads of the intents). Every producer sees every gap, so every producer learns the
+    same delay from a sample per version, whoever committed. The estimate is a mean and
+    a mean deviation (Jacobson's round-trip estimator, as TCP times retransmissions):
+    ``mean + 4 * deviation`` covers the slow turns of a loaded store, not just the
+    typical one. The seed counts as the first sample. A sample is capped at the current
+    estimate, so a turn that a stand-in took (late by a whole stagger) moves the estimate
+    by one step (at most 1.875 times itself), never by its own size.
+
+    A lost race doubles a backoff factor (up to ``max_backoff``) and a won one halves it
+    back towards 1: a producer that stood in too early waits longer next time.
+    """
+
+    def __init__(self, seed_s: float, gain: float = 0.125, dev_gain: float = 0.25, max_backoff: float = 8.0) -> None:
+        self.mean_s = seed_s
+        self.dev_s = seed_s / 2  # as TCP seeds its variance: wide until samples come in
+        self.gain = gain
+        self.dev_gain = dev_gain
+        self.max_backoff = max_backoff
+        self.backoff = 1.0
+        self.samples = 0
+
+    def estimate_s(self) -> float:
+        """A delay that rank 0's turns exceed rarely, before the backoff."""
+        return self.mean_s + 4 * self.dev_s
+
+    def observe_gap(self, gap_s: float, interval_s: float) -> None:
+        """Fold one gap between consecutive versions' build times (seconds)."""
+        delay = min(max(0.0, gap_s - interval_s), self.estimate_s())
+        self.dev_s += self.dev_gain * (abs(delay - self.mean_s) - self.dev_s)
+        self.mean_s += self.gain * (delay - self.mean_s)
+        self.samples += 1
+
+    def lost(self) -> None:
+        self.backoff = min(self.max_backoff, self.backoff * 2)
+
+    def won(self) -> None:
+        self.backoff = max(1.0, self.backoff / 2)
 
 
 class GroupCommit:
@@ -195,15 +250,19 @@ class GroupCommit:
         interval_s: target time between two versions; visibility latency is about this
             plus one commit, whatever the pool size.
         stagger_s: extra wait per rank before a producer takes a turn that is not its
-            own; None: three times the smoothed duration of a whole commit (intents
-            listed and read, version put), so the next in line waits until the first
-            must be done, even on a busy machine.
+            own; None: learned. It is how late turns are taken, read from the log's
+            build times (``TurnDelay``: mean plus four deviations, doubled after each
+            lost race and halved after each win), plus this producer's smoothed time
+            to put a version, so the next in line waits until the one before must
+            have landed, even on a loaded store; at most ``max(2, 10 * interval_s)``.
         active_versions: a producer is in the rotation while the log recorded it within
             this many versions.
         intent_lead_s: how long before the next turn a producer writes its TGBs so far
-            as one intent; None: a fifth of ``interval_s``. One intent per producer per
+            as one intent; None: half of ``interval_s``, so that the intents have landed
+            when the next committer reads them (an eighth of an interval later) and it
+            has read them by its turn. One intent per producer per
             version, not one per append: each is a put now and a delete later.
-        alpha: EMA coefficient of the commit duration.
+        alpha: EMA coefficient of the time to put a version.
     """
 
     name = "group"
@@ -227,25 +286,56 @@ class GroupCommit:
         self.interval_s = interval_s
         self.stagger_s = stagger_s
         self.active_versions = active_versions
-        self.intent_lead_s = interval_s / 5 if intent_lead_s is None else min(intent_lead_s, interval_s)
+        self.intent_lead_s = interval_s / 2 if intent_lead_s is None else min(intent_lead_s, interval_s)
         self.alpha = alpha
         self.rng = rng or random.Random()
         self.commit_ema_s: float | None = None  # seeded by the first observation
+        self.delay: TurnDelay | None = None  # seeded with the first commit's duration
+        # A learned stagger never exceeds this: a store so slow that turns come later
+        # still gets commits (at the price of races), and a wrong sample cannot park a
+        # dead producer's turn for minutes.
+        self.max_stagger_s = max(_MAX_STAGGER_S, 10 * interval_s)
         self.gap_s = interval_s  # read by Producer.metrics()
 
     def observe_commit(self, duration_s: float) -> None:
-        """Fold the duration of one whole commit (list, reads, put) into the EMA. The
-        producer seeds it with its claim, so a producer that never had a turn yet still
-        waits about as long as a commit takes before it stands in for another."""
+        """Fold the time one commit of ours took to put its version (probe and put) into
+        the EMA. The producer seeds it with its claim, and the claim also seeds how late
+        turns are taken until the log has shown some."""
         if self.commit_ema_s is None:
             self.commit_ema_s = duration_s
         else:
             self.commit_ema_s = (1 - self.alpha) * self.commit_ema_s + self.alpha * duration_s
+        if self.delay is None:
+            # Until the log shows how late turns come: a commit is the intents' listing
+            # and reads, about another probe and put, before its own; and a claim on an
+            # idle store is quicker than turns will be, so never below a few round trips.
+            self.delay = TurnDelay(self._seed_s(duration_s))
+
+    def observe_gap(self, gap_s: float) -> None:
+        """Two consecutive versions were built ``gap_s`` seconds apart (their ``committed_at``)."""
+        self._delay().observe_gap(gap_s, self.interval_s)
+
+    def lost_race(self) -> None:
+        self._delay().lost()
+
+    def won_race(self) -> None:
+        self._delay().won()
+
+    def _delay(self) -> TurnDelay:
+        if self.delay is None:
+            self.delay = TurnDelay(self._seed_s(self.commit_ema_s or _DEFAULT_COMMIT_S))
+        return self.delay
+
+    def _seed_s(self, commit_s: float) -> float:
+        return max(2 * commit_s, min(self.interval_s, _DEFAULT_COMMIT_S))
 
     def stagger(self) -> float:
         if self.stagger_s is not None:
             return self.stagger_s
-        return max(_MIN_STAGGER_S, 3 * (self.commit_ema_s or _DEFAULT_COMMIT_S))
+        delay = self._delay()
+        put_s = self.commit_ema_s or _DEFAULT_COMMIT_S
+        learned = delay.backoff * (delay.estimate_s() + put_s)
+        return min(self.max_stagger_s, max(_MIN_STAGGER_S, learned))
 
     def publish_after_version_s(self) -> float:
         """Seconds after a new version is seen until intents are written for the next."""

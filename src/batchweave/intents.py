@@ -8,6 +8,8 @@ and deletes intents that the log has made useless.
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from batchweave.errors import CorruptDataError, ObjectExistsError, ObjectNotFoundError, StoreError
@@ -27,6 +29,17 @@ __all__ = ["IntentBoard"]
 
 _logger = logging.getLogger(__name__)
 _READERS = 32  # intents read at once: a few round trips for a whole pool's intents
+_shared: ThreadPoolExecutor | None = None  # one per process: see IntentBoard._reader
+_shared_lock = threading.Lock()
+
+
+def _forget_readers() -> None:
+    """In a forked child: the parent's reader threads do not exist here."""
+    global _shared, _shared_lock
+    _shared, _shared_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_readers)
 
 
 class IntentBoard:
@@ -37,7 +50,6 @@ class IntentBoard:
         self.producer_id = producer_id
         self.requests = 0
         self._cache: dict[str, Intent | None] = {}  # key -> intent (None: damaged or gone)
-        self._pool: ThreadPoolExecutor | None = None
 
     def publish(self, epoch: int, tgbs: list[TGBDescriptor]) -> int:
         """Write ``tgbs`` (consecutive, this producer's) as one intent; returns one past
@@ -63,6 +75,12 @@ class IntentBoard:
                 self._cache[key] = intent
         keep = set(wanted)
         self._cache = {k: v for k, v in self._cache.items() if k in keep}
+        return [intent for intent in self._cache.values() if intent is not None]
+
+    def cached(self) -> list[Intent]:
+        """The other producers' intents as last listed, without a request. Some may be
+        folded or deleted since: folding leaves out whatever no longer continues its
+        producer's offset, so a stale one costs nothing."""
         return [intent for intent in self._cache.values() if intent is not None]
 
     def _read(self, key: str) -> Intent | None:
@@ -116,10 +134,15 @@ class IntentBoard:
         return deleted
 
     def _reader(self) -> ThreadPoolExecutor:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(_READERS, thread_name_prefix=f"batchweave-intents-{self.producer_id}")
-        return self._pool
+        """The process's intent readers, shared by its producers: only the turn's rank 0
+        reads intents, so one process rarely has two readers busy, and a pool each
+        (measured: 64 producers to a process, 32 threads each) left thousands of
+        threads contending for one interpreter lock."""
+        global _shared
+        with _shared_lock:
+            if _shared is None:
+                _shared = ThreadPoolExecutor(_READERS, thread_name_prefix="batchweave-intents")
+            return _shared
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+        """Nothing to release: the readers are the process's (idle threads, reused)."""

@@ -31,7 +31,7 @@ from batchweave.errors import (
     StreamEndedError,
     TransientStoreError,
 )
-from batchweave.group import GroupCommit, build_group_commit, intent_key, turn_rank
+from batchweave.group import GroupCommit, Intent, build_group_commit, intent_key, turn_rank
 from batchweave.intents import IntentBoard
 from batchweave.journal import DEFAULT_SNAPSHOT_EVERY, Journal
 from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES, encode_tgb
@@ -131,10 +131,9 @@ class Producer:
         self._state, self._me, claim_window_s = self._claim_epoch(uuid.uuid4().hex)
         claim_window_s = self._without_stall(claim_window_s, stalled_before_s)
         if self._group is not None:
-            # A group commit is about twice a claim's successful attempt (a probe and a
-            # put, then the intents' listing and reads); the whole claim would also count
-            # the lost races of a pool that starts together.
-            self._group.observe_commit(2 * claim_window_s)
+            # The claim's successful attempt was a probe and a put, as a commit's is; it
+            # seeds how long a put takes, and how late turns come until the log shows it.
+            self._group.observe_commit(claim_window_s)
         # The claim was a commit through the log: it primes the policy with a first
         # fragile-window sample and the producer count, so a pool that starts together
         # spreads its first commits instead of colliding on them.
@@ -149,9 +148,12 @@ class Producer:
             self._state.version,
             time.monotonic(),
         )  # group commit: newest version, when it was committed
+        self._seen_committed_at: float | None = None  # group commit: the newest version's build time
+        self._noticed_at = time.monotonic()  # group commit: when we first saw the newest version
         self._turn = (-1, 0, 0.0)  # group commit: (version, our rank after it, when our turn comes)
         self._flush_since: float | None = None  # group commit: when the current flush began
         self._published_for = -1  # group commit: the version after which we last wrote an intent
+        self._follow_after = 0.0  # group commit: when the loop reads the log again
         self._prefetched_for = -1  # group commit: the version after which we last read intents ahead
         if self._group is not None:
             self._intents.sweep_older_epochs(self._me.epoch)  # a crashed incarnation's, never foldable
@@ -390,7 +392,13 @@ class Producer:
         """One pass: publish, look at the log, then commit if the turn has come, else wait."""
         assert self._group is not None
         self._publish_intents(forced)
-        self._follow_log()
+        now = time.monotonic()
+        if forced or now >= self._follow_after:
+            # Not on every wake-up: appends wake this loop, and a producer appending
+            # hundreds of TGBs a second would read the log as often. A quarter interval
+            # keeps the turn clock; a commit reads on to the newest version anyway.
+            self._follow_log()
+            self._follow_after = now + self._group.interval_s / 4
         due = self._turn_due(forced)
         if time.monotonic() < due:
             self._prefetch_intents()
@@ -404,7 +412,7 @@ class Producer:
                 if self._pending and forced == (self._flush_waiters > 0 or self._closed):
                     self._cond.wait(max(0.0, wake - time.monotonic()))
             return
-        if self._group_commit_once() or not forced:
+        if self._group_commit_once(forced) or not forced:
             self._conflict_streak = 0
             return
         # A flush that lost the race backs off with full jitter before it tries again:
@@ -413,17 +421,19 @@ class Producer:
         time.sleep(random.uniform(0, min(2.0, self._group.stagger() * 2**self._conflict_streak)))
 
     def _prefetch_from(self) -> float:
-        """When the next committer (rank 0) reads the intents already written, so that at
-        its turn only the listing and the few written since are on its critical path."""
+        """When the next committer (rank 0) reads the intents written for its turn (a
+        quarter lead after they were due, time for their puts): at the turn it folds these, with no request on its
+        critical path but the version's probe and put."""
         assert self._group is not None
         if self._turn[1] != 0 or self._prefetched_for == self._version_seen[0]:
             return math.inf
-        return self._publish_from() + self._group.intent_lead_s / 2
+        return self._publish_from() + self._group.intent_lead_s / 4
 
     def _prefetch_intents(self) -> None:
         if time.monotonic() >= self._prefetch_from():
-            self._prefetched_for = self._version_seen[0]
+            version = self._version_seen[0]
             self._intents.others()
+            self._prefetched_for = version
 
     def _publish_from(self) -> float:
         assert self._group is not None
@@ -457,6 +467,7 @@ class Producer:
         the turn clock and delete our intents the log now holds (none in other modes)."""
         with self._cond:
             if state.version > self._version_seen[0]:
+                self._observe_gap(state.version, committed_at, turn=state.steps > self._state.steps)
                 self._version_seen = (state.version, self._committed_when(committed_at))
             before = len(self._pending)
             self._state = state
@@ -467,6 +478,19 @@ class Producer:
             self._cond.notify_all()
         if self._published:
             self._published = self._intents.collect(state, self._published)
+
+    def _observe_gap(self, version: int, committed_at: float | None, turn: bool) -> None:
+        """Group commit learns how late turns are taken from consecutive versions' build
+        times (``GroupCommit.observe_gap``): every producer, from every version it sees
+        that carries TGBs (a claim is not a turn). Two versions may come from hosts whose
+        clocks disagree: the gap is never taken as longer than we saw pass between them
+        on our own clock."""
+        previous, self._seen_committed_at = self._seen_committed_at, committed_at
+        noticed, self._noticed_at = self._noticed_at, time.monotonic()
+        if self._group is None or committed_at is None or previous is None or not turn:
+            return
+        if version == self._version_seen[0] + 1:  # versions read together: only the newest's time is known
+            self._group.observe_gap(min(committed_at - previous, self._noticed_at - noticed))
 
     def _committed_when(self, committed_at: float | None) -> float:
         """The newest version's commit time on our monotonic clock. Turns count from it,
@@ -500,13 +524,14 @@ class Producer:
             self._flush_since = time.monotonic()
         return min(due, max(seen, self._flush_since) + rank * self._group.stagger() / 2)
 
-    def _group_commit_once(self) -> bool:
+    def _group_commit_once(self, forced: bool = True) -> bool:
         """One attempt: read the others' intents, then fold them with our own pending TGBs.
-        False when another writer took the version."""
+        False when another writer took the version. Unless ``forced`` (a flush), the
+        attempt gives way to a version that landed since the turn began."""
         assert self._group is not None
-        started = time.monotonic()
         stalled_before_s = self._store.stalled_s
-        intents = self._intents.others()
+        turn_version, rank, _ = self._turn
+        intents = self._intents_for_turn(forced, turn_version, rank)
         with self._cond:
             batch = list(self._pending)
 
@@ -514,6 +539,11 @@ class Producer:
             remaining = log.pending_after_rebase(state, self.producer_id, self._me, batch)
             if state.end_of_stream:
                 return None  # pending_after_rebase raised if any of ours were left
+            if not forced and state.version > turn_version:
+                # Somebody took this turn while we listed the intents: it folded ours if
+                # they were published; the rest waits for the next turn. Racing on for the
+                # next version would only cost the pool a conflict or an extra version.
+                return None
             self._metrics["attempts"] += 1
             published = self._published_metrics(len(remaining)) if self.publish_metrics else None
             return build_group_commit(state, self.producer_id, self._me, remaining, intents, time.time(), published)
@@ -523,10 +553,26 @@ class Producer:
         self._metrics["conflicts"] += result.conflicts
         if result.outcome != "nothing":
             self._metrics["last_fragile_window_s"] = result.fragile_window_s
-            self._group.observe_commit(self._without_stall(time.monotonic() - started, stalled_before_s))
+            self._group.observe_commit(self._without_stall(result.fragile_window_s, stalled_before_s))
+            if result.outcome == "committed":
+                self._group.won_race()
+            else:
+                self._group.lost_race()
         committed_at = result.delta.committed_at if result.delta is not None else self._journal.newest_committed_at
         self._adopt(result.state, committed_at)
         return result.outcome != "conflict"
+
+    def _intents_for_turn(self, forced: bool, turn_version: int, rank: int) -> list[Intent]:
+        """The intents a commit folds. Listing and reading them is most of a commit's time
+        on a loaded store, so only the one whose turn it is pays for it, once: rank 0 read
+        them ahead (``_prefetch_intents``) and folds what it read then (an intent written
+        since waits one turn); a stand-in folds only what it read at an earlier turn and
+        commits its own TGBs, so a missing rank 0 costs one stagger, not a pile of
+        listings (the next version's rank 0 folds the rest). A flush lists: its producer
+        is leaving, and the first to flush folds the others'."""
+        if forced or (rank == 0 and self._prefetched_for != turn_version):
+            return self._intents.others()
+        return self._intents.cached()
 
     def _note_store_failure(self, exc: StoreError) -> bool:
         """Count a failed commit attempt; False once the producer has failed for good.
