@@ -216,3 +216,22 @@ def test_resumed_reader_reading_a_re_created_version_raises_data_reclaimed():
     writer re-creates it; the reader raises CorruptDataError ("the log was forked") instead
     of DataReclaimedError."""
     _replay_pinned("stale-read-reader")
+
+
+def test_a_run_uses_its_own_intent_readers_whatever_the_process_made_before():
+    """The process's shared intent-reader pool, made by an earlier group producer of this
+    process, is not the simulation's: a run reads intents inline, as a fresh process does,
+    and leaves the process's pool as it found it."""
+    import hashlib
+
+    import batchweave.intents
+
+    real = batchweave.intents.IntentBoard._reader(None)  # what a group producer here made
+    code = (
+        "from batchweave.testing.simulation import Choices, SHAPES, simulate; import hashlib; "
+        "print(hashlib.sha256(repr(simulate(Choices(seed=5), SHAPES['group']).trace).encode()).hexdigest())"
+    )
+    fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    here = simulate(Choices(seed=5), SHAPES["group"])
+    assert batchweave.intents._shared is real
+    assert hashlib.sha256(repr(here.trace).encode()).hexdigest() == fresh

@@ -157,6 +157,9 @@ def deterministic(scheduler: Scheduler, noise: random.Random) -> Iterator[None]:
         (batchweave.store, "random", fake_random),
         (batchweave.store, "uuid", _fake_uuid(noise)),
         (batchweave.intents, "ThreadPoolExecutor", InlineExecutor),
+        # The process's intent readers: a run makes its own (inline) rather than use the
+        # real threads an earlier group producer of this process made, and leaves those.
+        (batchweave.intents, "_shared", None),
     ]
     saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
     quiet = logging.getLogger("batchweave")
