@@ -616,7 +616,7 @@ class _Pipeline:
         finally:
             source.close()
 
-    def _shared_log(self) -> Iterator[FollowItem]:
+    def _shared_log(self) -> Generator[FollowItem, None, None]:
         """The node's follower (``batchweave.node``), or this rank's own from where it
         stood if no hub can be reached."""
         assert self._node is not None
@@ -636,7 +636,7 @@ class _Pipeline:
             _logger.info("%s rank %d: %s; following the log on its own", self._url, self._rank, exc)
             yield from self._own_log(exc.next_version)
 
-    def _own_log(self, first: int) -> Iterator[FollowItem]:
+    def _own_log(self, first: int) -> Generator[FollowItem, None, None]:
         """This rank's own follower: reads ahead, proves every batch (I10), paces probes."""
         depth = DEFAULT_LOG_READ_AHEAD if self._store.remote else 1  # local reads are too quick to overlap
         reader = LogReadAhead(self._journal, first, depth, stop=self._stop)

@@ -45,7 +45,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -175,7 +175,7 @@ def _send(
     sock: socket.socket,
     header: dict[str, Any],
     payload: bytes | memoryview = b"",
-    fds: list[int] | tuple[int, ...] = (),
+    fds: Sequence[int] = (),
 ) -> None:
     head = json.dumps(header, separators=(",", ":")).encode()
     first = _PREFIX.pack(len(head), len(payload)) + head
@@ -474,8 +474,9 @@ def _reply(
     ident: int,
     reply: dict[str, Any],
     payload: bytes = b"",
-    fds: list[int] = (),
+    fds: Sequence[int] = (),
 ) -> None:
+    """Send one reply on a rank's connection (one at a time)."""
     reply["id"] = ident
     try:
         with lock:
