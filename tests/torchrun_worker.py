@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     record.update(held=False, done=False)
     save(path, record)
     first_incarnation = len(record["incarnations"]) == 1
+    node_barrier(out, "start", me)  # as a job's ranks meet in init_process_group
     with consumer:
         for batch in consumer:
             record["steps"].append([batch.step, slice_checksum(batch.data), batch.version])
@@ -105,6 +106,21 @@ def main(argv: list[str] | None = None) -> None:
                 wait_for_go(out / "go")
         record.update(done=True, held=False, metrics=consumer.metrics().to_dict())
         save(path, record)
+        node_barrier(out, "end", me)  # and end together: a node's hub serves until its ranks are done
+
+
+def node_barrier(out: Path, name: str, me: dict[str, Any]) -> None:
+    """Wait until every rank of this node (this incarnation of it: the same agent) got
+    here. A real job's ranks meet in collectives; these have no process group."""
+    first = me["rank"] - me["local_rank"]
+    mark = out / f"barrier-{name}-{me['agent_pid']}"
+    mark.mkdir(exist_ok=True)
+    (mark / str(me["rank"])).touch()
+    deadline = time.monotonic() + HOLD_LIMIT_S
+    while not all((mark / str(rank)).exists() for rank in range(first, first + me["local_world_size"])):
+        if time.monotonic() > deadline:
+            sys.exit(f"the node's ranks did not all reach {name} within {HOLD_LIMIT_S} s")
+        time.sleep(0.02)
 
 
 def wait_for_go(go: Path) -> None:
