@@ -43,7 +43,9 @@ def main() -> int:
         seen.append([batch.step, int(batch.data["x"][0])])
         if batch.step == args.pause_at:
             ready = {"pid": os.getpid(), "hosting": bool(node._hubs)}
-            args.out.with_suffix(".ready").write_text(json.dumps(ready))
+            partial = args.out.with_suffix(".partial")
+            partial.write_text(json.dumps(ready))
+            os.replace(partial, args.out.with_suffix(".ready"))  # whole or not at all: the test reads it at once
             while not args.go.exists():  # the test's signal to go on
                 time.sleep(0.01)
     consumer.close()
