@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import threading
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -327,3 +328,70 @@ def test_resharded_reads_and_resumed_cursors_are_the_same_with_sharing():
     shared = read(True)
     assert shared == read(False)
     assert all([s for s, _ in steps] == list(range(24)) for steps in shared.values())  # a TGB = 2 steps here
+
+
+class _HubThatGoesAway:
+    """A node follower (as the simulation injects one) that hands out proven versions
+    until ``gone``, then is unreachable: the rank carries on with its own follower."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+        self.gone = False
+
+    def log(self, first, anchor, present_through, next_step, url, stop):
+        from batchweave.follower import ProvenLog
+        from batchweave.journal import Journal
+        from batchweave.polling import HeadPolling
+        from batchweave.readahead import LogReadAhead
+
+        journal = Journal(self.store, read_only=True)
+        if anchor is not None:
+            journal.anchor_on(*anchor)
+        reader = LogReadAhead(journal, first, 1)
+        version = first
+        for item in ProvenLog(journal, reader, HeadPolling(1, max_poll_s=0.05), next_step, url, present_through):
+            if self.gone:
+                raise node.NodeUnavailableError("test hub", version)
+            if isinstance(item, list):
+                version = item[-1].delta.version + 1
+            yield item
+
+    def read(self, key, start, length):
+        return self.store.get_range(key, start, length)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_rank_left_by_its_hub_proves_from_what_the_hub_gave_it_not_from_its_old_cursor():
+    """A rank resumed from an old cursor reads on through its hub; collection meanwhile
+    deletes the cursor's version. When the hub goes, the rank's own follower must anchor on
+    the newest version the hub proved for it: anchored on the deleted cursor version it
+    took itself for overtaken (DataReclaimedError) although every step it needs is there."""
+    from batchweave.log import version_key
+    from batchweave.store import open_store
+
+    url = f"memory://node-{uuid.uuid4().hex}"
+    store = open_store(url)
+    with bw.Producer(store, "p", dp=1, commit_policy=Manual(), snapshot_every=2) as producer:
+        for step in range(6):
+            producer.append([{"x": np.full(4, step)}], source_offset=step)
+            producer.flush()
+        with bw.Consumer(store, dp=1, rank=0) as early:
+            next(early), next(early)
+            early.mark_checkpoint("early")
+            cursor = early.state_dict()
+        rank = bw.Consumer(store, dp=1, rank=0, timeout_s=10, max_poll_interval_s=0.05)
+        rank.load_state_dict(cursor)
+        hub = rank._node_override = _HubThatGoesAway(store)
+        assert [next(rank).step for _ in range(4)] == [2, 3, 4, 5]
+        rank.mark_checkpoint("later")
+        bw.release_checkpoint(store, "early")
+        for step in range(6, 12):
+            producer.append([{"x": np.full(4, step)}], source_offset=step)
+            producer.flush()
+        bw.collect_garbage(store, grace_s=0)
+        assert store.size(version_key(cursor["version"])) is None, "collection did not delete the cursor's version"
+        hub.gone = True
+        assert [(b.step, int(b.data["x"][0])) for b in (next(rank) for _ in range(6))] == [(s, s) for s in range(6, 12)]
+        rank.close()

@@ -618,22 +618,22 @@ class _Pipeline:
 
     def _shared_log(self) -> Generator[FollowItem, None, None]:
         """The node's follower (``batchweave.node``), or this rank's own from where it
-        stood if no hub can be reached."""
+        stood if no hub can be reached or it fell far behind the node's other ranks."""
         assert self._node is not None
         anchor = (self._cursor.version, self._cursor.digest) if self._cursor.digest else None
+        last: ReadVersion | None = None  # the newest version the hub proved for this rank
         try:
-            yield from self._node.log(
-                max(self._cursor.version, 1),
-                anchor,
-                self._cursor.version,
-                self._reclaimed_from,
-                self._url,
-                self._stop,
-            )
-        except NodeUnavailableError as exc:  # logged by the client
-            yield from self._own_log(exc.next_version)
-        except NodeBehind as exc:  # far behind the node's other ranks: on its own (reads still shared)
-            _logger.info("%s rank %d: %s; following the log on its own", self._url, self._rank, exc)
+            for item in self._node.log(
+                max(self._cursor.version, 1), anchor, self._cursor.version, self._reclaimed_from, self._url, self._stop
+            ):
+                if isinstance(item, list):
+                    last = item[-1]
+                yield item
+        except (NodeUnavailableError, NodeBehind) as exc:  # an unreachable hub is logged by the client
+            if isinstance(exc, NodeBehind):
+                _logger.info("%s rank %d: %s; following the log on its own", self._url, self._rank, exc)
+            if last is not None:  # proven by the hub: this rank's own proofs go on from there (I10)
+                self._journal.anchor_on(last.delta.version, log.digest(last.data))
             yield from self._own_log(exc.next_version)
 
     def _own_log(self, first: int) -> Generator[FollowItem, None, None]:
