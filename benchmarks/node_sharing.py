@@ -32,10 +32,10 @@ from typing import Any
 import numpy as np
 
 from batchweave.consumer import Consumer
-from batchweave.latency import CLOUD_DEFAULTS, LatencyStore
 from batchweave.policies import Manual
 from batchweave.producer import Producer, end_stream
 from benchmarks.report import BenchOptions, BenchResult, machine
+from benchmarks.scale_count import DATA, LOG_CLASSES, CountingStore, Tally, by_class
 
 NAME = "node-sharing"
 RANKS_PER_NODE = 8
@@ -55,31 +55,6 @@ COLUMNS = (
     "reads_ratio",
     "log_ratio",
 )
-
-
-class _CountingStore(LatencyStore):
-    """The latency model, counting requests by kind and bytes read."""
-
-    def __init__(self, url: str) -> None:
-        super().__init__(url, model=CLOUD_DEFAULTS)
-        self.counts: Counter[str] = Counter()
-        self._lock = threading.Lock()
-
-    def get_range(self, key: str, start: int, length: int) -> memoryview:
-        data = super().get_range(key, start, length)
-        with self._lock:
-            self.counts["range"] += 1
-            self.counts["bytes"] += len(data)
-        return data
-
-    def get(self, key: str) -> memoryview:
-        with self._lock:
-            self.counts["log" if key.startswith("_log/") else "other"] += 1
-        return super().get(key)
-
-    def reset(self) -> None:
-        with self._lock:
-            self.counts.clear()
 
 
 def run(options: BenchOptions, progress: Any) -> BenchResult:
@@ -112,15 +87,15 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
 
 
 def _pair(dp: int, tp: int, slice_bytes: int, steps: int, rounds: int) -> list[dict[str, Any]]:
-    store = _CountingStore(f"memory://bench/{uuid.uuid4().hex[:8]}")
+    store = CountingStore(f"memory://bench/{uuid.uuid4().hex[:8]}", Tally(), "node")
     _fill(store, dp, slice_bytes, steps)
     measured: dict[bool, list[tuple[float, Counter[str]]]] = {False: [], True: []}
     stalls: dict[bool, list[float]] = {False: [], True: []}
     for _ in range(rounds):
         for sharing in (False, True):
-            store.reset()
+            store.tally = Tally()  # the node's reads only
             seconds, _ = _read_node(store, dp, tp, sharing, 0.0)
-            measured[sharing].append((seconds, Counter(store.counts)))
+            measured[sharing].append((seconds, by_class(store.tally.requests)))
             stalls[sharing].append(_read_node(store, dp, tp, sharing, STEP_S)[1])
     rows = {sharing: _row(dp, tp, slice_bytes, steps, sharing, runs) for sharing, runs in measured.items()}
     for sharing, row in rows.items():
@@ -136,20 +111,20 @@ def _pair(dp: int, tp: int, slice_bytes: int, steps: int, rounds: int) -> list[d
 
 def _row(dp: int, tp: int, slice_bytes: int, steps: int, sharing: bool, runs: list) -> dict[str, Any]:
     seconds = statistics.median(s for s, _ in runs)
-    counts = runs[-1][1]
+    counts = runs[-1][1]  # requests by key class
     return {
         "mesh": f"dp {dp} x tp {tp}",
         "slice_kb": slice_bytes >> 10,
         "sharing": "on" if sharing else "off",
         "steps": steps,
-        "range_reads_per_step": counts["range"] / steps,
-        "log_gets_per_step": counts["log"] / steps,
-        "store_mb": counts["bytes"] / 1e6,
+        "range_reads_per_step": counts[DATA] / steps,  # every data request is one slice's range read
+        "log_gets_per_step": sum(counts[c] for c in LOG_CLASSES) / steps,
+        "store_mb": counts[DATA] * slice_bytes / 1e6,
         "seconds": seconds,
     }
 
 
-def _fill(store: _CountingStore, dp: int, slice_bytes: int, steps: int) -> None:
+def _fill(store: CountingStore, dp: int, slice_bytes: int, steps: int) -> None:
     """``steps`` TGBs of ``dp`` slices, committed in versions of 8 TGBs."""
     elements = slice_bytes // 4
     with Producer(store, "bench", dp=dp, commit_policy=Manual()) as producer:
@@ -161,7 +136,7 @@ def _fill(store: _CountingStore, dp: int, slice_bytes: int, steps: int) -> None:
     end_stream(store)
 
 
-def _read_node(store: _CountingStore, dp: int, tp: int, sharing: bool, step_s: float) -> tuple[float, float]:
+def _read_node(store: CountingStore, dp: int, tp: int, sharing: bool, step_s: float) -> tuple[float, float]:
     """Seconds for the node's ranks (threads) to read every step, each checking its data
     and spending ``step_s`` per step; and the most any rank's ``next()`` waited after
     its first step."""
