@@ -39,6 +39,8 @@ $(VENV)/.installed-dev: pyproject.toml | $(PY)
 # bench consumers' baseline without its declared dependencies (torchvision, transformers,
 # cloud SDKs: 2.5 min of CI, and a numpy downgrade); the few it imports are in the dev extra.
 	$(PY) -m pip install -q --no-deps mosaicml-streaming==0.13.0
+# bench consumers' LitData peer, the same way: its declared torchvision pulls a CUDA torch.
+	$(PY) -m pip install -q --no-deps litdata==0.2.76
 	touch $@ $(VENV)/.installed
 
 $(NODE): package.json $(wildcard package-lock.json)
