@@ -21,8 +21,10 @@ from worker import Eager, tgb  # noqa: E402
 import batchweave as bw  # noqa: E402
 from batchweave.errors import ConfigError, LayoutError  # noqa: E402
 from batchweave.grain import TGBIterDataset, to_jax  # noqa: E402
+from batchweave.store import open_store  # noqa: E402
 from batchweave.tf import TGBReader  # noqa: E402
 from batchweave.torch import TGBDataset  # noqa: E402
+from batchweave.watermarks import read_watermarks  # noqa: E402
 
 STEPS = 8
 MESH = {"dp": 2, "tp": 2}  # 4 ranks; TP ranks of one data-parallel index read the same slice
@@ -55,6 +57,11 @@ def namespace(tmp_path_factory):
             expected[rank] = [digest(batch.data) for batch in consumer]
     assert len({tuple(v) for v in expected.values()}) == MESH["dp"]  # two distinct slices, TP ranks agree
     return url, expected
+
+
+def watermark_position(url, checkpoint_id):
+    (checkpoint,) = [c for c in read_watermarks(open_store(url)) if c.checkpoint == checkpoint_id]
+    return checkpoint.position
 
 
 def torch_run(url, rank, state=None):
@@ -164,6 +171,8 @@ def test_tf_cursor_is_what_the_loop_consumed_not_what_tf_data_pulled(namespace, 
         time.sleep(0.01)
     assert len(pulled) == STEPS
     assert reader.state_dict()["step"] == 2 and reader.last_step == 1
+    reader.mark_checkpoint("tf-consumed-2")  # the watermark is the consumed cursor too
+    assert watermark_position(url, "tf-consumed-2") == 2
     path = tf.train.Checkpoint(data=reader).save(str(tmp_path / "ckpt"))
 
     resumed = TGBReader(url, **MESH, rank=1)
@@ -208,6 +217,8 @@ def test_grain_iterator_refuses_bad_states_and_splits(namespace, tmp_path):
     with bw.Producer(other, "p", dp=2, commit_policy=Eager()) as producer:
         producer.append(tgb("p", 0, 2), source_offset=0)
     next(iterator)
+    iterator.mark_checkpoint("grain-consumed-1")
+    assert watermark_position(url, "grain-consumed-1") == 1
     stranger = iter(TGBIterDataset(other, **MESH, rank=0))
     stranger.set_state(iterator.get_state())
     with pytest.raises(ConfigError, match="saved from namespace"):
