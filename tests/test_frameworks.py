@@ -202,6 +202,8 @@ def test_tf_reader_raises_typed_errors(namespace, tmp_path):
     reader.load_state_dict(reader.state_dict())
     with pytest.raises(ConfigError, match="restored while this loop was running"):
         next(loop)  # the loop started before the restores above
+    with pytest.raises(ConfigError, match="keep the cursor"):
+        next(reader.iterate(reader.dataset.map(lambda batch, cursor: batch)))
     wrong = {"tokens": tf.TensorSpec([None, None], tf.float32)}
     with pytest.raises(LayoutError, match="element_spec has"):
         next(iter(TGBReader(url, **MESH, rank=0, element_spec=wrong)))

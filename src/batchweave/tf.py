@@ -143,6 +143,7 @@ class TGBReader(tf.train.experimental.PythonState):
     def iterate(self, dataset: tf.data.Dataset) -> Generator[Any, None, None]:
         """The batches of ``dataset`` (built from ``self.dataset``), recording each one's
         cursor as it is handed out."""
+        _check_pairs(dataset)
         restores = self._restores
         iterator = iter(dataset)
         while True:
@@ -264,6 +265,15 @@ class TGBReader(tf.train.experimental.PythonState):
 
     def __repr__(self) -> str:
         return f"TGBReader({getattr(self.url, 'url', self.url)!r}, rank={self.rank}, mesh={self.mesh})"
+
+
+def _check_pairs(dataset: tf.data.Dataset) -> None:
+    spec = dataset.element_spec
+    if not (isinstance(spec, tuple) and len(spec) == 2 and spec[1] == _CURSOR_SPEC):
+        raise ConfigError(
+            f"reader.iterate() takes a dataset of (batch, cursor) pairs built from reader.dataset, "
+            f"got elements {spec}; keep the cursor: dataset.map(lambda batch, cursor: (f(batch), cursor))"
+        )
 
 
 def _spec_of(batch: Batch) -> dict[str, tf.TensorSpec] | tf.TensorSpec:
