@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -250,3 +252,10 @@ def test_to_jax_wraps_aligned_arrays_without_a_copy():
         assert np.array_equal(np.asarray(out[name]), array)
     with pytest.raises(LayoutError, match="raw-bytes"):
         to_jax(b"payload")  # type: ignore[arg-type]
+
+
+def test_the_core_package_imports_no_framework():
+    frameworks = ("torch", "jax", "grain", "tensorflow")
+    code = f"import sys, batchweave, batchweave.cli; print(sorted(m for m in {frameworks} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]"
