@@ -199,6 +199,17 @@ def test_tf_reader_raises_typed_errors(namespace, tmp_path):
         next(iter(stranger))  # the consumer's own check, raised as itself through tf.data
     with pytest.raises(ConfigError, match="not JSON"):
         reader.deserialize(b"{torn")
+
+    class Foreign(tf.train.experimental.PythonState):  # another object saved under the same name
+        def serialize(self):
+            return '{"format": "elsewhere/1"}'
+
+        def deserialize(self, string_value):
+            pass
+
+    foreign = tf.train.Checkpoint(data=Foreign()).save(str(tmp_path / "foreign" / "ckpt"))
+    with pytest.raises(ConfigError, match="not a BatchWeave consumer state"):
+        tf.train.Checkpoint(data=reader).restore(foreign)
     with pytest.raises(ConfigError, match="not a BatchWeave consumer state"):
         reader.load_state_dict({"format": "elsewhere/1"})
     reader.load_state_dict(reader.state_dict())
