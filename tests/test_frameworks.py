@@ -237,6 +237,8 @@ def test_grain_iterator_refuses_bad_states_and_splits(namespace, tmp_path):
     stranger = iter(TGBIterDataset(other, **MESH, rank=0))
     stranger.set_state(iterator.get_state())
     with pytest.raises(ConfigError, match="saved from namespace"):
+        stranger.start_prefetch()  # Grain's checkpoint handler calls it right after set_state
+    with pytest.raises(ConfigError, match="saved from namespace"):
         next(stranger)
     dataset.set_slice(slice(0, None, 1))  # one worker: the whole stream, accepted
     with pytest.raises(ConfigError, match="cannot be split"):
@@ -247,6 +249,22 @@ def test_grain_iterator_refuses_bad_states_and_splits(namespace, tmp_path):
     assert TGBIterDataset(url, dp=1).rank == 0
     assert callable(dataset.prefetch)  # Grain's own methods are not shadowed by the reader's settings
     iterator.close()
+
+
+def test_raw_bytes_and_chained_transformations(tmp_path):
+    url = f"file://{tmp_path}"
+    with bw.Producer(url, "p", dp=1, commit_policy=Eager()) as producer:
+        for offset, payload in enumerate((b"hello", b"world")):
+            producer.append([payload], source_offset=offset)
+    bw.end_stream(url)
+    assert list(TGBIterDataset(url, dp=1)) == [b"hello", b"world"]
+    reader = TGBReader(url, dp=1)
+    assert [t.numpy() for t in reader] == [b"hello", b"world"]
+    assert reader.element_spec == tf.TensorSpec((), tf.string)
+    # A Grain chain keeps the cursor as its iterator's state.
+    chained = iter(TGBIterDataset(url, dp=1).map(lambda data: data.upper()))
+    assert next(chained) == b"HELLO"
+    assert chained.get_state()["step"] == 1
 
 
 def test_to_jax_wraps_aligned_arrays_without_a_copy():

@@ -164,7 +164,8 @@ class TGBDatasetIterator(grain.DatasetIterator):
         Raises ConfigError for anything that is not a cursor (checked now, without I/O);
         the checks against the namespace (a cursor of another namespace is a ConfigError,
         one whose data was collected a DataReclaimedError) run now when the iterator has
-        started, else at the next ``next()``.
+        started, else at ``start_prefetch()`` (Grain's checkpoint handler calls it right
+        after) or the next ``next()``.
         """
         cursor = Consumer.state_on_mesh(state, self._dataset.mesh)
         if self._consumer is not None:
@@ -172,6 +173,12 @@ class TGBDatasetIterator(grain.DatasetIterator):
         else:
             self._state = cursor
         self.last_step = None
+
+    def start_prefetch(self) -> None:
+        """Grain's hint that elements will be wanted soon (its checkpoint handler calls it
+        after ``set_state``): opens the consumer now, so a restored cursor is checked
+        against the namespace here, and its errors raise here."""
+        self._get_consumer()
 
     def mark_checkpoint(self, checkpoint_id: str) -> None:
         """``Consumer.mark_checkpoint``: call once the checkpoint holding ``get_state()`` is durable."""
