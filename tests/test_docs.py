@@ -55,6 +55,8 @@ def test_site_builds_strict(tmp_path):
     assert "resume_offset" in producer and ":::" not in producer
     dataset = (site / "reference" / "torch" / "index.html").read_text(encoding="utf-8")
     assert "mark_checkpoint" in dataset
+    for page, member in (("grain", "get_state"), ("tf", "deserialize")):  # the JAX and TensorFlow readers
+        assert member in (site / "reference" / page / "index.html").read_text(encoding="utf-8"), page
     for page in ("index.html", "concepts/index.html", "guides/resharding/index.html", "benchmark-figures/index.html"):
         assert (site / page).is_file(), page
     # Figures are copied next to the pages that show them.
