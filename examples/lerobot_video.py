@@ -440,13 +440,16 @@ def encode_episode_video(path: Path, spec: EpisodeSpec, camera: int, seed: list[
         stream.width, stream.height, stream.pix_fmt = spec.width, spec.height, "yuv420p"
         stream.codec_context.time_base = Fraction(1, spec.fps)
         # No scene-cut keyframes: the keyframe interval is the knob, as it is in a seek-cost study.
+        # No MB-tree: with it, the x264 in PyAV's wheel gives other bytes for the same frames
+        # from one run to the next (seen at 96x64 and 160x128), and a dataset must be the same
+        # for a seed. It costs a few percent of file size at a given CRF.
         stream.options = {
             "crf": str(spec.crf),
             "preset": spec.preset,
-            "x264-params": f"keyint={spec.gop}:min-keyint={spec.gop}:scenecut=0",
+            "x264-params": f"keyint={spec.gop}:min-keyint={spec.gop}:scenecut=0:mbtree=0",
         }
         for index in range(spec.frames):
-            frame = av.VideoFrame.from_ndarray(renderer.frame(index), format="rgb24")
+            frame = av.VideoFrame.from_ndarray(renderer.frame(index), format="rgb24").reformat(format="yuv420p")
             frame.pts = index
             container.mux(stream.encode(frame))
         container.mux(stream.encode(None))
@@ -769,3 +772,29 @@ def expansion(root: Path, refs: Sequence[SampleRef], sample: SampleSpec) -> dict
         "expansion": ready / raw if raw else math.inf,
         "expansion_vs_episodes": ready / episode_bytes if episode_bytes else math.inf,
     }
+
+
+# -- producer pools -------------------------------------------------------------------
+
+
+def global_batches(refs: Sequence[SampleRef], batch: int) -> list[list[SampleRef]]:
+    """``refs`` in global batches of ``batch`` samples, in order; an incomplete last batch is dropped."""
+    if batch < 1:
+        raise ValueError(f"a global batch needs at least one sample, got {batch}")
+    return [list(refs[i : i + batch]) for i in range(0, len(refs) - batch + 1, batch)]
+
+
+def step_item(root: Path, refs: Sequence[SampleRef], sample: SampleSpec, dp: int, cp: int) -> dict:
+    """One global batch as a pool shard: plain values (a pool fingerprints and ships them)."""
+    return {"root": str(root), "refs": [r.to_dict() for r in refs], "sample": sample.to_dict(), "dp": dp, "cp": cp}
+
+
+def preprocess_item(item: dict) -> list[dict[str, np.ndarray]]:
+    """``preprocess_step`` of a ``step_item``: the ``preprocess`` function of a producer pool."""
+    refs = [SampleRef.from_dict(r) for r in item["refs"]]
+    return preprocess_step(Path(item["root"]), refs, SampleSpec.from_dict(item["sample"]), item["dp"], item["cp"])
+
+
+def episode_spec(root: Path) -> EpisodeSpec:
+    """The ``EpisodeSpec`` a dataset was written with (from ``meta/info.json``)."""
+    return EpisodeSpec(**read_info(root)["batchweave_episode_spec"])
