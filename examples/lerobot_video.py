@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from fractions import Fraction
 from pathlib import Path
 
@@ -177,7 +177,6 @@ class DecodedSample:
     tokens: np.ndarray  # int32 [t] task text, with begin and end tokens
     raw_bytes: int = 0  # compressed video packets and Parquet rows this sample read
     decoded_frames: int = 0  # frames the decoder produced (all cameras), wanted or not
-    meta: dict = field(default_factory=dict, repr=False)
 
 
 def camera_keys(cameras: int) -> list[str]:
@@ -466,14 +465,16 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def sample_refs(root: Path, sample: SampleSpec, seed: int) -> list[SampleRef]:
+def sample_refs(root: Path, sample: SampleSpec, seed: int, per_episode: int | None = None) -> list[SampleRef]:
     """The samples of the dataset at ``root``, shuffled; deterministic per ``seed``.
 
-    Each episode is cut into consecutive windows: each draws its frame count in
-    ``sample.frames`` and starts a random fraction of a sample period after the previous
-    window ends, so the first wanted frame falls anywhere between two keyframes (the
-    decoder's seek distance varies as in real data). A window that would run past the
-    episode's end ends the episode's samples.
+    Each sample draws its frame count in ``sample.frames``. By default each episode is
+    cut into consecutive windows, each starting a random fraction of a sample period
+    after the previous one ends, so the first wanted frame falls anywhere between two
+    keyframes (the decoder's seek distance varies as in real data); a window that would
+    run past the episode's end ends the episode's samples. With ``per_episode``, each
+    episode gives that many windows at random starts instead, overlapping or not (as a
+    sampler drawing clips at random does): many samples from a few episodes.
     """
     root = Path(root)
     fps = read_info(root)["fps"]
@@ -482,12 +483,20 @@ def sample_refs(root: Path, sample: SampleSpec, seed: int) -> list[SampleRef]:
     refs = []
     for row in read_jsonl(root / "meta" / "episodes.jsonl"):
         last = (row["length"] - 1) / fps  # time of the last frame
+        episode, task = row["episode_index"], row["tasks"][0]
+        if per_episode is not None:
+            for _ in range(per_episode):
+                frames = int(rng.integers(sample.frames[0], sample.frames[1] + 1))
+                if (frames - 1) * period <= last:
+                    start = float(rng.uniform(0, last - (frames - 1) * period))
+                    refs.append(SampleRef(episode, round(start, 4), frames, task))
+            continue
         start = float(rng.uniform(0, period))
         while True:
             frames = int(rng.integers(sample.frames[0], sample.frames[1] + 1))
             if start + (frames - 1) * period > last:
                 break
-            refs.append(SampleRef(row["episode_index"], round(start, 4), frames, row["tasks"][0]))
+            refs.append(SampleRef(episode, round(start, 4), frames, task))
             start += frames * period + float(rng.uniform(0, period))
     if not refs:
         raise ValueError(f"{root}: no sample of {sample.frames[0]} frames at {sample.sample_fps} FPS fits an episode")
@@ -739,8 +748,9 @@ def packet_bytes(path: Path, wanted: np.ndarray, fps: float) -> int:
         for packet in container.demux(stream):
             if packet.pts is None:
                 continue
-            sizes[frame_index(packet.pts, stream, fps)] = packet.size
-            if len([i for i in sizes if i <= last]) == last - min(sizes) + 1:
+            index = frame_index(packet.pts, stream, fps)
+            sizes[index] = packet.size
+            if index <= last and sum(1 for i in sizes if i <= last) == last - min(sizes) + 1:
                 break
     return span_bytes(sizes, last)
 

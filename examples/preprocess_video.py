@@ -72,7 +72,7 @@ def sample_spec(args: argparse.Namespace) -> lv.SampleSpec:
 def steps(args: argparse.Namespace) -> list[dict]:
     """The pool's shards: one ``step_item`` per global batch, the same on every run."""
     root, sample = args.data / "dataset", sample_spec(args)
-    batches = lv.global_batches(lv.sample_refs(root, sample, args.seed), args.batch)
+    batches = lv.global_batches(lv.sample_refs(root, sample, args.seed, args.per_episode), args.batch)
     return [lv.step_item(root, refs, sample, args.dp, args.cp) for refs in batches]
 
 
@@ -178,6 +178,9 @@ def add_sample_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, default=defaults.seq_len, help="rows per packed sequence")
     parser.add_argument("--dtype", default=defaults.dtype, choices=["float16", "float32"])
     parser.add_argument("--batch", type=int, default=4, help="samples per global batch (one TGB)")
+    parser.add_argument(
+        "--per-episode", type=int, help="samples drawn at random starts per episode (default: consecutive windows)"
+    )
     parser.add_argument("--seed", type=int, default=0)
 
 

@@ -120,7 +120,9 @@ def test_dataset_samples_and_preprocessing_are_deterministic(dataset, tmp_path):
 
     refs = lv.sample_refs(dataset, SAMPLE, seed=1)
     assert refs == lv.sample_refs(dataset, SAMPLE, seed=1) != lv.sample_refs(dataset, SAMPLE, seed=2)
-    for ref in refs:
+    drawn = lv.sample_refs(dataset, SAMPLE, seed=1, per_episode=5)
+    assert len(drawn) == 15 and drawn == lv.sample_refs(dataset, SAMPLE, seed=1, per_episode=5)
+    for ref in refs + drawn:
         assert 2 <= ref.frames <= 3 and ref.start_s + (ref.frames - 1) / 2 <= 2.9  # inside the episode
     packed = lv.preprocess_sample(dataset, refs[0], SAMPLE)
     assert packed.shape == lv.packed_shape(SAMPLE) == (128, 4 + 3 * 8 * 8) and packed.dtype == np.float16
