@@ -23,6 +23,7 @@ nothing of BatchWeave: every function is either pure or reads files under ``root
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Sequence
@@ -467,6 +468,30 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+@dataclass(frozen=True)
+class DatasetMeta:
+    """What preprocessing needs from ``meta/``: frame rate, camera keys, episode lengths."""
+
+    fps: float
+    cameras: tuple[str, ...]
+    lengths: dict[int, int]  # episode index -> frames
+
+
+def read_meta(root: Path) -> DatasetMeta:
+    """``meta/info.json`` and ``meta/episodes.jsonl``, parsed once per process and dataset version."""
+    meta = Path(root) / "meta"
+    stamps = tuple((meta / name).stat().st_mtime_ns for name in ("info.json", "episodes.jsonl"))
+    return _read_meta(str(meta), stamps)
+
+
+@functools.lru_cache(maxsize=16)
+def _read_meta(meta: str, stamps: tuple[int, ...]) -> DatasetMeta:
+    info = json.loads((Path(meta) / "info.json").read_text())
+    cameras = tuple(key for key, feature in info["features"].items() if feature["dtype"] == "video")
+    lengths = {row["episode_index"]: row["length"] for row in read_jsonl(Path(meta) / "episodes.jsonl")}
+    return DatasetMeta(info["fps"], cameras, lengths)
+
+
 def sample_refs(root: Path, sample: SampleSpec, seed: int, per_episode: int | None = None) -> list[SampleRef]:
     """The samples of the dataset at ``root``, shuffled; deterministic per ``seed``.
 
@@ -481,29 +506,40 @@ def sample_refs(root: Path, sample: SampleSpec, seed: int, per_episode: int | No
     root = Path(root)
     fps = read_info(root)["fps"]
     rng = np.random.default_rng(seed)
-    period = 1.0 / sample.sample_fps
     refs = []
     for row in read_jsonl(root / "meta" / "episodes.jsonl"):
         last = (row["length"] - 1) / fps  # time of the last frame
-        episode, task = row["episode_index"], row["tasks"][0]
-        if per_episode is not None:
-            for _ in range(per_episode):
-                frames = int(rng.integers(sample.frames[0], sample.frames[1] + 1))
-                if (frames - 1) * period <= last:
-                    start = float(rng.uniform(0, last - (frames - 1) * period))
-                    refs.append(SampleRef(episode, round(start, 4), frames, task))
-            continue
-        start = float(rng.uniform(0, period))
-        while True:
-            frames = int(rng.integers(sample.frames[0], sample.frames[1] + 1))
-            if start + (frames - 1) * period > last:
-                break
-            refs.append(SampleRef(episode, round(start, 4), frames, task))
-            start += frames * period + float(rng.uniform(0, period))
+        if per_episode is None:
+            windows = consecutive_windows(rng, last, sample)
+        else:
+            windows = random_windows(rng, last, sample, per_episode)
+        refs.extend(SampleRef(row["episode_index"], start, frames, row["tasks"][0]) for start, frames in windows)
     if not refs:
         raise ValueError(f"{root}: no sample of {sample.frames[0]} frames at {sample.sample_fps} FPS fits an episode")
     order = rng.permutation(len(refs))
     return [refs[i] for i in order]
+
+
+def consecutive_windows(rng: np.random.Generator, last_s: float, sample: SampleSpec) -> list[tuple[float, int]]:
+    """(start, frames) of windows one after another, up to the last frame's time ``last_s``."""
+    period, windows = 1.0 / sample.sample_fps, []
+    start = float(rng.uniform(0, period))
+    while True:
+        frames = int(rng.integers(sample.frames[0], sample.frames[1] + 1))
+        if start + (frames - 1) * period > last_s:
+            return windows
+        windows.append((round(start, 4), frames))
+        start += frames * period + float(rng.uniform(0, period))
+
+
+def random_windows(rng: np.random.Generator, last_s: float, sample: SampleSpec, count: int) -> list[tuple[float, int]]:
+    """(start, frames) of ``count`` windows at random starts (fewer if some do not fit)."""
+    period, windows = 1.0 / sample.sample_fps, []
+    for _ in range(count):
+        frames = int(rng.integers(sample.frames[0], sample.frames[1] + 1))
+        if (frames - 1) * period <= last_s:
+            windows.append((round(float(rng.uniform(0, last_s - (frames - 1) * period)), 4), frames))
+    return windows
 
 
 def wanted_frames(ref: SampleRef, sample: SampleSpec, fps: float, length: int) -> np.ndarray:
@@ -515,13 +551,11 @@ def wanted_frames(ref: SampleRef, sample: SampleSpec, fps: float, length: int) -
 def decode_sample(root: Path, ref: SampleRef, sample: SampleSpec) -> DecodedSample:
     """Decode a sample: each camera's frames at the sample times, resized; states, actions, text."""
     root = Path(root)
-    info = read_info(root)
-    fps, cameras = info["fps"], [k for k, f in info["features"].items() if f["dtype"] == "video"]
-    length = info["total_frames"] // info["total_episodes"]
-    wanted = wanted_frames(ref, sample, fps, length)
+    meta = read_meta(root)
+    wanted = wanted_frames(ref, sample, meta.fps, meta.lengths[ref.episode])
     images, raw, decoded = [], 0, 0
-    for key in cameras:
-        frames, read, count = decode_frames(root / episode_video_path(ref.episode, key), wanted, fps)
+    for key in meta.cameras:
+        frames, read, count = decode_frames(root / episode_video_path(ref.episode, key), wanted, meta.fps)
         images.append(np.stack([resize_square(frames[i], sample.image_size) for i in wanted]))
         raw += read
         decoded += count
@@ -729,13 +763,11 @@ def sample_raw_bytes(root: Path, ref: SampleRef, sample: SampleSpec) -> int:
     Demuxing only (no decoding), so it is cheap; ``decode_sample`` counts the same bytes.
     """
     root = Path(root)
-    info = read_info(root)
-    fps = info["fps"]
-    length = info["total_frames"] // info["total_episodes"]
-    wanted = wanted_frames(ref, sample, fps, length)
+    meta = read_meta(root)
+    wanted = wanted_frames(ref, sample, meta.fps, meta.lengths[ref.episode])
     total = 0
-    for key in (k for k, f in info["features"].items() if f["dtype"] == "video"):
-        total += packet_bytes(root / episode_video_path(ref.episode, key), wanted, fps)
+    for key in meta.cameras:
+        total += packet_bytes(root / episode_video_path(ref.episode, key), wanted, meta.fps)
     return total + read_windows(root / episode_data_path(ref.episode), wanted, sample.history)[2]
 
 
@@ -766,8 +798,7 @@ def expansion(root: Path, refs: Sequence[SampleRef], sample: SampleSpec) -> dict
     ``ready_bytes``: the packed arrays. The ratios are ready over raw.
     """
     root = Path(root)
-    info = read_info(root)
-    cameras = [k for k, f in info["features"].items() if f["dtype"] == "video"]
+    cameras = read_meta(root).cameras
     raw = sum(sample_raw_bytes(root, ref, sample) for ref in refs)
     episodes = sorted({ref.episode for ref in refs})
     episode_bytes = 0
