@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import platform
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from fractions import Fraction
@@ -433,6 +434,23 @@ class SceneRenderer:
         return np.clip(image, 0, 255).astype(np.uint8)
 
 
+@functools.cache
+def x264_cpu_param() -> str:
+    """``:asm=AVX2`` on an x86 CPU with AVX-512, else nothing.
+
+    With its AVX-512 routines, the x264 in PyAV's wheel gives other bytes for the same
+    frames from one run to the next (its MB-tree rate control: seen at 96x64 and 160x128,
+    even on one thread), and a dataset must be the same for a seed. Up to AVX2 it is
+    bit-exact and as fast. x264 takes the list as given, without checking the CPU, so it
+    is only set where the CPU has AVX-512 (and so AVX2).
+    """
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return ""
+    return ":asm=AVX2" if platform.machine() in ("x86_64", "AMD64") and "avx512f" in flags else ""
+
+
 def encode_episode_video(path: Path, spec: EpisodeSpec, camera: int, seed: list[int]) -> None:
     """One camera's episode as H.264 yuv420p in MP4, a keyframe every ``gop`` frames exactly."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -442,13 +460,10 @@ def encode_episode_video(path: Path, spec: EpisodeSpec, camera: int, seed: list[
         stream.width, stream.height, stream.pix_fmt = spec.width, spec.height, "yuv420p"
         stream.codec_context.time_base = Fraction(1, spec.fps)
         # No scene-cut keyframes: the keyframe interval is the knob, as it is in a seek-cost study.
-        # No MB-tree: with it, the x264 in PyAV's wheel gives other bytes for the same frames
-        # from one run to the next (seen at 96x64 and 160x128), and a dataset must be the same
-        # for a seed. It costs a few percent of file size at a given CRF.
         stream.options = {
             "crf": str(spec.crf),
             "preset": spec.preset,
-            "x264-params": f"keyint={spec.gop}:min-keyint={spec.gop}:scenecut=0:mbtree=0",
+            "x264-params": f"keyint={spec.gop}:min-keyint={spec.gop}:scenecut=0{x264_cpu_param()}",
         }
         for index in range(spec.frames):
             frame = av.VideoFrame.from_ndarray(renderer.frame(index), format="rgb24").reformat(format="yuv420p")
