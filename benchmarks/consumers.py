@@ -2,13 +2,16 @@
 time P50/P95, read amplification, requests per step, first-batch time and exact resume
 of a training rank reading its slice of every step, against world size and payload.
 
-One SeaweedFS server holds each point's data twice: as a BatchWeave namespace committed
-one TGB per log version (the hard case for a consumer: it learns where each step lives
-by reading versions one after another) and as MosaicML Streaming MDS shards of the same
-bytes. Every reader reaches SeaweedFS through ``LatencyProxy``: store ``latency`` adds
-the cloud latency model (25 ms first byte, 90 MB/s per connection, jitter) to every
-request, store ``seaweedfs`` adds nothing; both count requests and GET bytes, which is
-how read amplification (GET bytes / bytes delivered) is measured for every system alike.
+One SeaweedFS server holds each point's data once per format: as a BatchWeave namespace
+committed one TGB per log version (the hard case for a consumer: it learns where each
+step lives by reading versions one after another), and as MosaicML Streaming MDS
+shards, LitData chunks and WebDataset tar shards of the same bytes (only the formats
+the measured systems read). Every reader reaches SeaweedFS through ``LatencyProxy``:
+store ``latency`` adds the cloud latency model (25 ms first byte, 90 MB/s per
+connection, jitter) to every request, store ``seaweedfs`` adds nothing; both count
+requests and GET bytes, which is how read amplification (GET bytes / bytes delivered)
+is measured for every system alike. A full run measures the ``--store`` asked for; a
+quick run both.
 
 Systems, over the same data:
 - ``batchweave``: ``Consumer(url, dp=W, rank=r)`` with its defaults.
