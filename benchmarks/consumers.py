@@ -2,13 +2,16 @@
 time P50/P95, read amplification, requests per step, first-batch time and exact resume
 of a training rank reading its slice of every step, against world size and payload.
 
-One SeaweedFS server holds each point's data twice: as a BatchWeave namespace committed
-one TGB per log version (the hard case for a consumer: it learns where each step lives
-by reading versions one after another) and as MosaicML Streaming MDS shards of the same
-bytes. Every reader reaches SeaweedFS through ``LatencyProxy``: store ``latency`` adds
-the cloud latency model (25 ms first byte, 90 MB/s per connection, jitter) to every
-request, store ``seaweedfs`` adds nothing; both count requests and GET bytes, which is
-how read amplification (GET bytes / bytes delivered) is measured for every system alike.
+One SeaweedFS server holds each point's data once per format: as a BatchWeave namespace
+committed one TGB per log version (the hard case for a consumer: it learns where each
+step lives by reading versions one after another), and as MosaicML Streaming MDS
+shards, LitData chunks and WebDataset tar shards of the same bytes (only the formats
+the measured systems read). Every reader reaches SeaweedFS through ``LatencyProxy``:
+store ``latency`` adds the cloud latency model (25 ms first byte, 90 MB/s per
+connection, jitter) to every request, store ``seaweedfs`` adds nothing; both count
+requests and GET bytes, which is how read amplification (GET bytes / bytes delivered)
+is measured for every system alike. A full run measures the ``--store`` asked for; a
+quick run both.
 
 Systems, over the same data:
 - ``batchweave``: ``Consumer(url, dp=W, rank=r)`` with its defaults.
@@ -19,6 +22,13 @@ Systems, over the same data:
 - ``streaming-default`` / ``streaming-per-rank``: ``StreamingDataset`` in its default
   mode and configured so each rank gets exactly its step slices
   (``benchmarks.streaming_peer`` explains both), one process per rank pass.
+- ``litdata-default`` / ``litdata-per-rank``: LitData's ``StreamingDataset`` over
+  ``litdata.optimize`` chunks of the same bytes, iterated with its defaults, and read by
+  random access at the rank's own sample of every step (``benchmarks.litdata_peer``
+  explains both), one process per rank pass.
+- ``webdataset`` / ``webdataset-per-rank``: ``wds.WebDataset`` over tar shards of the
+  same bytes, split by node (= rank): shards in the global order, or one rank's slices per
+  shard (``benchmarks.webdataset_peer`` explains both), in this process.
 Each of these reads for a sample of ranks (first, middle, last), one rank at a time.
 ``batchweave-all-ranks`` and ``raw-range-all-ranks`` run all W ranks at once as threads
 of this process: the like-for-like "same concurrency" comparison.
@@ -44,6 +54,9 @@ from batchweave.store import open_store
 from benchmarks.latency_proxy import LatencyProxy, ProxyCounters
 from benchmarks.report import BenchOptions, BenchResult, machine
 from benchmarks.streaming_peer import base_payload, sample_payload, tag_of
+from benchmarks.webdataset_peer import SHARD_BYTES, shard_urls
+from benchmarks.webdataset_peer import read_pass as wds_read_pass
+from benchmarks.webdataset_peer import write as wds_write
 
 NAME = "consumers"
 COLUMNS = (
@@ -65,18 +78,31 @@ COLUMNS = (
     "exact_resume",
     "vs_raw",
     "vs_streaming_default",
+    "vs_litdata",
+    "vs_webdataset",
 )
 STORES = ("latency", "seaweedfs")
-SEQUENTIAL = ("batchweave", "raw-range", "dense", "streaming-default", "streaming-per-rank")
+STREAMING = ("streaming-default", "streaming-per-rank")
+LITDATA = ("litdata-default", "litdata-per-rank")
+WEBDATASET = ("webdataset", "webdataset-per-rank")
+PEERS = (*STREAMING, *LITDATA, *WEBDATASET)
+SEQUENTIAL = ("batchweave", "raw-range", "dense", *PEERS)
+# Each peer's mode that the ratio columns compare with (vs_<name>): the library as it comes.
+RATIO_PEERS = {
+    "vs_streaming_default": "streaming-default",
+    "vs_litdata": "litdata-default",
+    "vs_webdataset": "webdataset",
+}
 ALL_RANKS = ("batchweave-all-ranks", "raw-range-all-ranks")
 # --quick proves the plumbing, not the figures: every reader path once, as cheaply as it
 # goes. The sequential readers on both stores (so both proxies and every ratio and verdict
 # line are exercised), the all-ranks threads on the latency store, and one Streaming mode
 # on the plain store (each Streaming pass is a process importing torch; per-rank differs
-# from default only in one StreamingDataset argument).
+# from default only in one StreamingDataset argument). The same for LitData (default mode:
+# it has the resume check) and WebDataset (per-rank: a layout of its own to write).
 QUICK_SYSTEMS = {
     "latency": ("batchweave", "raw-range", "dense", *ALL_RANKS),
-    "seaweedfs": ("batchweave", "raw-range", "dense", "streaming-default"),
+    "seaweedfs": ("batchweave", "raw-range", "dense", "streaming-default", "litdata-default", "webdataset-per-rank"),
 }
 # Per point: steps = clamp(budget / (W x payload), 3, MAX_STEPS). Passes long enough that a
 # reader's start (learning where the first steps live: one log round trip the raw reads
@@ -129,6 +155,19 @@ def systems(store: str, quick: bool) -> tuple[str, ...]:
     return QUICK_SYSTEMS[store] if quick else (*SEQUENTIAL, *ALL_RANKS)
 
 
+def stores(options: BenchOptions) -> tuple[str, ...]:
+    """--quick: both (every proxy and ratio is exercised); otherwise the one asked for
+    (``--store latency`` or ``seaweedfs``; both took too long for one run once LitData and
+    WebDataset joined)."""
+    if options.quick:
+        return STORES
+    if options.store not in STORES:
+        from batchweave.errors import ConfigError
+
+        raise ConfigError(f"bench consumers runs on --store latency or seaweedfs, not {options.store!r}")
+    return (options.store,)
+
+
 # ---------------------------------------------------------------------- run
 
 
@@ -136,18 +175,18 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
     from batchweave.testing.servers import seaweedfs_s3
 
     points = plan(options)
-    per_point = sum(len(systems(store, options.quick)) for store in STORES)
+    measured = stores(options)
+    per_point = sum(len(systems(store, options.quick)) for store in measured)
     task = progress.add_task("bench consumers", total=len(points) * per_point)
     results: list[dict[str, Any]] = []
     with seaweedfs_s3() as bucket_url, ExitStack() as stack:
         direct = os.environ["AWS_ENDPOINT_URL"]
-        proxies = {
-            "latency": stack.enter_context(LatencyProxy(direct, CLOUD_DEFAULTS, seed=options.seed)),
-            "seaweedfs": stack.enter_context(LatencyProxy(direct, None)),
-        }
+        models = {"latency": CLOUD_DEFAULTS, "seaweedfs": None}
+        proxies = {s: stack.enter_context(LatencyProxy(direct, models[s], seed=options.seed)) for s in measured}
+        wanted = {system for store in measured for system in systems(store, options.quick)}
         for point in points:
             progress.update(task, description=f"consumers: writing W={point.world}, {point.payload // 1000} KB")
-            data = _prepare(bucket_url, point, direct, options.seed)
+            data = _prepare(bucket_url, point, direct, options.seed, wanted)
             for store, proxy in proxies.items():
                 for system in systems(store, options.quick):
                     progress.update(
@@ -165,7 +204,7 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
             "seaweedfs": {"kind": "s3", "applied": "nothing (the proxy only counts)"},
         },
         "points": [point_fields(p) for p in points],
-        "systems": {store: list(systems(store, options.quick)) for store in STORES},
+        "systems": {store: list(systems(store, options.quick)) for store in measured},
         "skipped_points": [] if options.quick else [{"world_size": w, "payload_bytes": p} for w, p in SKIPPED_POINTS],
         "data_budget_bytes": DATA_BUDGET_BYTES,
         "ranks": "sequential systems: ranks 0, W/2 and W-1 one at a time (quick: W-1); 128 Streaming "
@@ -173,6 +212,13 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
         "commit": "one TGB per log version (Producer commit_policy='naive', inline commits), then end_stream",
         "streaming": "mosaicml-streaming MDSWriter (64 MiB shards, one bytes column), StreamingDataset per rank "
         "in its own process with a fresh cache, each rank its own node (LOCAL_WORLD_SIZE=1)",
+        "litdata": "litdata optimize (64 MiB chunks, one writer, each sample a bytes leaf); per rank in its own "
+        "process with a fresh cache: default = StreamingDataset iterated (WORLD_SIZE, GLOBAL_RANK); per-rank = "
+        "dataset[step * W + rank] (random access, byte ranges, no read-ahead); boto3 + obstore via the proxy",
+        "webdataset": f"tar shards of <= {SHARD_BYTES // 1_000_000} MB ({{key}}.bin entries) written with TarWriter; "
+        "default = global order in >= W shards, per-rank = each rank's slices in shards of their own; "
+        "wds.WebDataset(urls, nodesplitter = split_by_node's rank::W) in this process, one streaming "
+        "obstore GET per shard through the proxy (a gopen handler)",
         "inflight": "raw-range and dense: Consumer.prefetch read at run time (inflight when prefetch is None)",
         "machine": machine(),
     }
@@ -191,20 +237,61 @@ class Data:
     point: Point
     bw_url: str  # the BatchWeave namespace
     mds_remote: str  # the Streaming remote
+    litdata_remote: str  # LitData's output directory
+    wds_shards: dict[str, list[str]]  # WebDataset system -> its shards' keys in list order
     ranges: list[list[tuple[str, int, int]]]  # step -> rank -> (key, offset, length)
     objects: list[list[str]]  # step -> the keys of its TGB objects
     inflight: int
     seed: int
 
+    def wds_urls(self, system: str, endpoint: str) -> list[str]:
+        bucket, prefix = _wds_prefix(self.bw_url, system, self.point)
+        return shard_urls(endpoint, bucket, prefix, self.wds_shards[system])
 
-def _prepare(bucket_url: str, point: Point, direct: str, seed: int) -> Data:
-    """Commit the point's data once, straight to SeaweedFS (set-up, not measured)."""
+
+# Which WebDataset layout each system reads (see benchmarks.webdataset_peer).
+WDS_LAYOUTS = {"webdataset": "step-major", "webdataset-per-rank": "rank-major"}
+
+
+def _prepare(bucket_url: str, point: Point, direct: str, seed: int, wanted: set[str]) -> Data:
+    """Write the point's data once per format the measured systems read, straight to
+    SeaweedFS (set-up, not measured). The peers' writers are processes that spend seconds
+    importing torch: they run while this process commits and writes the rest."""
     bw_url = f"{bucket_url}/consumers-{point.tag}"
-    _produce(bw_url, point, seed)
     mds_remote = f"{bucket_url}/mds-{point.tag}"
-    _streaming_write(mds_remote, point, direct, seed)
+    litdata_remote = f"{bucket_url}/litdata-{point.tag}"
+    writers = {
+        module: _peer_command(module, ["write", "--remote", remote, *_write_args(point, seed)], direct)
+        for module, systems_, remote in (
+            ("streaming_peer", STREAMING, mds_remote),
+            ("litdata_peer", LITDATA, litdata_remote),
+        )
+        if wanted & set(systems_)
+    }
+    with ExitStack() as stack:
+        for writer in writers.values():
+            stack.callback(_stop, writer)  # on an error here, not left running
+        _produce(bw_url, point, seed)
+        shards = {}
+        for system in sorted(wanted & set(WEBDATASET)):
+            bucket, prefix = _wds_prefix(bw_url, system, point)
+            url, layout = f"s3://{bucket}/{prefix}", WDS_LAYOUTS[system]
+            shards[system] = wds_write(url, point.world, point.steps, point.payload, seed, layout)
+        for module, writer in writers.items():
+            _finished(module, writer)
     ranges, objects = _layout(bw_url, point)
-    return Data(point, bw_url, mds_remote, ranges, objects, _consumer_inflight(bw_url, point.world), seed)
+    inflight = _consumer_inflight(bw_url, point.world)
+    return Data(point, bw_url, mds_remote, litdata_remote, shards, ranges, objects, inflight, seed)
+
+
+def _write_args(point: Point, seed: int) -> list[str]:
+    sizes = ["--world", str(point.world), "--steps", str(point.steps), "--payload", str(point.payload)]
+    return [*sizes, "--seed", str(seed)]
+
+
+def _wds_prefix(bw_url: str, system: str, point: Point) -> tuple[str, str]:
+    bucket = bw_url.removeprefix("s3://").split("/", 1)[0]
+    return bucket, f"wds-{WDS_LAYOUTS[system]}-{point.tag}"
 
 
 def _produce(url: str, point: Point, seed: int) -> None:
@@ -216,11 +303,6 @@ def _produce(url: str, point: Point, seed: int) -> None:
         for step in range(point.steps):
             producer.append([sample_payload(base, step, rank) for rank in range(point.world)])
     end_stream(url)
-
-
-def _streaming_write(remote: str, point: Point, endpoint: str, seed: int) -> None:
-    args = ["write", "--remote", remote, "--world", str(point.world), "--steps", str(point.steps)]
-    _streaming_command([*args, "--payload", str(point.payload), "--seed", str(seed)], {"S3_ENDPOINT_URL": endpoint})
 
 
 def _layout(url: str, point: Point) -> tuple[list[list[tuple[str, int, int]]], list[list[str]]]:
@@ -266,8 +348,12 @@ def _measure(system: str, data: Data, proxy: LatencyProxy, quick: bool) -> dict[
     ranks = data.point.ranks(quick)
     if system in ALL_RANKS:
         passes = _all_ranks(system.removesuffix("-all-ranks"), data, proxy)
-    elif system.startswith("streaming-"):
+    elif system in STREAMING:
         passes = [_streaming_pass(system.removeprefix("streaming-"), data, proxy, r) for r in ranks]
+    elif system in LITDATA:
+        passes = [_litdata_pass(system.removeprefix("litdata-"), data, proxy, r) for r in ranks]
+    elif system in WEBDATASET:
+        passes = [_wds_pass(system, data, proxy, r) for r in ranks]
     else:
         passes = []
         for rank in ranks:
@@ -421,23 +507,60 @@ def _streaming_pass(mode: str, data: Data, proxy: LatencyProxy, rank: int) -> Pa
     }
     half = data.point.steps // 2
     args = ["read", "--remote", data.mds_remote, "--mode", mode, "--stop-at", str(half)]
-    with _streaming_process(args, env) as process:
+    return _peer_pass("streaming_peer", args, env, data, proxy, rank, resumes=True)
+
+
+def _peer_pass(
+    module: str, args: list[str], env: dict[str, str], data: Data, proxy: LatencyProxy, rank: int, resumes: bool
+) -> Pass:
+    """One rank's pass of a peer in its own process (``benchmarks.<module>``), then, if the
+    peer has resume state, its resume check (not counted for the pass)."""
+    half = data.point.steps // 2
+    with _peer_process(module, args, env) as process:
         proxy.reset()
         first = _json_line(process)
         counted = proxy.counters()
-        process.stdin.write("resume\n")
+        process.stdin.write("resume\n" if resumes else "exit\n")
         process.stdin.flush()
-        resumed = _json_line(process)
+        resumed = _json_line(process) if resumes else None
     tags = [tuple(t) for t in first["tags"]]
     own = tags == _expected(data, rank)
-    exact = [tuple(t) for t in resumed["tags"]] == tags[half:]
+    exact = None if resumed is None else [tuple(t) for t in resumed["tags"]] == tags[half:]
     return Pass(first["times_s"], first["bytes"], own, counted, exact)
 
 
+# ---------------------------------------------------------------------- LitData, WebDataset
+
+
+def _litdata_pass(mode: str, data: Data, proxy: LatencyProxy, rank: int) -> Pass:
+    """One rank's LitData pass in its own process (LitData reads its rank from the
+    environment); the default mode's resume check after it."""
+    env = {
+        "S3_ENDPOINT_URL": proxy.endpoint,
+        "AWS_ENDPOINT_URL": proxy.endpoint,  # boto3 and obstore both read it; storage_options says it too
+        "WORLD_SIZE": str(data.point.world),
+        "GLOBAL_RANK": str(rank),
+        "LITDATA_DISABLE_VERSION_CHECK": "1",  # no request to PyPI inside a measured pass
+    }
+    steps, half = data.point.steps, data.point.steps // 2
+    args = ["read", "--remote", data.litdata_remote, "--mode", mode, "--steps", str(steps), "--stop-at", str(half)]
+    return _peer_pass("litdata_peer", args, env, data, proxy, rank, resumes=mode == "default")
+
+
+def _wds_pass(system: str, data: Data, proxy: LatencyProxy, rank: int) -> Pass:
+    """One rank's WebDataset pass in this process (WebDataset keeps no state between
+    passes, and has no resume)."""
+    urls = data.wds_urls(system, proxy.endpoint)
+    proxy.reset()
+    read = wds_read_pass(urls, data.point.world, rank)
+    own = [tuple(t) for t in read["tags"]] == _expected(data, rank)
+    return Pass(read["times_s"], read["bytes"], own, proxy.counters())
+
+
 @contextmanager
-def _streaming_process(args: list[str], env: dict[str, str]) -> Iterator[subprocess.Popen]:
+def _peer_process(module: str, args: list[str], env: dict[str, str]) -> Iterator[subprocess.Popen]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.streaming_peer", *args],
+        [sys.executable, "-m", f"benchmarks.{module}", *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -453,24 +576,35 @@ def _streaming_process(args: list[str], env: dict[str, str]) -> Iterator[subproc
 
 
 def _json_line(process: subprocess.Popen) -> dict[str, Any]:
-    """The next JSON line the peer prints (anything else on stdout is Streaming's logging)."""
+    """The next JSON line the peer prints (anything else on stdout is the library's logging)."""
     for line in process.stdout:
         if line.startswith("{"):
             return json.loads(line)
     process.wait(30)
-    raise RuntimeError(f"streaming peer exited with {process.returncode}: {process.stderr.read()[-3000:]}")
+    raise RuntimeError(f"peer exited with {process.returncode}: {process.stderr.read()[-3000:]}")
 
 
-def _streaming_command(args: list[str], env: dict[str, str]) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.streaming_peer", *args],
-        capture_output=True,
+def _peer_command(module: str, args: list[str], endpoint: str) -> subprocess.Popen:
+    """``python -m benchmarks.<module> ARGS`` against ``endpoint``, started (see ``_finished``)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", f"benchmarks.{module}", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, **env},
-        timeout=1800,
+        env={**os.environ, "S3_ENDPOINT_URL": endpoint, "LITDATA_DISABLE_VERSION_CHECK": "1"},
     )
-    if done.returncode:
-        raise RuntimeError(f"streaming peer {args[0]} failed: {done.stderr[-3000:]}")
+
+
+def _finished(module: str, process: subprocess.Popen) -> None:
+    _, stderr = process.communicate(timeout=1800)
+    if process.returncode:
+        raise RuntimeError(f"{module} failed with {process.returncode}: {stderr[-3000:]}")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.kill()  # our own child, by its handle
+        process.wait(30)
 
 
 # ---------------------------------------------------------------------- records
@@ -520,17 +654,43 @@ def _nearest_rank(ordered: list[float], q: float) -> float:
 
 
 def _add_ratios(results: list[dict[str, Any]]) -> None:
-    """``vs_raw`` (against raw range reads at the same concurrency) and
-    ``vs_streaming_default`` on the BatchWeave rows."""
+    """``vs_raw`` (against raw range reads at the same concurrency) and ``vs_<peer>``
+    (against each peer as it comes, ``RATIO_PEERS``) on the BatchWeave rows."""
     by_key = {(r["store"], r["system"], r["world_size"], r["payload_bytes"]): r for r in results}
     for row in results:
         if not row["system"].startswith("batchweave"):
             continue
         key = (row["store"], row["world_size"], row["payload_bytes"])
         raw = by_key.get((key[0], row["system"].replace("batchweave", "raw-range"), *key[1:]))
-        streaming = by_key.get((key[0], "streaming-default", *key[1:]))
         row["vs_raw"] = row["throughput_mb_s"] / raw["throughput_mb_s"] if raw else None
-        row["vs_streaming_default"] = row["throughput_mb_s"] / streaming["throughput_mb_s"] if streaming else None
+        for column, peer in RATIO_PEERS.items():
+            other = by_key.get((key[0], peer, *key[1:]))
+            row[column] = row["throughput_mb_s"] / other["throughput_mb_s"] if other else None
+
+
+def _peer_verdicts(results: list[dict[str, Any]]) -> list[str]:
+    """batchweave (one rank alone) against each LitData and WebDataset system, one rank
+    alone too, at every point with 25 ms store latency."""
+    ours = {(r["world_size"], r["payload_bytes"]): r for r in results if _is(r, "latency", "batchweave")}
+    lines = []
+    for peer in (*LITDATA, *WEBDATASET):
+        ratios = [
+            ours[key]["throughput_mb_s"] / r["throughput_mb_s"]
+            for r in results
+            if _is(r, "latency", peer) and (key := (r["world_size"], r["payload_bytes"])) in ours
+        ]
+        if ratios:
+            worst = min(ratios)
+            own = all(r["delivers_own_slices"] for r in results if r["system"] == peer)
+            lines.append(
+                f"batchweave >= {peer} at every point with 25 ms store latency: worst {worst:.2f}x: "
+                f"{_met(worst >= 1.0)} ({peer} delivers each rank its own slices: {own})"
+            )
+    return lines
+
+
+def _is(row: dict[str, Any], store: str, system: str) -> bool:
+    return row["store"] == store and row["system"] == system
 
 
 def verdict(results: list[dict[str, Any]]) -> list[str]:
@@ -547,10 +707,12 @@ def verdict(results: list[dict[str, Any]]) -> list[str]:
         f"read amplification <= 1.02x at every point (batchweave): worst {amp:.3f}x: {_met(amp <= 1.02)}",
         f"batchweave >= 0.9x raw range reads at the same concurrency (all W ranks at once): worst {raw_min:.2f}x: "
         f"{_met(raw_min >= 0.9)} (one rank alone: worst {raw_alone:.2f}x)",
-        f"batchweave >= Streaming default mode at every point on both stores: worst {sd:.2f}x: {_met(sd >= 1.0)}",
+        f"batchweave >= Streaming default mode at every point on the stores measured: worst {sd:.2f}x: "
+        f"{_met(sd >= 1.0)}",
         f"batchweave read latency per step P95 <= 3x P50: worst {tail:.2f}x: {_met(tail <= 3.0)}",
         f"batchweave step P95 <= 3x the mean step (P50 is ~0 when steps arrive in bursts): worst {stall:.2f}x: "
         f"{_met(stall <= 3.0)}",
+        *_peer_verdicts(results),
     ]
 
 
@@ -584,7 +746,10 @@ def plot(result: BenchResult, figure: Any) -> None:
 
 
 def _lines(ax: Any, rows: list[dict[str, Any]], metric: str, by_payload: bool = False) -> None:
-    for system in [*SEQUENTIAL, *ALL_RANKS]:
+    from matplotlib import colormaps
+
+    colours = colormaps["tab20"]  # one colour per system: more systems than the default cycle has
+    for index, system in enumerate([*SEQUENTIAL, *ALL_RANKS]):
         groups = sorted({r["payload_bytes"] for r in rows}) if by_payload else [None]
         for payload in groups:
             line = sorted(
@@ -595,4 +760,5 @@ def _lines(ax: Any, rows: list[dict[str, Any]], metric: str, by_payload: bool = 
             if line:
                 xs, ys = zip(*line, strict=True)
                 label = system if payload is None else f"{system} {payload // 1000} KB"
-                ax.plot(xs, ys, "o-" if system.startswith("batchweave") else ".--", label=label)
+                style = "o-" if system.startswith("batchweave") else ".--"
+                ax.plot(xs, ys, style, color=colours(index % 20), label=label)

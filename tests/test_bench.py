@@ -106,6 +106,12 @@ def test_quick_benchmark_writes_its_three_files(name, tmp_path):
         shared = {r["mesh"]: r for r in result["results"] if r["sharing"] == "on"}
         assert shared["dp 2 x tp 4"]["range_reads_per_step"] == 2 and shared["dp 8 x tp 1"]["reads_ratio"] == 1
         assert all(r["log_ratio"] <= 0.2 for r in shared.values())
+    if name == "consumers":  # the peers' rows: what each rank got, and their resume
+        rows = {(r["store"], r["system"]): r for r in result["results"]}
+        litdata, wds = rows["seaweedfs", "litdata-default"], rows["seaweedfs", "webdataset-per-rank"]
+        assert litdata["exact_resume"] is True and litdata["delivers_own_slices"] is False  # a block of steps
+        assert wds["exact_resume"] is None and wds["delivers_own_slices"] is True  # its own shards
+        assert rows["seaweedfs", "batchweave"]["vs_litdata"] > 0 and litdata["read_amplification"] >= 1
     assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (out / f"{name}.md").read_text()
     assert table.startswith(f"# {name}") and table.count("\n|") >= len(result["results"]) + 1
