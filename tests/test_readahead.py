@@ -85,6 +85,26 @@ def test_versions_come_in_order_and_the_head_is_probed_once(url):
         reader.close()
 
 
+def test_a_short_log_is_read_without_a_window_of_misses_past_its_head(url):
+    """Regression: the window doubled with every version found, so a reader of a short
+    log (no segment yet) was probing 32 versions ahead by its fifth: 27 of one rank's 34
+    version reads missed (bench consumers, 128 ranks x 3 steps). It grows by one per
+    version found now (doubling once per round trip): misses stay within the versions
+    found."""
+    commit_versions(url, 4)  # the claim and 4 commits: versions 1..5, no segment
+    store = CountingStore(url)
+    reader = LogReadAhead(Journal(store), 1, depth=64)  # a remote consumer's depth
+    try:
+        got = []
+        while (read := reader.next()) is not None:
+            got.append(read.delta.version)
+    finally:
+        reader.close()
+    assert got == [1, 2, 3, 4, 5]
+    misses = [v for v in store.version_reads if v > got[-1]]
+    assert 1 <= len(misses) <= len(got) + 2, sorted(misses)
+
+
 def test_a_version_committed_after_a_miss_is_found(url):
     commit_versions(url, 3)
     reader = LogReadAhead(Journal(CountingStore(url)), 1, depth=8)

@@ -34,10 +34,10 @@ class LogReadAhead:
     """Hands out log versions in order from ``first_version`` on, reading ahead.
 
     The window of versions read ahead starts at ``FIRST_WINDOW`` (a reader that starts
-    usually starts behind: a backlog is in full flight after two round trips), doubles
-    with every version found up to ``depth``, and drops back to one at the first miss;
-    from there it doubles again only from the second version found in a row, so a reader
-    following the head probes one version at a time. While versions keep being found (a
+    usually starts behind: a backlog is in full flight after two round trips), grows by
+    one with every version found (doubling each round trip) up to ``depth``, and drops
+    back to one at the first miss; from there it grows again only from the second
+    version found in a row, so a reader following the head probes one version at a time. While versions keep being found (a
     backlog), the window is read by segments; single probes cover the versions of a
     segment found missing. ``depth`` 1 reads in the caller's thread (a local directory:
     nothing to overlap), one segment or version at a time.
@@ -94,7 +94,11 @@ class LogReadAhead:
         self._next += 1
         self._hits += 1
         if self._hits >= 2:  # two in a row: a backlog, not a reader at the head catching one commit
-            self._window = min(self._window * 2, self._depth)
+            # One more per version found: the window doubles once per round trip (a whole
+            # window found), as TCP's slow start, so the probes past the head, all misses,
+            # stay within what the last round trip found. Doubling per version found had
+            # a short log probed 32 versions ahead by its fifth version.
+            self._window = min(self._window + 1, self._depth)
         return delta
 
     def ready(self) -> bool:
