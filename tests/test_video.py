@@ -203,3 +203,19 @@ def test_example_pool_publishes_steps_equal_to_preprocess_step(tmp_path):
     # Producers interleave their steps; each step is one whole batch, byte for byte.
     assert published == sorted(tuple(s["tokens"].tobytes() for s in step) for step in expected)
     assert bw.inspect_namespace(url).layout == {"dp": 2, "cp": 2, "kind": "arrays"}
+
+
+def test_example_trains_under_torchrun_on_what_its_pool_published(tmp_path):
+    """The example end to end as its guide runs it: generate, a local producer pool, then
+    ``train`` under real torchrun, one rank per DP x CP slice (2 x 2), until the stream ends."""
+    run("generate", "--data", str(tmp_path), "--episodes", "2", "--cameras", "2", "--height", "48", "--width", "64",
+        "--fps", "10", "--seconds", "3", "--gop", "5")  # fmt: skip
+    sample = ("--min-frames", "2", "--max-frames", "3", "--image-size", "32", "--patch", "8", "--text-tokens", "12")
+    sample += ("--seq-len", "128", "--batch", "2", "--seed", "3")
+    run("produce", "--data", str(tmp_path), "--producers", "2", "--dp", "2", "--cp", "2", *sample)
+    tgbs = len(lv.global_batches(lv.sample_refs(tmp_path / "dataset", SAMPLE, seed=3), 2))
+    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4")
+    train = (str(EXAMPLE), "train", "--data", str(tmp_path), "--dp", "2", "--cp", "2", *sample, "--timeout-s", "60")
+    done = subprocess.run([*torchrun, *train], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"trained {tgbs} steps on rank 0" in done.stdout, done.stdout
