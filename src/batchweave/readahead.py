@@ -37,9 +37,9 @@ class LogReadAhead:
     usually starts behind: a backlog is in full flight after two round trips), grows by
     one with every version found (doubling each round trip) up to ``depth``, and drops
     back to one at the first miss; from there it grows again only from the second
-    version found in a row, so a reader following the head probes one version at a time. While versions keep being found (a
-    backlog), the window is read by segments; single probes cover the versions of a
-    segment found missing. ``depth`` 1 reads in the caller's thread (a local directory:
+    version found in a row, so a reader following the head probes one version at a time.
+    While versions keep being found (a backlog), the window is read by segments; single
+    probes cover the versions of a segment found missing. ``depth`` 1 reads in the caller's thread (a local directory:
     nothing to overlap), one segment or version at a time.
     """
 
