@@ -210,8 +210,8 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
     # memory+producers: the in-memory feed while producers work on the other core, as for
     # BatchWeave. The two cores of one machine share caches and memory bandwidth (two nodes
     # would not): this is the limit the emulation can show, beside the plain one.
-    loaded = () if options.quick else (("memory+producers", 0),)
     no_loader = (0, None)
+    loaded = () if options.quick else (("memory+producers", no_loader),)
     runs = [("memory", no_loader), *loaded, ("batchweave", no_loader), *(("dataloader", lo) for lo in chosen.loaders)]
     task = progress.add_task(f"bench {chosen.name}", total=len(runs))
     work = Path(tempfile.mkdtemp(prefix="bench-e2e-"))

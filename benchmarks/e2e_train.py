@@ -221,6 +221,15 @@ def batches(args: argparse.Namespace, work, rank: int, world: int):
     return iter(loader), None
 
 
+def parse_cores(text: str) -> set[int]:
+    """``"0"``, ``"0,1"`` or ``"0-63,96"``: a CPU list as ``taskset -c`` takes it."""
+    cores: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        cores.update(range(int(first), int(last or first) + 1))
+    return cores
+
+
 def _worker_init(cores: set[int], worker_id: int) -> None:
     pin(cores)  # colocated: the workers share the trainer's cores (fork inherits them too)
 
@@ -230,7 +239,7 @@ def train(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    pin({int(c) for c in args.cores.split(",")})
+    pin(parse_cores(args.cores))
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -291,7 +300,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--memory-cache", help="the memory feed's steps, preprocessed by the harness (video)")
     parser.add_argument("--workers", type=int, default=0, help="DataLoader workers (dataloader feed)")
     parser.add_argument("--prefetch", type=int, help="DataLoader prefetch_factor (torch's default: 2)")
-    parser.add_argument("--cores", default="0", help="CPU cores of this training node, e.g. 0 or 0,1")
+    parser.add_argument("--cores", default="0", help="CPU cores of this training node, e.g. 0, 0,1 or 0-63")
     parser.add_argument("--ready", help="file rank 0 creates just before the first step")
     parser.add_argument("--timeout-s", type=float, default=300.0)
     parser.add_argument("--out", required=True, help="rank 0's JSON of per-step times")

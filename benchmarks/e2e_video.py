@@ -47,6 +47,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from benchmarks.e2e import Workload
+from benchmarks.report import BenchOptions
 from examples.lerobot_video import (
     ACTION,
     PATCH,
@@ -60,10 +63,8 @@ from examples.lerobot_video import (
     write_dataset,
 )
 
-from benchmarks.e2e import Workload
-from benchmarks.report import BenchOptions
-
 NAME = "e2e-video"
+REF_SEEDS = 8  # sample lists drawn (each cuts the episodes into other windows): more distinct samples
 TOKEN_IDS = 259  # the byte-level tokenizer's ids: 3 special + 256 bytes
 MEMORY_CACHE = "memory.npz"
 
@@ -74,7 +75,7 @@ class VideoSetup:
     warmup: int  # first steps left out of the figures
     loaders: tuple[tuple[int, int], ...]  # colocated DataLoaders tried: (num_workers, prefetch_factor)
     per_step: int = 2  # global batch, samples
-    episodes: int = 3
+    episodes: int = 2
     cameras: int = 3
     height: int = 480  # camera frames (ALOHA's, LeRobot's common size)
     width: int = 640
@@ -87,7 +88,7 @@ class VideoSetup:
     patch: int = 16
     history: int = 2
     text_tokens: int = 32
-    dim: int = 128
+    dim: int = 160
     layers: int = 4
     heads: int = 4
     producers: int = 1
@@ -214,7 +215,10 @@ def describe(plan: VideoSetup) -> dict[str, Any]:
 
 @functools.cache
 def _refs(root: str, sample: str, seed: int) -> tuple[SampleRef, ...]:
-    return tuple(sample_refs(Path(root), SampleSpec.from_dict(json.loads(sample)), seed))
+    """The samples of ``REF_SEEDS`` sample lists, one after the other: other frame counts
+    and distances from the keyframe than one list over a few episodes has."""
+    spec = SampleSpec.from_dict(json.loads(sample))
+    return tuple(ref for k in range(REF_SEEDS) for ref in sample_refs(Path(root), spec, seed + k))
 
 
 def step_refs(root: str, sample: str, seed: int, step: int, per_step: int) -> list[SampleRef]:
