@@ -212,7 +212,7 @@ def batches(args: argparse.Namespace, work, rank: int, world: int):
     # prefetch_factor only with workers (torch refuses it without); None: torch's default (2)
     prefetch = {"prefetch_factor": args.prefetch} if args.prefetch and args.workers else {}
     loader = DataLoader(
-        StepSlices(work, args.steps, rank, world),
+        StepSlices(work, args.loader_steps or args.steps, rank, world),
         batch_size=None,
         num_workers=args.workers,
         worker_init_fn=functools.partial(_worker_init, cores),
@@ -300,6 +300,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--memory-cache", help="the memory feed's steps, preprocessed by the harness (video)")
     parser.add_argument("--workers", type=int, default=0, help="DataLoader workers (dataloader feed)")
     parser.add_argument("--prefetch", type=int, help="DataLoader prefetch_factor (torch's default: 2)")
+    parser.add_argument(
+        "--loader-steps",
+        type=int,
+        help="steps the DataLoader's dataset holds (default --steps); more keep its workers busy to the "
+        "end, as in a long run, instead of handing the last steps over already made",
+    )
     parser.add_argument("--cores", default="0", help="CPU cores of this training node, e.g. 0, 0,1 or 0-63")
     parser.add_argument("--ready", help="file rank 0 creates just before the first step")
     parser.add_argument("--timeout-s", type=float, default=300.0)

@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.e2e import Workload
+from benchmarks.e2e import PRODUCE_AHEAD, Workload
 from benchmarks.report import BenchOptions
 from examples.lerobot_video import (
     ACTION,
@@ -180,7 +180,12 @@ def prepare(plan: VideoSetup, seed: int, work: Path) -> None:
 
 
 def trainer_args(plan: VideoSetup, seed: int, work: Path) -> list[str]:
+    # The DataLoader's dataset is longer than the run, as the producers' work is: its
+    # workers keep preprocessing until training ends, the steady state of a long run.
+    # (With exactly --steps items its last num_workers x prefetch_factor steps, up to 8 of
+    # 44 measured, would come ready-made while the training core no longer preprocesses.)
     return [
+        *("--loader-steps", str(PRODUCE_AHEAD * plan.steps)),
         *("--workload", "video", "--dataset", str(work / "dataset")),
         *("--sample", json.dumps(plan.sample().to_dict()), "--seed", str(seed)),
         *("--memory-cache", str(work / MEMORY_CACHE), "--per-step", str(plan.per_step)),
