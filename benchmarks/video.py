@@ -14,7 +14,8 @@ compressed packets its decoder reads (from the keyframe before its first frame t
 last frame, every camera) and its Parquet rows; ``ready`` is the packed sequence as a
 producer publishes it; ``used`` is its rows that are not padding (a shorter sample is
 padded to the fixed length). The expansion is ready (or used) bytes over raw bytes.
-``episode_bytes`` is the whole files of the episodes touched, for scale. (These are the
+``episode_bytes`` is the whole files of the episodes touched, for scale (the samples of
+several seeds overlap in them, so it is no denominator). (These are the
 bytes ``examples.lerobot_video.expansion`` counts; the benchmark takes them from the
 decoded samples it times rather than decoding every sample twice.)
 
@@ -241,8 +242,6 @@ def expansion_row(
         "used_kb_per_sample": used / len(refs) / 1e3,
         "expansion": ready / raw,
         "expansion_used": used / raw,
-        # per distinct sample: the seeds' lists cut the same episodes, so count their files once
-        "expansion_vs_episodes": ready / len(refs) * len(set(refs)) / whole,
         **percentiles([t["latency_s"] for t in timed]),
         "load_1m": load_1m,
     }
