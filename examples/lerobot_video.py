@@ -23,10 +23,12 @@ nothing of BatchWeave: every function is either pure or reads files under ``root
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import platform
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from fractions import Fraction
 from pathlib import Path
 
@@ -177,7 +179,6 @@ class DecodedSample:
     tokens: np.ndarray  # int32 [t] task text, with begin and end tokens
     raw_bytes: int = 0  # compressed video packets and Parquet rows this sample read
     decoded_frames: int = 0  # frames the decoder produced (all cameras), wanted or not
-    meta: dict = field(default_factory=dict, repr=False)
 
 
 def camera_keys(cameras: int) -> list[str]:
@@ -406,7 +407,9 @@ class SceneRenderer:
             }
             for _ in range(int(rng.integers(3, 6)))
         ]
-        self.noise = rng.normal(0, 3.0, size=(7, h, w, 1)).astype(np.float32)  # cycled: cheaper than fresh
+        # Sensor noise of one grey level: with it the file size falls with the CRF about as on
+        # camera footage (about half per 6 CRF steps); stronger noise makes CRF 18 files blow up.
+        self.noise = rng.normal(0, 1.0, size=(7, h, w, 1)).astype(np.float32)  # cycled: cheaper than fresh
         self.top, self.left, self.side = center_square(h, w)
         self.cells = code_cells(self.side, index_bits(spec))
 
@@ -431,6 +434,23 @@ class SceneRenderer:
         return np.clip(image, 0, 255).astype(np.uint8)
 
 
+@functools.cache
+def x264_cpu_param() -> str:
+    """``:asm=AVX2`` on an x86 CPU with AVX-512, else nothing.
+
+    With its AVX-512 routines, the x264 in PyAV's wheel gives other bytes for the same
+    frames from one run to the next (its MB-tree rate control: seen at 96x64 and 160x128,
+    even on one thread), and a dataset must be the same for a seed. Up to AVX2 it is
+    bit-exact and as fast. x264 takes the list as given, without checking the CPU, so it
+    is only set where the CPU has AVX-512 (and so AVX2).
+    """
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return ""
+    return ":asm=AVX2" if platform.machine() in ("x86_64", "AMD64") and "avx512f" in flags else ""
+
+
 def encode_episode_video(path: Path, spec: EpisodeSpec, camera: int, seed: list[int]) -> None:
     """One camera's episode as H.264 yuv420p in MP4, a keyframe every ``gop`` frames exactly."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -443,10 +463,10 @@ def encode_episode_video(path: Path, spec: EpisodeSpec, camera: int, seed: list[
         stream.options = {
             "crf": str(spec.crf),
             "preset": spec.preset,
-            "x264-params": f"keyint={spec.gop}:min-keyint={spec.gop}:scenecut=0",
+            "x264-params": f"keyint={spec.gop}:min-keyint={spec.gop}:scenecut=0{x264_cpu_param()}",
         }
         for index in range(spec.frames):
-            frame = av.VideoFrame.from_ndarray(renderer.frame(index), format="rgb24")
+            frame = av.VideoFrame.from_ndarray(renderer.frame(index), format="rgb24").reformat(format="yuv420p")
             frame.pts = index
             container.mux(stream.encode(frame))
         container.mux(stream.encode(None))
@@ -463,33 +483,78 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def sample_refs(root: Path, sample: SampleSpec, seed: int) -> list[SampleRef]:
+@dataclass(frozen=True)
+class DatasetMeta:
+    """What preprocessing needs from ``meta/``: frame rate, camera keys, episode lengths."""
+
+    fps: float
+    cameras: tuple[str, ...]
+    lengths: dict[int, int]  # episode index -> frames
+
+
+def read_meta(root: Path) -> DatasetMeta:
+    """``meta/info.json`` and ``meta/episodes.jsonl``, parsed once per process and dataset version."""
+    meta = Path(root) / "meta"
+    stamps = tuple((meta / name).stat().st_mtime_ns for name in ("info.json", "episodes.jsonl"))
+    return _read_meta(str(meta), stamps)
+
+
+@functools.lru_cache(maxsize=16)
+def _read_meta(meta: str, stamps: tuple[int, ...]) -> DatasetMeta:
+    info = json.loads((Path(meta) / "info.json").read_text())
+    cameras = tuple(key for key, feature in info["features"].items() if feature["dtype"] == "video")
+    lengths = {row["episode_index"]: row["length"] for row in read_jsonl(Path(meta) / "episodes.jsonl")}
+    return DatasetMeta(info["fps"], cameras, lengths)
+
+
+def sample_refs(root: Path, sample: SampleSpec, seed: int, per_episode: int | None = None) -> list[SampleRef]:
     """The samples of the dataset at ``root``, shuffled; deterministic per ``seed``.
 
-    Each episode is cut into consecutive windows: each draws its frame count in
-    ``sample.frames`` and starts a random fraction of a sample period after the previous
-    window ends, so the first wanted frame falls anywhere between two keyframes (the
-    decoder's seek distance varies as in real data). A window that would run past the
-    episode's end ends the episode's samples.
+    Each sample draws its frame count in ``sample.frames``. By default each episode is
+    cut into consecutive windows, each starting a random fraction of a sample period
+    after the previous one ends, so the first wanted frame falls anywhere between two
+    keyframes (the decoder's seek distance varies as in real data); a window that would
+    run past the episode's end ends the episode's samples. With ``per_episode``, each
+    episode gives that many windows at random starts instead, overlapping or not (as a
+    sampler drawing clips at random does): many samples from a few episodes.
     """
     root = Path(root)
     fps = read_info(root)["fps"]
     rng = np.random.default_rng(seed)
-    period = 1.0 / sample.sample_fps
     refs = []
     for row in read_jsonl(root / "meta" / "episodes.jsonl"):
         last = (row["length"] - 1) / fps  # time of the last frame
-        start = float(rng.uniform(0, period))
-        while True:
-            frames = int(rng.integers(sample.frames[0], sample.frames[1] + 1))
-            if start + (frames - 1) * period > last:
-                break
-            refs.append(SampleRef(row["episode_index"], round(start, 4), frames, row["tasks"][0]))
-            start += frames * period + float(rng.uniform(0, period))
+        if per_episode is None:
+            windows = consecutive_windows(rng, last, sample)
+        else:
+            windows = random_windows(rng, last, sample, per_episode)
+        refs.extend(SampleRef(row["episode_index"], start, frames, row["tasks"][0]) for start, frames in windows)
     if not refs:
         raise ValueError(f"{root}: no sample of {sample.frames[0]} frames at {sample.sample_fps} FPS fits an episode")
     order = rng.permutation(len(refs))
     return [refs[i] for i in order]
+
+
+def consecutive_windows(rng: np.random.Generator, last_s: float, sample: SampleSpec) -> list[tuple[float, int]]:
+    """(start, frames) of windows one after another, up to the last frame's time ``last_s``."""
+    period, windows = 1.0 / sample.sample_fps, []
+    start = float(rng.uniform(0, period))
+    while True:
+        frames = int(rng.integers(sample.frames[0], sample.frames[1] + 1))
+        if start + (frames - 1) * period > last_s:
+            return windows
+        windows.append((round(start, 4), frames))
+        start += frames * period + float(rng.uniform(0, period))
+
+
+def random_windows(rng: np.random.Generator, last_s: float, sample: SampleSpec, count: int) -> list[tuple[float, int]]:
+    """(start, frames) of ``count`` windows at random starts (fewer if some do not fit)."""
+    period, windows = 1.0 / sample.sample_fps, []
+    for _ in range(count):
+        frames = int(rng.integers(sample.frames[0], sample.frames[1] + 1))
+        if (frames - 1) * period <= last_s:
+            windows.append((round(float(rng.uniform(0, last_s - (frames - 1) * period)), 4), frames))
+    return windows
 
 
 def wanted_frames(ref: SampleRef, sample: SampleSpec, fps: float, length: int) -> np.ndarray:
@@ -501,13 +566,11 @@ def wanted_frames(ref: SampleRef, sample: SampleSpec, fps: float, length: int) -
 def decode_sample(root: Path, ref: SampleRef, sample: SampleSpec) -> DecodedSample:
     """Decode a sample: each camera's frames at the sample times, resized; states, actions, text."""
     root = Path(root)
-    info = read_info(root)
-    fps, cameras = info["fps"], [k for k, f in info["features"].items() if f["dtype"] == "video"]
-    length = info["total_frames"] // info["total_episodes"]
-    wanted = wanted_frames(ref, sample, fps, length)
+    meta = read_meta(root)
+    wanted = wanted_frames(ref, sample, meta.fps, meta.lengths[ref.episode])
     images, raw, decoded = [], 0, 0
-    for key in cameras:
-        frames, read, count = decode_frames(root / episode_video_path(ref.episode, key), wanted, fps)
+    for key in meta.cameras:
+        frames, read, count = decode_frames(root / episode_video_path(ref.episode, key), wanted, meta.fps)
         images.append(np.stack([resize_square(frames[i], sample.image_size) for i in wanted]))
         raw += read
         decoded += count
@@ -715,13 +778,11 @@ def sample_raw_bytes(root: Path, ref: SampleRef, sample: SampleSpec) -> int:
     Demuxing only (no decoding), so it is cheap; ``decode_sample`` counts the same bytes.
     """
     root = Path(root)
-    info = read_info(root)
-    fps = info["fps"]
-    length = info["total_frames"] // info["total_episodes"]
-    wanted = wanted_frames(ref, sample, fps, length)
+    meta = read_meta(root)
+    wanted = wanted_frames(ref, sample, meta.fps, meta.lengths[ref.episode])
     total = 0
-    for key in (k for k, f in info["features"].items() if f["dtype"] == "video"):
-        total += packet_bytes(root / episode_video_path(ref.episode, key), wanted, fps)
+    for key in meta.cameras:
+        total += packet_bytes(root / episode_video_path(ref.episode, key), wanted, meta.fps)
     return total + read_windows(root / episode_data_path(ref.episode), wanted, sample.history)[2]
 
 
@@ -736,8 +797,9 @@ def packet_bytes(path: Path, wanted: np.ndarray, fps: float) -> int:
         for packet in container.demux(stream):
             if packet.pts is None:
                 continue
-            sizes[frame_index(packet.pts, stream, fps)] = packet.size
-            if len([i for i in sizes if i <= last]) == last - min(sizes) + 1:
+            index = frame_index(packet.pts, stream, fps)
+            sizes[index] = packet.size
+            if index <= last and sum(1 for i in sizes if i <= last) == last - min(sizes) + 1:
                 break
     return span_bytes(sizes, last)
 
@@ -751,8 +813,7 @@ def expansion(root: Path, refs: Sequence[SampleRef], sample: SampleSpec) -> dict
     ``ready_bytes``: the packed arrays. The ratios are ready over raw.
     """
     root = Path(root)
-    info = read_info(root)
-    cameras = [k for k, f in info["features"].items() if f["dtype"] == "video"]
+    cameras = read_meta(root).cameras
     raw = sum(sample_raw_bytes(root, ref, sample) for ref in refs)
     episodes = sorted({ref.episode for ref in refs})
     episode_bytes = 0
@@ -769,3 +830,29 @@ def expansion(root: Path, refs: Sequence[SampleRef], sample: SampleSpec) -> dict
         "expansion": ready / raw if raw else math.inf,
         "expansion_vs_episodes": ready / episode_bytes if episode_bytes else math.inf,
     }
+
+
+# -- producer pools -------------------------------------------------------------------
+
+
+def global_batches(refs: Sequence[SampleRef], batch: int) -> list[list[SampleRef]]:
+    """``refs`` in global batches of ``batch`` samples, in order; an incomplete last batch is dropped."""
+    if batch < 1:
+        raise ValueError(f"a global batch needs at least one sample, got {batch}")
+    return [list(refs[i : i + batch]) for i in range(0, len(refs) - batch + 1, batch)]
+
+
+def step_item(root: Path, refs: Sequence[SampleRef], sample: SampleSpec, dp: int, cp: int) -> dict:
+    """One global batch as a pool shard: plain values (a pool fingerprints and ships them)."""
+    return {"root": str(root), "refs": [r.to_dict() for r in refs], "sample": sample.to_dict(), "dp": dp, "cp": cp}
+
+
+def preprocess_item(item: dict) -> list[dict[str, np.ndarray]]:
+    """``preprocess_step`` of a ``step_item``: the ``preprocess`` function of a producer pool."""
+    refs = [SampleRef.from_dict(r) for r in item["refs"]]
+    return preprocess_step(Path(item["root"]), refs, SampleSpec.from_dict(item["sample"]), item["dp"], item["cp"])
+
+
+def episode_spec(root: Path) -> EpisodeSpec:
+    """The ``EpisodeSpec`` a dataset was written with (from ``meta/info.json``)."""
+    return EpisodeSpec(**read_info(root)["batchweave_episode_spec"])

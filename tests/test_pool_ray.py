@@ -26,12 +26,13 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module", autouse=True)
 def cluster():
     os.environ["RAY_AUTH_MODE"] = "disabled"
-    tests = str(Path(__file__).parent)
+    tests = Path(__file__).parent
     ray.init(
         address="local",  # never attach to another cluster on this machine
         num_cpus=2,
         include_dashboard=False,
-        runtime_env={"env_vars": {"PYTHONPATH": tests}},  # workers import pool_work
+        # Workers import pool_work, and examples.lerobot_video from the repository's root.
+        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(tests), str(tests.parent)])}},
         log_to_driver=False,
     )
     yield
@@ -119,3 +120,24 @@ def test_more_producers_than_the_cluster_has_room_for_run_as_others_finish(tmp_p
             pytest.fail("a producer never started: the finished ones kept their CPUs")
     assert report.produced == 9
     check_exactly_once_in_order(url, 9, 3)
+
+
+def test_the_video_example_publishes_its_steps_from_ray_actors(tmp_path):
+    lv = pytest.importorskip("examples.lerobot_video")  # PyAV and pyarrow: the examples extra
+    root = tmp_path / "dataset"
+    lv.write_dataset(root, 2, lv.EpisodeSpec(cameras=2, height=48, width=64, fps=10, seconds=3, gop=5), seed=0)
+    sample = lv.SampleSpec(frames=(2, 3), image_size=32, patch=8, text_tokens=12, seq_len=128)
+    batches = lv.global_batches(lv.sample_refs(root, sample, seed=0, per_episode=2), 2)
+    url = (tmp_path / "ns").as_uri()
+    source = [lv.step_item(root, refs, sample, 2, 1) for refs in batches]
+    report = run_pool(
+        url, "video", source, lv.preprocess_item, producers=2, dp=2, backend="ray", progress=False,
+        end_of_stream=True,
+    )  # fmt: skip
+    assert report.produced == len(batches) == 2
+    ranks = []
+    for rank in range(2):
+        with bw.Consumer(url, dp=2, rank=rank, timeout_s=30) as consumer:
+            ranks.append([batch.data["tokens"].tobytes() for batch in consumer])
+    expected = [[s["tokens"].tobytes() for s in lv.preprocess_step(root, refs, sample, 2, 1)] for refs in batches]
+    assert sorted(map(list, zip(*ranks))) == sorted(expected)
