@@ -237,7 +237,7 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
             with ThreadPoolExecutor(max_workers=len(runs)) as pool:
                 outcomes = list(pool.map(lambda r: one_run(*r), runs))
         else:
-            outcomes = [one_run(feed, workers) for feed, workers in runs]
+            outcomes = [one_run(feed, loader) for feed, loader in runs]
         for (feed, (workers, prefetch)), (label, points, extra) in zip(runs, outcomes, strict=True):
             record = {"system": label, "feed": feed, "workers": workers}
             if prefetch is not None:

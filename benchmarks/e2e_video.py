@@ -9,8 +9,8 @@ module says what is trained on, for the harness, the trainer (``benchmarks.e2e_t
   30 FPS, a keyframe a second (``examples.lerobot_video.write_dataset``);
 - the preprocessing, at training time: ``examples.lerobot_video.preprocess_step``. For
   each sample (8 to 16 frames at 2 FPS, 4 to 8 seconds of video) every camera is decoded
-  from the keyframe before its first frame, so about 30 frames are decoded for each
-  one kept; the kept frames are resized, states and actions windowed, the task text
+  from the keyframe before its first frame, so about 15 frames are decoded for each
+  one kept (30 FPS video sampled at 2 FPS); the kept frames are resized, states and actions windowed, the task text
   tokenized, and all packed into one fixed-length sequence of rows (``[seq_len, 772]``
   float16 per sample, a ``lengths`` array giving the used rows);
 - the model: a small transformer over those rows. Each row is embedded by its kind (an
@@ -21,14 +21,17 @@ module says what is trained on, for the harness, the trainer (``benchmarks.e2e_t
   (mean squared error), as a vision-language-action policy does.
 
 Sizes (``setup``), and how they were chosen. Decoding dominates the preprocessing and
-does not depend on the model's input size: about 0.23 s per sample on one core of the
-development machine at 480x640 (0.09 s at 240x320), measured with ``bench video``. A
-global batch of 2 samples therefore costs ~0.46 s to preprocess on one core. The model
-(dim 128, 4 layers, 64 px frames in 16 px patches: 832 rows per sample, up to 768 of
-them patches) was then sized so that a training step on one core costs a little less
-than that (~0.4 s). Preprocessing is then the heavy side, as for the paper's video
-workloads: a colocated DataLoader must fit preprocessing and training into one core's
-time per step, a producer on the preprocessing node only preprocessing.
+hardly depends on the model's input size (64, 96 or 224 px frames: 0.23, 0.22 and 0.28 s
+per sample on one core of the development machine at 480x640; 0.09 s at 240x320). A
+global batch of 2 samples therefore costs about 0.5 s to preprocess on one core. The
+model (64 px frames in 16 px patches: 832 rows per sample, up to 768 of them patches)
+was then sized, timing training steps pinned to one core beside preprocessed steps
+pinned to the other, so that a training step costs a little less than that: width 128
+gave 0.27 s a step, width 160 0.40 s (4 layers each); 160 it is. Preprocessing is then
+the heavy side, as for the paper's video workloads: a colocated DataLoader must fit
+preprocessing and training into one core's time per step, a producer on the
+preprocessing node only preprocessing. The memory feed's step time and the producer's
+TGBs per second in each result are the two costs as measured in that run.
 
 The memory feed's batches are made once by the harness (on both cores, before any run)
 and stored in an ``.npz`` the trainer loads before its clock starts: the same bytes the
