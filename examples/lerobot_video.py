@@ -407,8 +407,8 @@ class SceneRenderer:
             }
             for _ in range(int(rng.integers(3, 6)))
         ]
-        # Sensor noise of one grey level: with it the file size falls with the CRF about as on
-        # camera footage (about half per 6 CRF steps); stronger noise makes CRF 18 files blow up.
+        # Sensor noise of one grey level: with it the file size falls with the CRF as on camera
+        # footage (1.5-1.7x per 5 CRF steps); stronger noise makes CRF 18 files blow up.
         self.noise = rng.normal(0, 1.0, size=(7, h, w, 1)).astype(np.float32)  # cycled: cheaper than fresh
         self.top, self.left, self.side = center_square(h, w)
         self.cells = code_cells(self.side, index_bits(spec))
