@@ -123,13 +123,17 @@ def setup(options: BenchOptions) -> Setup:
 def settings(plan: Setup) -> list[tuple[str, EpisodeSpec, SampleSpec]]:
     """(name, episodes, samples) of each row: one factor at a time from the base."""
     base_episode, base_sample = plan.episode, plan.sample
-    rows = [(f"crf {crf}", replace(base_episode, crf=crf), base_sample) for crf in plan.crfs]
+    rows = [(_crf_name(crf, base_episode), replace(base_episode, crf=crf), base_sample) for crf in plan.crfs]
     for height, width in plan.resolutions[1:]:
         rows.append((f"{height}x{width}", replace(base_episode, height=height, width=width), base_sample))
     for history in plan.histories:
         if history != base_sample.history:
             rows.append((f"history {history}", base_episode, replace(base_sample, history=history)))
     return rows
+
+
+def _crf_name(crf: int, base: EpisodeSpec) -> str:
+    return f"crf {crf} (base)" if crf == base.crf else f"crf {crf}"
 
 
 def run(options: BenchOptions, progress: Any) -> BenchResult:

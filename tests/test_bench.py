@@ -119,7 +119,8 @@ def test_quick_benchmark_writes_its_three_files(name, workload, tmp_path):
         assert all("prefetch_factor" in r for r in result["results"] if r["feed"] == "dataloader")
     if name == "video":  # every setting, and the latency spread in order
         settings = {r["setting"] for r in result["results"] if r["kind"] == "expansion"}
-        assert {"crf 18", "crf 23", "crf 28", "crf 35", "history 1", "history 4"} <= settings and len(settings) == 7
+        expected = {"crf 18", "crf 23 (base)", "crf 28", "crf 35", "history 1", "history 4"}
+        assert expected <= settings and len(settings) == 7, settings
         grown = {r["setting"]: r for r in result["results"] if r["kind"] == "expansion"}
         assert grown["crf 18"]["raw_bytes"] > grown["crf 35"]["raw_bytes"]  # a higher CRF, smaller video
         assert all(r["ready_bytes"] >= r["used_bytes"] > 0 and r["expansion"] > 0 for r in grown.values())
