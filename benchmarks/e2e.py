@@ -1,5 +1,11 @@
 """``bench e2e``: end-to-end training speed with three feeds (paper section 7.2, Figs. 7 and 13).
 
+``--workload image`` (the default, described here) or ``--workload video``
+(``benchmarks.e2e_video``: robot episodes decoded from H.264 and packed into multimodal
+sequences, the paper's Fig. 13). Both go through the same harness below: the same
+feeds, the same emulation of two nodes, the same figures; a ``Workload`` says what is
+trained on.
+
 The same tiny ViT trains under torchrun (DDP, gloo on CPU) for the same number of steps on
 the same global batch of JPEG images (decode, random-resized crop, flip, normalize: the
 image half of ``examples/preprocess_images.py``, in ``benchmarks.e2e_train``), fed
@@ -56,9 +62,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +114,70 @@ class Setup:
     ranks: int = 1  # one training rank per emulated training node
 
 
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """What ``bench e2e`` trains on; the harness (feeds, emulation, figures) is the same for all.
+
+    ``plan`` has at least ``steps``, ``warmup``, ``per_step``, ``producers`` and ``ranks``.
+    """
+
+    name: str  # the result's name (its files' stem)
+    plan: Any
+    loaders: tuple[tuple[int, int | None], ...]  # colocated DataLoaders tried: (num_workers, prefetch_factor)
+    prepare: Callable[[Path], None]  # write the raw data under the work directory (before any run)
+    trainer_args: Callable[[Path], list[str]]  # benchmarks.e2e_train's options for this workload
+    source: Callable[[Path, int], list[Any]]  # the producers' items for that many TGBs
+    preprocess: Callable[[Any], list[dict[str, Any]]]  # item -> a TGB's slices (module level: spawn pickles it)
+    describe: Callable[[], dict[str, Any]]  # the config's model and preprocessing entries
+
+
+def workload(options: BenchOptions) -> Workload:
+    if options.workload == "video":
+        from benchmarks.e2e_video import video_workload
+
+        return video_workload(options)
+    return image_workload(options)
+
+
+def image_workload(options: BenchOptions) -> Workload:
+    plan = setup(options)
+    return Workload(
+        name=NAME,
+        plan=plan,
+        loaders=tuple((k, None) for k in plan.workers),
+        prepare=partial(_write_images, plan, options.seed),
+        trainer_args=partial(_image_trainer_args, plan),
+        source=partial(_image_source, plan),
+        preprocess=preprocess_step,
+        describe=partial(_describe_images, plan),
+    )
+
+
+def _write_images(plan: Setup, seed: int, work: Path) -> None:
+    write_images(work / "images", plan.pool_images, plan.min_side, plan.max_side, seed=seed)
+
+
+def _image_trainer_args(plan: Setup, work: Path) -> list[str]:
+    return [
+        *("--images", str(work / "images"), "--per-step", str(plan.per_step), "--size", str(plan.size)),
+        *("--patch", str(plan.patch), "--dim", str(plan.dim), "--layers", str(plan.layers)),
+    ]
+
+
+def _image_source(plan: Setup, work: Path, tgbs: int) -> list[Any]:
+    return [(str(work / "images"), step, plan.per_step, plan.ranks, plan.size) for step in range(tgbs)]
+
+
+def _describe_images(plan: Setup) -> dict[str, Any]:
+    return {
+        **asdict(plan),
+        "workers": list(plan.workers),
+        "model": f"ViT: {plan.size}px, patch {plan.patch}, dim {plan.dim}, {plan.layers} encoder layers",
+        "preprocessing": f"JPEG decode ({plan.min_side}-{plan.max_side} px sides), random-resized crop, "
+        "flip, normalize; examples/preprocess_images.py",
+    }
+
+
 def setup(options: BenchOptions) -> Setup:
     if options.quick:
         # The plumbing, not the figures: every feed once, a few steps of a smaller model on
@@ -133,24 +205,26 @@ def cores() -> tuple[set[int], set[int]]:
 
 
 def run(options: BenchOptions, progress: Any) -> BenchResult:
-    plan = setup(options)
+    chosen = workload(options)
+    plan = chosen.plan
     # memory+producers: the in-memory feed while producers work on the other core, as for
     # BatchWeave. The two cores of one machine share caches and memory bandwidth (two nodes
     # would not): this is the limit the emulation can show, beside the plain one.
-    loaded = () if options.quick else (("memory+producers", 0),)
-    runs = [("memory", 0), *loaded, ("batchweave", 0), *(("dataloader", k) for k in plan.workers)]
-    task = progress.add_task("bench e2e", total=len(runs))
+    no_loader = (0, None)
+    loaded = () if options.quick else (("memory+producers", no_loader),)
+    runs = [("memory", no_loader), *loaded, ("batchweave", no_loader), *(("dataloader", lo) for lo in chosen.loaders)]
+    task = progress.add_task(f"bench {chosen.name}", total=len(runs))
     work = Path(tempfile.mkdtemp(prefix="bench-e2e-"))
     results, series = [], {}
     try:
-        progress.update(task, description="e2e: writing JPEGs")
-        write_images(work / "images", plan.pool_images, plan.min_side, plan.max_side, seed=options.seed)
+        progress.update(task, description=f"{chosen.name}: writing the data")
+        chosen.prepare(work)
 
-        def one_run(feed: str, workers: int) -> tuple[str, list[dict], dict[str, Any]]:
-            label = feed if feed != "dataloader" else f"dataloader-k={workers}"
-            progress.update(task, description=f"e2e: {label}")
+        def one_run(feed: str, loader: tuple[int, int | None]) -> tuple[str, list[dict], dict[str, Any]]:
+            label = _label(feed, loader)
+            progress.update(task, description=f"{chosen.name}: {label}")
             load_1m = os.getloadavg()[0]
-            points, extra = train_once(plan, work, feed, workers, label)
+            points, extra = train_once(chosen, work, feed, loader, label)
             extra["load_1m"] = load_1m
             progress.advance(task)
             return label, points, extra
@@ -163,22 +237,35 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
             with ThreadPoolExecutor(max_workers=len(runs)) as pool:
                 outcomes = list(pool.map(lambda r: one_run(*r), runs))
         else:
-            outcomes = [one_run(feed, workers) for feed, workers in runs]
-        for (feed, workers), (label, points, extra) in zip(runs, outcomes, strict=True):
-            results.append({"system": label, "feed": feed, "workers": workers, **measure(points, plan.warmup), **extra})
+            outcomes = [one_run(feed, loader) for feed, loader in runs]
+        for (feed, (workers, prefetch)), (label, points, extra) in zip(runs, outcomes, strict=True):
+            record = {"system": label, "feed": feed, "workers": workers}
+            if prefetch is not None:
+                record["prefetch_factor"] = prefetch
+            results.append({**record, **measure(points, plan.warmup), **extra})
             series[label] = points
     finally:
         shutil.rmtree(work, ignore_errors=True)
     compare(results)
-    return BenchResult(NAME, config(plan, options), results, COLUMNS, summary=verdict(results), series=series)
+    return BenchResult(chosen.name, config(chosen, options), results, COLUMNS, summary=verdict(results), series=series)
+
+
+def _label(feed: str, loader: tuple[int, int | None]) -> str:
+    workers, prefetch = loader
+    if feed != "dataloader":
+        return feed
+    return f"dataloader-k={workers}" + ("" if prefetch is None else f"-pf={prefetch}")
 
 
 # -- one training run -----------------------------------------------------------------
 
 
-def train_once(plan: Setup, work: Path, feed: str, workers: int, label: str) -> tuple[list[dict], dict[str, Any]]:
+def train_once(
+    chosen: Workload, work: Path, feed: str, loader: tuple[int, int | None], label: str
+) -> tuple[list[dict], dict[str, Any]]:
     """Run the trainer under torchrun (and, for BatchWeave, the producers); return rank 0's
     per-step series and extra record fields."""
+    plan, (workers, prefetch) = chosen.plan, loader
     trainer_cores, producer_cores = cores()
     out, ready, log = work / f"{label}.json", work / f"{label}.ready", work / f"{label}.log"
     url = str(work / f"namespace-{label}")
@@ -187,11 +274,10 @@ def train_once(plan: Setup, work: Path, feed: str, workers: int, label: str) -> 
     (work / f"namespace-{label}").mkdir(exist_ok=True)
     command = [
         *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(plan.ranks)),
-        *("-m", "benchmarks.e2e_train", "--feed", _trainer_feed(feed), "--images", str(work / "images")),
-        *("--url", url),
-        *("--steps", str(plan.steps), "--per-step", str(plan.per_step), "--size", str(plan.size)),
-        *("--patch", str(plan.patch), "--dim", str(plan.dim), "--layers", str(plan.layers)),
+        *("-m", "benchmarks.e2e_train", "--feed", _trainer_feed(feed), "--url", url),
+        *("--steps", str(plan.steps), *chosen.trainer_args(work)),
         *("--workers", str(workers), "--cores", ",".join(map(str, sorted(trainer_cores)))),
+        *(() if prefetch is None else ("--prefetch", str(prefetch))),
         *("--ready", str(ready), "--out", str(out)),
     ]
     producers: list[Any] = []
@@ -204,7 +290,7 @@ def train_once(plan: Setup, work: Path, feed: str, workers: int, label: str) -> 
             if feed in ("batchweave", "memory+producers"):  # the latter only loads the other core
                 _wait_for(ready, trainer, timeout_s=300)
                 started = time.monotonic()
-                producers = start_producers(plan, work, url, producer_cores)
+                producers = start_producers(chosen, work, url, producer_cores)
                 done_at = _wait_trainer(trainer, producers, _deadline(plan))
                 produced_s = (done_at or time.monotonic()) - started
                 extra["producer_tgbs_per_s"] = Journal(open_store(url)).load_state().steps / produced_s
@@ -228,17 +314,22 @@ def _trainer_feed(feed: str) -> str:
     return "memory" if feed == "memory+producers" else feed
 
 
-def start_producers(plan: Setup, work: Path, url: str, producer_cores: set[int]) -> list[Any]:
+def start_producers(chosen: Workload, work: Path, url: str, producer_cores: set[int]) -> list[Any]:
     """``plan.producers`` spawned producer processes, each one member of a pool (its share
     of the steps, exactly once), pinned to the preprocessing node's cores."""
+    plan = chosen.plan
     # More TGBs than the trainer takes: the producers keep publishing until training ends,
     # so the consumer follows a live log throughout, the steady state of a long job.
     tgbs = PRODUCE_AHEAD * plan.steps
     pool = PoolPlan("e2e", plan.producers, tgbs)
-    source = [(str(work / "images"), step, plan.per_step, plan.ranks, plan.size) for step in range(tgbs)]
+    source = chosen.source(work, tgbs)
     context = mp.get_context("spawn")  # obstore's runtime does not survive fork
     processes = [
-        context.Process(target=_produce, args=(url, pool, index, source, plan.ranks, producer_cores), daemon=True)
+        context.Process(
+            target=_produce,
+            args=(url, pool, index, source, chosen.preprocess, plan.ranks, producer_cores),
+            daemon=True,
+        )
         for index in range(plan.producers)
     ]
     # Pinned from birth: a spawned child's imports would otherwise run on the trainer's core.
@@ -259,9 +350,11 @@ def _pinned_thread(cores: set[int]):
         os.sched_setaffinity(0, before)
 
 
-def _produce(url: str, pool: PoolPlan, index: int, source: list, dp: int, producer_cores: set[int]) -> None:
+def _produce(
+    url: str, pool: PoolPlan, index: int, source: list, preprocess: Callable, dp: int, producer_cores: set[int]
+) -> None:
     os.sched_setaffinity(0, producer_cores)  # the preprocessing node
-    produce_shards(url, pool, index, source, preprocess_step, dp=dp)
+    produce_shards(url, pool, index, source, preprocess, dp=dp)
 
 
 def _deadline(plan: Setup) -> float:
@@ -394,14 +487,10 @@ def _loaded_lines(results: list[dict[str, Any]], ours: dict[str, Any], memory: d
     ]
 
 
-def config(plan: Setup, options: BenchOptions) -> dict[str, Any]:
+def config(chosen: Workload, options: BenchOptions) -> dict[str, Any]:
     trainer_cores, producer_cores = cores()
     return {
-        **asdict(plan),
-        "workers": list(plan.workers),
-        "model": f"ViT: {plan.size}px, patch {plan.patch}, dim {plan.dim}, {plan.layers} encoder layers",
-        "preprocessing": f"JPEG decode ({plan.min_side}-{plan.max_side} px sides), random-resized crop, "
-        "flip, normalize; examples/preprocess_images.py",
+        **chosen.describe(),
         "emulation": {
             "training_node_cores": sorted(trainer_cores),
             "preprocessing_node_cores": sorted(producer_cores),
@@ -428,7 +517,8 @@ def plot(result: BenchResult, figure: Any) -> None:
     for label, points in result.series.items():
         left.plot([p["step"] for p in points], [p["step_s"] * 1e3 for p in points], label=label, linewidth=1)
     left.axvspan(0, warmup, color="grey", alpha=0.15, label="warm-up (left out)")
-    left.set(title="step time (paper Fig. 7)", xlabel="step", ylabel="step time (ms)")
+    figure_no = 7 if result.benchmark == NAME else 13  # the paper's image and video figures
+    left.set(title=f"step time (paper Fig. {figure_no})", xlabel="step", ylabel="step time (ms)")
     left.set_ylim(0, _ylim_ms(result))
     left.legend(fontsize=8)
     labels = [r["system"] for r in result.results]

@@ -14,11 +14,15 @@ writes the series as JSON. ``--feed`` chooses where the batches come from:
   ``benchmarks.e2e`` on other cores) fill while training runs;
 - ``memory``: the same batches, preprocessed before the clock starts (the upper limit).
 
-The preprocessing lives here too (the DataLoader workers and the producers import it):
-the image half of ``examples/preprocess_images.py`` (JPEG decode, random-resized crop,
-flip, normalize), seeded per image so that a step's batch has the same bytes whichever
-process made it. This module imports torch only inside the training functions, so the
-producer processes that import the pipeline never pay for torch.
+``--workload`` chooses what is trained on. ``image`` (the default) is here: the image
+half of ``examples/preprocess_images.py`` (JPEG decode, random-resized crop, flip,
+normalize), seeded per image so that a step's batch has the same bytes whichever process
+made it (the DataLoader workers and the producers import it). ``video`` is
+``benchmarks.e2e_video``: robot episodes decoded from H.264 and packed into multimodal
+sequences, a small transformer with an action head. Each is a *job*: a model, a loss,
+and this rank's slice of step ``s``; the loop and the feeds are the same for both. This
+module imports torch only inside the training functions, so the producer processes that
+import the pipeline never pay for torch.
 """
 
 from __future__ import annotations
@@ -115,21 +119,53 @@ def preprocess_step(item: tuple[str, int, int, int, int]) -> list[dict[str, np.n
     return [preprocess_slice(images, step, per_step, d, dp, size) for d in range(dp)]
 
 
-class StepImages:
+class StepSlices:
     """Map-style dataset for the colocated DataLoader: item ``s`` is this rank's slice of step ``s``."""
 
-    def __init__(self, images: str, steps: int, per_step: int, rank: int, ranks: int, size: int) -> None:
-        self.images, self.steps, self.per_step = images, steps, per_step
-        self.rank, self.ranks, self.size = rank, ranks, size
+    def __init__(self, job, steps: int, rank: int, ranks: int) -> None:
+        self.job, self.steps, self.rank, self.ranks = job, steps, rank, ranks
 
     def __len__(self) -> int:
         return self.steps
 
     def __getitem__(self, step: int) -> dict[str, np.ndarray]:
-        return preprocess_slice(self.images, step, self.per_step, self.rank, self.ranks, self.size)
+        return self.job.slice(step, self.rank, self.ranks)
 
 
 # -- training -------------------------------------------------------------------------
+
+
+class ImageJob:
+    """The image workload: the tiny ViT, cross-entropy over the ring classes."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+
+    def slice(self, step: int, rank: int, ranks: int) -> dict[str, np.ndarray]:
+        a = self.args
+        return preprocess_slice(a.images, step, a.per_step, rank, ranks, a.size)
+
+    def memory(self, rank: int, ranks: int) -> list[dict[str, np.ndarray]]:
+        return [self.slice(step, rank, ranks) for step in range(self.args.steps)]
+
+    def model(self):
+        a = self.args
+        return build_model(a.dim, a.layers, a.size, a.patch)
+
+    def loss(self, model, batch, device):
+        import torch
+
+        images, labels = batch["images"].to(device), batch["labels"].to(device)
+        return torch.nn.functional.cross_entropy(model(images), labels)
+
+
+def job(args: argparse.Namespace):
+    """The workload's job (video's module is imported only when asked for)."""
+    if args.workload == "video":
+        from benchmarks.e2e_video import VideoJob
+
+        return VideoJob(args)
+    return ImageJob(args)
 
 
 def build_model(dim: int, layers: int, size: int, patch: int):
@@ -159,13 +195,13 @@ def pin(cores: set[int]) -> None:
     torch.set_num_threads(1)
 
 
-def batches(args: argparse.Namespace, rank: int, world: int):
+def batches(args: argparse.Namespace, work, rank: int, world: int):
     """The iterator of this rank's batches for ``args.feed``, and something to close."""
     import torch
     from torch.utils.data import DataLoader
 
     if args.feed == "memory":
-        made = [preprocess_slice(args.images, s, args.per_step, rank, world, args.size) for s in range(args.steps)]
+        made = work.memory(rank, world)
         return iter([{k: torch.from_numpy(v) for k, v in b.items()} for b in made]), None
     if args.feed == "batchweave":
         from batchweave.torch import TGBDataset
@@ -173,13 +209,25 @@ def batches(args: argparse.Namespace, rank: int, world: int):
         dataset = TGBDataset(args.url, dp=world, rank=rank, timeout_s=args.timeout_s)
         return iter(DataLoader(dataset, batch_size=None)), dataset
     cores = os.sched_getaffinity(0)
+    # prefetch_factor only with workers (torch refuses it without); None: torch's default (2)
+    prefetch = {"prefetch_factor": args.prefetch} if args.prefetch and args.workers else {}
     loader = DataLoader(
-        StepImages(args.images, args.steps, args.per_step, rank, world, args.size),
+        StepSlices(work, args.loader_steps or args.steps, rank, world),
         batch_size=None,
         num_workers=args.workers,
         worker_init_fn=functools.partial(_worker_init, cores),
+        **prefetch,
     )
     return iter(loader), None
+
+
+def parse_cores(text: str) -> set[int]:
+    """``"0"``, ``"0,1"`` or ``"0-63,96"``: a CPU list as ``taskset -c`` takes it."""
+    cores: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        cores.update(range(int(first), int(last or first) + 1))
+    return cores
 
 
 def _worker_init(cores: set[int], worker_id: int) -> None:
@@ -191,15 +239,16 @@ def train(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    pin({int(c) for c in args.cores.split(",")})
+    pin(parse_cores(args.cores))
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
     torch.manual_seed(0)
-    model = DistributedDataParallel(build_model(args.dim, args.layers, args.size, args.patch).to(device))
+    work = job(args)
+    model = DistributedDataParallel(work.model().to(device))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    feed, closable = batches(args, rank, world)
+    feed, closable = batches(args, work, rank, world)
     if rank == 0 and args.ready:
         Path(args.ready).touch()  # the producers start now: no head start before the first step
     series = []
@@ -207,8 +256,7 @@ def train(args: argparse.Namespace) -> None:
         started = time.perf_counter()
         batch = next(feed)
         waited = time.perf_counter() - started
-        images, labels = batch["images"].to(device), batch["labels"].to(device)
-        loss = torch.nn.functional.cross_entropy(model(images), labels)
+        loss = work.loss(model, batch, device)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -220,7 +268,15 @@ def train(args: argparse.Namespace) -> None:
     if closable is not None:
         closable.close()
     if rank == 0:
-        out = {"feed": args.feed, "workers": args.workers, "world": world, "cuda": cuda, "series": series}
+        out = {
+            "feed": args.feed,
+            "workload": args.workload,
+            "workers": args.workers,
+            "prefetch": args.prefetch,
+            "world": world,
+            "cuda": cuda,
+            "series": series,
+        }
         Path(args.out).write_text(json.dumps(out))
     dist.destroy_process_group()
 
@@ -228,16 +284,29 @@ def train(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--feed", choices=("dataloader", "batchweave", "memory"), required=True)
-    parser.add_argument("--images", required=True, help="directory of JPEGs made by write_images")
+    parser.add_argument("--workload", choices=("image", "video"), default="image")
+    parser.add_argument("--images", help="directory of JPEGs made by write_images (image workload)")
     parser.add_argument("--url", help="namespace (batchweave feed)")
     parser.add_argument("--steps", type=int, required=True)
-    parser.add_argument("--per-step", type=int, default=32, help="global batch: images per step")
-    parser.add_argument("--size", type=int, default=64, help="crop side in pixels")
-    parser.add_argument("--patch", type=int, default=8)
+    parser.add_argument("--per-step", type=int, default=32, help="global batch: images (or video samples) per step")
+    parser.add_argument("--size", type=int, default=64, help="crop side in pixels (image workload)")
+    parser.add_argument("--patch", type=int, default=8, help="ViT patch side (image workload)")
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4, help="attention heads (video workload)")
+    parser.add_argument("--dataset", help="LeRobot-layout dataset directory (video workload)")
+    parser.add_argument("--sample", help="the video workload's SampleSpec as JSON")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the video workload's sample list")
+    parser.add_argument("--memory-cache", help="the memory feed's steps, preprocessed by the harness (video)")
     parser.add_argument("--workers", type=int, default=0, help="DataLoader workers (dataloader feed)")
-    parser.add_argument("--cores", default="0", help="CPU cores of this training node, e.g. 0 or 0,1")
+    parser.add_argument("--prefetch", type=int, help="DataLoader prefetch_factor (torch's default: 2)")
+    parser.add_argument(
+        "--loader-steps",
+        type=int,
+        help="steps the DataLoader's dataset holds (default --steps); more keep its workers busy to the "
+        "end, as in a long run, instead of handing the last steps over already made",
+    )
+    parser.add_argument("--cores", default="0", help="CPU cores of this training node, e.g. 0, 0,1 or 0-63")
     parser.add_argument("--ready", help="file rank 0 creates just before the first step")
     parser.add_argument("--timeout-s", type=float, default=300.0)
     parser.add_argument("--out", required=True, help="rank 0's JSON of per-step times")

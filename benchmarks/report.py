@@ -21,6 +21,7 @@ class BenchOptions:
     quick: bool = False
     store: str = "latency"  # "latency" (LatencyStore over memory), "local" (a temp dir), "s3" (moto) or "seaweedfs"
     seed: int = 0
+    workload: str | None = None  # what a benchmark with several trains on (benchmarks.WORKLOADS); None: it has one
 
 
 @dataclass(slots=True)

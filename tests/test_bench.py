@@ -48,7 +48,10 @@ REQUIRED = {
     "overhead": {"store", "side", "steps", "batchweave_s", "plain_s", "plain_kind", "ratio", "target", "met"},
     "node-sharing": {"mesh", "sharing", "range_reads_per_step", "log_gets_per_step", "time_ratio", "reads_ratio"},
     "scale": {"kind", "setup", "state", "ranks", "producers", "hot_key_per_s"},
+    "video": {"kind", "setting", "samples", "latency_p50_s", "latency_p95_s", "latency_p99_s", "latency_max_s"},
 }
+# Each benchmark's default run, then the other workloads of those that have several.
+RUNS = [(name, None) for name in sorted(REQUIRED)] + [("e2e", "video")]
 
 
 def bench(*args: str, cwd: Path = ROOT, timeout: float = 60, prelude: str = "pass") -> subprocess.CompletedProcess:
@@ -65,13 +68,15 @@ def test_every_benchmark_is_checked():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(REQUIRED))
-def test_quick_benchmark_writes_its_three_files(name, tmp_path):
+@pytest.mark.parametrize(("name", "workload"), RUNS, ids=[n if w is None else f"{n}-{w}" for n, w in RUNS])
+def test_quick_benchmark_writes_its_three_files(name, workload, tmp_path):
     out = tmp_path / "out"
-    done = bench(name, "--quick", "--out", str(out), timeout=400)
+    chosen = () if workload is None else ("--workload", workload)
+    done = bench(name, "--quick", "--out", str(out), *chosen, timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads((out / f"{name}.json").read_text())
-    assert result["benchmark"] == name and result["config"]["machine"]["cpu_count"] >= 1
+    stem = name if workload is None else f"{name}-{workload}"  # the files are named after the result
+    result = json.loads((out / f"{stem}.json").read_text())
+    assert result["benchmark"] == stem and result["config"]["machine"]["cpu_count"] >= 1
     assert result["config"]["quick"] is True and "store" in result["config"]
     assert result["results"], "no records"
     for record in result["results"]:
@@ -112,15 +117,44 @@ def test_quick_benchmark_writes_its_three_files(name, tmp_path):
         assert litdata["exact_resume"] is True and litdata["delivers_own_slices"] is False  # a block of steps
         assert wds["exact_resume"] is None and wds["delivers_own_slices"] is True  # its own shards
         assert rows["seaweedfs", "batchweave"]["vs_litdata"] > 0 and litdata["read_amplification"] >= 1
-    assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    table = (out / f"{name}.md").read_text()
-    assert table.startswith(f"# {name}") and table.count("\n|") >= len(result["results"]) + 1
-    assert str(out / f"{name}.json") in done.stdout  # the paths are printed for scripts
+    if name == "e2e":  # every feed trained on the same bytes, whichever process made them
+        assert {r["feed"] for r in result["results"]} == {"memory", "batchweave", "dataloader"}
+        assert len({r["final_loss"] for r in result["results"]}) == 1, result["results"]
+    if stem == "e2e-video":  # the colocated loaders are tuned in prefetch too
+        assert result["config"]["workload"] == "video"
+        assert all("prefetch_factor" in r for r in result["results"] if r["feed"] == "dataloader")
+    if name == "video":  # every setting, and the latency spread in order
+        settings = {r["setting"] for r in result["results"] if r["kind"] == "expansion"}
+        expected = {"crf 18", "crf 23 (base)", "crf 28", "crf 35", "history 1", "history 4"}
+        assert expected <= settings and len(settings) == 7, settings
+        grown = {r["setting"]: r for r in result["results"] if r["kind"] == "expansion"}
+        assert grown["crf 18"]["raw_bytes"] > grown["crf 35"]["raw_bytes"]  # a higher CRF, smaller video
+        assert all(r["ready_bytes"] >= r["used_bytes"] > 0 and r["expansion"] > 0 for r in grown.values())
+        (latency,) = [r for r in result["results"] if r["kind"] == "latency"]
+        ordered = [latency[f"latency_{q}_s"] for q in ("p50", "p95", "p99", "max")]
+        assert 0 < ordered[0] and ordered == sorted(ordered) and latency["samples"] == len(result["series"]["latency"])
+    assert (out / f"{stem}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = (out / f"{stem}.md").read_text()
+    assert table.startswith(f"# {stem}") and table.count("\n|") >= len(result["results"]) + 1
+    assert str(out / f"{stem}.json") in done.stdout  # the paths are printed for scripts
 
 
 def test_unknown_benchmark_lists_them(tmp_path):
     done = bench("nope", "--out", str(tmp_path / "out"))
     assert done.returncode == 2 and "no benchmark 'nope'; choose from commit-cost, consumers," in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("dac", "--workload", "video"), "bench dac has no --workload"),
+        (("e2e", "--workload", "audio"), "bench e2e has no workload 'audio'; choose from image, video"),
+    ],
+)
+def test_an_unknown_workload_is_refused_before_any_work(tmp_path, args, message):
+    done = bench(*args, "--out", str(tmp_path / "out"))
+    assert done.returncode == 2 and message in done.stderr, done.stderr
     assert not (tmp_path / "out").exists()
 
 
@@ -153,6 +187,8 @@ def test_outside_a_checkout_says_where_the_benchmarks_are(tmp_path):
         (("dac",), "matplotlib", "matplotlib"),
         (("consumers",), "streaming", "mosaicml-streaming"),
         (("dac", "--store", "s3"), "moto", "moto[server]"),
+        (("e2e", "--workload", "video"), "av", "av"),
+        (("video",), "pyarrow", "pyarrow"),
     ],
 )
 def test_a_missing_dependency_is_named_before_any_work(tmp_path, args, absent, named):
