@@ -47,7 +47,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from batchweave.errors import BatchWeaveError, ConfigError
-from batchweave.pool import PoolJob, PoolPlan, PoolReport, _Progress
+from batchweave.pooljob import PoolJob, PoolPlan, PoolReport, Progress
 
 __all__ = ["actor_name", "producer_options", "run_ray_pool"]
 
@@ -156,7 +156,7 @@ def run_ray_pool(
     report.restarts = {plan.producer_id(i): 0 for i in actors}
     shown_upto: dict[int, int] = {}
     try:
-        with _Progress(plan, progress) as shown:
+        with Progress(plan, progress) as shown:
             while pending:
                 ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.2)
                 if progress:
