@@ -326,6 +326,52 @@ def check_prefetch(prefetch: Any) -> int | None:
     return prefetch
 
 
+@dataclass(frozen=True)
+class RankReading:
+    """A ``Consumer``'s arguments for one rank, checked, kept by a framework's reader
+    (``batchweave.torch``, ``.grain``, ``.tf``) until it first reads: those readers take
+    the consumer's arguments, check them at once, and make no request before."""
+
+    store: Store
+    mesh: Mesh
+    rank: int
+    prefetch: int | None
+    timeout_s: float | None
+    sequence_axis: int
+    node: dict[str, Any]  # local_rank, local_world_size, node_sharing
+
+    @classmethod
+    def checked(
+        cls,
+        url: str | Store,
+        mesh: Mesh,
+        rank: int | None,
+        prefetch: Any,
+        timeout_s: float | None,
+        sequence_axis: int,
+        storage_options: dict[str, Any] | None,
+        **node: Any,
+    ) -> RankReading:
+        store = open_store(url, create=False, storage_options=storage_options)  # checked now, no I/O
+        return cls(store, mesh, resolve_rank(rank, mesh), check_prefetch(prefetch), timeout_s, sequence_axis, node)
+
+    def consumer(self) -> Consumer:
+        """A new ``Consumer`` for this rank, from step 0."""
+        mesh = self.mesh
+        return Consumer(
+            self.store,
+            dp=mesh.dp,
+            cp=mesh.cp,
+            tp=mesh.tp,
+            pp=mesh.pp,
+            rank=self.rank,
+            prefetch=self.prefetch,
+            timeout_s=self.timeout_s,
+            sequence_axis=self.sequence_axis,
+            **self.node,
+        )
+
+
 def _parse_cursor(state: Any, mesh: Mesh) -> _Cursor:
     """A saved cursor, its step recounted in ``mesh``'s steps: the one parser of cursors.
 

@@ -15,10 +15,10 @@ from typing import Any
 import grain
 import numpy as np
 
-from batchweave.consumer import CURSOR_FORMAT, Consumer, check_prefetch
+from batchweave.consumer import CURSOR_FORMAT, Consumer, RankReading
 from batchweave.errors import ConfigError, LayoutError
-from batchweave.mesh import Mesh, resolve_rank
-from batchweave.store import Store, open_store
+from batchweave.mesh import Mesh
+from batchweave.store import Store
 
 __all__ = ["TGBDatasetIterator", "TGBIterDataset", "to_jax"]
 
@@ -67,36 +67,29 @@ class TGBIterDataset(grain.IterDataset):
         node_sharing: bool | None = None,
     ) -> None:
         super().__init__()
-        self.mesh = Mesh(dp=dp, cp=cp, tp=tp, pp=pp)
-        self.rank = resolve_rank(_jax_process_rank(self.mesh) if rank is None else rank, self.mesh)
-        self.url = url
-        self._store = open_store(url, create=False, storage_options=storage_options)  # checked now, no I/O
-        self._prefetch = check_prefetch(prefetch)  # not `prefetch`: that is IterDataset.prefetch()
-        self.timeout_s = timeout_s
-        self.sequence_axis = sequence_axis
-        self._node_settings = {
-            "local_rank": local_rank,
-            "local_world_size": local_world_size,
-            "node_sharing": node_sharing,
-        }
+        mesh = Mesh(dp=dp, cp=cp, tp=tp, pp=pp)
+        rank = _jax_process_rank(mesh) if rank is None else rank
+        # The consumer's settings stay in _reading: an attribute `prefetch` would hide IterDataset.prefetch().
+        self._reading = RankReading.checked(
+            url,
+            mesh,
+            rank,
+            prefetch,
+            timeout_s,
+            sequence_axis,
+            storage_options,
+            local_rank=local_rank,
+            local_world_size=local_world_size,
+            node_sharing=node_sharing,
+        )
+        self.mesh, self.rank, self.url = mesh, self._reading.rank, url
 
     def __iter__(self) -> TGBDatasetIterator:
         return TGBDatasetIterator(self)
 
     def new_consumer(self) -> Consumer:
         """A ``Consumer`` for this rank, from step 0 (used by each iterator)."""
-        return Consumer(
-            self._store,
-            dp=self.mesh.dp,
-            cp=self.mesh.cp,
-            tp=self.mesh.tp,
-            pp=self.mesh.pp,
-            rank=self.rank,
-            prefetch=self._prefetch,
-            timeout_s=self.timeout_s,
-            sequence_axis=self.sequence_axis,
-            **self._node_settings,
-        )
+        return self._reading.consumer()
 
     def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
         """Grain's hook for ``mp_prefetch`` workers: refused, a rank's steps cannot be split."""

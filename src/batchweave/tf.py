@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from batchweave.consumer import CURSOR_FORMAT, Batch, Consumer, check_prefetch
+from batchweave.consumer import CURSOR_FORMAT, Batch, Consumer, RankReading
 from batchweave.errors import BatchWeaveError, ConfigError, LayoutError
-from batchweave.mesh import Mesh, resolve_rank
-from batchweave.store import Store, open_store
+from batchweave.mesh import Mesh
+from batchweave.store import Store
 
 __all__ = ["TGBReader"]
 
@@ -80,18 +80,20 @@ class TGBReader(tf.train.experimental.PythonState):
         local_world_size: int | None = None,
         node_sharing: bool | None = None,
     ) -> None:
-        self.mesh = Mesh(dp=dp, cp=cp, tp=tp, pp=pp)
-        self.rank = resolve_rank(rank, self.mesh)
-        self.url = url
-        self._store = open_store(url, create=False, storage_options=storage_options)  # checked now, no I/O
-        self.prefetch = check_prefetch(prefetch)
-        self.timeout_s = timeout_s
-        self.sequence_axis = sequence_axis
-        self._node_settings = {
-            "local_rank": local_rank,
-            "local_world_size": local_world_size,
-            "node_sharing": node_sharing,
-        }
+        mesh = Mesh(dp=dp, cp=cp, tp=tp, pp=pp)
+        self._reading = RankReading.checked(
+            url,
+            mesh,
+            rank,
+            prefetch,
+            timeout_s,
+            sequence_axis,
+            storage_options,
+            local_rank=local_rank,
+            local_world_size=local_world_size,
+            node_sharing=node_sharing,
+        )
+        self.mesh, self.rank, self.url = mesh, self._reading.rank, url
         self._spec = _checked_spec(element_spec)
         start = {"format": CURSOR_FORMAT, "version": 0, "position_numerator": 0, "position_denominator": 1}
         self._consumed = Consumer.state_on_mesh({**start, "step": 0, "dp": dp, "cp": cp}, self.mesh)
@@ -184,18 +186,7 @@ class TGBReader(tf.train.experimental.PythonState):
             raise
 
     def _new_consumer(self, cursor: Mapping[str, Any]) -> Consumer:
-        consumer = Consumer(
-            self._store,
-            dp=self.mesh.dp,
-            cp=self.mesh.cp,
-            tp=self.mesh.tp,
-            pp=self.mesh.pp,
-            rank=self.rank,
-            prefetch=self.prefetch,
-            timeout_s=self.timeout_s,
-            sequence_axis=self.sequence_axis,
-            **self._node_settings,
-        )
+        consumer = self._reading.consumer()
         if cursor["position_numerator"] or cursor["version"]:
             consumer.load_state_dict(dict(cursor))  # checked against the namespace here
         return consumer

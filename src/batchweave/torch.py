@@ -18,10 +18,10 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from batchweave.consumer import CURSOR_FORMAT, Consumer, check_prefetch
+from batchweave.consumer import CURSOR_FORMAT, Consumer, RankReading
 from batchweave.errors import ConfigError, LayoutError
-from batchweave.mesh import Coords, Mesh, resolve_rank
-from batchweave.store import Store, open_store
+from batchweave.mesh import Coords, Mesh
+from batchweave.store import Store
 
 try:  # what a DataLoader iterates an IterableDataset with; private, so only if it is there
     from torch.utils.data._utils.fetch import _IterableDatasetFetcher
@@ -103,18 +103,19 @@ class TGBDataset(torch.utils.data.IterableDataset):
             if dp is None:
                 raise ConfigError("give a DeviceMesh (mesh=...) or the data-parallel size dp")
             self.mesh = Mesh(dp=dp, cp=cp, tp=tp, pp=pp)
-        self.rank = resolve_rank(rank, self.mesh)
-        self.url = url
-        self._store = open_store(url, create=False, storage_options=storage_options)  # checked now, no I/O
-        self.prefetch = check_prefetch(prefetch)
-        self.timeout_s = timeout_s
-        self.sequence_axis = sequence_axis
-        self.copy = copy
-        self._node_settings = {
-            "local_rank": local_rank,
-            "local_world_size": local_world_size,
-            "node_sharing": node_sharing,
-        }
+        self._reading = RankReading.checked(
+            url,
+            self.mesh,
+            rank,
+            prefetch,
+            timeout_s,
+            sequence_axis,
+            storage_options,
+            local_rank=local_rank,
+            local_world_size=local_world_size,
+            node_sharing=node_sharing,
+        )
+        self.rank, self.url, self.copy = self._reading.rank, url, copy
         self.last_step: int | None = None
         self._consumer: Consumer | None = None
         self._state: dict[str, Any] | None = None  # a cursor to apply when the consumer is built
@@ -136,18 +137,7 @@ class TGBDataset(torch.utils.data.IterableDataset):
 
     def _get_consumer(self) -> Consumer:
         if self._consumer is None:
-            consumer = Consumer(
-                self._store,
-                dp=self.mesh.dp,
-                cp=self.mesh.cp,
-                tp=self.mesh.tp,
-                pp=self.mesh.pp,
-                rank=self.rank,
-                prefetch=self.prefetch,
-                timeout_s=self.timeout_s,
-                sequence_axis=self.sequence_axis,
-                **self._node_settings,
-            )
+            consumer = self._reading.consumer()
             if self._state is not None:
                 consumer.load_state_dict(self._state)
             self._consumer, self._state = consumer, None
