@@ -16,10 +16,10 @@ import uuid
 from typing import Any
 
 from batchweave import log
-from batchweave.journal import Journal
+from batchweave.commit.journal import Journal
+from batchweave.commit.policies import Manual
 from batchweave.latency import CLOUD_DEFAULTS, LatencyStore
 from batchweave.log import LogState, TGBDescriptor
-from batchweave.policies import Manual
 from batchweave.producer import Producer
 from batchweave.store import Store
 from benchmarks.ingest import store_model

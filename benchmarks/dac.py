@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from batchweave.policies import POLICY_NAMES
+from batchweave.commit.policies import POLICY_NAMES
 from benchmarks.ingest import IngestSpec, bench_store, ingest_config, run_ingest
 from benchmarks.report import BenchOptions, BenchResult
 

@@ -22,9 +22,9 @@ from typing import Any
 import msgspec
 
 from batchweave import log
-from batchweave.journal import Journal
+from batchweave.commit.journal import Journal
+from batchweave.commit.policies import Manual
 from batchweave.latency import CLOUD_DEFAULTS, LatencyStore
-from batchweave.policies import Manual
 from batchweave.producer import Producer
 from benchmarks.ingest import store_model
 from benchmarks.report import BenchOptions, BenchResult, machine

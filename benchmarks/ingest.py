@@ -33,10 +33,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from batchweave import producer as producer_module
-from batchweave.journal import Journal
+from batchweave.commit.journal import Journal
+from batchweave.commit.policies import RecentCommitters
 from batchweave.latency import CLOUD_DEFAULTS, LatencyStore
 from batchweave.log import LogState
-from batchweave.policies import RecentCommitters
 from batchweave.producer import Producer
 from batchweave.store import Store, open_store
 from benchmarks.report import BenchOptions, machine, visibility_percentiles

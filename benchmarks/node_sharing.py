@@ -3,7 +3,7 @@
 One node's 8 ranks (threads of this process, as 8 torchrun workers would be processes)
 read every step of a namespace on the latency model, side by side with sharing off
 (every rank follows the log and reads its own slice) and on (one hub per node:
-``batchweave.node``). Two meshes: dp 2 x tp 4 (four ranks read each slice) and dp 8
+``batchweave.reading.node``). Two meshes: dp 2 x tp 4 (four ranks read each slice) and dp 8
 (no slice shared: only the log is). Per row: store requests per step for the node
 (range reads, log GETs), bytes read from the store, and two timings:
 
@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from batchweave.commit.policies import Manual
 from batchweave.consumer import Consumer
-from batchweave.policies import Manual
 from batchweave.producer import Producer, end_stream
 from benchmarks.report import BenchOptions, BenchResult, machine
 from benchmarks.scale_count import DATA, LOG_CLASSES, CountingStore, Tally, by_class

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from batchweave.policies import POLICY_NAMES
+from batchweave.commit.policies import POLICY_NAMES
 from batchweave.store import Store
 from benchmarks.ingest import IngestSpec, bench_store, run_ingest, store_model
 from benchmarks.report import BenchOptions, BenchResult, machine, visibility_percentiles

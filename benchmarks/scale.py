@@ -9,7 +9,7 @@ ranks and producers, against the request limits of S3, Azure and GCS.
    key, each prefix, the total and dollars an hour, in two columns: "before" (every rank
    follows the log and reads its own slice, the pauses before HeadPolling) and "after" (one follower
    and one read per distinct slice per node, the head-polling budget of
-   ``batchweave.polling``).
+   ``batchweave.reading.polling``).
 3. Simulated (``scale_model.simulate``): every follower of those jobs, jittered, probing
    the head while a committer commits at the step rate and then stops; the busiest key's
    requests per 1-s window (max and mean), against the projection.
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from batchweave.polling import HEAD_BUDGET_PER_S, HeadPolling
-from batchweave.sharedlog import NODE_READ_AHEAD
+from batchweave.reading.polling import HEAD_BUDGET_PER_S, HeadPolling
+from batchweave.reading.sharedlog import NODE_READ_AHEAD
 from benchmarks.report import BenchOptions, BenchResult, machine
 from benchmarks.scale_count import LOG_CLASSES, LOG_NEXT, LOG_VERSION, SEGMENT
 from benchmarks.scale_measure import OWN, SHARED, MeasureConfig, measure_all

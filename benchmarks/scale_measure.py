@@ -19,13 +19,13 @@ from typing import Any
 
 import numpy as np
 
+from batchweave.commit.policies import Manual
 from batchweave.consumer import Consumer
 from batchweave.errors import StepTimeoutError
-from batchweave.gc import collect_garbage
 from batchweave.latency import LatencyModel
-from batchweave.policies import Manual
+from batchweave.lifecycle.gc import collect_garbage
 from batchweave.producer import Producer
-from batchweave.segment import SEGMENT_VERSIONS
+from batchweave.reading.segment import SEGMENT_VERSIONS
 from batchweave.store import open_store
 from batchweave.watch import SnapshotReader
 from benchmarks.scale_count import (

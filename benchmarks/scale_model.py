@@ -7,7 +7,7 @@ Three ways to the same number, so that each checks the others:
 - projected: one follower's request pattern times the followers of a job; the "before"
   column takes the pattern from the measured real consumer, the "after" column from
   ``follower_pattern`` (one follower, no jitter: each pause its mean) under
-  ``batchweave.polling.HeadPolling``;
+  ``batchweave.reading.polling.HeadPolling``;
 - simulated: ``simulate`` runs every follower of the job (thousands), each with its
   own jittered pauses, against a committer, and counts each key's requests per second.
 """
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES
-from batchweave.polling import IDLE_PROOF_S, MIN_PAUSE_S
-from batchweave.segment import segment_last
+from batchweave.reading.polling import IDLE_PROOF_S, MIN_PAUSE_S
+from batchweave.reading.segment import segment_last
 
 __all__ = [
     "LIMITS",

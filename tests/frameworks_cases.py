@@ -26,10 +26,10 @@ from worker import Eager, tgb  # noqa: E402
 import batchweave as bw  # noqa: E402
 from batchweave.errors import ConfigError, LayoutError  # noqa: E402
 from batchweave.grain import TGBIterDataset  # noqa: E402
+from batchweave.lifecycle.watermarks import read_watermarks  # noqa: E402
 from batchweave.store import open_store  # noqa: E402
 from batchweave.tf import TGBReader  # noqa: E402
 from batchweave.torch import TGBDataset  # noqa: E402
-from batchweave.watermarks import read_watermarks  # noqa: E402
 
 STEPS = 8
 MESH = {"dp": 2, "tp": 2}  # 4 ranks; TP ranks of one data-parallel index read the same slice

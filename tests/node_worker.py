@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import batchweave as bw
-from batchweave import node
+from batchweave.reading import node
 
 
 def main() -> int:

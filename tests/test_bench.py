@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from batchweave.policies import POLICY_NAMES
+from batchweave.commit.policies import POLICY_NAMES
 from benchmarks import BENCHMARKS
 
 ROOT = Path(__file__).resolve().parents[1]

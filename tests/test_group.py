@@ -1,6 +1,6 @@
 """Group commit (issue 10): intents, folding, turns, and exactly-once under forced races.
 
-The pure half (``batchweave.group``) is tested with values; the producer's group mode
+The pure half (``batchweave.commit.group``) is tested with values; the producer's group mode
 on real stores (memory and a local directory), with the races forced by
 ``interleave.PausingStore``.
 """
@@ -20,10 +20,11 @@ from hypothesis import strategies as st
 from worker import origin_of, tgb
 
 import batchweave as bw
-from batchweave import group, log
+from batchweave import log
+from batchweave.commit import group
+from batchweave.commit.group import INTENT_FORMAT, GroupCommit, Intent
+from batchweave.commit.journal import Journal
 from batchweave.errors import ConfigError, CorruptDataError, ProducerFencedError
-from batchweave.group import INTENT_FORMAT, GroupCommit, Intent
-from batchweave.journal import Journal
 from batchweave.log import Layout, LogState, ProducerState, TGBDescriptor
 from batchweave.store import open_store
 from batchweave.testing.interleave import Background, PausingStore

@@ -14,9 +14,9 @@ from checks import assert_exactly_once
 from worker import digest, tgb
 
 import batchweave as bw
-from batchweave.policies import Manual
+from batchweave.commit.policies import Manual
+from batchweave.lifecycle.watermarks import global_watermark, read_watermarks
 from batchweave.store import open_store
-from batchweave.watermarks import global_watermark, read_watermarks
 
 
 def produce(url, producer_id, count, dp=2):

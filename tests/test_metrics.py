@@ -12,9 +12,9 @@ import pytest
 
 import batchweave as bw
 from batchweave import consumer as consumer_module
+from batchweave.commit.policies import Manual
 from batchweave.latency import LatencyModel, LatencyStore
 from batchweave.metrics import FetchRecorder, PeriodicLog, describe, register_prometheus
-from batchweave.policies import Manual
 
 NO_LATENCY = LatencyModel(put_s=0, first_byte_s=0, head_s=0, list_s=0, delete_s=0, jitter_sigma=0)
 

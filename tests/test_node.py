@@ -1,4 +1,4 @@
-"""Node-level sharing (``batchweave.node``): the ranks of one node share one log follower
+"""Node-level sharing (``batchweave.reading.node``): the ranks of one node share one log follower
 and one read per slice, and a hub that dies is replaced without losing a step."""
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 
 import batchweave as bw
-from batchweave import node
+from batchweave.commit.policies import Manual
 from batchweave.errors import ConfigError
 from batchweave.latency import LatencyModel, LatencyStore
 from batchweave.mesh import Mesh
-from batchweave.policies import Manual
+from batchweave.reading import node
 
 pytestmark = pytest.mark.skipif(not node.sharing_supported(), reason="node sharing needs Linux")
 
@@ -282,7 +282,7 @@ def test_a_rank_that_reaches_no_hub_reads_on_its_own_and_says_so_once(monkeypatc
     squatter.bind(node.node_address(store.url, 0))  # holds the name, never answers
     monkeypatch.setattr(node, "TAKEOVER_S", 0.2)
     try:
-        with caplog.at_level("WARNING", logger="batchweave.node"):
+        with caplog.at_level("WARNING", logger="batchweave.reading.node"):
             seen = read_node(store, range(2), dp=2, tp=1, sharing=True)
     finally:
         squatter.close()
@@ -344,10 +344,10 @@ class _HubThatGoesAway:
         self.gone = False
 
     def log(self, first, anchor, present_through, next_step, url, stop):
-        from batchweave.follower import ProvenLog
-        from batchweave.journal import Journal
-        from batchweave.polling import HeadPolling
-        from batchweave.readahead import LogReadAhead
+        from batchweave.commit.journal import Journal
+        from batchweave.reading.follower import ProvenLog
+        from batchweave.reading.polling import HeadPolling
+        from batchweave.reading.readahead import LogReadAhead
 
         journal = Journal(self.store, read_only=True)
         if anchor is not None:

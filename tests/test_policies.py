@@ -9,8 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batchweave.errors import ConfigError
-from batchweave.policies import (
+from batchweave.commit.policies import (
     AIMD,
     DAC,
     INCR,
@@ -22,6 +21,7 @@ from batchweave.policies import (
     RecentCommitters,
     resolve_policy,
 )
+from batchweave.errors import ConfigError
 
 
 class StubRng:

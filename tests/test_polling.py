@@ -1,4 +1,4 @@
-"""The head-polling budget (``batchweave.polling``): pure, on chosen times and a seeded rng."""
+"""The head-polling budget (``batchweave.reading.polling``): pure, on chosen times and a seeded rng."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from batchweave.errors import ConfigError
-from batchweave.polling import IDLE_PROOF_S, MIN_PAUSE_S, HeadPolling
+from batchweave.reading.polling import IDLE_PROOF_S, MIN_PAUSE_S, HeadPolling
 
 
 def mean_idle_pause(polling: HeadPolling, probes: int = 2000) -> float:

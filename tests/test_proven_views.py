@@ -17,10 +17,10 @@ from worker import origin_of, tgb
 
 import batchweave as bw
 from batchweave import log
-from batchweave import polling as polling_module
-from batchweave.group import GroupCommit
-from batchweave.journal import Journal
-from batchweave.policies import Manual
+from batchweave.commit.group import GroupCommit
+from batchweave.commit.journal import Journal
+from batchweave.commit.policies import Manual
+from batchweave.reading import polling as polling_module
 from batchweave.store import Store, open_store
 from batchweave.testing.interleave import Background, PausingStore
 
@@ -222,7 +222,7 @@ def test_versions_read_before_a_miss_are_proven_and_delivered(url, monkeypatch):
     """A finished read the reader counted on (``ready()``) can be a miss: the versions read
     before it are proven and their steps handed out before the reader pauses, never left
     in an unproven batch (the consumer then waited at the head with steps in hand)."""
-    from batchweave.readahead import LogReadAhead
+    from batchweave.reading.readahead import LogReadAhead
 
     with bw.Producer(url, "p", dp=1, commit_policy=Manual(), snapshot_every=10) as p:
         commit(p, 10)

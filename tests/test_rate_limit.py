@@ -24,8 +24,8 @@ from test_retry import KEY, FakeClock, ScriptedStore, scripted, throttled
 
 import batchweave as bw
 from batchweave import retry
+from batchweave.commit.policies import Manual
 from batchweave.metrics import describe, register_prometheus
-from batchweave.policies import Manual
 from batchweave.retry import MIN_RATE_PER_S, RECOVERY_S, RequestRateLimiter
 from batchweave.store import Store
 

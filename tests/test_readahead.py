@@ -11,11 +11,11 @@ import pytest
 
 import batchweave as bw
 from batchweave import consumer as consumer_module
-from batchweave.journal import Journal
+from batchweave.commit.journal import Journal
+from batchweave.commit.policies import Manual
 from batchweave.latency import LatencyModel, LatencyStore
-from batchweave.policies import Manual
-from batchweave.readahead import LogReadAhead
-from batchweave.segment import segment_key
+from batchweave.reading.readahead import LogReadAhead
+from batchweave.reading.segment import segment_key
 from batchweave.store import Store
 
 NO_LATENCY = LatencyModel(put_s=0, first_byte_s=0, head_s=0, list_s=0, delete_s=0, jitter_sigma=0)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import batchweave as bw
-from batchweave.policies import Manual
+from batchweave.commit.policies import Manual
 
 SEQ = 8  # tokens per slice along the sequence axis
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from batchweave.errors import ConfigError, LayoutError
 from batchweave.mesh import Coords, Mesh
-from batchweave.reshard import Reshard, SliceRead
+from batchweave.reading.reshard import Reshard, SliceRead
 
 SIZES = [1, 2, 4, 8]
 

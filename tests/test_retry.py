@@ -19,7 +19,7 @@ from worker import Eager
 
 import batchweave as bw
 from batchweave import retry
-from batchweave.policies import Manual
+from batchweave.commit.policies import Manual
 from batchweave.store import Store
 from batchweave.testing import Background
 

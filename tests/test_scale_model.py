@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from batchweave.polling import HEAD_BUDGET_PER_S, HeadPolling
+from batchweave.reading.polling import HEAD_BUDGET_PER_S, HeadPolling
 from benchmarks.scale_count import LOG_NEXT, LOG_VERSION, SEGMENT, key_class, prefix_of
 from benchmarks.scale_model import (
     ANCHOR,

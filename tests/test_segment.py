@@ -15,12 +15,12 @@ import pytest
 
 import batchweave as bw
 from batchweave import log
+from batchweave.commit.journal import Journal
+from batchweave.commit.policies import Manual
 from batchweave.errors import CorruptDataError
-from batchweave.journal import Journal
 from batchweave.latency import LatencyModel, LatencyStore
-from batchweave.policies import Manual
-from batchweave.readahead import LogReadAhead
-from batchweave.segment import SEGMENT_VERSIONS, decode_segment, encode_segment, segment_key, segment_last
+from batchweave.reading.readahead import LogReadAhead
+from batchweave.reading.segment import SEGMENT_VERSIONS, decode_segment, encode_segment, segment_key, segment_last
 from batchweave.store import Store, open_store
 
 NO_LATENCY = LatencyModel(put_s=0, first_byte_s=0, head_s=0, list_s=0, delete_s=0, jitter_sigma=0)
@@ -159,7 +159,7 @@ def test_a_missing_or_damaged_segment_is_read_around(url, depth, caplog):
     store.delete(segment_key(64))
     store.put(segment_key(64), b"damaged")
     reader = LogReadAhead(Journal(store), 1, depth=depth)
-    with caplog.at_level(logging.WARNING, logger="batchweave.journal"):
+    with caplog.at_level(logging.WARNING, logger="batchweave.commit.journal"):
         try:
             assert read_all(reader) == list(range(1, 97))
         finally:

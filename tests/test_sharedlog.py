@@ -1,4 +1,4 @@
-"""The node's shared log (``batchweave.sharedlog``): a model test against a plain model,
+"""The node's shared log (``batchweave.reading.sharedlog``): a model test against a plain model,
 and its rules one by one."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from batchweave import log
 from batchweave.log import LogVersion, ReadVersion
-from batchweave.sharedlog import BEHIND, RESTART, RESTART_WINDOW, SERVE, SharedLog, decode_versions
+from batchweave.reading.sharedlog import BEHIND, RESTART, RESTART_WINDOW, SERVE, SharedLog, decode_versions
 
 
 def version(n: int) -> ReadVersion:

@@ -31,10 +31,10 @@ import pytest
 from soak import FACTOR
 
 import batchweave.consumer
-import batchweave.follower
-import batchweave.gc
+import batchweave.lifecycle.gc
 import batchweave.log
 import batchweave.producer
+import batchweave.reading.follower
 from batchweave.testing.simulation import SHAPES, Choices, simulate
 from batchweave.testing.simulation.shrink import format_trace, shrink
 
@@ -117,7 +117,12 @@ def _adopts_one_more(adopt):
 SABOTAGES = {
     # (module, attribute, wrapper, the kind the model must report)
     "a consumer hands out other bytes": (batchweave.consumer, "decode_slice", _wrong_bytes, "wrong-step"),
-    "collection reclaims past W_global": (batchweave.gc, "_plan_reclaim", _one_step_too_far, "deleted-reachable"),
+    "collection reclaims past W_global": (
+        batchweave.lifecycle.gc,
+        "_plan_reclaim",
+        _one_step_too_far,
+        "deleted-reachable",
+    ),
     "end_stream writes no marker": (batchweave.log, "build_end_of_stream", _no_end_marker, "waits-forever"),
     "a producer counts one TGB too many": (batchweave.producer.Producer, "_adopt", _adopts_one_more, "producer-ahead"),
 }
@@ -137,7 +142,7 @@ def test_every_check_reports_a_sabotage_and_shrinks_it(sabotage, monkeypatch):
 def test_a_node_follower_that_skips_its_proofs_is_caught(monkeypatch):
     """The node shape's readers get their versions through a shared node follower: one
     that used what it read unproven is reported (as the rank's own follower would be)."""
-    monkeypatch.setattr(batchweave.follower.ProvenLog, "prove", lambda self, lowest, newest: None)
+    monkeypatch.setattr(batchweave.reading.follower.ProvenLog, "prove", lambda self, lowest, newest: None)
     kinds = set()
     for seed in range(200):
         kinds |= simulate(Choices(seed=seed), SHAPES["node"]).kinds
@@ -224,14 +229,14 @@ def test_a_run_uses_its_own_intent_readers_whatever_the_process_made_before():
     and leaves the process's pool as it found it."""
     import hashlib
 
-    import batchweave.intents
+    import batchweave.commit.intents
 
-    real = batchweave.intents.IntentBoard._reader(None)  # what a group producer here made
+    real = batchweave.commit.intents.IntentBoard._reader(None)  # what a group producer here made
     code = (
         "from batchweave.testing.simulation import Choices, SHAPES, simulate; import hashlib; "
         "print(hashlib.sha256(repr(simulate(Choices(seed=5), SHAPES['group']).trace).encode()).hexdigest())"
     )
     fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     here = simulate(Choices(seed=5), SHAPES["group"])
-    assert batchweave.intents._shared is real
+    assert batchweave.commit.intents._shared is real
     assert hashlib.sha256(repr(here.trace).encode()).hexdigest() == fresh

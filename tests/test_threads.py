@@ -17,7 +17,8 @@ import textwrap
 FIRST_DECODES = textwrap.dedent(
     """
     import threading
-    from batchweave import group, layout, log
+    from batchweave import layout, log
+    from batchweave.commit import group
     tgbs = [
         log.TGBDescriptor("p", 1, i, 8, 1, "bytes", [f"data/p/e000001/{i:012d}-t.0.bwb"],
                           [(0, k * 10, 10, 0) for k in range(8)], 80)

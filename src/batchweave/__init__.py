@@ -5,6 +5,7 @@ log version; training ranks read exactly their own slice of each step. The objec
 is the only shared component.
 """
 
+from batchweave.commit.policies import AIMD, DAC, INCR, CommitPolicy, Fixed, Manual, Naive
 from batchweave.consumer import Batch, Consumer
 from batchweave.errors import (
     BatchWeaveError,
@@ -22,13 +23,12 @@ from batchweave.errors import (
     StreamEndedError,
     TransientStoreError,
 )
-from batchweave.gc import GCReport, collect_garbage
 from batchweave.inspect import NamespaceInfo, inspect_namespace
+from batchweave.lifecycle.gc import GCReport, collect_garbage
+from batchweave.lifecycle.watermarks import release_checkpoint
 from batchweave.mesh import Mesh
-from batchweave.policies import AIMD, DAC, INCR, CommitPolicy, Fixed, Manual, Naive
 from batchweave.pool import PoolReport, run_pool
 from batchweave.producer import Producer, end_stream
-from batchweave.watermarks import release_checkpoint
 
 __version__ = "0.1.0"
 

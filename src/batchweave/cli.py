@@ -259,7 +259,7 @@ def _add_gc(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_gc(args: argparse.Namespace) -> int:
-    from batchweave.gc import collect_garbage
+    from batchweave.lifecycle.gc import collect_garbage
 
     report = collect_garbage(args.url, grace_s=args.grace_s, dry_run=args.dry_run)
     if args.json:

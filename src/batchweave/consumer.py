@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from batchweave import log, retry
+from batchweave.commit.journal import Journal
 from batchweave.errors import (
     ConfigError,
     CorruptDataError,
@@ -38,19 +39,18 @@ from batchweave.errors import (
     StoreError,
     TransientStoreError,
 )
-from batchweave.follower import FollowItem, ProvenLog
-from batchweave.journal import Journal
 from batchweave.layout import decode_slice
+from batchweave.lifecycle.watermarks import Watermark, check_checkpoint_id, write_watermark
 from batchweave.log import LogState, LogVersion, ReadVersion, TGBDescriptor
 from batchweave.mesh import Mesh, resolve_rank
 from batchweave.metrics import ConsumerMetrics, FetchRecorder, PeriodicLog, describe
-from batchweave.node import NodeClient, NodeUnavailableError, resolve_plan
-from batchweave.polling import HeadPolling
-from batchweave.readahead import DEFAULT_LOG_READ_AHEAD, LogReadAhead
-from batchweave.reshard import Reshard, SliceRead
-from batchweave.sharedlog import InlineNode, NodeBehind
+from batchweave.reading.follower import FollowItem, ProvenLog
+from batchweave.reading.node import NodeClient, NodeUnavailableError, resolve_plan
+from batchweave.reading.polling import HeadPolling
+from batchweave.reading.readahead import DEFAULT_LOG_READ_AHEAD, LogReadAhead
+from batchweave.reading.reshard import Reshard, SliceRead
+from batchweave.reading.sharedlog import InlineNode, NodeBehind
 from batchweave.store import Store, open_store
-from batchweave.watermarks import Watermark, check_checkpoint_id, write_watermark
 
 __all__ = ["Batch", "Consumer"]
 
@@ -119,7 +119,7 @@ class Consumer:
             ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` from the environment (torchrun), else
             0 of 1.
         node_sharing: the ranks of one node share one log follower and one read per
-            slice (``batchweave.node``). None (default): on when the node has more than
+            slice (``batchweave.reading.node``). None (default): on when the node has more than
             one rank, the store is an object store and the system is Linux.
 
     Opens the store with ``create=False``: a local directory that does not exist is a
@@ -663,7 +663,7 @@ class _Pipeline:
             source.close()
 
     def _shared_log(self) -> Generator[FollowItem, None, None]:
-        """The node's follower (``batchweave.node``), or this rank's own from where it
+        """The node's follower (``batchweave.reading.node``), or this rank's own from where it
         stood if no hub can be reached or it fell far behind the node's other ranks."""
         assert self._node is not None
         anchor = (self._cursor.version, self._cursor.digest) if self._cursor.digest else None

@@ -53,14 +53,14 @@ from typing import Any
 
 import numpy as np
 
+from batchweave.commit.journal import Journal
 from batchweave.consumer import Consumer
 from batchweave.errors import BatchWeaveError, ConfigError, DataReclaimedError
-from batchweave.gc import collect_garbage
-from batchweave.journal import Journal
+from batchweave.lifecycle.gc import collect_garbage
+from batchweave.lifecycle.watermarks import CHECKPOINT_PREFIX, global_watermark, read_watermarks, release_checkpoint
 from batchweave.log import LogState, parse_data_key
 from batchweave.producer import Producer, end_stream
 from batchweave.store import Store, open_store
-from batchweave.watermarks import CHECKPOINT_PREFIX, global_watermark, read_watermarks, release_checkpoint
 
 __all__ = [
     "DEFAULT_STEPS",

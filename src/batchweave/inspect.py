@@ -9,10 +9,10 @@ from typing import Any
 
 import msgspec
 
-from batchweave.journal import Journal
+from batchweave.commit.journal import Journal
+from batchweave.lifecycle.watermarks import Checkpoint, read_watermarks, require_namespace
 from batchweave.log import LogState, ProducerState
 from batchweave.store import Store, open_store
-from batchweave.watermarks import Checkpoint, read_watermarks, require_namespace
 
 __all__ = ["CheckpointInfo", "NamespaceInfo", "inspect_namespace", "live_checkpoints", "read_state"]
 

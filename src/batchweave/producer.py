@@ -22,6 +22,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from batchweave import log, retry
+from batchweave.commit.group import GroupCommit, Intent, build_group_commit, intent_key, turn_rank
+from batchweave.commit.intents import IntentBoard
+from batchweave.commit.journal import DEFAULT_SNAPSHOT_EVERY, Journal
+from batchweave.commit.policies import CommitPolicy, RecentCommitters, resolve_policy
 from batchweave.errors import (
     ConfigError,
     LayoutError,
@@ -31,15 +35,11 @@ from batchweave.errors import (
     StreamEndedError,
     TransientStoreError,
 )
-from batchweave.group import GroupCommit, Intent, build_group_commit, intent_key, turn_rank
-from batchweave.intents import IntentBoard
-from batchweave.journal import DEFAULT_SNAPSHOT_EVERY, Journal
 from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES, encode_tgb
+from batchweave.lifecycle.watermarks import global_watermark, read_watermarks
 from batchweave.log import LogState, ProducerState, TGBDescriptor, data_key
 from batchweave.mesh import Mesh
-from batchweave.policies import CommitPolicy, RecentCommitters, resolve_policy
 from batchweave.store import Store, open_store
-from batchweave.watermarks import global_watermark, read_watermarks
 
 __all__ = ["Producer", "end_stream"]
 
@@ -59,7 +59,7 @@ class Producer:
         producer_id: stable name that survives restarts; its offsets are exactly-once.
         dp, cp: data- and context-parallel sizes; every TGB has ``dp * cp`` slices.
         commit_policy: a policy object or its name; default ``DAC()``. ``"group"``
-            (``batchweave.group.GroupCommit``) is group commit: producers take turns to
+            (``batchweave.commit.group.GroupCommit``) is group commit: producers take turns to
             commit everybody's TGBs, so visibility does not grow with the pool.
         max_object_bytes: size cap of one TGB object; larger TGBs are split.
         background_commit: commit on a background thread (default), so commit I/O never
@@ -365,7 +365,7 @@ class Producer:
             if not self._commit_once(batch, forced):
                 return
 
-    # -- group commit (see batchweave.group) -----------------------------------------
+    # -- group commit (see batchweave.commit.group) -----------------------------------------
 
     def _group_loop(self) -> None:
         """Publish intents, follow the log, and commit when it is this producer's turn."""

@@ -16,6 +16,9 @@ from typing import Any
 import msgspec
 
 from batchweave import log
+from batchweave.commit.group import INTENT_PREFIX, GroupCommit, build_group_commit, decode_intent
+from batchweave.commit.journal import Journal
+from batchweave.commit.policies import DAC, Manual
 from batchweave.consumer import Consumer
 from batchweave.errors import (
     BatchWeaveError,
@@ -26,21 +29,18 @@ from batchweave.errors import (
     StreamEndedError,
     TransientStoreError,
 )
-from batchweave.follower import ProvenLog
-from batchweave.gc import collect_garbage
-from batchweave.group import INTENT_PREFIX, GroupCommit, build_group_commit, decode_intent
-from batchweave.journal import Journal
+from batchweave.lifecycle.gc import collect_garbage
+from batchweave.lifecycle.watermarks import release_checkpoint
 from batchweave.log import ProducerState, version_key
-from batchweave.policies import DAC, Manual
-from batchweave.polling import HeadPolling
 from batchweave.producer import Producer, end_stream
-from batchweave.readahead import LogReadAhead
-from batchweave.sharedlog import InlineNode, SharedLog
+from batchweave.reading.follower import ProvenLog
+from batchweave.reading.polling import HeadPolling
+from batchweave.reading.readahead import LogReadAhead
+from batchweave.reading.sharedlog import InlineNode, SharedLog
 from batchweave.testing.simulation.group_driver import GroupProducerDriver
 from batchweave.testing.simulation.model import payload
 from batchweave.testing.simulation.scheduler import Actor
 from batchweave.testing.simulation.world import ALIGNED, World
-from batchweave.watermarks import release_checkpoint
 
 __all__ = ["spawn_all"]
 

@@ -11,7 +11,7 @@ like), never the standard library itself, and restores them on exit:
   sleep (group commit waits for its turn that way) and a ``Thread`` that never starts
   (group mode needs a commit thread today; the simulation steps it instead, see
   ``actors.GroupProducerDriver``);
-- ``ThreadPoolExecutor`` of ``batchweave.intents``: one that runs each call in the
+- ``ThreadPoolExecutor`` of ``batchweave.commit.intents``: one that runs each call in the
   caller (the intent board reads intents on 32 threads otherwise).
 
 Consumers need no patch: on a store that is not remote with ``prefetch=None`` the
@@ -29,16 +29,16 @@ from collections.abc import Callable, Iterable, Iterator
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+import batchweave.commit.group
+import batchweave.commit.intents
+import batchweave.commit.journal
+import batchweave.commit.policies
 import batchweave.consumer
-import batchweave.follower
-import batchweave.gc
-import batchweave.group
-import batchweave.intents
-import batchweave.journal
+import batchweave.lifecycle.gc
 import batchweave.log
-import batchweave.policies
-import batchweave.polling
 import batchweave.producer
+import batchweave.reading.follower
+import batchweave.reading.polling
 import batchweave.store
 
 if TYPE_CHECKING:
@@ -146,20 +146,20 @@ def deterministic(scheduler: Scheduler, noise: random.Random) -> Iterator[None]:
         (batchweave.producer, "secrets", _fake_secrets(noise)),
         (batchweave.producer, "threading", threading_shim),
         (batchweave.consumer, "time", fake_time),
-        (batchweave.follower, "time", fake_time),
-        (batchweave.polling, "random", fake_random),
-        (batchweave.journal, "time", fake_time),
-        (batchweave.gc, "time", fake_time),
+        (batchweave.reading.follower, "time", fake_time),
+        (batchweave.reading.polling, "random", fake_random),
+        (batchweave.commit.journal, "time", fake_time),
+        (batchweave.lifecycle.gc, "time", fake_time),
         (batchweave.log, "uuid", _fake_uuid(noise)),
-        (batchweave.group, "random", fake_random),
-        (batchweave.policies, "random", fake_random),
+        (batchweave.commit.group, "random", fake_random),
+        (batchweave.commit.policies, "random", fake_random),
         (batchweave.store, "time", fake_time),
         (batchweave.store, "random", fake_random),
         (batchweave.store, "uuid", _fake_uuid(noise)),
-        (batchweave.intents, "ThreadPoolExecutor", InlineExecutor),
+        (batchweave.commit.intents, "ThreadPoolExecutor", InlineExecutor),
         # The process's intent readers: a run makes its own (inline) rather than use the
         # real threads an earlier group producer of this process made, and leaves those.
-        (batchweave.intents, "_shared", None),
+        (batchweave.commit.intents, "_shared", None),
     ]
     saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
     quiet = logging.getLogger("batchweave")

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from batchweave.commit.group import GroupCommit
 from batchweave.errors import StoreError
-from batchweave.group import GroupCommit
 from batchweave.producer import Producer
 from batchweave.store import Store
 

@@ -28,8 +28,8 @@ from fractions import Fraction
 
 from batchweave import log
 from batchweave.errors import CorruptDataError
+from batchweave.lifecycle.watermarks import Watermark
 from batchweave.log import LogState, LogVersion, TGBDescriptor
-from batchweave.watermarks import Watermark
 
 __all__ = ["Model", "Violation", "payload"]
 

@@ -13,8 +13,8 @@ import random
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
+from batchweave.commit.group import GroupCommit
 from batchweave.errors import ConfigError
-from batchweave.group import GroupCommit
 
 __all__ = [
     "AIMD",
@@ -263,7 +263,7 @@ POLICY_NAMES = ("dac", "naive", "fixed10", "fixed100", "incr", "aimd")  # the pa
 def resolve_policy(policy: CommitPolicy | str | None) -> CommitPolicy:
     """A policy object, or a fresh one built from its name (``"dac"``, ``"naive"``,
     ``"fixed10"``, ``"fixed100"``, ``"incr"``, ``"aimd"``, ``"manual"``, ``"group"`` for
-    group commit, see ``batchweave.group``); None means DAC defaults."""
+    group commit, see ``batchweave.commit.group``); None means DAC defaults."""
     if policy is None:
         return DAC()
     if isinstance(policy, str):
@@ -274,6 +274,6 @@ def resolve_policy(policy: CommitPolicy | str | None) -> CommitPolicy:
     if isinstance(policy, type) or not isinstance(policy, CommitPolicy):
         raise ConfigError(
             f"commit_policy {policy!r} is not a policy instance with wait_s()/observe(); "
-            "see batchweave.policies.CommitPolicy"
+            "see batchweave.commit.policies.CommitPolicy"
         )
     return policy

@@ -56,7 +56,7 @@ from typing import Generic, Literal, TypeVar, cast, overload
 from batchweave import log
 from batchweave.errors import ConfigError, CorruptDataError, ObjectExistsError, ObjectNotFoundError, StoreError
 from batchweave.log import LogState, LogVersion, LogVersionHead, ReadVersion
-from batchweave.segment import SEGMENT_MAX_BYTES, SEGMENT_VERSIONS, decode_segment, encode_segment, segment_key
+from batchweave.reading.segment import SEGMENT_MAX_BYTES, SEGMENT_VERSIONS, decode_segment, encode_segment, segment_key
 from batchweave.store import Store
 
 __all__ = ["DEFAULT_SNAPSHOT_EVERY", "Committed", "Journal"]

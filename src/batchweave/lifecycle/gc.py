@@ -3,7 +3,7 @@
 ``collect_garbage`` is safe to run from any process, at any time, repeatedly: it first
 commits a log version recording what it reclaims (so a consumer asked for a reclaimed
 step gets ``DataReclaimedError``, not a missing object), then deletes TGB objects below
-``W_global`` (the smallest watermark of the live checkpoints: ``batchweave.watermarks``),
+``W_global`` (the smallest watermark of the live checkpoints: ``batchweave.lifecycle.watermarks``),
 log versions and snapshots no live cursor or producer recovery reads, orphans (objects
 no committed version references and no live producer still holds) older than the grace
 period, and, on a local directory, the staging files of puts killed mid-write
@@ -23,13 +23,19 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from batchweave import log
+from batchweave.commit.group import INTENT_PREFIX, decode_intent, parse_intent_key
+from batchweave.commit.journal import Journal
 from batchweave.errors import CorruptDataError, ObjectNotFoundError, StoreError
-from batchweave.group import INTENT_PREFIX, decode_intent, parse_intent_key
-from batchweave.journal import Journal
+from batchweave.lifecycle.watermarks import (
+    Checkpoint,
+    global_watermark,
+    read_watermarks,
+    released_key,
+    require_namespace,
+)
 from batchweave.log import LogState, LogVersion, Reclaim, parse_data_key
-from batchweave.segment import SEGMENT_PREFIX
+from batchweave.reading.segment import SEGMENT_PREFIX
 from batchweave.store import PROBE_PREFIX, ObjectInfo, Store, open_store
-from batchweave.watermarks import Checkpoint, global_watermark, read_watermarks, released_key, require_namespace
 
 __all__ = ["GCReport", "collect_garbage", "dead_intents"]
 
@@ -164,7 +170,7 @@ def _stale_probes(store: Store, grace_s: float, now: float) -> list[str]:
 
 
 def dead_intents(store: Store, state: LogState) -> list[str]:
-    """Group-commit intents (``batchweave.group``) that ``state`` has made useless: of an
+    """Group-commit intents (``batchweave.commit.group``) that ``state`` has made useless: of an
     epoch the log has fenced, or whose TGBs are all committed. Their producers delete
     them as they go; these are a crashed incarnation's or a deletion that failed.
     Deleting a live intent would be safe too (its producer commits its own TGBs), so a

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batchweave import log, retry
+from batchweave.commit.journal import Journal
 from batchweave.errors import (
     BatchWeaveError,
     ConfigError,
@@ -60,13 +61,12 @@ from batchweave.errors import (
     StoreError,
     TransientStoreError,
 )
-from batchweave.follower import FollowItem, ProvenLog
-from batchweave.journal import Journal
 from batchweave.log import ReadVersion
 from batchweave.mesh import Mesh
-from batchweave.polling import HeadPolling
-from batchweave.readahead import DEFAULT_LOG_READ_AHEAD, LogReadAhead
-from batchweave.sharedlog import BEHIND, NODE_READ_AHEAD, RESTART, NodeBehind, SharedLog, decode_versions
+from batchweave.reading.follower import FollowItem, ProvenLog
+from batchweave.reading.polling import HeadPolling
+from batchweave.reading.readahead import DEFAULT_LOG_READ_AHEAD, LogReadAhead
+from batchweave.reading.sharedlog import BEHIND, NODE_READ_AHEAD, RESTART, NodeBehind, SharedLog, decode_versions
 from batchweave.store import Store
 
 __all__ = [

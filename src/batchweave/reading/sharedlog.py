@@ -36,7 +36,7 @@ from typing import Any
 from batchweave import log
 from batchweave.errors import DataReclaimedError
 from batchweave.log import ReadVersion
-from batchweave.polling import MIN_PAUSE_S
+from batchweave.reading.polling import MIN_PAUSE_S
 
 __all__ = [
     "BEHIND",

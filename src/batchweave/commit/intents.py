@@ -12,8 +12,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from batchweave.errors import CorruptDataError, ObjectExistsError, ObjectNotFoundError, StoreError
-from batchweave.group import (
+from batchweave.commit.group import (
     INTENT_FORMAT,
     INTENT_PREFIX,
     Intent,
@@ -22,6 +21,7 @@ from batchweave.group import (
     intent_key,
     parse_intent_key,
 )
+from batchweave.errors import CorruptDataError, ObjectExistsError, ObjectNotFoundError, StoreError
 from batchweave.log import LogState, TGBDescriptor
 from batchweave.store import Store
 

@@ -6,7 +6,7 @@ for that checkpoint (``Consumer.mark_checkpoint``); deleting the checkpoint rele
 checkpoints that *every* position has marked: a checkpoint that only some ranks marked
 (a crash between two ranks' marks) is not a restore point, so it protects nothing and
 holds nothing back. Everything below ``W_global`` is unreachable by any live checkpoint,
-which is what garbage collection (``batchweave.gc``) and producer backpressure
+which is what garbage collection (``batchweave.lifecycle.gc``) and producer backpressure
 (``Producer(max_lag=...)``) read.
 
     _checkpoints/<id>/<d>-<c>.json     the watermark of position (d, c) (create-only)
@@ -27,8 +27,8 @@ from typing import Annotated, Any
 import msgspec
 
 from batchweave import log
+from batchweave.commit.journal import Journal
 from batchweave.errors import ConfigError, CorruptDataError, ObjectExistsError, ObjectNotFoundError
-from batchweave.journal import Journal
 from batchweave.log import LogState
 from batchweave.store import Store, open_store
 

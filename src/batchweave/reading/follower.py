@@ -17,11 +17,11 @@ from concurrent.futures import Future
 from typing import Union
 
 from batchweave import log
+from batchweave.commit.journal import Journal
 from batchweave.errors import CorruptDataError, DataReclaimedError
-from batchweave.journal import Journal
 from batchweave.log import LogVersion, ReadVersion
-from batchweave.polling import HeadPolling
-from batchweave.readahead import LogReadAhead
+from batchweave.reading.polling import HeadPolling
+from batchweave.reading.readahead import LogReadAhead
 
 __all__ = ["PROOF_BATCH_VERSIONS", "FollowItem", "ProvenLog"]
 

@@ -1,0 +1,1 @@
+"""Reclaiming storage: checkpoint watermarks and garbage collection."""
