@@ -60,4 +60,4 @@ def test_site_builds_strict(tmp_path):
     for page in ("index.html", "concepts/index.html", "guides/resharding/index.html", "benchmark-figures/index.html"):
         assert (site / page).is_file(), page
     # Figures are copied next to the pages that show them.
-    assert (site / "benchmarks" / "session-5" / "consumers.png").is_file()
+    assert (site / "benchmarks" / "2026-11-25-725e758" / "consumers.png").is_file()
