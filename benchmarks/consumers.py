@@ -52,8 +52,8 @@ from typing import Any
 from batchweave.latency import CLOUD_DEFAULTS
 from batchweave.store import open_store
 from benchmarks.latency_proxy import LatencyProxy, ProxyCounters
+from benchmarks.peers import base_payload, sample_payload, tag_of
 from benchmarks.report import BenchOptions, BenchResult, machine
-from benchmarks.streaming_peer import base_payload, sample_payload, tag_of
 from benchmarks.webdataset_peer import SHARD_BYTES, shard_urls
 from benchmarks.webdataset_peer import read_pass as wds_read_pass
 from benchmarks.webdataset_peer import write as wds_write

@@ -10,10 +10,8 @@ keeps downloaded chunks in a local cache directory, so one process is one rank):
   ``bytes`` leaf (see ``_sample``), chunks of LitData's default size (``chunk_bytes``
   64 MiB, as MDS shards), one worker so that the chunks keep the samples in order, plus
   an ``index.json`` naming the chunks.
-- ``read``: one rank's pass from a fresh cache directory. It prints one JSON line, then
-  waits for a line on stdin: ``resume`` runs the resume check (the parent resets its byte
-  counters in between, so the check's downloads are not charged to the pass), anything
-  else exits.
+- ``read``: one rank's pass from a fresh cache directory, then the resume check if the
+  parent asks (``benchmarks.peers`` gives the protocol).
 
 LitData 0.2.76 reaches S3 with boto3 (``index.json``, and the byte ranges of random
 access) and obstore (whole chunks, configured from the same boto3 client); it has no
@@ -40,17 +38,23 @@ Modes:
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from typing import Any
 
-from benchmarks.streaming_peer import base_payload, sample_payload, tag_of
+from benchmarks.peers import (
+    answer,
+    base_payload,
+    command_line,
+    emit,
+    fresh_cache,
+    resumed,
+    sample_payload,
+    timed_pass,
+    tree_bytes,
+)
 
 __all__ = ["storage_options"]
 
@@ -118,75 +122,42 @@ def _dataset(remote: str, cache: str) -> Any:
 def read_pass(remote: str, mode: str, world: int, rank: int, steps: int, stop_at: int) -> tuple[dict, dict]:
     """One rank's whole pass, and (default mode) LitData's resume state after ``stop_at``
     samples."""
-    cache = tempfile.mkdtemp(prefix="bench-litdata-cache-")
-    try:
+    with fresh_cache("bench-litdata-cache-") as cache:
         started = time.monotonic()
         dataset = _dataset(remote, cache)
         if mode == "default":
-            samples = iter(dataset)
+            record, state = timed_pass(
+                iter(dataset),
+                started,
+                stop_at,
+                lambda: dataset.state_dict(num_samples_yielded=stop_at, num_workers=1, batch_size=1),
+            )
         else:
-            samples = (dataset[step * world + rank] for step in range(steps))
-        times, tags, delivered, state = [], [], 0, None
-        for index, sample in enumerate(samples):
-            data = sample
-            times.append(time.monotonic() - started)
-            tags.append(tag_of(data))
-            delivered += len(data)
-            if mode == "default" and index + 1 == stop_at:
-                state = dataset.state_dict(num_samples_yielded=stop_at, num_workers=1, batch_size=1)
-        record = {"times_s": times, "tags": tags, "bytes": delivered, "cache_bytes": _tree_bytes(cache)}
-        return record, state or {}
-    finally:
-        shutil.rmtree(cache, ignore_errors=True)
+            record, state = timed_pass((dataset[step * world + rank] for step in range(steps)), started)
+        return {**record, "cache_bytes": tree_bytes(cache)}, state
 
 
 def resume_pass(remote: str, state: dict[str, Any]) -> dict[str, Any]:
     """A new dataset (new cache) loads the saved state and reads on."""
-    cache = tempfile.mkdtemp(prefix="bench-litdata-resume-")
-    try:
+    with fresh_cache("bench-litdata-resume-") as cache:
         dataset = _dataset(remote, cache)
         # The state names the first pass's cache directory (a fresh one per pass here, as
         # on a new machine), which LitData checks against its own: this dataset's.
         dataset.load_state_dict({**state, "cache_dir_path": cache, "input_dir_path": dataset.input_dir.path})
-        tags, delivered = [], 0
-        for sample in dataset:
-            tags.append(tag_of(sample))
-            delivered += len(sample)
-        return {"tags": tags, "bytes": delivered}
-    finally:
-        shutil.rmtree(cache, ignore_errors=True)
-
-
-def _tree_bytes(path: str) -> int:
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+        return resumed(dataset)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.litdata_peer")
-    sub = parser.add_subparsers(dest="command", required=True)
-    w = sub.add_parser("write")
-    w.add_argument("--remote", required=True)
-    w.add_argument("--world", type=int, required=True)
-    w.add_argument("--steps", type=int, required=True)
-    w.add_argument("--payload", type=int, required=True)
-    w.add_argument("--seed", type=int, default=0)
-    r = sub.add_parser("read")
-    r.add_argument("--remote", required=True)
-    r.add_argument("--mode", choices=("default", "per-rank"), required=True)
-    r.add_argument("--steps", type=int, required=True)
-    r.add_argument("--stop-at", type=int, required=True, help="samples after which the resume state is taken")
+    parser, read = command_line("python -m benchmarks.litdata_peer")
+    read.add_argument("--steps", type=int, required=True)
     args = parser.parse_args(argv)
     if args.command == "write":
-        print(json.dumps(write(args.remote, args.world, args.steps, args.payload, args.seed)), flush=True)
-        return 0
+        return emit(write(args.remote, args.world, args.steps, args.payload, args.seed))
     world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["GLOBAL_RANK"])
     import litdata  # noqa: F401  (torch and all: seconds of imports a training process has done long before)
 
     record, state = read_pass(args.remote, args.mode, world, rank, args.steps, args.stop_at)
-    print(json.dumps({**record, "state": state}), flush=True)
-    if sys.stdin.readline().strip() == "resume" and state:
-        print(json.dumps(resume_pass(args.remote, state)), flush=True)
-    return 0
+    return answer(record, state, (lambda: resume_pass(args.remote, state)) if state else None)
 
 
 if __name__ == "__main__":

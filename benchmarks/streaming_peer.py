@@ -7,10 +7,8 @@ shared memory and a local cache directory, so one process is one rank):
 - ``write``: the benchmark's samples as MDS shards (``MDSWriter``, default 64 MiB
   ``size_limit``, one raw-bytes column) to an ``s3://`` remote; sample ``step * W + rank``
   is rank ``rank``'s slice of step ``step`` (global order, step-major, rank-minor).
-- ``read``: one rank's pass with ``StreamingDataset`` from a fresh cache directory. It
-  prints one JSON line, then waits for a line on stdin: ``resume`` runs the resume check
-  (the parent resets its byte counters in between, so the check's downloads are not
-  charged to the pass), anything else exits.
+- ``read``: one rank's pass with ``StreamingDataset`` from a fresh cache directory, then
+  the resume check if the parent asks (``benchmarks.peers`` gives the protocol).
 
 Every rank runs alone, as its own node (``LOCAL_WORLD_SIZE=1``): Streaming's ranks of
 one node wait for each other on shared-memory barriers, so a rank of an 8-rank node
@@ -32,39 +30,25 @@ cannot be run by itself. Modes:
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 import types
 from typing import Any
 
-__all__ = ["import_streaming", "sample_payload", "sample_tag"]
+from benchmarks.peers import (
+    answer,
+    base_payload,
+    command_line,
+    emit,
+    fresh_cache,
+    resumed,
+    sample_payload,
+    timed_pass,
+    tree_bytes,
+)
 
-_TAG_BYTES = 16
-
-
-def sample_payload(base: bytes, step: int, rank: int) -> bytes:
-    """Rank ``rank``'s slice of step ``step``: ``base`` with its first bytes naming both, so
-    a delivered sample says which one it is (the same bytes go to BatchWeave and MDS)."""
-    return sample_tag(step, rank) + base[_TAG_BYTES:]
-
-
-def sample_tag(step: int, rank: int) -> bytes:
-    return step.to_bytes(8, "little") + rank.to_bytes(8, "little")
-
-
-def tag_of(sample: bytes) -> tuple[int, int]:
-    return int.from_bytes(sample[:8], "little"), int.from_bytes(sample[8:_TAG_BYTES], "little")
-
-
-def base_payload(payload_bytes: int, seed: int) -> bytes:
-    import random
-
-    return random.Random(seed).randbytes(max(payload_bytes, _TAG_BYTES))
+__all__ = ["import_streaming"]
 
 
 def import_streaming() -> Any:
@@ -141,67 +125,33 @@ def _dataset(remote: str, cache: str, mode: str) -> Any:
 def read_pass(remote: str, mode: str, world: int, stop_at: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """One rank's whole pass; also Streaming's resume state after ``stop_at`` samples
     (``num_samples`` counts samples of all ranks, as StreamingDataLoader counts them)."""
-    cache = tempfile.mkdtemp(prefix="bench-streaming-cache-")
-    try:
+    with fresh_cache("bench-streaming-cache-") as cache:
         started = time.monotonic()
         dataset = _dataset(remote, cache, mode)
-        times, tags, delivered, state = [], [], 0, None
-        for index, sample in enumerate(dataset):
-            data = sample["data"]
-            times.append(time.monotonic() - started)
-            tags.append(tag_of(data))
-            delivered += len(data)
-            if index + 1 == stop_at:
-                state = dataset.state_dict(num_samples=stop_at * world, from_beginning=False)
-        record = {"times_s": times, "tags": tags, "bytes": delivered, "cache_bytes": _tree_bytes(cache)}
-        return record, state or {}
-    finally:
-        shutil.rmtree(cache, ignore_errors=True)
+        samples = (sample["data"] for sample in dataset)
+        record, state = timed_pass(
+            samples, started, stop_at, lambda: dataset.state_dict(num_samples=stop_at * world, from_beginning=False)
+        )
+        return {**record, "cache_bytes": tree_bytes(cache)}, state
 
 
 def resume_pass(remote: str, mode: str, state: dict[str, Any]) -> dict[str, Any]:
     """A new dataset (new process state, new cache) loads the saved state and reads on."""
-    cache = tempfile.mkdtemp(prefix="bench-streaming-resume-")
-    try:
+    with fresh_cache("bench-streaming-resume-") as cache:
         dataset = _dataset(remote, cache, mode)
         dataset.load_state_dict(state)
-        tags, delivered = [], 0
-        for sample in dataset:
-            tags.append(tag_of(sample["data"]))
-            delivered += len(sample["data"])
-        return {"tags": tags, "bytes": delivered}
-    finally:
-        shutil.rmtree(cache, ignore_errors=True)
-
-
-def _tree_bytes(path: str) -> int:
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+        return resumed(sample["data"] for sample in dataset)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.streaming_peer")
-    sub = parser.add_subparsers(dest="command", required=True)
-    w = sub.add_parser("write")
-    w.add_argument("--remote", required=True)
-    w.add_argument("--world", type=int, required=True)
-    w.add_argument("--steps", type=int, required=True)
-    w.add_argument("--payload", type=int, required=True)
-    w.add_argument("--seed", type=int, default=0)
-    r = sub.add_parser("read")
-    r.add_argument("--remote", required=True)
-    r.add_argument("--mode", choices=("default", "per-rank"), required=True)
-    r.add_argument("--stop-at", type=int, required=True, help="samples after which the resume state is taken")
+    parser, _ = command_line("python -m benchmarks.streaming_peer")
     args = parser.parse_args(argv)
     if args.command == "write":
-        print(json.dumps(write(args.remote, args.world, args.steps, args.payload, args.seed)), flush=True)
-        return 0
+        return emit(write(args.remote, args.world, args.steps, args.payload, args.seed))
     world = int(os.environ["WORLD_SIZE"])
     import_streaming()  # torch and all: seconds of imports that a training process has done long before
     record, state = read_pass(args.remote, args.mode, world, args.stop_at)
-    print(json.dumps({**record, "state": state}), flush=True)
-    if sys.stdin.readline().strip() == "resume":
-        print(json.dumps(resume_pass(args.remote, args.mode, state)), flush=True)
-    return 0
+    return answer(record, state, lambda: resume_pass(args.remote, args.mode, state))
 
 
 if __name__ == "__main__":

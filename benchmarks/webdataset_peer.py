@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from benchmarks.streaming_peer import base_payload, sample_payload, tag_of
+from benchmarks.peers import base_payload, sample_payload, timed_pass
 
 __all__ = ["SHARD_BYTES", "read_pass", "shard_plan", "write"]
 
@@ -97,13 +97,8 @@ def read_pass(urls: list[str], world: int, rank: int) -> dict[str, Any]:
         nodesplitter=lambda src: itertools.islice(src, rank, None, world),  # wds.split_by_node's rule
         empty_check=False,  # a rank without shards reads nothing, as WebDataset would leave it
     )
-    times, tags, delivered = [], [], 0
-    for sample in dataset:
-        data = sample["bin"]
-        times.append(time.monotonic() - started)
-        tags.append(tag_of(data))
-        delivered += len(data)
-    return {"times_s": times, "tags": tags, "bytes": delivered}
+    record, _ = timed_pass((sample["bin"] for sample in dataset), started)
+    return record
 
 
 # ---------------------------------------------------------------------- reading through obstore
