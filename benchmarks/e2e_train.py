@@ -14,10 +14,10 @@ writes the series as JSON. ``--feed`` chooses where the batches come from:
   ``benchmarks.e2e`` on other cores) fill while training runs;
 - ``memory``: the same batches, preprocessed before the clock starts (the upper limit).
 
-``--workload`` chooses what is trained on. ``image`` (the default) is here: the image
-half of ``examples/preprocess_images.py`` (JPEG decode, random-resized crop, flip,
-normalize), seeded per image so that a step's batch has the same bytes whichever process
-made it (the DataLoader workers and the producers import it). ``video`` is
+``--workload`` chooses what is trained on. ``image`` (the default) is here: synthetic
+JPEGs through ``examples/preprocess_images.py``'s ``augment`` (JPEG decode,
+random-resized crop, flip, normalize), seeded per image so that a step's batch has the
+same bytes whichever process made it (the DataLoader workers and the producers import it). ``video`` is
 ``benchmarks.e2e_video``: robot episodes decoded from H.264 and packed into multimodal
 sequences, a small transformer with an action head. Each is a *job*: a model, a loss,
 and this rank's slice of step ``s``; the loop and the feeds are the same for both. This
@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import argparse
 import functools
-import io
 import json
-import math
 import os
 import random
 import time
@@ -40,8 +38,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
-STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
+from examples.preprocess_images import augment
+
 CLASSES = 10
 LABELS_FILE = "labels.json"
 
@@ -71,31 +69,6 @@ def _labels(directory: str) -> tuple[int, ...]:
     return tuple(json.loads((Path(directory) / LABELS_FILE).read_text()))
 
 
-def _random_resized_crop(image: Image.Image, size: int, rng: random.Random) -> Image.Image:
-    """torchvision's RandomResizedCrop in plain Pillow (as examples/preprocess_images.py)."""
-    width, height = image.size
-    area = width * height
-    for _ in range(10):
-        target = area * rng.uniform(0.08, 1.0)
-        aspect = math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
-        crop_w, crop_h = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
-        if 0 < crop_w <= width and 0 < crop_h <= height:
-            left, top = rng.randint(0, width - crop_w), rng.randint(0, height - crop_h)
-            return image.resize((size, size), Image.Resampling.BILINEAR, box=(left, top, left + crop_w, top + crop_h))
-    side = min(width, height)
-    box = ((width - side) // 2, (height - side) // 2, (width + side) // 2, (height + side) // 2)
-    return image.resize((size, size), Image.Resampling.BILINEAR, box=box)
-
-
-def _augment(path: Path, size: int, rng: random.Random) -> np.ndarray:
-    """Decode one JPEG (the cost), crop, flip, normalize: ``[3, size, size]`` float32."""
-    with Image.open(io.BytesIO(path.read_bytes())) as decoded:
-        crop = _random_resized_crop(decoded.convert("RGB"), size, rng)
-    if rng.random() < 0.5:
-        crop = crop.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    return ((np.asarray(crop, dtype=np.float32) / 255.0 - MEAN) / STD).transpose(2, 0, 1)
-
-
 def preprocess_slice(images: str, step: int, per_step: int, rank: int, ranks: int, size: int) -> dict[str, np.ndarray]:
     """Rank ``rank``'s contiguous share of step ``step``'s batch of ``per_step`` images.
 
@@ -107,7 +80,7 @@ def preprocess_slice(images: str, step: int, per_step: int, rank: int, ranks: in
     picks = range(rank * share, (rank + 1) * share)
     files = [(step * per_step + j) % len(labels) for j in picks]
     pixels = [
-        _augment(Path(images) / f"{f:05d}.jpg", size, random.Random(f"{step}-{j}"))
+        augment((Path(images) / f"{f:05d}.jpg").read_bytes(), size, random.Random(f"{step}-{j}"))
         for f, j in zip(files, picks, strict=True)
     ]
     return {"images": np.stack(pixels), "labels": np.array([labels[f] for f in files], dtype=np.int64)}

@@ -69,19 +69,22 @@ def random_resized_crop(image: Image.Image, size: int, rng: random.Random) -> Im
     return image.resize((size, size), Image.Resampling.BILINEAR, box=box)
 
 
+def augment(jpeg: bytes, size: int, rng: random.Random) -> np.ndarray:
+    """Decode one JPEG (the cost), random-resized crop, flip half the time, normalize:
+    ``[3, size, size]`` float32, channels first as training expects. ``bench e2e``'s
+    image pipeline is this too."""
+    with Image.open(io.BytesIO(jpeg)) as decoded:
+        crop = random_resized_crop(decoded.convert("RGB"), size, rng)
+    if rng.random() < 0.5:
+        crop = crop.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return ((np.asarray(crop, dtype=np.float32) / 255.0 - MEAN) / STD).transpose(2, 0, 1)
+
+
 def augment_shard(item: tuple[str, int, int]) -> list[dict[str, np.ndarray]]:
     """One shard directory -> one TGB: ``dp`` slices of normalized ``[n, 3, size, size]`` images."""
     shard_dir, dp, size = item
     rng = random.Random(hashlib.sha256(Path(shard_dir).name.encode()).digest())  # same crops on every rerun
-    images = []
-    for path in sorted(Path(shard_dir).glob("*.jpg")):
-        with Image.open(io.BytesIO(path.read_bytes())) as decoded:
-            crop = random_resized_crop(decoded.convert("RGB"), size, rng)
-        if rng.random() < 0.5:
-            crop = crop.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-        pixels = (np.asarray(crop, dtype=np.float32) / 255.0 - MEAN) / STD
-        images.append(pixels.transpose(2, 0, 1))  # channels first, as training expects
-    batch = np.stack(images)
+    batch = np.stack([augment(path.read_bytes(), size, rng) for path in sorted(Path(shard_dir).glob("*.jpg"))])
     if len(batch) % dp:
         raise ValueError(f"{shard_dir}: {len(batch)} images do not split evenly over dp={dp}")
     return [{"images": part, "index": np.arange(d, len(batch), dp)} for d, part in enumerate(np.split(batch, dp))]
