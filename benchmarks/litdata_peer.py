@@ -44,17 +44,7 @@ import sys
 import time
 from typing import Any
 
-from benchmarks.peers import (
-    answer,
-    base_payload,
-    command_line,
-    emit,
-    fresh_cache,
-    resumed,
-    sample_payload,
-    timed_pass,
-    tree_bytes,
-)
+from benchmarks import peers
 
 __all__ = ["storage_options"]
 
@@ -87,14 +77,14 @@ def _sample(index: int, base: bytes, world: int) -> bytes:
     byte range then reads 0 bytes and fails (``struct.error``). A bare bytes leaf keeps
     the offset table that both iteration and random access read."""
     step, rank = divmod(index, world)
-    return sample_payload(base, step, rank)
+    return peers.sample_payload(base, step, rank)
 
 
 def write(remote: str, world: int, steps: int, payload_bytes: int, seed: int) -> dict[str, Any]:
     from litdata import optimize
     from litdata.constants import _DEFAULT_CHUNK_BYTES
 
-    base = base_payload(payload_bytes, seed)
+    base = peers.base_payload(payload_bytes, seed)
     started = time.monotonic()
     optimize(
         fn=functools.partial(_sample, base=base, world=world),
@@ -122,42 +112,42 @@ def _dataset(remote: str, cache: str) -> Any:
 def read_pass(remote: str, mode: str, world: int, rank: int, steps: int, stop_at: int) -> tuple[dict, dict]:
     """One rank's whole pass, and (default mode) LitData's resume state after ``stop_at``
     samples."""
-    with fresh_cache("bench-litdata-cache-") as cache:
+    with peers.fresh_cache("bench-litdata-cache-") as cache:
         started = time.monotonic()
         dataset = _dataset(remote, cache)
         if mode == "default":
-            record, state = timed_pass(
+            record, state = peers.timed_pass(
                 iter(dataset),
                 started,
                 stop_at,
                 lambda: dataset.state_dict(num_samples_yielded=stop_at, num_workers=1, batch_size=1),
             )
         else:
-            record, state = timed_pass((dataset[step * world + rank] for step in range(steps)), started)
-        return {**record, "cache_bytes": tree_bytes(cache)}, state
+            record, state = peers.timed_pass((dataset[step * world + rank] for step in range(steps)), started)
+        return {**record, "cache_bytes": peers.tree_bytes(cache)}, state
 
 
 def resume_pass(remote: str, state: dict[str, Any]) -> dict[str, Any]:
     """A new dataset (new cache) loads the saved state and reads on."""
-    with fresh_cache("bench-litdata-resume-") as cache:
+    with peers.fresh_cache("bench-litdata-resume-") as cache:
         dataset = _dataset(remote, cache)
         # The state names the first pass's cache directory (a fresh one per pass here, as
         # on a new machine), which LitData checks against its own: this dataset's.
         dataset.load_state_dict({**state, "cache_dir_path": cache, "input_dir_path": dataset.input_dir.path})
-        return resumed(dataset)
+        return peers.resumed(dataset)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser, read = command_line("python -m benchmarks.litdata_peer")
+    parser, read = peers.command_line("python -m benchmarks.litdata_peer")
     read.add_argument("--steps", type=int, required=True)
     args = parser.parse_args(argv)
     if args.command == "write":
-        return emit(write(args.remote, args.world, args.steps, args.payload, args.seed))
+        return peers.emit(write(args.remote, args.world, args.steps, args.payload, args.seed))
     world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["GLOBAL_RANK"])
     import litdata  # noqa: F401  (torch and all: seconds of imports a training process has done long before)
 
     record, state = read_pass(args.remote, args.mode, world, rank, args.steps, args.stop_at)
-    return answer(record, state, (lambda: resume_pass(args.remote, state)) if state else None)
+    return peers.answer(record, state, (lambda: resume_pass(args.remote, state)) if state else None)
 
 
 if __name__ == "__main__":

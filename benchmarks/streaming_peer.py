@@ -36,17 +36,7 @@ import time
 import types
 from typing import Any
 
-from benchmarks.peers import (
-    answer,
-    base_payload,
-    command_line,
-    emit,
-    fresh_cache,
-    resumed,
-    sample_payload,
-    timed_pass,
-    tree_bytes,
-)
+from benchmarks import peers
 
 __all__ = ["import_streaming"]
 
@@ -95,12 +85,12 @@ def _stub_transformers() -> None:
 
 def write(remote: str, world: int, steps: int, payload_bytes: int, seed: int) -> dict[str, Any]:
     streaming = import_streaming()
-    base = base_payload(payload_bytes, seed)
+    base = peers.base_payload(payload_bytes, seed)
     started = time.monotonic()
     with streaming.MDSWriter(out=remote, columns={"data": "bytes"}) as writer:
         for step in range(steps):
             for rank in range(world):
-                writer.write({"data": sample_payload(base, step, rank)})
+                writer.write({"data": peers.sample_payload(base, step, rank)})
     return {"samples": steps * world, "write_s": time.monotonic() - started}
 
 
@@ -125,33 +115,33 @@ def _dataset(remote: str, cache: str, mode: str) -> Any:
 def read_pass(remote: str, mode: str, world: int, stop_at: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """One rank's whole pass; also Streaming's resume state after ``stop_at`` samples
     (``num_samples`` counts samples of all ranks, as StreamingDataLoader counts them)."""
-    with fresh_cache("bench-streaming-cache-") as cache:
+    with peers.fresh_cache("bench-streaming-cache-") as cache:
         started = time.monotonic()
         dataset = _dataset(remote, cache, mode)
         samples = (sample["data"] for sample in dataset)
-        record, state = timed_pass(
+        record, state = peers.timed_pass(
             samples, started, stop_at, lambda: dataset.state_dict(num_samples=stop_at * world, from_beginning=False)
         )
-        return {**record, "cache_bytes": tree_bytes(cache)}, state
+        return {**record, "cache_bytes": peers.tree_bytes(cache)}, state
 
 
 def resume_pass(remote: str, mode: str, state: dict[str, Any]) -> dict[str, Any]:
     """A new dataset (new process state, new cache) loads the saved state and reads on."""
-    with fresh_cache("bench-streaming-resume-") as cache:
+    with peers.fresh_cache("bench-streaming-resume-") as cache:
         dataset = _dataset(remote, cache, mode)
         dataset.load_state_dict(state)
-        return resumed(sample["data"] for sample in dataset)
+        return peers.resumed(sample["data"] for sample in dataset)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser, _ = command_line("python -m benchmarks.streaming_peer")
+    parser, _ = peers.command_line("python -m benchmarks.streaming_peer")
     args = parser.parse_args(argv)
     if args.command == "write":
-        return emit(write(args.remote, args.world, args.steps, args.payload, args.seed))
+        return peers.emit(write(args.remote, args.world, args.steps, args.payload, args.seed))
     world = int(os.environ["WORLD_SIZE"])
     import_streaming()  # torch and all: seconds of imports that a training process has done long before
     record, state = read_pass(args.remote, args.mode, world, args.stop_at)
-    return answer(record, state, lambda: resume_pass(args.remote, args.mode, state))
+    return peers.answer(record, state, lambda: resume_pass(args.remote, args.mode, state))
 
 
 if __name__ == "__main__":
