@@ -26,58 +26,66 @@ def stream_checks(
     ranks: list[dict[str, Any]], shares: Sequence[int], offsets: dict[str, int], end_of_stream: bool
 ) -> list[dict[str, Any]]:
     """Order, agreement and exactly-once over the ranks' streams. Pure: tests feed it."""
-    steps, world = sum(shares), len(ranks)
-    checks = [
-        check(
-            "namespace",
-            sum(offsets.values()) == steps and end_of_stream,
-            f"{sum(offsets.values())} TGBs committed (expected {steps}), end of stream: {end_of_stream}",
-        )
+    tgbs = [tuple(s[:2]) for s in ranks[0]["sources"]]  # (producer, offset) of each step
+    return [
+        _namespace_check(sum(shares), offsets, end_of_stream),
+        _order_check(ranks, sum(shares)),
+        _agreement_check(ranks, tgbs),
+        _exactly_once_check(tgbs, shares, offsets),
     ]
-    bad = [r["rank"] for r in ranks if r["steps"] != list(range(steps))]
-    checks.append(
-        check(
-            "step order",
-            not bad,
-            f"ranks {bad} did not see steps 0..{steps - 1} once each in order"
-            if bad
-            else f"all {world} ranks saw steps 0..{steps - 1} in order, no duplicate, no gap (across the kills)",
-        )
+
+
+def _namespace_check(steps: int, offsets: dict[str, int], end_of_stream: bool) -> dict[str, Any]:
+    return check(
+        "namespace",
+        sum(offsets.values()) == steps and end_of_stream,
+        f"{sum(offsets.values())} TGBs committed (expected {steps}), end of stream: {end_of_stream}",
     )
-    tgbs = [tuple(s[:2]) for s in ranks[0]["sources"]]
+
+
+def _order_check(ranks: list[dict[str, Any]], steps: int) -> dict[str, Any]:
+    bad = [r["rank"] for r in ranks if r["steps"] != list(range(steps))]
+    return check(
+        "step order",
+        not bad,
+        f"ranks {bad} did not see steps 0..{steps - 1} once each in order"
+        if bad
+        else f"all {len(ranks)} ranks saw steps 0..{steps - 1} in order, no duplicate, no gap (across the kills)",
+    )
+
+
+def _agreement_check(ranks: list[dict[str, Any]], tgbs: list[tuple[int, ...]]) -> dict[str, Any]:
     disagree = sorted(
         {i for r in ranks for i, s in enumerate(r["sources"]) if i >= len(tgbs) or tuple(s[:2]) != tgbs[i]}
     )
     wrong_slice = [r["rank"] for r in ranks if any(s[2] != r.get("slice_index") for s in r["sources"])]
-    checks.append(
-        check(
-            "same TGB per step",
-            not disagree and not wrong_slice,
-            (f"steps {disagree[:5]} differ across ranks; " if disagree else "")
-            + (f"ranks {wrong_slice} got another rank's slice" if wrong_slice else "")
-            or "every rank of every step read the same (producer, offset), each its own slice",
-        )
+    return check(
+        "same TGB per step",
+        not disagree and not wrong_slice,
+        (f"steps {disagree[:5]} differ across ranks; " if disagree else "")
+        + (f"ranks {wrong_slice} got another rank's slice" if wrong_slice else "")
+        or "every rank of every step read the same (producer, offset), each its own slice",
     )
+
+
+def _exactly_once_check(tgbs: list[tuple[int, ...]], shares: Sequence[int], offsets: dict[str, int]) -> dict[str, Any]:
     per_producer: dict[int, list[int]] = {}
     for p, o in tgbs:
         per_producer.setdefault(p, []).append(o)
-    bad_prod = [
+    bad = [
         producer_id(i)
         for i, share in enumerate(shares)
         if per_producer.get(i, []) != list(range(share)) or offsets.get(producer_id(i)) != share
     ]
-    checks.append(
-        check(
-            "exactly-once offsets",
-            not bad_prod,
-            f"producers {bad_prod} have duplicate, missing or unordered offsets"
-            if bad_prod
-            else "each producer's committed offsets are exactly 0..k-1 ("
-            + ", ".join(f"{producer_id(i)}: {share}" for i, share in enumerate(shares))
-            + ")",
-        )
+    return check(
+        "exactly-once offsets",
+        not bad,
+        f"producers {bad} have duplicate, missing or unordered offsets"
+        if bad
+        else "each producer's committed offsets are exactly 0..k-1 ("
+        + ", ".join(f"{producer_id(i)}: {share}" for i, share in enumerate(shares))
+        + ")",
     )
-    return checks
 
 
 def payload_check(ranks: list[dict[str, Any]], images: int, focus: set[tuple[int, int]]) -> dict[str, Any]:

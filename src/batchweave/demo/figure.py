@@ -29,11 +29,31 @@ def draw_figure(timeline: list[dict[str, Any]], events: list[dict[str, Any]], pl
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    t = [s["t_s"] for s in timeline]
     fig, (ax, ax2) = plt.subplots(2, 1, figsize=(13, 7), sharex=True, gridspec_kw={"height_ratios": [3, 1.2]})
+    _plot_progress(ax, plt.get_cmap("Blues"), timeline, events, plan)
+    t = [s["t_s"] for s in timeline]
+    ax2.plot(t, [s["live_bytes"] / 1e6 for s in timeline], color="tab:blue", label="live TGB data (MB)")
+    _mark_events((ax, ax2), events, plan)
+    ax.set_ylabel("step")
+    ax.set_ylim(0, plan.steps * 1.05)
+    ax.set_title(f"BatchWeave demo: {plan.producers} producers, dp={plan.dp} x cp={plan.cp} ranks, {plan.steps} steps")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    ax2.set_ylabel("MB")
+    ax2.set_xlabel("seconds since start")
+    ax2.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return str(path)
+
+
+def _plot_progress(
+    ax: Any, blues: Any, timeline: list[dict[str, Any]], events: list[dict[str, Any]], plan: DemoPlan
+) -> None:
+    """Steps committed, each rank's (and the twin's) steps received, the complete checkpoints."""
+    t = [s["t_s"] for s in timeline]
     ax.plot(t, [s["committed"] for s in timeline], color="black", lw=2.2, label="steps committed (log)")
-    blues = plt.get_cmap("Blues")  # ranks in blues, so the events' red, orange and green stand out
-    for slot in range(plan.world + 1):
+    for slot in range(plan.world + 1):  # ranks in blues, so the events' red, orange and green stand out
         twin = slot == plan.twin_slot
         ax.plot(
             t,
@@ -46,8 +66,13 @@ def draw_figure(timeline: list[dict[str, Any]], events: list[dict[str, Any]], pl
     marks = [e for e in events if e["kind"] == "checkpoint_complete"]
     ax.scatter([e["t_s"] for e in marks], [e["step"] for e in marks], marker="D", s=18, color="tab:purple", zorder=3)
     ax.plot([], [], "D", color="tab:purple", ms=4, label="checkpoint complete (all ranks marked)")
-    ax2.plot(t, [s["live_bytes"] / 1e6 for s in timeline], color="tab:blue", label="live TGB data (MB)")
-    # Events are numbered on the plot and named in the legend: several happen within a second.
+
+
+def _mark_events(axes: tuple[Any, Any], events: list[dict[str, Any]], plan: DemoPlan) -> None:
+    """A vertical line on both panels for each kill, restart, GC and the end of stream.
+
+    Events are numbered on the plot and named in the legend: several happen within a second."""
+    ax, ax2 = axes
     marked = [e for e in events if e["kind"] in _MARKS]
     for n, e in enumerate(marked, 1):
         colour, style, label = _MARKS[e["kind"]]
@@ -55,14 +80,3 @@ def draw_figure(timeline: list[dict[str, Any]], events: list[dict[str, Any]], pl
         ax2.axvline(e["t_s"], color=colour, ls=style, lw=1.2)
         y = plan.steps * (1.0 - 0.07 * (n % 3))  # staggered, so close events stay readable
         ax.text(e["t_s"], y, str(n), ha="center", fontsize=8, bbox={"boxstyle": "circle", "fc": "white", "ec": colour})
-    ax.set_ylabel("step")
-    ax.set_ylim(0, plan.steps * 1.05)
-    ax.set_title(f"BatchWeave demo: {plan.producers} producers, dp={plan.dp} x cp={plan.cp} ranks, {plan.steps} steps")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-    ax2.set_ylabel("MB")
-    ax2.set_xlabel("seconds since start")
-    ax2.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return str(path)

@@ -210,16 +210,21 @@ class DemoRun:
         live = sorted((c for c in read_watermarks(self.store) if c.live), key=lambda c: c.position)
         if len(live) < 2 or self.procs.progress[self.plan.twin_slot] < live[-1].position:
             return
-        keep, older = live[-1], [c.checkpoint for c in live[:-1]]
+        keep, older = live[-1].checkpoint, [c.checkpoint for c in live[:-1]]
         for checkpoint in older:
             release_checkpoint(self.url, checkpoint)
         self.story.tell(
             "checkpoints_released",
             f"released {len(older)} older checkpoint(s) ({', '.join(older)}) with "
-            f"batchweave.release_checkpoint; {keep.checkpoint} is the oldest live one",
+            f"batchweave.release_checkpoint; {keep} is the oldest live one",
             released=older,
-            kept=keep.checkpoint,
+            kept=keep,
         )
+        self.collect(keep)
+
+    def collect(self, keep: str) -> None:
+        """Collect garbage with a grace of 0 s: behind checkpoint ``keep``, and the killed
+        producer's orphans."""
         before = self.load_state()
         report = collect_garbage(self.url, grace_s=0)
         keys = self.facts.get("orphan_keys", [])
@@ -228,7 +233,7 @@ class DemoRun:
         self.story.tell(
             "gc",
             f"[bold]collect_garbage[/] (grace 0, as `batchweave gc URL --grace-s 0`): reclaimed steps "
-            f"0..{report.reclaimed_steps - 1} below {keep.checkpoint}, {len(report.deleted_objects)} objects "
+            f"0..{report.reclaimed_steps - 1} below {keep}, {len(report.deleted_objects)} objects "
             f"({report.deleted_bytes / 1e6:.2f} MB of the {live_before / 1e6:.2f} MB of live TGB data), "
             f"{report.deleted_versions} log versions, {report.deleted_watermarks} "
             f"watermark objects, and {len(gone)}/{len(keys)} orphans of the killed producer",

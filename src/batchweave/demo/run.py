@@ -83,8 +83,15 @@ def run_demo(
         summary = summarize(plan, demo.results, demo.story.events, demo.failures, demo.load_state())
     summary.update(url=url, store=store, where=where, directory=str(root), wall_time_s=round(wall, 2))
     summary["steps_per_s"] = round(plan.steps / wall, 2) if wall > 0 else None
-    write_json(root / "timeline.json", demo.timeline)
-    figure = draw_figure(demo.timeline, demo.story.events, plan, root / "demo.png")
+    _report(demo, summary)
+    return summary
+
+
+def _report(demo: DemoRun, summary: dict[str, Any]) -> None:
+    """The run's files (timeline, figure, summary) written, and the summary table printed."""
+    console = demo.story.console
+    write_json(demo.root / "timeline.json", demo.timeline)
+    figure = draw_figure(demo.timeline, demo.story.events, demo.plan, demo.root / "demo.png")
     summary["figure"] = figure
     console.print(
         f"figure: {figure}"
@@ -92,9 +99,8 @@ def run_demo(
         else "figure skipped: matplotlib is not installed (pip install 'batchweave[demo]')",
         highlight=False,
     )
-    write_json(root / "summary.json", summary)
+    write_json(demo.root / "summary.json", summary)
     console.print(render_summary(summary))
-    return summary
 
 
 def _stream(demo: DemoRun) -> None:

@@ -70,11 +70,33 @@ def s3_signed_request(
 
     Raises ``urllib.error.HTTPError`` for an error status, like ``urlopen``.
     """
-    host = urllib.parse.urlsplit(endpoint).netloc
+    canonical_path = urllib.parse.quote(path, safe="/-_.~")
     amz_date = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+    host = urllib.parse.urlsplit(endpoint).netloc
+    request = urllib.request.Request(
+        endpoint + canonical_path,
+        method=method,
+        data=body if method in ("PUT", "POST") else None,
+        headers=_sigv4_headers(method, host, canonical_path, body, amz_date, access_key, secret_key, region),
+    )
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        return response.status
+
+
+def _sigv4_headers(
+    method: str,
+    host: str,
+    canonical_path: str,
+    body: bytes,
+    amz_date: str,
+    access_key: str,
+    secret_key: str,
+    region: str,
+) -> dict[str, str]:
+    """The headers that sign one request with AWS Signature V4 (no query string; the
+    signed headers are host, x-amz-content-sha256 and x-amz-date)."""
     day = amz_date[:8]
     payload_hash = hashlib.sha256(body).hexdigest()
-    canonical_path = urllib.parse.quote(path, safe="/-_.~")
     signed_headers = "host;x-amz-content-sha256;x-amz-date"
     canonical_request = "\n".join(
         [
@@ -94,18 +116,10 @@ def s3_signed_request(
     for part in (day, region, "s3", "aws4_request"):
         signing_key = hmac.new(signing_key, part.encode(), hashlib.sha256).digest()
     signature = hmac.new(signing_key, string_to_sign.encode(), hashlib.sha256).hexdigest()
-    request = urllib.request.Request(
-        endpoint + canonical_path,
-        method=method,
-        data=body if method in ("PUT", "POST") else None,
-        headers={
-            "x-amz-date": amz_date,
-            "x-amz-content-sha256": payload_hash,
-            "Authorization": (
-                f"AWS4-HMAC-SHA256 Credential={access_key}/{scope}, "
-                f"SignedHeaders={signed_headers}, Signature={signature}"
-            ),
-        },
-    )
-    with urllib.request.urlopen(request, timeout=timeout_s) as response:
-        return response.status
+    return {
+        "x-amz-date": amz_date,
+        "x-amz-content-sha256": payload_hash,
+        "Authorization": (
+            f"AWS4-HMAC-SHA256 Credential={access_key}/{scope}, SignedHeaders={signed_headers}, Signature={signature}"
+        ),
+    }
