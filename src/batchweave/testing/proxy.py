@@ -47,6 +47,11 @@ _CHUNK = 256 * 1024
 _HEAD_LIMIT = 64 * 1024
 _NO_BODY_STATUS = (204, 304)
 
+#: Seconds to wait after ``n`` more body bytes, so a body flows at the model's bandwidth.
+_Pace = Callable[[int], float]
+#: Counts ``n`` body bytes as they pass.
+_Tally = Callable[[int], None]
+
 
 @dataclass(slots=True)
 class ProxyCounters:
@@ -271,7 +276,7 @@ class LatencyProxy:
         with self._lock:
             return self._rng.lognormvariate(0.0, self.model.jitter_sigma)
 
-    def _pacer(self, factor: float) -> Callable[[int], float]:
+    def _pacer(self, factor: float) -> _Pace:
         """Seconds to wait after ``n`` more body bytes so the body flows at the model's
         bandwidth (times the request's jitter factor) on this connection."""
         assert self.model is not None
@@ -291,7 +296,7 @@ class LatencyProxy:
             self._counters.requests[method] = self._counters.requests.get(method, 0) + 1
             self._counters.range_gets += ranged
 
-    def _tally(self, which: str, method: str) -> Callable[[int], None]:
+    def _tally(self, which: str, method: str) -> _Tally:
         """Adds body bytes to counter ``which`` of ``method`` as they pass."""
 
         def add(n: int) -> None:
@@ -410,11 +415,7 @@ def _closes(message: _Message) -> bool:
 
 
 async def _copy_body(
-    reader: asyncio.StreamReader,
-    writer: _Sink,
-    framing: str | int,
-    pace: Callable[[int], float] | None,
-    tally: Callable[[int], None],
+    reader: asyncio.StreamReader, writer: _Sink, framing: str | int, pace: _Pace | None, tally: _Tally
 ) -> int:
     """Forward one body as framed; return its payload bytes (chunked: the data, not the framing)."""
     if framing == "chunked":
@@ -422,9 +423,7 @@ async def _copy_body(
     return await _copy_exact(reader, writer, None if framing == "close" else int(framing), pace, tally)
 
 
-async def _forward(
-    writer: _Sink, data: bytes, pace: Callable[[int], float] | None, tally: Callable[[int], None]
-) -> None:
+async def _forward(writer: _Sink, data: bytes, pace: _Pace | None, tally: _Tally) -> None:
     """Pass ``data`` on once the bandwidth allows, counted before the client can have it
     (so counters read after a client's last byte include that byte)."""
     if pace is not None:
@@ -437,11 +436,7 @@ async def _forward(
 
 
 async def _copy_exact(
-    reader: asyncio.StreamReader,
-    writer: _Sink,
-    length: int | None,
-    pace: Callable[[int], float] | None,
-    tally: Callable[[int], None],
+    reader: asyncio.StreamReader, writer: _Sink, length: int | None, pace: _Pace | None, tally: _Tally
 ) -> int:
     """Forward ``length`` bytes, or everything until the server closes (None)."""
     total = 0
@@ -456,12 +451,7 @@ async def _copy_exact(
     return total
 
 
-async def _copy_chunked(
-    reader: asyncio.StreamReader,
-    writer: _Sink,
-    pace: Callable[[int], float] | None,
-    tally: Callable[[int], None],
-) -> int:
+async def _copy_chunked(reader: asyncio.StreamReader, writer: _Sink, pace: _Pace | None, tally: _Tally) -> int:
     total = 0
     while True:
         size_line = await reader.readuntil(b"\r\n")
