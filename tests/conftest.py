@@ -194,3 +194,12 @@ def store_process_backend_url(request, tmp_path, monkeypatch) -> str:
 def s3rver_url(request, tmp_path, monkeypatch) -> str:
     """A fresh namespace URL on s3rver, an S3 server that ignores conditional puts."""
     return _make_backend_url("s3rver", request, tmp_path, monkeypatch)
+
+
+@pytest.fixture(params=["memory", "local"])
+def fast_url(request, tmp_path) -> str:
+    """A fresh namespace in memory or in a local directory: the two stores a forced
+    interleaving runs on in milliseconds (the object stores have their own tests)."""
+    if request.param == "memory":
+        return f"memory://{request.node.module.__name__}-{uuid.uuid4().hex}"
+    return (tmp_path / "ns").as_uri()

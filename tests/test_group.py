@@ -10,7 +10,6 @@ from __future__ import annotations
 import random
 import threading
 import time
-import uuid
 
 import msgspec
 import pytest
@@ -280,11 +279,9 @@ def test_group_commit_needs_the_background_thread(tmp_path):
 # -- producers on real stores -----------------------------------------------------------
 
 
-@pytest.fixture(params=["memory", "local"])
-def url(request, tmp_path) -> str:
-    if request.param == "memory":
-        return f"memory://group-{uuid.uuid4().hex}"
-    return (tmp_path / "ns").as_uri()
+@pytest.fixture
+def url(fast_url) -> str:
+    return fast_url
 
 
 def quiet(**kwargs) -> GroupCommit:

@@ -23,11 +23,9 @@ from batchweave.testing.interleave import AmbiguousOnceStore, Background, Pausin
 VERSION_KEY = r"_log/\d{20}\.json"
 
 
-@pytest.fixture(params=["memory", "local"])
-def url(request, tmp_path) -> str:
-    if request.param == "memory":
-        return f"memory://safety-{uuid.uuid4().hex}"
-    return (tmp_path / "ns").as_uri()
+@pytest.fixture
+def url(fast_url) -> str:
+    return fast_url
 
 
 def producer(url, pid, dp=1, **kwargs) -> bw.Producer:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import time
-import uuid
 
 import pytest
 from worker import origin_of, tgb
@@ -27,11 +26,9 @@ from batchweave.testing.interleave import Background, PausingStore
 VERSION_KEY = r"_log/\d{20}\.json"
 
 
-@pytest.fixture(params=["memory", "local"])
-def url(request, tmp_path) -> str:
-    if request.param == "memory":
-        return f"memory://proven-{uuid.uuid4().hex}"
-    return (tmp_path / "ns").as_uri()
+@pytest.fixture
+def url(fast_url) -> str:
+    return fast_url
 
 
 def versions_up_to(version: int) -> str:
