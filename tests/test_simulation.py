@@ -30,10 +30,10 @@ import msgspec
 import pytest
 from soak import FACTOR
 
-import batchweave.consumer
 import batchweave.lifecycle.gc
 import batchweave.log
 import batchweave.producer
+import batchweave.reading.fetch
 import batchweave.reading.follower
 from batchweave.testing.simulation import SHAPES, Choices, simulate
 from batchweave.testing.simulation.shrink import format_trace, shrink
@@ -116,7 +116,7 @@ def _adopts_one_more(adopt):
 
 SABOTAGES = {
     # (module, attribute, wrapper, the kind the model must report)
-    "a consumer hands out other bytes": (batchweave.consumer, "decode_slice", _wrong_bytes, "wrong-step"),
+    "a consumer hands out other bytes": (batchweave.reading.fetch, "decode_slice", _wrong_bytes, "wrong-step"),
     "collection reclaims past W_global": (
         batchweave.lifecycle.gc,
         "_plan_reclaim",

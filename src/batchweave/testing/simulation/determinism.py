@@ -37,7 +37,9 @@ import batchweave.consumer
 import batchweave.lifecycle.gc
 import batchweave.log
 import batchweave.producer
+import batchweave.reading.fetch
 import batchweave.reading.follower
+import batchweave.reading.pipeline
 import batchweave.reading.polling
 import batchweave.store
 
@@ -146,6 +148,8 @@ def deterministic(scheduler: Scheduler, noise: random.Random) -> Iterator[None]:
         (batchweave.producer, "secrets", _fake_secrets(noise)),
         (batchweave.producer, "threading", threading_shim),
         (batchweave.consumer, "time", fake_time),
+        (batchweave.reading.pipeline, "time", fake_time),
+        (batchweave.reading.fetch, "time", fake_time),
         (batchweave.reading.follower, "time", fake_time),
         (batchweave.reading.polling, "random", fake_random),
         (batchweave.commit.journal, "time", fake_time),

@@ -1,0 +1,199 @@
+"""Fetching one rank's bytes of a step: one range read of its slices, checked and decoded.
+
+A step's slices are read by ``SliceFetcher`` from the store, or through the node's hub
+(``reading.node``) when another rank of the node reads the same bytes; ``decode_slice``
+checks each slice's CRC32C and returns arrays that view the read buffer. After a change of
+mesh (``reading.reshard``) a step may read several adjacent slices and join them, or one
+piece of a slice.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Protocol
+
+import numpy as np
+
+from batchweave.commit.journal import Journal
+from batchweave.errors import (
+    CorruptDataError,
+    DataReclaimedError,
+    LayoutError,
+    ObjectNotFoundError,
+    StoreError,
+    TransientStoreError,
+)
+from batchweave.layout import decode_slice
+from batchweave.log import LogVersion, TGBDescriptor
+from batchweave.metrics import FetchRecorder
+from batchweave.reading.node import NodeUnavailableError
+from batchweave.reading.reshard import SliceRead
+from batchweave.store import Store
+
+__all__ = ["Batch", "NodeReads", "SliceFetcher", "step_bytes"]
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One step's data for this rank: ``data`` is a dict of numpy arrays, or bytes."""
+
+    step: int
+    data: dict[str, np.ndarray] | bytes
+    version: int  # the log version that committed the last TGB this step touches
+
+    @property
+    def nbytes(self) -> int:
+        """The payload's bytes."""
+        data = self.data
+        return len(data) if isinstance(data, bytes) else sum(array.nbytes for array in data.values())
+
+
+class NodeReads(Protocol):
+    """What the fetcher asks of a node's hub: one read per slice for the whole node."""
+
+    def read(self, key: str, start: int, length: int) -> memoryview: ...
+
+
+class SliceFetcher:
+    """Reads and decodes this rank's slices of the steps it is given (see the module doc).
+
+    Args:
+        store: the namespace's store.
+        journal: the reader's journal: a slice gone from the store is looked up in the
+            newest state (was it garbage-collected under a slow reader?).
+        slice_index: the slice this rank reads of a TGB written for its own mesh.
+        sequence_axis: the axis slices are joined along (CP shrank) or split along (grew).
+        fetches: where each fetch's latency is recorded.
+        start: the cursor's position, for the message of a DataReclaimedError.
+        node: the node's hub, when another rank of the node reads the same slices.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        journal: Journal[LogVersion],
+        *,
+        slice_index: int,
+        sequence_axis: int,
+        fetches: FetchRecorder,
+        start: Fraction | int,
+        node: NodeReads | None = None,
+    ) -> None:
+        self._store = store
+        self._journal = journal
+        self._slice = slice_index
+        self._axis = sequence_axis
+        self._fetches = fetches
+        self._start = start
+        self._node = node
+
+    def fetch(
+        self, tgb: TGBDescriptor, read: SliceRead, step: int, version: int, position: Fraction | int
+    ) -> tuple[Batch, Fraction | int]:
+        """Step ``step``: the slices ``read`` names, joined or cut to this rank's mesh."""
+        indices = range(read.first_slice, read.first_slice + read.count)
+        started = time.perf_counter()
+        parts = [self._read_slice_run(tgb, run) for run in _runs_by_object(tgb, indices)]
+        self._fetches.record(time.perf_counter() - started)
+        decoded = [item for run in parts for item in run]
+        if any(isinstance(item, bytes) != (tgb.kind == "bytes") for item in decoded):
+            raise CorruptDataError(tgb.objects[0], f"a slice's payload kind is not the log's {tgb.kind!r}")
+        data = decoded[0] if len(decoded) == 1 else _concat(decoded, self._axis, tgb.objects[0])
+        if read.pieces > 1:
+            data = _piece(data, read.piece, read.pieces, self._axis, tgb.objects[tgb.slices[read.first_slice][0]])
+        return Batch(step=step, data=data, version=version), position
+
+    def fetch_as_written(self, tgb: TGBDescriptor, step: int, version: int) -> tuple[Batch, int]:
+        """``fetch`` of this rank's one slice of TGB ``step`` (the mesh the TGBs were
+        written for: none of the reshard arithmetic, which costs more than a local read)."""
+        obj, offset, length, crc = tgb.slices[self._slice]
+        key = tgb.objects[obj]
+        started = time.perf_counter()
+        data = decode_slice(self._range(key, offset, length), key, crc)
+        self._fetches.record(time.perf_counter() - started)
+        if isinstance(data, bytes) != (tgb.kind == "bytes"):
+            raise CorruptDataError(key, f"a slice's payload kind is not the log's {tgb.kind!r}")
+        return Batch(step=step, data=data, version=version), step + 1
+
+    def _read_slice_run(self, tgb: TGBDescriptor, indices: list[int]) -> list[Any]:
+        """Decode slices that sit back to back in one object, with one range read."""
+        obj = tgb.slices[indices[0]][0]
+        key = tgb.objects[obj]
+        start = tgb.slices[indices[0]][1]
+        end = max(tgb.slices[i][1] + tgb.slices[i][2] for i in indices)
+        buf = self._range(key, start, end - start)
+        out = []
+        for i in indices:
+            _, offset, length, crc = tgb.slices[i]
+            out.append(decode_slice(buf[offset - start : offset - start + length], key, crc))
+        return out
+
+    def _read(self, key: str, start: int, length: int) -> memoryview:
+        """Through the node's hub (one read per slice per node), else from the store."""
+        if self._node is not None:
+            try:
+                return self._node.read(key, start, length)
+            except NodeUnavailableError:
+                pass  # read on our own
+        return self._store.get_range(key, start, length)
+
+    def _range(self, key: str, start: int, length: int) -> memoryview:
+        try:
+            data = self._read(key, start, length)
+        except ObjectNotFoundError:
+            reclaimed = self._journal.load_state().reclaimed
+            if math.floor(self._start) < reclaimed.steps:
+                raise DataReclaimedError(self._store.url, math.floor(self._start), reclaimed.steps) from None
+            raise
+        except TransientStoreError:
+            raise  # retried until the deadline already: asking for its size would wait as long again
+        except StoreError:
+            size = self._store.size(key)
+            if size is not None and size < start + length:
+                raise CorruptDataError(key, f"truncated to {size} bytes; the slice ends at {start + length}") from None
+            raise
+        if len(data) != length:
+            raise CorruptDataError(key, f"truncated: wanted {length} bytes at {start}, got {len(data)}")
+        return data
+
+
+def step_bytes(tgb: TGBDescriptor, read: SliceRead) -> int:
+    """Bytes of the slices one step's read covers on this rank."""
+    return sum(tgb.slices[i][2] for i in range(read.first_slice, read.first_slice + read.count))
+
+
+def _runs_by_object(tgb: TGBDescriptor, indices: range) -> list[list[int]]:
+    """Split consecutive slice indices where they cross into the next object."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and tgb.slices[runs[-1][-1]][0] == tgb.slices[i][0]:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
+def _concat(parts: list[Any], axis: int, key: str) -> Any:
+    """CP shrank: join adjacent slices along the sequence axis (bytes end to end)."""
+    if isinstance(parts[0], bytes):
+        return b"".join(parts)
+    try:
+        return {name: np.concatenate([p[name] for p in parts], axis=axis) for name in parts[0]}
+    except (ValueError, np.exceptions.AxisError) as exc:
+        raise LayoutError(f"{key}: cannot join CP slices along axis {axis}: {exc}") from exc
+
+
+def _piece(data: Any, piece: int, pieces: int, axis: int, key: str) -> Any:
+    """CP grew: this rank's equal piece of every array along the sequence axis (a view)."""
+    out = {}
+    for name, array in data.items():
+        if array.ndim == 0 or array.shape[axis] % pieces:
+            raise LayoutError(
+                f"{key}: array {name!r} of shape {array.shape} cannot be split into {pieces} equal pieces "
+                f"along axis {axis} for cp growth"
+            )
+        out[name] = np.split(array, pieces, axis=axis)[piece]
+    return out

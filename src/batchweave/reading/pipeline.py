@@ -1,0 +1,381 @@
+"""The reading pipeline: follows the log from a cursor and prefetches one rank's steps in order.
+
+It joins the reading side's parts: the follower (``reading.follower``: proven versions,
+paced at the head; or the node's, ``reading.node``), the plan of steps
+(``reading.steps``) and the fetcher (``reading.fetch``). ``follow_log`` is a generator
+that reads the log, queues the steps it finds and yields how long to pause before probing
+again (0 after progress). On an object store a background thread drives it and a thread
+pool fetches ahead; on a local directory or memory, ``next()`` drives it only when no step
+is queued and reads each step itself: no thread at all, since a local read costs less than
+any hand-off.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Generator
+from concurrent.futures import ThreadPoolExecutor
+from fractions import Fraction
+from typing import Any
+
+from batchweave import log, retry
+from batchweave.commit.journal import Journal
+from batchweave.errors import StepTimeoutError
+from batchweave.log import LogVersion, ReadVersion
+from batchweave.mesh import Mesh
+from batchweave.metrics import FetchRecorder
+from batchweave.reading.cursor import Cursor, checked_cursor
+from batchweave.reading.fetch import Batch, SliceFetcher, step_bytes
+from batchweave.reading.follower import FollowItem, ProvenLog
+from batchweave.reading.node import NodeClient, NodePlan, NodeUnavailableError
+from batchweave.reading.polling import HeadPolling
+from batchweave.reading.readahead import DEFAULT_LOG_READ_AHEAD, LogReadAhead
+from batchweave.reading.sharedlog import InlineNode, NodeBehind
+from batchweave.reading.steps import PlannedStep, StepPlan
+from batchweave.store import Store
+
+__all__ = ["AUTO_PREFETCH_BYTES", "LOG_LOOKAHEAD_TGBS", "MAX_AUTO_PREFETCH", "MIN_AUTO_PREFETCH", "Pipeline"]
+
+_logger = logging.getLogger("batchweave.consumer")
+# prefetch=None: as many steps ahead as fit in this budget, within these bounds. A
+# cloud store answers in about 25 ms whatever the size, so small slices need many
+# reads in flight to keep up; large ones are bandwidth-bound with a few.
+AUTO_PREFETCH_BYTES = 64 << 20
+MIN_AUTO_PREFETCH = 4
+MAX_AUTO_PREFETCH = 64
+# TGBs read from the log ahead of the fetches scheduled: the log reader learns where the
+# coming steps live (and finds the end of a backlog) while the fetch slots are all taken.
+# Descriptors only, a few KB each.
+LOG_LOOKAHEAD_TGBS = 256
+
+_END = object()
+Fetched = tuple[Batch, Fraction | int]
+
+
+class Pipeline:
+    """One rank's steps from ``cursor`` on (see the module doc).
+
+    Args:
+        store: the namespace's store.
+        mesh, rank: the consumer's mesh and rank.
+        cursor: where to start.
+        prefetch: steps fetched ahead (None: chosen from the first step's bytes on an
+            object store, none on a local one).
+        sequence_axis: as for ``Consumer``.
+        max_poll_interval_s: the longest pause between probes of an idle log.
+        node: the rank's node plan (a hub shares the log and the reads), or None.
+        node_follower: a node follower given in-process (the deterministic simulation).
+        fetches: where fetch latencies are recorded.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        mesh: Mesh,
+        rank: int,
+        cursor: Cursor,
+        *,
+        prefetch: int | None,
+        sequence_axis: int,
+        max_poll_interval_s: float,
+        node: NodePlan | None,
+        node_follower: InlineNode | None,
+        fetches: FetchRecorder,
+    ) -> None:
+        self._store = store
+        self._journal = Journal(store, read_only=True)
+        if cursor.digest:
+            self._journal.anchor_on(cursor.version, cursor.digest)
+        self._url = store.url
+        self._rank = rank
+        self._cursor = cursor  # where this pipeline started
+        self._next_delivered = cursor.step  # for messages
+        self._plan = StepPlan(mesh, rank, mesh.slice_index(rank), cursor, store.url)
+        self._polling = HeadPolling(node.nodes if node is not None else mesh.world_size, max_poll_s=max_poll_interval_s)
+        self._ready: queue.SimpleQueue[Any] = queue.SimpleQueue()  # C-implemented: no lock hand-offs
+        self.depth = prefetch  # None: chosen from the first step's bytes
+        self._inline = prefetch is None and not store.remote
+        self._slots: threading.Semaphore | None = None  # background mode: one per step fetched ahead
+        self._stop = threading.Event()
+        self._broken: BaseException | None = None  # what the log reader or a fetch raised: final
+        self._node: NodeClient | InlineNode | None = node_follower
+        if node is not None and not self._inline:
+            self._node = NodeClient(node.address, store, self._polling, node.sharers)
+        # A slice no other rank of the node reads gains nothing from the hub: read directly.
+        shares_reads = self._node is not None and (node is None or node.sharers > 1)
+        self._fetcher = SliceFetcher(
+            store,
+            self._journal,
+            slice_index=mesh.slice_index(rank),
+            sequence_axis=sequence_axis,
+            fetches=fetches,
+            start=cursor.position,
+            node=self._node if shares_reads else None,
+        )
+        self._steps = self._follow_log()
+        self._pool: ThreadPoolExecutor | None = None
+        self._thread: threading.Thread | None = None
+        if self._inline:
+            self.depth = 1
+            return
+        self._pool = ThreadPoolExecutor(
+            max_workers=prefetch or MAX_AUTO_PREFETCH,
+            thread_name_prefix="batchweave-fetch",
+            initializer=retry.stop_retrying_when,  # close() during a storm does not wait it out
+            initargs=(self._stop,),
+        )
+        self._thread = threading.Thread(target=self._follow, name="batchweave-follow", daemon=True)
+        self._thread.start()
+
+    @property
+    def head_version(self) -> int:
+        """The newest log version read and proven."""
+        return self._plan.head_version
+
+    @property
+    def tgbs_seen(self) -> int:
+        """TGBs the log has shown (the newest version read ends there)."""
+        return self._plan.tgbs_seen
+
+    @property
+    def namespace(self) -> str:
+        """The namespace's id, once known."""
+        return self._plan.namespace
+
+    def next(self, timeout_s: float | None) -> Fetched:
+        """The next step and the position after it; StepTimeoutError after ``timeout_s``."""
+        if self._broken is not None:
+            raise self._broken  # never skip past a step that failed
+        try:
+            item = self._pull(timeout_s) if self._inline else self._ready.get(timeout=timeout_s)
+        except queue.Empty:
+            raise StepTimeoutError(
+                f"{self._url}: no step {self._next_delivered} within {timeout_s}s "
+                f"(log seen up to version {self.head_version}); {self._likely_cause()}"
+            ) from None
+        if item is _END:
+            self._ready.put(_END)  # stay exhausted on later calls
+            raise StopIteration
+        if isinstance(item, BaseException):
+            self._broken = item
+            raise item
+        if self._slots is not None:
+            self._slots.release()
+        try:
+            batch, position = item.result()
+        except Exception as exc:  # a failed fetch is final: never skip past a step
+            self._broken = exc
+            raise
+        self._next_delivered = batch.step + 1
+        return batch, position
+
+    def close(self) -> None:
+        """Stop the threads and the log reader's; wait for them."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        self._steps.close()  # the log reader's threads, if it has any
+        if self._node is not None:
+            self._node.close()
+
+    def _likely_cause(self) -> str:
+        stalled_s = self._store.stalled_now_s
+        if stalled_s > 0:
+            return (
+                f"the store has been throttled or unavailable for {stalled_s:.0f} s and is being retried "
+                "(WARNING lines of logger batchweave.store)"
+            )
+        return "are producers running?"
+
+    def _pull(self, timeout_s: float | None) -> Any:
+        """Inline mode: advance the log until a step is queued (or the deadline passes)."""
+        try:
+            return self._ready.get_nowait()  # usually a version holds several steps
+        except queue.Empty:
+            pass
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while self._ready.empty():
+            try:
+                pause = next(self._steps)
+            except StopIteration:
+                break  # it queued _END or an error first
+            except Exception as exc:  # of any type: raised in order, like the thread's
+                self._ready.put(exc)
+                break
+            if pause and self._ready.empty():
+                if deadline is not None and time.monotonic() + pause > deadline:
+                    time.sleep(max(0.0, deadline - time.monotonic()))
+                    if self._ready.empty():
+                        raise queue.Empty
+                time.sleep(pause)
+        return self._ready.get_nowait()
+
+    # -- following the log -----------------------------------------------------------------
+
+    def _follow(self) -> None:
+        """Background mode: drive the log follower until stopped."""
+        retry.stop_retrying_when(self._stop)
+        try:
+            for pause in self._steps:
+                if self._stop.wait(pause) if pause else self._stop.is_set():
+                    return
+        except Exception as exc:  # of any type: next() raises it instead of waiting forever
+            self._ready.put(exc)
+
+    def _open(self) -> None:
+        """Check the cursor against the namespace before reading from it (one load).
+
+        A cursor checked already (by ``load_state_dict``) carries its version's digest and
+        needs no second load; a cursor from the start has nothing to check, and the first
+        proof of what the reader reads (I10) finds a reclaimed start.
+        """
+        if self._cursor.digest or (self._cursor.version == 0 and self._cursor.position == 0):
+            return
+        self._cursor = checked_cursor(self._cursor, self._journal, self._url)
+        self._plan.namespace = self._cursor.namespace or self._plan.namespace
+        if self._cursor.digest:
+            self._journal.anchor_on(self._cursor.version, self._cursor.digest)
+
+    def _follow_log(self) -> Generator[float, None, None]:
+        """Queue every step as the log shows it; yield the pause before the next probe."""
+        self._open()
+        source = self._own_log(max(self._cursor.version, 1)) if self._node is None else self._shared_log()
+        try:
+            for item in source:
+                if isinstance(item, list):
+                    if not self._take_all(item):
+                        return
+                    continue
+                if item == 0.0:  # reading on (a proof is in flight): no pause, nothing to schedule
+                    yield 0.0
+                    continue
+                waiting = self._plan.next_step
+                if not self._schedule_ready(block_until=0):  # steps read ahead of the fetches go first
+                    return
+                # Progress took a while: look at the log again before pausing.
+                yield 0.0 if self._plan.next_step != waiting else item
+        finally:
+            source.close()
+
+    def _shared_log(self) -> Generator[FollowItem, None, None]:
+        """The node's follower (``batchweave.reading.node``), or this rank's own from where it
+        stood if no hub can be reached or it fell far behind the node's other ranks."""
+        assert self._node is not None
+        anchor = (self._cursor.version, self._cursor.digest) if self._cursor.digest else None
+        last: ReadVersion | None = None  # the newest version the hub proved for this rank
+        try:
+            for item in self._node.log(
+                max(self._cursor.version, 1), anchor, self._cursor.version, self._first_needed, self._url, self._stop
+            ):
+                if isinstance(item, list):
+                    last = item[-1]
+                yield item
+        except (NodeUnavailableError, NodeBehind) as exc:  # an unreachable hub is logged by the client
+            if isinstance(exc, NodeBehind):
+                _logger.info("%s rank %d: %s; following the log on its own", self._url, self._rank, exc)
+            if last is not None:  # proven by the hub: this rank's own proofs go on from there (I10)
+                self._journal.anchor_on(last.delta.version, log.digest(last.data))
+            yield from self._own_log(exc.next_version)
+
+    def _own_log(self, first: int) -> Generator[FollowItem, None, None]:
+        """This rank's own follower: reads ahead, proves every batch (I10), paces probes."""
+        depth = DEFAULT_LOG_READ_AHEAD if self._store.remote else 1  # local reads are too quick to overlap
+        reader = LogReadAhead(self._journal, first, depth, stop=self._stop)
+        if first == 1 and depth > 1:
+            reader.beside(self._journal.learn_namespace)  # for the first proof, while reading
+        try:
+            yield from ProvenLog(
+                self._journal, reader, self._polling, self._first_needed, self._url, self._cursor.version
+            )
+        finally:
+            reader.close()
+
+    def _first_needed(self) -> int:
+        return self._plan.first_needed
+
+    def _take_all(self, batch: list[ReadVersion]) -> bool:
+        """Take each proven version in order and queue its steps; False as soon as the
+        reader stops (the stream ended, or the consumer is closing)."""
+        for read in batch:
+            delta: LogVersion = read.delta
+            self._plan.take(delta)
+            if not self._schedule_ready(block_until=LOG_LOOKAHEAD_TGBS):
+                return False
+            if delta.end_of_stream:
+                if self._schedule_ready(block_until=0):
+                    # A last logical step whose TGBs never all arrived (DP grown) is not a step.
+                    self._ready.put(_END)
+                return False
+        return True
+
+    # -- scheduling the fetches -------------------------------------------------------------
+
+    def _schedule_ready(self, block_until: int) -> bool:
+        """Schedule the steps whose TGBs are all committed, as far as fetch slots allow;
+        wait for slots only while more than ``block_until`` TGBs read from the log are not
+        scheduled yet (so the log is read ahead of the fetches, boundedly). False when
+        stopping."""
+        plan = self._plan
+        while (planned := plan.next_read()) is not None:
+            if not self._enqueue(planned, block=plan.unscheduled > block_until):
+                return not self._stop.is_set()  # no slot free now: the log is read on meanwhile
+            plan.advance()
+        return True
+
+    def _enqueue(self, planned: PlannedStep, block: bool) -> bool:
+        """Queue one step's fetch in step order: for ``next()`` to run itself (inline), or
+        on the pool once a fetch slot is free. False when no slot was taken."""
+        fetcher = self._fetcher
+        if planned.as_written:
+            fetch: Callable[[], Fetched] = functools.partial(
+                fetcher.fetch_as_written, planned.tgb, planned.step, planned.version
+            )
+        else:
+            fetch = functools.partial(
+                fetcher.fetch, planned.tgb, planned.read, planned.step, planned.version, planned.position
+            )
+        if self._inline:  # next() reads it; the log is advanced only when nothing is queued
+            self._ready.put(_Deferred(fetch))
+            return True
+        if not self._take_slot(planned, block):
+            return False
+        assert self._pool is not None
+        self._ready.put(self._pool.submit(fetch))
+        return True
+
+    def _take_slot(self, planned: PlannedStep, block: bool) -> bool:
+        """One of the ``depth`` fetch slots: waiting for it (False only when stopping), or
+        not (False when none is free)."""
+        if self._slots is None:
+            self.depth = self.depth or _auto_depth(step_bytes(planned.tgb, planned.read))
+            self._slots = threading.Semaphore(self.depth)
+        if not block:
+            return self._slots.acquire(blocking=False)
+        while not self._slots.acquire(timeout=0.1):
+            if self._stop.is_set():
+                return False
+        return not self._stop.is_set()
+
+
+class _Deferred:
+    """A fetch the iterating thread performs itself when it reaches the step (``result``
+    as for the Future of a background fetch)."""
+
+    __slots__ = ("_fetch",)
+
+    def __init__(self, fetch: Callable[[], Fetched]) -> None:
+        self._fetch = fetch
+
+    def result(self) -> Fetched:
+        return self._fetch()
+
+
+def _auto_depth(step_bytes: int) -> int:
+    """Steps to fetch ahead when ``prefetch`` is None: a 64 MiB budget, 4 to 64 steps."""
+    return max(MIN_AUTO_PREFETCH, min(MAX_AUTO_PREFETCH, AUTO_PREFETCH_BYTES // max(step_bytes, 1)))
