@@ -25,8 +25,7 @@ one wins and serves, the rest connect to it and repeat their request (every requ
 is idempotent: versions and ranges are immutable). A rank that can reach no hub within
 ``TAKEOVER_S`` reads on its own.
 
-Wire format (never pickled): ``u32 header length | u32 payload length | JSON header |
-payload``, with a range's descriptor attached to its reply (SCM_RIGHTS).
+The wire, never pickled: ``nodewire`` (the messages and the descriptors they carry).
 """
 
 from __future__ import annotations
@@ -34,13 +33,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import itertools
-import json
 import logging
 import mmap
 import os
 import random
 import socket
-import struct
 import sys
 import threading
 import time
@@ -52,21 +49,14 @@ from typing import Any
 
 from batchweave import log, retry
 from batchweave.commit.journal import Journal
-from batchweave.errors import (
-    BatchWeaveError,
-    ConfigError,
-    CorruptDataError,
-    DataReclaimedError,
-    ObjectNotFoundError,
-    StoreError,
-    TransientStoreError,
-)
+from batchweave.errors import BatchWeaveError, ConfigError
 from batchweave.log import ReadVersion
 from batchweave.mesh import Mesh
 from batchweave.reading.follower import FollowItem, ProvenLog
+from batchweave.reading.nodewire import HubLost, error_reply, log_versions, raise_reply, recv, send, shared_memory
 from batchweave.reading.polling import HeadPolling
 from batchweave.reading.readahead import DEFAULT_LOG_READ_AHEAD, LogReadAhead
-from batchweave.reading.sharedlog import BEHIND, NODE_READ_AHEAD, RESTART, NodeBehind, SharedLog, decode_versions
+from batchweave.reading.sharedlog import BEHIND, NODE_READ_AHEAD, RESTART, NodeBehind, SharedLog
 from batchweave.store import Store
 
 __all__ = [
@@ -80,8 +70,6 @@ __all__ = [
 ]
 
 _logger = logging.getLogger(__name__)
-_PREFIX = struct.Struct("<II")  # header length, payload length
-_MAX_HEADER = 1 << 20
 LOG_WAIT_S = 0.5  # a log request waits this long for a new version before the reply says "none yet"
 LOG_REPLY_BYTES = 8 << 20  # versions in one reply at most (a backlog comes in several)
 CACHE_BYTES = 512 << 20  # ranges kept for ranks that have not taken them yet (shared memory)
@@ -95,10 +83,6 @@ class NodeUnavailableError(BatchWeaveError):
     def __init__(self, address: str, next_version: int = 0) -> None:
         super().__init__(f"node hub {address!r}: unreachable for {TAKEOVER_S:.0f} s; reading without it")
         self.next_version = next_version
-
-
-class _HubLost(Exception):
-    """The connection to the hub broke (its process died or closed): ask again."""
 
 
 def sharing_supported() -> bool:
@@ -166,79 +150,6 @@ def _local_setting(value: int | None, variable: str, default: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(f"{variable.lower()} must be a non-negative integer, got {value!r}")
     return value
-
-
-# -- the wire ----------------------------------------------------------------------------
-
-
-def _send(
-    sock: socket.socket,
-    header: dict[str, Any],
-    payload: bytes | memoryview = b"",
-    fds: Sequence[int] = (),
-) -> None:
-    head = json.dumps(header, separators=(",", ":")).encode()
-    first = _PREFIX.pack(len(head), len(payload)) + head
-    sent = socket.send_fds(sock, [first], list(fds)) if fds else sock.send(first)
-    if sent < len(first):
-        sock.sendall(first[sent:])
-    if payload:
-        sock.sendall(payload)
-
-
-def _recv(sock: socket.socket) -> tuple[dict[str, Any], bytes, list[int]]:
-    """One message; raises _HubLost at the end of the stream."""
-    prefix, fds, _, _ = socket.recv_fds(sock, _PREFIX.size, 1)
-    if not prefix:
-        raise _HubLost
-    prefix += _recv_exactly(sock, _PREFIX.size - len(prefix))
-    head_length, payload_length = _PREFIX.unpack(prefix)
-    if head_length > _MAX_HEADER:
-        raise _HubLost  # not our protocol
-    header = json.loads(_recv_exactly(sock, head_length))
-    return header, _recv_exactly(sock, payload_length), fds
-
-
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            raise _HubLost
-        got += k
-    return bytes(buf)
-
-
-def _error_reply(exc: BaseException) -> dict[str, Any]:
-    """What a rank needs to raise the same error itself."""
-    if isinstance(exc, DataReclaimedError):
-        return {"error": "reclaimed", "oldest": exc.oldest}
-    if isinstance(exc, CorruptDataError):
-        return {"error": "corrupt", "key": exc.key, "problem": exc.problem}
-    if isinstance(exc, ObjectNotFoundError):
-        return {"error": "missing", "key": exc.key, "problem": exc.problem}
-    if isinstance(exc, TransientStoreError):
-        return {"error": "transient", "key": exc.key, "problem": exc.problem}
-    if isinstance(exc, StoreError):
-        return {"error": "store", "key": exc.key, "problem": exc.problem}
-    return {"error": "store", "key": "(node hub)", "problem": f"{type(exc).__name__}: {exc}"}
-
-
-def _raise_reply(reply: dict[str, Any], url: str, next_step: Callable[[], int]) -> None:
-    kind = reply.get("error")
-    if kind is None:
-        return
-    if kind == "reclaimed":
-        raise DataReclaimedError(url, next_step(), reply["oldest"])
-    if kind == "corrupt":
-        raise CorruptDataError(reply["key"], reply["problem"])
-    if kind == "missing":
-        raise ObjectNotFoundError(reply["key"], reply["problem"])
-    if kind == "transient":
-        raise TransientStoreError(reply["key"], reply["problem"])
-    raise StoreError(reply["key"], reply["problem"])
 
 
 # -- the hub -----------------------------------------------------------------------------
@@ -314,12 +225,12 @@ class _Hub:
         lock = threading.Lock()  # one reply at a time on this connection
         try:
             while not self._stop.is_set():
-                request, _, _ = _recv(conn)
+                request, _, _ = recv(conn)
                 if request["op"] == "range":
                     self._ask_range(conn, lock, request)
                 else:
                     self._pool.submit(self._answer_log, conn, lock, request)
-        except (_HubLost, OSError, ValueError, RuntimeError):
+        except (HubLost, OSError, ValueError, RuntimeError):
             pass  # the rank closed or died (RuntimeError: the pool is shutting down)
         finally:
             with self._cond:
@@ -332,7 +243,7 @@ class _Hub:
         try:
             reply, payload = self._log_reply(id(conn), request)
         except Exception as exc:  # answered, never dropped: the rank would wait forever
-            reply, payload = _error_reply(exc), b""
+            reply, payload = error_reply(exc), b""
         _reply(conn, lock, request["id"], reply, payload)
 
     # -- the log -------------------------------------------------------------------------
@@ -381,7 +292,7 @@ class _Hub:
                     return
         except Exception as exc:  # of any type: every rank hears it, after the versions before it
             with self._cond:
-                self._log.fail(generation, _error_reply(exc))
+                self._log.fail(generation, error_reply(exc))
                 self._cond.notify_all()
         finally:
             reader.close()
@@ -420,9 +331,9 @@ class _Hub:
         """Read the range once, into shared memory, and answer every rank waiting for it."""
         try:
             data = self._store.get_range(*shared.key)
-            shared.fd, shared.length = _shared_memory(data), len(data)
+            shared.fd, shared.length = shared_memory(data), len(data)
         except Exception as exc:
-            shared.error = _error_reply(exc)
+            shared.error = error_reply(exc)
         with self._cond:
             if shared.error is None:
                 self._range_bytes += shared.length
@@ -480,26 +391,9 @@ def _reply(
     reply["id"] = ident
     try:
         with lock:
-            _send(conn, reply, payload, fds)
+            send(conn, reply, payload, fds)
     except OSError:
         pass  # the rank went away; its connection thread cleans up
-
-
-def _shared_memory(data: memoryview | bytes) -> int:
-    """An anonymous, sealed (read-only for good) shared-memory file holding ``data``."""
-    fd = os.memfd_create("batchweave-slice", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    try:
-        view = memoryview(data).cast("B")
-        written = 0
-        while written < len(view):
-            written += os.write(fd, view[written:])
-        import fcntl  # Linux only, like memfd
-
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def _close_fd(shared: _Range) -> None:
@@ -608,13 +502,13 @@ class NodeClient:
                 reply, payload, _ = self._call(request)
             except NodeUnavailableError:
                 raise NodeUnavailableError(self._address, version) from None
-            _raise_reply(reply, url, next_step)
+            raise_reply(reply, url, next_step)
             if reply.get("behind"):
                 raise NodeBehind(version)
             if not reply["sizes"]:
                 yield 0.001  # nothing new yet: the hub waited already
                 continue
-            batch = _versions(payload, reply["sizes"], version)
+            batch = log_versions(payload, reply["sizes"], version)
             version += len(batch)
             anchor = (batch[-1].delta.version, log.digest(batch[-1].data))
             yield batch
@@ -626,7 +520,7 @@ class NodeClient:
             {"op": "range", "key": key, "start": start, "length": length, "sharers": self._sharers}
         )
         try:
-            _raise_reply(reply, self._store.url, lambda: 0)
+            raise_reply(reply, self._store.url, lambda: 0)
             if reply["length"] == 0:
                 return memoryview(b"")
             return memoryview(mmap.mmap(fds[0], reply["length"], prot=mmap.PROT_READ))
@@ -645,9 +539,9 @@ class NodeClient:
                 with self._lock:
                     request["id"] = ident = next(self._ids)
                     self._pending[ident] = future
-                    _send(sock, request)
+                    send(sock, request)
                 return future.result()
-            except (_HubLost, OSError):
+            except (HubLost, OSError):
                 self._lost(sock)  # the hub died or closed: reach (or become) the next one
                 deadline = time.monotonic() + TAKEOVER_S
 
@@ -689,7 +583,7 @@ class NodeClient:
     def _receive(self, sock: socket.socket) -> None:
         try:
             while True:
-                reply, payload, fds = _recv(sock)
+                reply, payload, fds = recv(sock)
                 with self._lock:
                     future = self._pending.pop(reply.pop("id"), None)
                 if future is None:
@@ -697,7 +591,7 @@ class NodeClient:
                         os.close(fd)
                     continue
                 future.set_result((reply, payload, fds))
-        except (_HubLost, OSError, ValueError):
+        except (HubLost, OSError, ValueError):
             self._lost(sock)
 
     def _lost(self, sock: socket.socket | None) -> None:
@@ -711,11 +605,5 @@ class NodeClient:
     def _fail_pending(self) -> None:
         for future in self._pending.values():
             if not future.done():
-                future.set_exception(_HubLost())
+                future.set_exception(HubLost())
         self._pending.clear()
-
-
-def _versions(payload: bytes, sizes: list[int], first: int) -> list[ReadVersion]:
-    view = memoryview(payload)
-    ends = list(itertools.accumulate(sizes))
-    return decode_versions([view[end - n : end] for end, n in zip(ends, sizes, strict=True)], first)
