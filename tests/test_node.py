@@ -23,7 +23,7 @@ from batchweave.commit.policies import Manual
 from batchweave.errors import ConfigError
 from batchweave.latency import LatencyModel, LatencyStore
 from batchweave.mesh import Mesh
-from batchweave.reading import node
+from batchweave.reading import node, nodehub
 
 pytestmark = pytest.mark.skipif(not node.sharing_supported(), reason="node sharing needs Linux")
 
@@ -158,21 +158,21 @@ def test_closing_the_hubs_consumer_mid_run_hands_the_hub_to_another_rank():
     ]
     its = [iter(c) for c in consumers]
     first = [[next(it).step for _ in range(10)] for it in its]
-    assert [hub.users for hub in node._hubs.values()] == [1]
-    old_hub = next(iter(node._hubs.values()))
+    assert [hub.users for hub in nodehub._hubs.values()] == [1]
+    old_hub = next(iter(nodehub._hubs.values()))
     host = next(i for i, c in enumerate(consumers) if c._pipeline._node._hosting)
     consumers[host].close()  # its hub closes; the others' requests go to a new one
-    assert old_hub not in node._hubs.values()
+    assert old_hub not in nodehub._hubs.values()
     fill(store, 40, 1, first=20)  # what is left needs a hub
     rest = [[b.step for b in it] for i, it in enumerate(its) if i != host]
     for done, later in zip([f for i, f in enumerate(first) if i != host], rest, strict=True):
         assert done + later == list(range(40))
     hosting = sum(c._pipeline._node._hosting for i, c in enumerate(consumers) if i != host)
-    assert [hub.users for hub in node._hubs.values()] == [hosting] and hosting >= 1  # a new hub, in use
+    assert [hub.users for hub in nodehub._hubs.values()] == [hosting] and hosting >= 1  # a new hub, in use
     assert max(store.ranges.values()) <= 2  # a range read again only across the handover
     for c in consumers:
         c.close()
-    assert not node._hubs
+    assert not nodehub._hubs
 
 
 def test_node_settings_are_checked(monkeypatch):
