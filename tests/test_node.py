@@ -23,7 +23,7 @@ from batchweave.commit.policies import Manual
 from batchweave.errors import ConfigError
 from batchweave.latency import LatencyModel, LatencyStore
 from batchweave.mesh import Mesh
-from batchweave.reading import node, nodehub
+from batchweave.reading import node, nodeclient, nodehub
 
 pytestmark = pytest.mark.skipif(not node.sharing_supported(), reason="node sharing needs Linux")
 
@@ -280,9 +280,9 @@ def test_a_rank_that_reaches_no_hub_reads_on_its_own_and_says_so_once(monkeypatc
     fill(store, steps, 2)
     squatter = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     squatter.bind(node.node_address(store.url, 0))  # holds the name, never answers
-    monkeypatch.setattr(node, "TAKEOVER_S", 0.2)
+    monkeypatch.setattr(nodeclient, "TAKEOVER_S", 0.2)
     try:
-        with caplog.at_level("WARNING", logger="batchweave.reading.node"):
+        with caplog.at_level("WARNING", logger="batchweave.reading.nodeclient"):
             seen = read_node(store, range(2), dp=2, tp=1, sharing=True)
     finally:
         squatter.close()
@@ -356,7 +356,7 @@ class _HubThatGoesAway:
         version = first
         for item in ProvenLog(journal, reader, HeadPolling(1, max_poll_s=0.05), next_step, url, present_through):
             if self.gone:
-                raise node.NodeUnavailableError("test hub", version)
+                raise nodeclient.NodeUnavailableError("test hub", version)
             if isinstance(item, list):
                 version = item[-1].delta.version + 1
             yield item

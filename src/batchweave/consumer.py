@@ -45,7 +45,8 @@ from batchweave.log import LogState, LogVersion, ReadVersion, TGBDescriptor
 from batchweave.mesh import Mesh, resolve_rank
 from batchweave.metrics import ConsumerMetrics, FetchRecorder, PeriodicLog, describe
 from batchweave.reading.follower import FollowItem, ProvenLog
-from batchweave.reading.node import NodeClient, NodeUnavailableError, resolve_plan
+from batchweave.reading.node import resolve_plan
+from batchweave.reading.nodeclient import NodeClient, NodeUnavailableError
 from batchweave.reading.polling import HeadPolling
 from batchweave.reading.readahead import DEFAULT_LOG_READ_AHEAD, LogReadAhead
 from batchweave.reading.reshard import Reshard, SliceRead
