@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import batchweave as bw
-from batchweave.reading import node
+from batchweave.reading import nodehub
 
 
 def main() -> int:
@@ -42,7 +42,7 @@ def main() -> int:
     for batch in consumer:
         seen.append([batch.step, int(batch.data["x"][0])])
         if batch.step == args.pause_at:
-            ready = {"pid": os.getpid(), "hosting": bool(node._hubs)}
+            ready = {"pid": os.getpid(), "hosting": bool(nodehub._hubs)}
             partial = args.out.with_suffix(".partial")
             partial.write_text(json.dumps(ready))
             os.replace(partial, args.out.with_suffix(".ready"))  # whole or not at all: the test reads it at once

@@ -23,7 +23,7 @@ from batchweave.commit.policies import Manual
 from batchweave.errors import ConfigError
 from batchweave.latency import LatencyModel, LatencyStore
 from batchweave.mesh import Mesh
-from batchweave.reading import node
+from batchweave.reading import node, nodeclient, nodehub
 
 pytestmark = pytest.mark.skipif(not node.sharing_supported(), reason="node sharing needs Linux")
 
@@ -158,21 +158,21 @@ def test_closing_the_hubs_consumer_mid_run_hands_the_hub_to_another_rank():
     ]
     its = [iter(c) for c in consumers]
     first = [[next(it).step for _ in range(10)] for it in its]
-    assert [hub.users for hub in node._hubs.values()] == [1]
-    old_hub = next(iter(node._hubs.values()))
+    assert [hub.users for hub in nodehub._hubs.values()] == [1]
+    old_hub = next(iter(nodehub._hubs.values()))
     host = next(i for i, c in enumerate(consumers) if c._pipeline._node._hosting)
     consumers[host].close()  # its hub closes; the others' requests go to a new one
-    assert old_hub not in node._hubs.values()
+    assert old_hub not in nodehub._hubs.values()
     fill(store, 40, 1, first=20)  # what is left needs a hub
     rest = [[b.step for b in it] for i, it in enumerate(its) if i != host]
     for done, later in zip([f for i, f in enumerate(first) if i != host], rest, strict=True):
         assert done + later == list(range(40))
     hosting = sum(c._pipeline._node._hosting for i, c in enumerate(consumers) if i != host)
-    assert [hub.users for hub in node._hubs.values()] == [hosting] and hosting >= 1  # a new hub, in use
+    assert [hub.users for hub in nodehub._hubs.values()] == [hosting] and hosting >= 1  # a new hub, in use
     assert max(store.ranges.values()) <= 2  # a range read again only across the handover
     for c in consumers:
         c.close()
-    assert not node._hubs
+    assert not nodehub._hubs
 
 
 def test_node_settings_are_checked(monkeypatch):
@@ -280,9 +280,9 @@ def test_a_rank_that_reaches_no_hub_reads_on_its_own_and_says_so_once(monkeypatc
     fill(store, steps, 2)
     squatter = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     squatter.bind(node.node_address(store.url, 0))  # holds the name, never answers
-    monkeypatch.setattr(node, "TAKEOVER_S", 0.2)
+    monkeypatch.setattr(nodeclient, "TAKEOVER_S", 0.2)
     try:
-        with caplog.at_level("WARNING", logger="batchweave.reading.node"):
+        with caplog.at_level("WARNING", logger="batchweave.reading.nodeclient"):
             seen = read_node(store, range(2), dp=2, tp=1, sharing=True)
     finally:
         squatter.close()
@@ -356,7 +356,7 @@ class _HubThatGoesAway:
         version = first
         for item in ProvenLog(journal, reader, HeadPolling(1, max_poll_s=0.05), next_step, url, present_through):
             if self.gone:
-                raise node.NodeUnavailableError("test hub", version)
+                raise nodeclient.NodeUnavailableError("test hub", version)
             if isinstance(item, list):
                 version = item[-1].delta.version + 1
             yield item

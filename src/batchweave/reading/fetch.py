@@ -29,7 +29,7 @@ from batchweave.errors import (
 from batchweave.layout import decode_slice
 from batchweave.log import LogVersion, TGBDescriptor
 from batchweave.metrics import FetchRecorder
-from batchweave.reading.node import NodeUnavailableError
+from batchweave.reading.nodeclient import NodeUnavailableError
 from batchweave.reading.reshard import SliceRead
 from batchweave.store import Store
 

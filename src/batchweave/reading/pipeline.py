@@ -31,7 +31,8 @@ from batchweave.metrics import FetchRecorder
 from batchweave.reading.cursor import Cursor, checked_cursor
 from batchweave.reading.fetch import Batch, SliceFetcher, step_bytes
 from batchweave.reading.follower import FollowItem, ProvenLog
-from batchweave.reading.node import NodeClient, NodePlan, NodeUnavailableError
+from batchweave.reading.node import NodePlan
+from batchweave.reading.nodeclient import NodeClient, NodeUnavailableError
 from batchweave.reading.polling import HeadPolling
 from batchweave.reading.readahead import DEFAULT_LOG_READ_AHEAD, LogReadAhead
 from batchweave.reading.sharedlog import InlineNode, NodeBehind

@@ -191,7 +191,7 @@ class InlineNode:
     """Node sharing without threads or sockets: the ranks of one process share one
     ``SharedLog`` and drive its follower themselves when they ask for a version not
     proven yet. For the deterministic simulation, where every actor runs inline; the
-    same interface as ``node.NodeClient``.
+    same interface as ``nodeclient.NodeClient``.
 
     Args:
         start_follower: ``(first, anchor, present_through) -> ProvenLog`` iterator.
