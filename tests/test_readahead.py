@@ -11,8 +11,8 @@ import pytest
 
 import batchweave as bw
 from batchweave import consumer as consumer_module
-from batchweave.commit.journal import Journal
 from batchweave.commit.policies import Manual
+from batchweave.journal import Journal
 from batchweave.latency import LatencyModel, LatencyStore
 from batchweave.reading.readahead import LogReadAhead
 from batchweave.reading.segment import segment_key

@@ -28,7 +28,6 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from batchweave import log, retry
-from batchweave.commit.journal import Journal
 from batchweave.errors import (
     ConfigError,
     CorruptDataError,
@@ -39,6 +38,7 @@ from batchweave.errors import (
     StoreError,
     TransientStoreError,
 )
+from batchweave.journal import Journal
 from batchweave.layout import decode_slice
 from batchweave.lifecycle.watermarks import Watermark, check_checkpoint_id, write_watermark
 from batchweave.log import LogState, LogVersion, ReadVersion, TGBDescriptor

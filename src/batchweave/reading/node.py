@@ -51,7 +51,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batchweave import log, retry
-from batchweave.commit.journal import Journal
 from batchweave.errors import (
     BatchWeaveError,
     ConfigError,
@@ -61,6 +60,7 @@ from batchweave.errors import (
     StoreError,
     TransientStoreError,
 )
+from batchweave.journal import Journal
 from batchweave.log import ReadVersion
 from batchweave.mesh import Mesh
 from batchweave.reading.follower import FollowItem, ProvenLog
