@@ -16,8 +16,8 @@ import uuid
 from typing import Any
 
 from batchweave import log
-from batchweave.commit.journal import Journal
 from batchweave.commit.policies import Manual
+from batchweave.journal import Journal
 from batchweave.latency import CLOUD_DEFAULTS, LatencyStore
 from batchweave.log import LogState, TGBDescriptor
 from batchweave.producer import Producer

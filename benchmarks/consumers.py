@@ -306,7 +306,7 @@ def _produce(url: str, point: Point, seed: int) -> None:
 
 
 def _layout(url: str, point: Point) -> tuple[list[list[tuple[str, int, int]]], list[list[str]]]:
-    from batchweave.commit.journal import Journal
+    from batchweave.journal import Journal
 
     tgbs = [tgb for delta in Journal(open_store(url)).versions_after(0) for tgb in getattr(delta, "tgbs", ())]
     if len(tgbs) != point.steps:

@@ -70,7 +70,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from batchweave.commit.journal import Journal
+from batchweave.journal import Journal
 from batchweave.pool import PoolPlan, produce_shards
 from batchweave.store import open_store
 from benchmarks.e2e_train import preprocess_step, write_images

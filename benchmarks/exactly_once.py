@@ -22,8 +22,8 @@ from typing import Any
 import msgspec
 
 from batchweave import log
-from batchweave.commit.journal import Journal
 from batchweave.commit.policies import Manual
+from batchweave.journal import Journal
 from batchweave.latency import CLOUD_DEFAULTS, LatencyStore
 from batchweave.producer import Producer
 from benchmarks.ingest import store_model

@@ -33,8 +33,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from batchweave import producer as producer_module
-from batchweave.commit.journal import Journal
 from batchweave.commit.policies import RecentCommitters
+from batchweave.journal import Journal
 from batchweave.latency import CLOUD_DEFAULTS, LatencyStore
 from batchweave.log import LogState
 from batchweave.producer import Producer

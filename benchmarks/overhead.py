@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 import obstore
 
-from batchweave.commit.journal import Journal
 from batchweave.consumer import Consumer
+from batchweave.journal import Journal
 from batchweave.latency import CLOUD_DEFAULTS, LatencyStore
 from batchweave.producer import Producer
 from batchweave.store import Store, open_store

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from batchweave import log
-from batchweave.commit.journal import Journal
+from batchweave.journal import Journal
 from batchweave.store import open_store
 
 

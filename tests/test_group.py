@@ -22,8 +22,8 @@ import batchweave as bw
 from batchweave import log
 from batchweave.commit import group
 from batchweave.commit.group import INTENT_FORMAT, GroupCommit, Intent
-from batchweave.commit.journal import Journal
 from batchweave.errors import ConfigError, CorruptDataError, ProducerFencedError
+from batchweave.journal import Journal
 from batchweave.log import Layout, LogState, ProducerState, TGBDescriptor
 from batchweave.store import open_store
 from batchweave.testing.interleave import Background, PausingStore

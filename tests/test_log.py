@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
@@ -13,10 +14,14 @@ from batchweave.log import (
     LOG_FORMAT,
     SNAPSHOT_FORMAT,
     DataKey,
+    Layout,
     LogState,
     LogVersion,
+    LogVersionHead,
     ProducerState,
+    Reclaim,
     TGBDescriptor,
+    TGBHead,
     apply_version,
     build_claim,
     build_commit,
@@ -26,6 +31,7 @@ from batchweave.log import (
     data_key,
     decode_snapshot,
     decode_version,
+    decode_version_head,
     encode,
     parse_data_key,
     pending_after_rebase,
@@ -155,6 +161,40 @@ def test_encode_decode_version_roundtrip():
     back = decode_version(raw, version_key(2), expected_version=2)
     assert back == d
     assert back.tgbs[1].slices[3] == (0, 300, 100, 1237)
+
+
+# Log versions exactly as the log has always written them: the structs may be arranged
+# differently in code (LogVersion and LogVersionHead share their fields), never on the wire.
+_RECORDED_TGB = TGBDescriptor(
+    "p", 2, 5, 2, 1, "arrays", ["data/p/e000002/000000000005-ab.0.bwb"], [(0, 0, 10, 1), (0, 10, 12, 2)], 22
+)
+RECORDED_VERSIONS = {
+    "commit": (
+        LogVersion(LOG_FORMAT, 7, 5, [_RECORDED_TGB], {"p": ProducerState(6, 2, "i", {"x": 1.0})}, committed_at=2.25),
+        b'{"format":"batchweave.log/1","version":7,"first_step":5,"tgbs":[{"producer":"p","epoch":2,"source_offset":5,'
+        b'"dp":2,"cp":1,"kind":"arrays","objects":["data/p/e000002/000000000005-ab.0.bwb"],"slices":[[0,0,10,1],'
+        b'[0,10,12,2]],"nbytes":22}],"producers":{"p":{"offset":6,"epoch":2,"incarnation":"i","metrics":{"x":1.0}}},'
+        b'"committed_at":2.25}',
+    ),
+    "first, every optional field": (
+        LogVersion(
+            LOG_FORMAT, 1, 0, [], {"p": ProducerState(0, 1, "i")}, True, 0.5, Reclaim(0, 0, 0), "ns", Layout(2, 1)
+        ),
+        b'{"format":"batchweave.log/1","version":1,"first_step":0,"tgbs":[],"producers":{"p":{"offset":0,"epoch":1,'
+        b'"incarnation":"i"}},"end_of_stream":true,"committed_at":0.5,"reclaim":{"steps":0,"versions":0,"bytes":0},'
+        b'"namespace":"ns","layout":{"dp":2,"cp":1}}',
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(RECORDED_VERSIONS))
+def test_versions_encode_to_the_recorded_bytes_and_decode_from_them(name):
+    version, recorded = RECORDED_VERSIONS[name]
+    assert encode(version) == recorded
+    assert decode_version(recorded, K, version.version) == version
+    heads = [TGBHead(t.producer, t.epoch, t.source_offset, t.dp, t.cp, t.kind, t.nbytes) for t in version.tgbs]
+    expected = LogVersionHead(**(msgspec.structs.asdict(version) | {"tgbs": heads}))
+    assert decode_version_head(recorded, K, version.version) == expected
 
 
 def test_encode_decode_snapshot_roundtrip():

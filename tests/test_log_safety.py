@@ -15,8 +15,8 @@ from worker import origin_of, tgb
 
 import batchweave as bw
 from batchweave import log
-from batchweave.commit.journal import Journal
 from batchweave.commit.policies import Manual
+from batchweave.journal import Journal
 from batchweave.store import Store, open_store
 from batchweave.testing.interleave import AmbiguousOnceStore, Background, PausingStore
 
@@ -442,7 +442,7 @@ def test_a_young_log_growing_its_first_snapshot_is_not_mistaken_for_a_collection
     held.wait_reached()
     with producer(url, "busy") as busy:
         commit(busy, 12)  # snapshot 10 appears
-    with caplog.at_level("INFO", logger="batchweave.commit.journal"):
+    with caplog.at_level("INFO", logger="batchweave.journal"):
         held.release()
         late = opening.result()
     late.close()

@@ -48,8 +48,8 @@ from worker import digest, origin_of, payload, tgb
 import batchweave as bw
 from batchweave import log
 from batchweave import store as bw_store
-from batchweave.commit.journal import Journal
 from batchweave.commit.policies import Manual
+from batchweave.journal import Journal
 from batchweave.store import Store, open_store
 from batchweave.testing.interleave import Background, PausingStore, wait_for_any
 
@@ -425,7 +425,7 @@ class CommitProtocol(RuleBasedStateMachine):
         """Every load fails naming the snapshot, never an older state; then it is restored."""
         store = open_store(self.url)
         journal = Journal(store)
-        newest = journal._listed_snapshot_version()
+        newest = journal._snapshots.listed_version()
         if newest == 0:
             return
         key = log.snapshot_key(newest)

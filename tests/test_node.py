@@ -344,7 +344,7 @@ class _HubThatGoesAway:
         self.gone = False
 
     def log(self, first, anchor, present_through, next_step, url, stop):
-        from batchweave.commit.journal import Journal
+        from batchweave.journal import Journal
         from batchweave.reading.follower import ProvenLog
         from batchweave.reading.polling import HeadPolling
         from batchweave.reading.readahead import LogReadAhead

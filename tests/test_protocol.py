@@ -18,8 +18,8 @@ from worker import Eager, digest, origin_of, tgb
 import batchweave as bw
 from batchweave import log
 from batchweave import producer as producer_module
-from batchweave.commit.journal import Journal
 from batchweave.commit.policies import Manual, RecentCommitters
+from batchweave.journal import Journal
 from batchweave.store import Store, open_store
 
 

@@ -17,8 +17,8 @@ from worker import origin_of, tgb
 import batchweave as bw
 from batchweave import log
 from batchweave.commit.group import GroupCommit
-from batchweave.commit.journal import Journal
 from batchweave.commit.policies import Manual
+from batchweave.journal import Journal
 from batchweave.reading import polling as polling_module
 from batchweave.store import Store, open_store
 from batchweave.testing.interleave import Background, PausingStore

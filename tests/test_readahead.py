@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import batchweave as bw
-from batchweave.commit.journal import Journal
 from batchweave.commit.policies import Manual
+from batchweave.journal import Journal
 from batchweave.latency import LatencyModel, LatencyStore
 from batchweave.reading import pipeline
 from batchweave.reading.readahead import LogReadAhead

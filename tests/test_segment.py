@@ -15,9 +15,9 @@ import pytest
 
 import batchweave as bw
 from batchweave import log
-from batchweave.commit.journal import Journal
 from batchweave.commit.policies import Manual
 from batchweave.errors import CorruptDataError
+from batchweave.journal import Journal
 from batchweave.latency import LatencyModel, LatencyStore
 from batchweave.reading.readahead import LogReadAhead
 from batchweave.reading.segment import SEGMENT_VERSIONS, decode_segment, encode_segment, segment_key, segment_last
@@ -159,7 +159,7 @@ def test_a_missing_or_damaged_segment_is_read_around(url, depth, caplog):
     store.delete(segment_key(64))
     store.put(segment_key(64), b"damaged")
     reader = LogReadAhead(Journal(store), 1, depth=depth)
-    with caplog.at_level(logging.WARNING, logger="batchweave.commit.journal"):
+    with caplog.at_level(logging.WARNING, logger="batchweave.journal"):
         try:
             assert read_all(reader) == list(range(1, 97))
         finally:

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from batchweave.commit.journal import Journal
 from batchweave.errors import ConfigError
+from batchweave.journal import Journal
 from batchweave.lifecycle.watermarks import Watermark, check_checkpoint_id, write_watermark
 from batchweave.mesh import Mesh, resolve_rank
 from batchweave.metrics import ConsumerMetrics, FetchRecorder, PeriodicLog, describe

@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from batchweave.commit.journal import Journal
+from batchweave.journal import Journal
 from batchweave.lifecycle.watermarks import Checkpoint, read_watermarks, require_namespace
 from batchweave.log import LogState, ProducerState
 from batchweave.store import Store, open_store

@@ -22,7 +22,7 @@ import re
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 import msgspec
 
@@ -104,8 +104,8 @@ class Layout(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defau
         return f"dp={self.dp} cp={self.cp}" + (f" {self.kind}" if self.kind else "")
 
 
-class TGBDescriptor(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """One TGB as the log records it. ``slices[i]`` = [object index, offset, length, crc32c]."""
+class _TGBFields(msgspec.Struct, frozen=True):
+    """Whose a TGB is and its layout: the first fields of ``TGBDescriptor`` and ``TGBHead``."""
 
     producer: str
     epoch: int
@@ -113,8 +113,21 @@ class TGBDescriptor(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     dp: int
     cp: int
     kind: Kind
+
+
+class TGBDescriptor(_TGBFields, frozen=True, forbid_unknown_fields=True):
+    """One TGB as the log records it. ``slices[i]`` = [object index, offset, length, crc32c]."""
+
     objects: list[str]
     slices: list[tuple[int, int, int, int]]
+    nbytes: int  # after objects and slices, where the log has always written it
+
+
+class TGBHead(_TGBFields, frozen=True):
+    """What a writer needs of a committed TGB: whose it is and what it counts. Decoding
+    only this (objects and slices are skipped, not built) makes following the log about
+    7x cheaper for producers, which never read other producers' objects."""
+
     nbytes: int
 
 
@@ -127,13 +140,16 @@ class Reclaim(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     bytes: int
 
 
-class LogVersion(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
-    """One immutable log version: the delta it commits."""
+_TGB = TypeVar("_TGB", TGBDescriptor, TGBHead)
+
+
+class _VersionFields(msgspec.Struct, Generic[_TGB], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """The fields of a log version, its TGBs read as ``_TGB``: ``LogVersion`` and ``LogVersionHead``."""
 
     format: str
     version: int
     first_step: int
-    tgbs: list[TGBDescriptor]
+    tgbs: list[_TGB]
     producers: dict[str, ProducerState]
     end_of_stream: bool = False
     committed_at: float = 0.0
@@ -145,33 +161,12 @@ class LogVersion(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_d
         return range(self.first_step, self.first_step + len(self.tgbs))
 
 
-class TGBHead(msgspec.Struct, frozen=True):
-    """What a writer needs of a committed TGB: whose it is and what it counts. Decoding
-    only this (objects and slices are skipped, not built) makes following the log about
-    7x cheaper for producers, which never read other producers' objects."""
-
-    producer: str
-    epoch: int
-    source_offset: int
-    dp: int
-    cp: int
-    kind: Kind
-    nbytes: int
+class LogVersion(_VersionFields[TGBDescriptor], frozen=True):
+    """One immutable log version: the delta it commits."""
 
 
-class LogVersionHead(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class LogVersionHead(_VersionFields[TGBHead], frozen=True):
     """A log version as a writer reads it: every field, TGBs as ``TGBHead``."""
-
-    format: str
-    version: int
-    first_step: int
-    tgbs: list[TGBHead]
-    producers: dict[str, ProducerState]
-    end_of_stream: bool = False
-    committed_at: float = 0.0
-    reclaim: Reclaim | None = None
-    namespace: str = ""
-    layout: Layout | None = None
 
 
 class ReadVersion(NamedTuple):

@@ -40,8 +40,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from batchweave import shardlist
-from batchweave.commit.journal import Journal
 from batchweave.errors import BatchWeaveError, ConfigError, ObjectExistsError, StoreError
+from batchweave.journal import Journal
 from batchweave.pooljob import PoolJob, PoolPlan, PoolReport, Progress, produce_shards
 from batchweave.producer import end_stream
 from batchweave.shardlist import ShardListRecord

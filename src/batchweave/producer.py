@@ -24,7 +24,6 @@ from typing import Any
 from batchweave import log, retry
 from batchweave.commit.group import GroupCommit, Intent, build_group_commit, intent_key, turn_rank
 from batchweave.commit.intents import IntentBoard
-from batchweave.commit.journal import DEFAULT_SNAPSHOT_EVERY, Journal
 from batchweave.commit.policies import CommitPolicy, RecentCommitters, resolve_policy
 from batchweave.errors import (
     ConfigError,
@@ -35,6 +34,7 @@ from batchweave.errors import (
     StreamEndedError,
     TransientStoreError,
 )
+from batchweave.journal import DEFAULT_SNAPSHOT_EVERY, Journal
 from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES, encode_tgb
 from batchweave.lifecycle.watermarks import global_watermark, read_watermarks
 from batchweave.log import LogState, ProducerState, TGBDescriptor, data_key

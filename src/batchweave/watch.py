@@ -19,8 +19,8 @@ import msgspec
 from rich.console import Group, RenderableType
 from rich.table import Table
 
-from batchweave.commit.journal import Journal
 from batchweave.inspect import CheckpointInfo, json_number, live_checkpoints, producer_dict, read_state
+from batchweave.journal import Journal
 from batchweave.lifecycle.watermarks import global_watermark, read_watermarks
 from batchweave.log import LogState, LogVersion, LogVersionHead
 from batchweave.store import Store, open_store

@@ -1,1 +1,2 @@
-"""The writing side's commit machinery: the journal of log versions, commit policies, group commit and intents."""
+"""The writing side's commit machinery: commit policies, group commit and intents (the
+journal of log versions they commit through is ``batchweave.journal``)."""

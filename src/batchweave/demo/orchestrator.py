@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from batchweave.commit.journal import Journal
 from batchweave.demo.plan import DemoPlan, checkpoint_id, producer_id
 from batchweave.demo.processes import Processes
 from batchweave.demo.render import render_live
 from batchweave.demo.story import Story
+from batchweave.journal import Journal
 from batchweave.lifecycle.gc import collect_garbage
 from batchweave.lifecycle.watermarks import CHECKPOINT_PREFIX, read_watermarks, release_checkpoint
 from batchweave.log import LogState, parse_data_key

@@ -24,8 +24,8 @@ from typing import Any
 
 from batchweave import log
 from batchweave.commit.group import INTENT_PREFIX, decode_intent, parse_intent_key
-from batchweave.commit.journal import Journal
 from batchweave.errors import CorruptDataError, ObjectNotFoundError, StoreError
+from batchweave.journal import Journal
 from batchweave.lifecycle.watermarks import (
     Checkpoint,
     global_watermark,

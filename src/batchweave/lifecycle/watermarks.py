@@ -27,8 +27,8 @@ from typing import Annotated, Any
 import msgspec
 
 from batchweave import log
-from batchweave.commit.journal import Journal
 from batchweave.errors import ConfigError, CorruptDataError, ObjectExistsError, ObjectNotFoundError
+from batchweave.journal import Journal
 from batchweave.log import LogState
 from batchweave.store import Store, open_store
 

@@ -17,8 +17,8 @@ from fractions import Fraction
 from typing import Any, NamedTuple
 
 from batchweave import log
-from batchweave.commit.journal import Journal
 from batchweave.errors import ConfigError, CorruptDataError, DataReclaimedError
+from batchweave.journal import Journal
 from batchweave.log import LogState, LogVersion
 from batchweave.mesh import Mesh
 

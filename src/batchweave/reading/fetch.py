@@ -17,7 +17,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from batchweave.commit.journal import Journal
 from batchweave.errors import (
     CorruptDataError,
     DataReclaimedError,
@@ -26,6 +25,7 @@ from batchweave.errors import (
     StoreError,
     TransientStoreError,
 )
+from batchweave.journal import Journal
 from batchweave.layout import decode_slice
 from batchweave.log import LogVersion, TGBDescriptor
 from batchweave.metrics import FetchRecorder

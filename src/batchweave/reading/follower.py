@@ -17,8 +17,8 @@ from concurrent.futures import Future
 from typing import Union
 
 from batchweave import log
-from batchweave.commit.journal import Journal
 from batchweave.errors import CorruptDataError, DataReclaimedError
+from batchweave.journal import Journal
 from batchweave.log import LogVersion, ReadVersion
 from batchweave.reading.polling import HeadPolling
 from batchweave.reading.readahead import LogReadAhead

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batchweave import retry
-from batchweave.commit.journal import Journal
+from batchweave.journal import Journal
 from batchweave.log import ReadVersion
 from batchweave.reading.follower import ProvenLog
 from batchweave.reading.nodewire import HubLost, error_reply, recv, send, shared_memory

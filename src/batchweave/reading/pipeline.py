@@ -23,8 +23,8 @@ from fractions import Fraction
 from typing import Any
 
 from batchweave import log, retry
-from batchweave.commit.journal import Journal
 from batchweave.errors import StepTimeoutError
+from batchweave.journal import Journal
 from batchweave.log import LogVersion, ReadVersion
 from batchweave.mesh import Mesh
 from batchweave.metrics import FetchRecorder

@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from batchweave import retry
-from batchweave.commit.journal import Journal
+from batchweave.journal import Journal
 from batchweave.log import LogVersion, ReadVersion
 from batchweave.reading.segment import SEGMENT_VERSIONS, segment_last
 

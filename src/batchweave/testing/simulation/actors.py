@@ -17,7 +17,6 @@ import msgspec
 
 from batchweave import log
 from batchweave.commit.group import INTENT_PREFIX, GroupCommit, build_group_commit, decode_intent
-from batchweave.commit.journal import Journal
 from batchweave.commit.policies import DAC, Manual
 from batchweave.consumer import Consumer
 from batchweave.errors import (
@@ -29,6 +28,7 @@ from batchweave.errors import (
     StreamEndedError,
     TransientStoreError,
 )
+from batchweave.journal import Journal
 from batchweave.lifecycle.gc import collect_garbage
 from batchweave.lifecycle.watermarks import release_checkpoint
 from batchweave.log import ProducerState, version_key

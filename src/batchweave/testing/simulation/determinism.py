@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any
 
 import batchweave.commit.group
 import batchweave.commit.intents
-import batchweave.commit.journal
 import batchweave.commit.policies
 import batchweave.consumer
+import batchweave.journal.core
 import batchweave.lifecycle.gc
 import batchweave.log
 import batchweave.producer
@@ -152,7 +152,7 @@ def deterministic(scheduler: Scheduler, noise: random.Random) -> Iterator[None]:
         (batchweave.reading.fetch, "time", fake_time),
         (batchweave.reading.follower, "time", fake_time),
         (batchweave.reading.polling, "random", fake_random),
-        (batchweave.commit.journal, "time", fake_time),
+        (batchweave.journal.core, "time", fake_time),
         (batchweave.lifecycle.gc, "time", fake_time),
         (batchweave.log, "uuid", _fake_uuid(noise)),
         (batchweave.commit.group, "random", fake_random),

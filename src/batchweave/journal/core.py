@@ -24,23 +24,9 @@ one loop is where invariant I8 (a version number is never used twice) is enforce
   by listing snapshots: collection deletes versions only below an existing snapshot and
   never deletes the newest one.
 
-The same check proves what a journal *reads* (invariant I10): no actor acts on log
-content (drops pending TGBs, deletes intents or objects, delivers a step, writes a
-segment, plans a collection) unless the versions it read are proven genuine. A read of
-version ``v`` is genuine when ``v`` had not been deleted before the read (a key GC freed
-may hold a version a stale writer re-created there); two facts prove it after the fact:
-
-- P1, the anchor: the anchor ``b <= v`` is still present with its bytes, read *after*
-  ``v`` (ascending deletes: nothing above ``b`` had been deleted);
-- P2/P3, the state: no snapshot exists (nothing was ever deleted), or a proven state
-  loaded after the read says ``reclaimed.versions <= v`` (GC records a reclaim in the log
-  before it deletes anything).
-
-Writers' reads are proven by the check after their put, or, when they only follow the
-log (``catch_up``) or find nothing to commit, by one check of the anchor; every state a
-journal returns is proven. Readers prove a batch of versions with one check before they
-use it (``prove_reads``): one small request per batch, nothing per step. An unprovable
-view means reload (writers) or ``DataReclaimedError`` (readers), never a guess.
+Every state a journal returns is proven, and what it *reads* is proven by the same
+anchor before anyone acts on it (invariant I10): ``proof`` holds the anchor and that
+argument, ``snapshots`` and ``segments`` what is written beside the log.
 
 See docs/invariants.md for the whole argument.
 """
@@ -54,9 +40,13 @@ from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar, cast, overload
 
 from batchweave import log
-from batchweave.errors import ConfigError, CorruptDataError, ObjectExistsError, ObjectNotFoundError, StoreError
+from batchweave.errors import ConfigError, CorruptDataError, StoreError
+from batchweave.journal.objects import LogObjects
+from batchweave.journal.proof import Proof
+from batchweave.journal.segments import RecentVersions, read_segment
+from batchweave.journal.snapshots import Snapshots
 from batchweave.log import LogState, LogVersion, LogVersionHead, ReadVersion
-from batchweave.reading.segment import SEGMENT_MAX_BYTES, SEGMENT_VERSIONS, decode_segment, encode_segment, segment_key
+from batchweave.reading.segment import SEGMENT_VERSIONS
 from batchweave.store import Store
 
 __all__ = ["DEFAULT_SNAPSHOT_EVERY", "Committed", "Journal"]
@@ -130,24 +120,30 @@ class Journal(Generic[VersionT]):
         # overloads' promise: heads_only=True is the one way to a Journal[LogVersionHead].
         decode = log.decode_version_head if heads_only else log.decode_version
         self._decode = cast("Callable[[bytes | memoryview, str, int], VersionT]", decode)
-        self.snapshot_every = snapshot_every
-        self.requests = 0  # log requests made, for cost tests and metrics
+        self._objects = LogObjects(store)
+        self._snapshots = Snapshots(self._objects, snapshot_every)
+        self._proof = Proof(self._objects, self._snapshots)
         # When the newest probe began: a commit's fragile window opens at the read that
         # found no newer version (paper 5.2), not at the catch-up reads before it.
         self.last_probe_started = time.monotonic()
-        self._anchor: tuple[int, str] | None = None  # (version, digest) known genuine; None: not loaded
-        self._unverified: set[int] = set()  # versions we put (or may have put) since the last verified commit
-        self._unproven = False  # versions read since the anchor was last checked (I10)
-        self._version_one: bytes | None = None  # version 1's bytes as a reader first read them
-        self._snapshot_namespace: str | None = None  # the id a snapshot records (learn_namespace)
         self._store_checked = False
         self._snapshot_missing = False  # the last load read a long tail: write a snapshot at the next commit
         # The committer's clock reading in the newest version read (its ``committed_at``):
         # group commit takes turns counted from it, so every producer counts alike.
         self.newest_committed_at: float | None = None
-        # The bytes of the newest versions this writer read or wrote (at most one segment's
-        # worth): the committer of a segment's last version writes the segment from them.
-        self._recent: dict[int, bytes | memoryview] = {}
+        # The newest versions' bytes this writer read or wrote: the committer of a segment's
+        # last version writes the segment from them.
+        self._recent = RecentVersions()
+
+    @property
+    def requests(self) -> int:
+        """Log requests made, for cost tests and metrics."""
+        return self._objects.requests
+
+    @property
+    def snapshot_every(self) -> int:
+        """K: a snapshot is written after every K-th version."""
+        return self._snapshots.every
 
     # -- versions --------------------------------------------------------------------
 
@@ -155,49 +151,33 @@ class Journal(Generic[VersionT]):
         """Version ``version``, or None if it is not committed (yet). Not proven (I10): for
         display, or for a reader that proves what it read before acting on it. Safe to call
         from several threads at once (readers read ahead this way)."""
-        data = self._get_version(version)
+        data = self._objects.get(log.version_key(version))
         return None if data is None else self._decode(data, log.version_key(version), version)
 
     def read_version_data(self, version: int) -> ReadVersion | None:
         """``read_version`` with the version's bytes, which ``prove_reads`` anchors on."""
-        data = self._get_version(version)
+        data = self._objects.get(log.version_key(version))
         if data is None:
             return None
         delta = cast(LogVersion, self._decode(data, log.version_key(version), version))
-        if version == 1:
-            self._version_one = bytes(data)
+        self._proof.saw(version, data)
         return ReadVersion(delta, data)
 
     def _read(self, version: int) -> tuple[VersionT, str] | None:
         """The version and its digest (writers anchor on it; readers skip the hashing)."""
-        data = self._get_version(version)
+        data = self._objects.get(log.version_key(version))
         if data is None:
             return None
         decoded = self._decode(data, log.version_key(version), version)
-        self._keep_for_segment(version, data)
+        self._recent.keep(version, data)
         return decoded, log.digest(data)
 
-    def _get_version(self, version: int) -> memoryview | None:
-        self.requests += 1
-        try:
-            return self.store.get(log.version_key(version))
-        except ObjectNotFoundError:
-            return None
-
     def read_segment(self, last: int) -> list[ReadVersion] | None:
-        """The versions of the segment ending at ``last`` (``segment``), or None when there
-        is none: not written (yet), or damaged, which is logged and read around."""
-        self.requests += 1
-        key = segment_key(last)
-        try:
-            versions = decode_segment(self.store.get(key), last)
-        except ObjectNotFoundError:
-            return None
-        except CorruptDataError as exc:
-            _logger.warning("reading log versions one by one instead of a damaged segment: %s", exc)
-            return None
-        if versions[0].delta.version == 1:
-            self._version_one = bytes(versions[0].data)
+        """The versions of the segment ending at ``last`` (``reading.segment``), or None when
+        there is none: not written (yet), or damaged, which is logged and read around."""
+        versions = read_segment(self._objects, last)
+        if versions is not None:
+            self._proof.saw(versions[0].delta.version, versions[0].data)
         return versions
 
     def versions_after(self, version: int) -> Iterator[VersionT]:
@@ -227,7 +207,8 @@ class Journal(Generic[VersionT]):
         """``state`` advanced through the versions committed since, not proven yet. A version
         that does not follow is damage only if the anchor is intact; otherwise it was
         re-created in a freed key and the view is reloaded (proven)."""
-        if self._anchor is not None and state.version < self._anchor[0]:
+        anchor = self._proof.anchor
+        if anchor is not None and state.version < anchor[0]:
             # The caller holds a state older than this journal's anchor (a commit that raised
             # after a reload moved the anchor): the anchor proves nothing below itself, so
             # neither reads nor a put from that state could be proven. Start from the newest.
@@ -245,7 +226,7 @@ class Journal(Generic[VersionT]):
         for delta, digest in self._read_after(state.version):
             state = log.apply_version(state, delta, log.version_key(delta.version), digest)
             self.newest_committed_at = delta.committed_at
-            self._unproven = True
+            self._proof.unproven = True
             read += 1
         return state, read
 
@@ -264,7 +245,7 @@ class Journal(Generic[VersionT]):
         if self.read_only:
             raise ConfigError(f"{self.store.url}: this journal only reads the log (a reader's); it cannot commit")
         self._check_store()
-        if self._anchor is None:
+        if self._proof.anchor is None:
             state = self.load_state()
         conflicts = 0
         while True:
@@ -281,8 +262,8 @@ class Journal(Generic[VersionT]):
             key = log.version_key(delta.version)
             data = log.encode(delta)
             after = log.apply_version(state, delta, key, log.digest(data))  # validate before writing
-            self._unverified.add(delta.version)  # also if the put's outcome is ambiguous (it raises)
-            if not self._put(key, data):
+            self._proof.unverified.add(delta.version)  # also if the put's outcome is ambiguous (it raises)
+            if not self._objects.put_if_absent(key, data):
                 conflicts += 1
                 window_s = self._window_s()
                 if max_attempts is not None and conflicts >= max_attempts:
@@ -290,9 +271,9 @@ class Journal(Generic[VersionT]):
                     return Committed("conflict", state, None, window_s, conflicts)
                 continue
             window_s = self._window_s()
-            self._keep_for_segment(delta.version, data)
+            self._recent.keep(delta.version, data)
             if self.verify():
-                self._advance_anchor(after)
+                self._proof.advance(after)
                 self.after_commit(after)
                 return Committed("committed", after, delta, window_s, conflicts)
             state = self._recover_from_stale_view()
@@ -300,28 +281,12 @@ class Journal(Generic[VersionT]):
     def _proven(self, state: LogState) -> tuple[LogState, bool]:
         """``state`` if what was read and put since the last check is proven (one GET of the
         anchor, none when nothing is unproven); else the reloaded newest state and True."""
-        if not (self._unproven or self._unverified):
+        if not self._proof.pending:
             return state, False
         if self.verify():
-            self._advance_anchor(state)
+            self._proof.advance(state)
             return state, False
         return self._recover_from_stale_view(), True
-
-    def _advance_anchor(self, state: LogState) -> None:
-        """Just verified: every version up to ``state.version`` is genuine, our puts too."""
-        if state.digest:
-            self._anchor = (state.version, state.digest)
-        self._unverified.clear()
-        self._unproven = False
-
-    def _put(self, key: str, data: bytes) -> bool:
-        """Create-only put of one log version. False when another writer took that version."""
-        self.requests += 1
-        try:
-            self.store.put_if_absent(key, data)
-        except ObjectExistsError:
-            return False
-        return True
 
     def _window_s(self) -> float:
         return time.monotonic() - self.last_probe_started
@@ -337,13 +302,14 @@ class Journal(Generic[VersionT]):
         wrote since may sit in keys it freed. Reload the newest state; versions we wrote
         below what collection reclaimed are in a region no reader looks at, and deleting
         them keeps it empty (any left over, collection deletes)."""
-        if self._anchor is not None and self._anchor[0] == 0:
+        anchor = self._proof.anchor
+        if anchor is not None and anchor[0] == 0:
             # Opened on an empty log, which then grew its first snapshot: expected once.
             _logger.info("the log grew its first snapshot before this writer's first commit; reloading")
         else:
             _logger.warning("garbage collection overtook this writer's view of the log; reloading")
         self._recent.clear()  # what we read may come from freed keys: never copy it into a segment
-        our_puts = sorted(self._unverified)
+        our_puts = sorted(self._proof.unverified)
         state = self.load_state(trust_hint=False)
         for version in our_puts:
             if version < state.reclaimed.versions:
@@ -360,27 +326,22 @@ class Journal(Generic[VersionT]):
 
     def verify(self) -> bool:
         """True when this journal's view is still anchored: nothing it read or wrote since
-        its anchor was set can have come from a key that garbage collection freed (P1 in the
-        module doc). One GET (a LIST on a log with no snapshot)."""
-        if self._anchor is None:
-            return False
-        version, expected = self._anchor
-        if version == 0:
-            return self._listed_snapshot_version() == 0
-        read = self._read_raw(log.version_key(version))
-        return read is not None and log.digest(read) == expected
+        its anchor was set can have come from a key that garbage collection freed (P1 in
+        ``proof``). One GET (a LIST on a log with no snapshot)."""
+        return self._proof.verify()
 
-    # -- readers' proofs (I10) ------------------------------------------------------
+    # -- readers' proofs (I10, ``proof``) ----------------------------------------------
 
     @property
     def anchor_version(self) -> int | None:
         """The version this journal's proofs re-read (None before the first load or proof)."""
-        return None if self._anchor is None else self._anchor[0]
+        anchor = self._proof.anchor
+        return None if anchor is None else anchor[0]
 
     def anchor_on(self, version: int, digest: str) -> None:
         """Take version ``version`` with bytes of ``digest`` as proven (a reader resuming from
         a cursor that was checked against a proven state: ``consumer._checked_cursor``)."""
-        self._anchor = (version, digest)
+        self._proof.anchor = (version, digest)
 
     def prove_reads(self, lowest: int, newest: ReadVersion | None = None) -> bool:
         """Whether every version this reader read since its last proof (each numbered
@@ -389,56 +350,13 @@ class Journal(Generic[VersionT]):
         version read, if any); False means the reader's view cannot be proven: GC
         overtook it (see ``reclaimed``). Costs one GET of the anchor; a reader without an
         anchor at or below ``lowest`` (a start) proves by the snapshots instead."""
-        anchor = self._anchor
-        if anchor is not None and 0 < anchor[0] <= lowest:
-            proven = self.verify()
-        else:
-            proven = self._proven_without_anchor(lowest)
-        if proven and newest is not None:
-            self._anchor = (newest.delta.version, log.digest(newest.data))
-        return proven
+        return self._proof.prove_reads(lowest, newest, self.load_state)
 
     def learn_namespace(self) -> None:
         """Read the namespace's id from the newest snapshot, ahead of a start's first proof
         (a reader from step 0 runs it beside its first reads): that proof then costs one
         GET instead of a listing and a snapshot lookup. Best effort."""
-        try:
-            self._snapshot_namespace = self._newest_snapshot(trust_hint=True).namespace or None
-        except StoreError:  # CorruptDataError included: the proof looks again, and says so
-            pass
-
-    def _proven_without_anchor(self, lowest: int) -> bool:
-        """P2, version 1 certified by a snapshot, or P3 (module doc), checked now, after the reads."""
-        if lowest == 1 and self._version_one is not None:
-            namespace = self._snapshot_namespace  # learned beside the first reads, if it was
-            if namespace is None:
-                if self._listed_snapshot_version() == 0:
-                    return True  # no snapshot: no version was ever deleted
-                namespace = self._newest_snapshot(trust_hint=True).namespace
-            if self._version_one_is_genuine(namespace):
-                return True
-        elif self._listed_snapshot_version() == 0:
-            return True
-        return self.load_state().reclaimed.versions <= lowest
-
-    def _version_one_is_genuine(self, namespace: str) -> bool:
-        """Version 1 names the namespace with a random id that every snapshot repeats (any
-        snapshot, read at any time: the id never changes), so a version 1 re-created in a
-        freed key cannot match it. Matching, and present now with the bytes read before:
-        nothing above it had been deleted when the reads happened."""
-        assert self._version_one is not None
-        first = log.decode_version_head(self._version_one, log.version_key(1), 1)
-        if not first.namespace or first.namespace != namespace:
-            return False
-        now = self._read_raw(log.version_key(1))
-        return now is not None and bytes(now) == self._version_one
-
-    def _read_raw(self, key: str) -> memoryview | None:
-        self.requests += 1
-        try:
-            return self.store.get(key)
-        except ObjectNotFoundError:
-            return None
+        self._proof.learn_namespace()
 
     # -- state and snapshots ---------------------------------------------------------
 
@@ -449,7 +367,7 @@ class Journal(Generic[VersionT]):
         damaged: never an older state. ``trust_hint=False`` lists snapshots instead.
         """
         for attempt in range(_LOAD_ATTEMPTS):
-            state = self._newest_snapshot(trust_hint=trust_hint and attempt == 0)
+            state = self._snapshots.newest(trust_hint=trust_hint and attempt == 0)
             anchor = self._anchor_of(state)
             if anchor is None:
                 continue  # collection deleted that snapshot's version meanwhile: find a newer one
@@ -457,7 +375,7 @@ class Journal(Generic[VersionT]):
                 state, anchor = self._first_version(state)
                 if anchor is None:
                     continue  # a snapshot appeared meanwhile: load from it
-            self._anchor = anchor
+            self._proof.anchor = anchor
             try:
                 state, read = self._apply_newer(state)
             except CorruptDataError:
@@ -466,7 +384,7 @@ class Journal(Generic[VersionT]):
                 continue
             if not self.verify():
                 continue  # a collector overtook the load: what the tail read may be re-created
-            self._advance_anchor(state)
+            self._proof.advance(state)
             # A snapshot went missing (a committer crashed before writing it). This journal's
             # next verified commit heals it, so the next reader does not pay for this long tail
             # again; a load never writes, so readers need no write permission.
@@ -480,7 +398,7 @@ class Journal(Generic[VersionT]):
         below a snapshot, and never the newest), so the version 1 read is genuine. A
         namespace with no version yet keeps the anchor "no snapshot exists"."""
         first = self._read(1)
-        if self._listed_snapshot_version() != 0:
+        if self._snapshots.listed_version() != 0:
             return empty, None
         if first is None:
             return empty, (0, "")
@@ -492,7 +410,7 @@ class Journal(Generic[VersionT]):
         if state.version == 0 or state.digest:
             return state.version, state.digest
         # A snapshot from before digests: take its version's bytes as they are now.
-        data = self._read_raw(log.version_key(state.version))
+        data = self._objects.get(log.version_key(state.version))
         return None if data is None else (state.version, log.digest(data))
 
     def after_commit(self, state: LogState) -> None:
@@ -509,102 +427,12 @@ class Journal(Generic[VersionT]):
         """Best effort, like snapshots: the segment ending at version ``last`` from the
         versions' bytes this journal read or wrote, if it holds them all. True if written
         (or somebody wrote it already)."""
-        wanted = range(last - SEGMENT_VERSIONS + 1, last + 1)
-        versions = [data for v in wanted if (data := self._recent.get(v)) is not None]
-        if len(versions) < len(wanted) or sum(len(v) for v in versions) > SEGMENT_MAX_BYTES:
-            return False  # a writer that loaded mid-segment; readers read those versions one by one
-        try:
-            self.store.put_if_absent(segment_key(last), encode_segment(last, versions))
-        except ObjectExistsError:
-            pass  # the same versions' copy, by another writer of the same version number
-        except StoreError as exc:
-            _logger.warning("could not write the log segment ending at version %d: %s", last, exc)
-            return False
-        return True
-
-    def _keep_for_segment(self, version: int, data: bytes | memoryview) -> None:
-        self._recent[version] = data
-        self._recent.pop(version - SEGMENT_VERSIONS, None)
-        if len(self._recent) > 2 * SEGMENT_VERSIONS:  # reloads skipped ahead: drop what they left behind
-            self._recent = {v: d for v, d in self._recent.items() if v > version - SEGMENT_VERSIONS}
+        return self._recent.write_segment(self.store, last)
 
     def write_snapshot(self, state: LogState) -> None:
         """Best effort: a missing snapshot costs readers time, never correctness."""
-        try:
-            try:
-                self.store.put_if_absent(log.snapshot_key(state.version), log.encode(state))
-            except ObjectExistsError:
-                pass  # somebody else wrote the same (deterministic) snapshot
-            self.store.put(log.HINT_KEY, b'{"version": %d}' % state.version)
-        except StoreError as exc:
-            _logger.warning("could not write snapshot at version %d: %s", state.version, exc)
+        self._snapshots.write(state)
 
     def newest_snapshot_version(self) -> int:
         """The version of the newest snapshot (0 if there is none)."""
-        return self._newest_snapshot(trust_hint=True).version
-
-    def _newest_snapshot(self, trust_hint: bool) -> LogState:
-        """The newest snapshot: from the hint (or a listing), then probing forward.
-
-        A snapshot that is missing was deleted by collection (a newer one exists); one
-        that is damaged raises, unless a newer snapshot makes it irrelevant.
-        """
-        state = None
-        if trust_hint:
-            state = self._read_snapshot(self._hinted_version(), newest=False)
-        if state is None:
-            # No hint, or it names a snapshot that is gone (garbage collection keeps only
-            # the newest): one listing finds the newest instead of replaying from version 1.
-            state = self._read_snapshot(self._listed_snapshot_version(), newest=True) or LogState()
-        while True:
-            # Snapshots sit at multiples of K; a stale hint only costs these probes.
-            probe = (state.version // self.snapshot_every + 1) * self.snapshot_every
-            newer = self._read_snapshot(probe, newest=True)
-            if newer is None:
-                return state
-            state = newer
-
-    def _listed_snapshot_version(self) -> int:
-        self.requests += 1
-        versions = [
-            int(name[:-5])
-            for info in self.store.list(log.SNAPSHOT_PREFIX)
-            if (name := info.key[len(log.SNAPSHOT_PREFIX) :]).endswith(".json") and name[:-5].isdigit()
-        ]
-        return max(versions, default=0)
-
-    def _hinted_version(self) -> int:
-        self.requests += 1
-        try:
-            data = bytes(self.store.get(log.HINT_KEY))
-        except ObjectNotFoundError:
-            return 0
-        try:
-            return log.decode_hint(data)
-        except CorruptDataError as exc:
-            _logger.warning("ignoring a damaged snapshot hint: %s", exc)
-            return 0
-
-    def _read_snapshot(self, version: int, *, newest: bool) -> LogState | None:
-        """The snapshot at ``version``; None if there is none. Damage raises when the
-        snapshot may be the newest (``newest``), else it is skipped for a listing."""
-        if version <= 0:
-            return None
-        key = log.snapshot_key(version)
-        data = self._read_raw(key)
-        if data is None:
-            return None
-        try:
-            state = log.decode_snapshot(data, key)
-            if state.version != version:
-                raise CorruptDataError(key, f"snapshot says it is of version {state.version}")
-        except CorruptDataError as exc:
-            if newest:
-                raise CorruptDataError(
-                    key,
-                    f"{exc.problem}; the namespace state depends on it. If the log versions after the "
-                    "previous snapshot are intact, deleting this object lets readers rebuild the state",
-                ) from exc
-            _logger.warning("ignoring a damaged snapshot named by the hint: %s", exc)
-            return None
-        return state
+        return self._snapshots.newest(trust_hint=True).version

@@ -1,0 +1,125 @@
+"""What proves a journal's view of the log genuine: its anchor (invariants I8 and I10).
+
+A journal holds an *anchor*: a version it knows to be genuine, with a digest of its
+bytes. Re-reading it proves what was read and put since (see ``core`` for the writers'
+side); this module is that check and the one for what a journal *reads* (I10): no actor
+acts on log content (drops pending TGBs, deletes intents or objects, delivers a step,
+writes a segment, plans a collection) unless the versions it read are proven genuine. A
+read of version ``v`` is genuine when ``v`` had not been deleted before the read (a key GC
+freed may hold a version a stale writer re-created there); two facts prove it after the
+fact:
+
+- P1, the anchor: the anchor ``b <= v`` is still present with its bytes, read *after*
+  ``v`` (ascending deletes: nothing above ``b`` had been deleted);
+- P2/P3, the state: no snapshot exists (nothing was ever deleted), or a proven state
+  loaded after the read says ``reclaimed.versions <= v`` (GC records a reclaim in the log
+  before it deletes anything).
+
+Writers' reads are proven by the check after their put, or, when they only follow the
+log (``catch_up``) or find nothing to commit, by one check of the anchor; every state a
+journal returns is proven. Readers prove a batch of versions with one check before they
+use it (``prove_reads``): one small request per batch, nothing per step. An unprovable
+view means reload (writers) or ``DataReclaimedError`` (readers), never a guess.
+
+See docs/invariants.md for the whole argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from batchweave import log
+from batchweave.errors import StoreError
+from batchweave.journal.objects import LogObjects
+from batchweave.journal.snapshots import Snapshots
+from batchweave.log import LogState, ReadVersion
+
+__all__ = ["Proof"]
+
+
+class Proof:
+    """The anchor of one journal's view, and what was read or put since it was checked."""
+
+    def __init__(self, objects: LogObjects, snapshots: Snapshots) -> None:
+        self._objects = objects
+        self._snapshots = snapshots
+        self.anchor: tuple[int, str] | None = None  # (version, digest) known genuine; None: not loaded
+        self.unverified: set[int] = set()  # versions we put (or may have put) since the last verified commit
+        self.unproven = False  # versions read since the anchor was last checked (I10)
+        self._version_one: bytes | None = None  # version 1's bytes as a reader first read them
+        self._snapshot_namespace: str | None = None  # the id a snapshot records (learn_namespace)
+
+    @property
+    def pending(self) -> bool:
+        """Whether anything was read or put since the anchor was last checked."""
+        return self.unproven or bool(self.unverified)
+
+    def verify(self) -> bool:
+        """True when the view is still anchored: nothing read or written since the anchor
+        was set can have come from a key that garbage collection freed (P1 in the module
+        doc). One GET (a LIST on a log with no snapshot)."""
+        if self.anchor is None:
+            return False
+        version, expected = self.anchor
+        if version == 0:
+            return self._snapshots.listed_version() == 0
+        read = self._objects.get(log.version_key(version))
+        return read is not None and log.digest(read) == expected
+
+    def advance(self, state: LogState) -> None:
+        """Just verified: every version up to ``state.version`` is genuine, our puts too."""
+        if state.digest:
+            self.anchor = (state.version, state.digest)
+        self.unverified.clear()
+        self.unproven = False
+
+    # -- readers' proofs -------------------------------------------------------------
+
+    def saw(self, version: int, data: bytes | memoryview) -> None:
+        """A reader read version ``version`` with bytes ``data``: a start's proof needs version 1's."""
+        if version == 1:
+            self._version_one = bytes(data)
+
+    def prove_reads(self, lowest: int, newest: ReadVersion | None, load_state: Callable[[], LogState]) -> bool:
+        """``Journal.prove_reads``; ``load_state`` loads the newest proven state (P3)."""
+        anchor = self.anchor
+        if anchor is not None and 0 < anchor[0] <= lowest:
+            proven = self.verify()
+        else:
+            proven = self._proven_without_anchor(lowest, load_state)
+        if proven and newest is not None:
+            self.anchor = (newest.delta.version, log.digest(newest.data))
+        return proven
+
+    def learn_namespace(self) -> None:
+        """``Journal.learn_namespace``: best effort."""
+        try:
+            self._snapshot_namespace = self._snapshots.newest(trust_hint=True).namespace or None
+        except StoreError:  # CorruptDataError included: the proof looks again, and says so
+            pass
+
+    def _proven_without_anchor(self, lowest: int, load_state: Callable[[], LogState]) -> bool:
+        """P2, version 1 certified by a snapshot, or P3 (module doc), checked now, after the reads."""
+        if lowest == 1 and self._version_one is not None:
+            namespace = self._snapshot_namespace  # learned beside the first reads, if it was
+            if namespace is None:
+                if self._snapshots.listed_version() == 0:
+                    return True  # no snapshot: no version was ever deleted
+                namespace = self._snapshots.newest(trust_hint=True).namespace
+            if self._version_one_is_genuine(namespace):
+                return True
+        elif self._snapshots.listed_version() == 0:
+            return True
+        return load_state().reclaimed.versions <= lowest
+
+    def _version_one_is_genuine(self, namespace: str) -> bool:
+        """Version 1 names the namespace with a random id that every snapshot repeats (any
+        snapshot, read at any time: the id never changes), so a version 1 re-created in a
+        freed key cannot match it. Matching, and present now with the bytes read before:
+        nothing above it had been deleted when the reads happened."""
+        assert self._version_one is not None
+        first = log.decode_version_head(self._version_one, log.version_key(1), 1)
+        if not first.namespace or first.namespace != namespace:
+            return False
+        now = self._objects.get(log.version_key(1))
+        return now is not None and bytes(now) == self._version_one
