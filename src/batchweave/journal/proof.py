@@ -26,6 +26,7 @@ See docs/invariants.md for the whole argument.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 from batchweave import log
@@ -48,6 +49,7 @@ class Proof:
         self.unproven = False  # versions read since the anchor was last checked (I10)
         self._version_one: bytes | None = None  # version 1's bytes as a reader first read them
         self._snapshot_namespace: str | None = None  # the id a snapshot records (learn_namespace)
+        self._learning = threading.Lock()  # a start's proof waits for the learning beside its reads
 
     @property
     def pending(self) -> bool:
@@ -92,16 +94,23 @@ class Proof:
         return proven
 
     def learn_namespace(self) -> None:
-        """``Journal.learn_namespace``: best effort."""
-        try:
-            self._snapshot_namespace = self._snapshots.newest(trust_hint=True).namespace or None
-        except StoreError:  # CorruptDataError included: the proof looks again, and says so
-            pass
+        """``Journal.learn_namespace``: best effort. Any snapshot will do, since they all
+        repeat the id (two GETs: the hint and its snapshot). A proof that comes while it is
+        in flight waits for it rather than reading the same objects again."""
+        with self._learning:
+            if self._snapshot_namespace is not None:
+                return
+            try:
+                found = self._snapshots.any()
+            except StoreError:  # CorruptDataError included: the proof looks again, and says so
+                return
+            self._snapshot_namespace = None if found is None else found.namespace or None
 
     def _proven_without_anchor(self, lowest: int, load_state: Callable[[], LogState]) -> bool:
         """P2, version 1 certified by a snapshot, or P3 (module doc), checked now, after the reads."""
         if lowest == 1 and self._version_one is not None:
-            namespace = self._snapshot_namespace  # learned beside the first reads, if it was
+            with self._learning:  # learned beside the first reads, or being learned: wait, not read again
+                namespace = self._snapshot_namespace
             if namespace is None:
                 if self._snapshots.listed_version() == 0:
                     return True  # no snapshot: no version was ever deleted

@@ -48,6 +48,12 @@ class Snapshots:
                 return state
             state = newer
 
+    def any(self) -> LogState | None:
+        """A snapshot, not necessarily the newest (the hinted one, else the newest listed),
+        or None when there is none: for what every snapshot repeats (the namespace's id),
+        without the probes for a newer one."""
+        return self._read(self._hinted_version(), newest=False) or self._read(self.listed_version(), newest=True)
+
     def listed_version(self) -> int:
         """The version of the newest snapshot a listing finds (0 if there is none)."""
         versions = [

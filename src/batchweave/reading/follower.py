@@ -6,6 +6,13 @@ while reading the next, and paces its probes at the head (``HeadPolling``). It y
 either a non-empty list of proven versions, in order, or a pause in seconds (nothing new:
 the caller may do other work, then sleeps that long before iterating again). A damaged
 version comes after every version before it, as the error its read raised.
+
+``early=True`` hands a batch out as soon as its proof has started, as ``Unproven``: the
+versions and the proof's future. A rank's pipeline schedules the batch's range reads at
+once and delivers its steps only once the proof is done (reading bytes is not acting on the
+log; delivering is), so the proof's round trip overlaps the reads instead of preceding
+them. Every batch handed out has its proof running, so waiting for it never depends on the
+follower going on.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from typing import Union
+from typing import NamedTuple, Union
 
 from batchweave import log
 from batchweave.errors import CorruptDataError, DataReclaimedError
@@ -23,14 +30,23 @@ from batchweave.log import LogVersion, ReadVersion
 from batchweave.reading.polling import HeadPolling
 from batchweave.reading.readahead import LogReadAhead
 
-__all__ = ["PROOF_BATCH_VERSIONS", "FollowItem", "ProvenLog"]
+__all__ = ["PROOF_BATCH_VERSIONS", "FollowItem", "ProvenLog", "Unproven"]
 
 # I10: log versions are used only once proven genuine, one proof (a GET of the anchor) per
 # batch of versions: those read without waiting, or while the previous batch's proof was in
 # flight, at most this many.
 PROOF_BATCH_VERSIONS = 128
 
-FollowItem = Union[list[ReadVersion], float]  # noqa: UP007 (a runtime alias)
+
+class Unproven(NamedTuple):
+    """Versions read, handed out while their proof runs (``early``): act on them (deliver
+    a step) only once ``proof.result()`` returns; it raises what the proof found."""
+
+    versions: list[ReadVersion]
+    proof: Future[None]
+
+
+FollowItem = Union[list[ReadVersion], Unproven, float]  # noqa: UP007 (a runtime alias)
 
 
 class ProvenLog:
@@ -46,6 +62,7 @@ class ProvenLog:
         url: the namespace, for messages.
         present_through: versions up to this one exist (the cursor's version): missing,
             one is damage, not a version not committed yet.
+        early: hand batches out as ``Unproven`` once their proof has started.
     """
 
     def __init__(
@@ -56,6 +73,8 @@ class ProvenLog:
         next_step: Callable[[], int],
         url: str,
         present_through: int = 0,
+        *,
+        early: bool = False,
     ) -> None:
         self._journal = journal
         self._reader = reader
@@ -64,6 +83,7 @@ class ProvenLog:
         self._url = url
         self._present_through = present_through
         self._last_proof = -math.inf  # when the view was last proven; never yet
+        self._early = early
 
     def __iter__(self) -> Iterator[FollowItem]:
         reader = self._reader
@@ -71,7 +91,7 @@ class ProvenLog:
         proving: tuple[Future[None], list[ReadVersion]] | None = None
         while True:
             if proving is not None and proving[0].done():
-                yield _proven(proving)
+                yield from self._done(proving)
                 proving = None
             version = reader.next_version
             try:
@@ -80,7 +100,7 @@ class ProvenLog:
                 # A damaged version: every version before it first, and a reader GC
                 # overtook hears that instead (the damage may lie in the reclaimed region).
                 if proving is not None:
-                    yield _proven(proving)
+                    yield from self._done(proving)
                 self.prove(batch[0].delta.version if batch else version, batch[-1] if batch else None)
                 if batch:
                     yield batch
@@ -91,25 +111,36 @@ class ProvenLog:
                 if len(batch) < PROOF_BATCH_VERSIONS and (reader.ready() or proving is not None):
                     continue  # read on: while the last batch's proof is in flight too
                 if proving is not None:
-                    yield _proven(proving)
-                proving = (reader.beside(self.prove, batch[0].delta.version, batch[-1]), batch)
-                batch = []
-                yield 0.0
+                    yield from self._done(proving)  # one proof at a time: each moves the anchor
+                proof = reader.beside(self.prove, batch[0].delta.version, batch[-1])
+                proving, batch = (proof, batch), []
+                yield Unproven(proving[1], proof) if self._early else 0.0
                 continue
             # A miss (the read a finished future promised can be one): what was read is
             # proven and handed out before the follower pauses.
             if proving is not None:
-                yield _proven(proving)
+                yield from self._done(proving)
                 proving = None
-            if batch:
+            if batch and self._early:  # at the head: the new steps are read while it is proven
+                proof = reader.beside(self.prove, batch[0].delta.version, batch[-1])
+                proving, batch = (proof, batch), []
+                yield Unproven(proving[1], proof)
+            elif batch:
                 self.prove(batch[0].delta.version, batch[-1])
                 yield batch
                 batch = []
-            if time.monotonic() - self._last_proof >= self._polling.idle_proof_s:
+            elif time.monotonic() - self._last_proof >= self._polling.idle_proof_s:
                 self.prove(version, None)  # a miss may be a version GC deleted: were we overtaken?
             if version <= self._present_through:
                 raise CorruptDataError(log.version_key(version), "the cursor's log version is missing")
             yield self._polling.missed()
+
+    def _done(self, proving: tuple[Future[None], list[ReadVersion]]) -> Iterator[list[ReadVersion]]:
+        """Wait for a proof in flight (raising what it found); its batch, unless handed
+        out already (``early``)."""
+        batch = _proven(proving)
+        if not self._early:
+            yield batch
 
     def prove(self, lowest: int, newest: ReadVersion | None) -> None:
         """Go on only with a proven view (I10): every version read since the last proof,

@@ -18,7 +18,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Generator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from fractions import Fraction
 from typing import Any
 
@@ -30,7 +30,7 @@ from batchweave.mesh import Mesh
 from batchweave.metrics import FetchRecorder
 from batchweave.reading.cursor import Cursor, checked_cursor
 from batchweave.reading.fetch import Batch, SliceFetcher, step_bytes
-from batchweave.reading.follower import FollowItem, ProvenLog
+from batchweave.reading.follower import FollowItem, ProvenLog, Unproven
 from batchweave.reading.node import NodePlan
 from batchweave.reading.nodeclient import NodeClient, NodeUnavailableError
 from batchweave.reading.polling import HeadPolling
@@ -103,6 +103,9 @@ class Pipeline:
         self._slots: threading.Semaphore | None = None  # background mode: one per step fetched ahead
         self._stop = threading.Event()
         self._broken: BaseException | None = None  # what the log reader or a fetch raised: final
+        # The proof of the newest versions taken, while it may still run: the steps scheduled
+        # meanwhile are delivered once it is done (I10), their reads made beside it.
+        self._gate: Future[None] | None = None
         self._node: NodeClient | InlineNode | None = node_follower
         if node is not None and not self._inline:
             self._node = NodeClient(node.address, store, self._polling, node.sharers)
@@ -249,6 +252,11 @@ class Pipeline:
         source = self._own_log(max(self._cursor.version, 1)) if self._node is None else self._shared_log()
         try:
             for item in source:
+                if isinstance(item, Unproven):
+                    if not self._take_all(item.versions, item.proof):
+                        return
+                    yield 0.0  # reading on
+                    continue
                 if isinstance(item, list):
                     if not self._take_all(item):
                         return
@@ -292,7 +300,7 @@ class Pipeline:
             reader.beside(self._journal.learn_namespace)  # for the first proof, while reading
         try:
             yield from ProvenLog(
-                self._journal, reader, self._polling, self._first_needed, self._url, self._cursor.version
+                self._journal, reader, self._polling, self._first_needed, self._url, self._cursor.version, early=True
             )
         finally:
             reader.close()
@@ -300,18 +308,27 @@ class Pipeline:
     def _first_needed(self) -> int:
         return self._plan.first_needed
 
-    def _take_all(self, batch: list[ReadVersion]) -> bool:
-        """Take each proven version in order and queue its steps; False as soon as the
-        reader stops (the stream ended, or the consumer is closing)."""
+    def _take_all(self, batch: list[ReadVersion], proof: Future[None] | None = None) -> bool:
+        """Take each version in order and queue its steps, delivered once ``proof`` is done
+        (None: proven already); False as soon as the reader stops (the stream ended, or the
+        consumer is closing)."""
+        self._gate = proof
         for read in batch:
             delta: LogVersion = read.delta
-            self._plan.take(delta)
+            try:
+                self._plan.take(delta)
+            except Exception:
+                if proof is not None:
+                    proof.result()  # a view the proof rejects says so first: the damage may be GC's doing
+                raise
             if not self._schedule_ready(block_until=LOG_LOOKAHEAD_TGBS):
                 return False
             if delta.end_of_stream:
                 if self._schedule_ready(block_until=0):
                     # A last logical step whose TGBs never all arrived (DP grown) is not a step.
                     self._ready.put(_END)
+                if proof is not None:
+                    wait([proof])  # the steps queued need it, and closing the reader would cancel it
                 return False
         return True
 
@@ -341,13 +358,15 @@ class Pipeline:
             fetch = functools.partial(
                 fetcher.fetch, planned.tgb, planned.read, planned.step, planned.version, planned.position
             )
+        gate = self._gate
         if self._inline:  # next() reads it; the log is advanced only when nothing is queued
-            self._ready.put(_Deferred(fetch))
+            self._ready.put(_Deferred(fetch, gate))
             return True
         if not self._take_slot(planned, block):
             return False
         assert self._pool is not None
-        self._ready.put(self._pool.submit(fetch))
+        fetched = self._pool.submit(fetch)
+        self._ready.put(fetched if gate is None or (gate.done() and not gate.exception()) else _Gated(gate, fetched))
         return True
 
     def _take_slot(self, planned: PlannedStep, block: bool) -> bool:
@@ -365,16 +384,34 @@ class Pipeline:
 
 
 class _Deferred:
-    """A fetch the iterating thread performs itself when it reaches the step (``result``
-    as for the Future of a background fetch)."""
+    """A fetch the iterating thread performs itself when it reaches the step, once the
+    proof of what it reads is done (``result`` as for the Future of a background fetch)."""
 
-    __slots__ = ("_fetch",)
+    __slots__ = ("_fetch", "_proof")
 
-    def __init__(self, fetch: Callable[[], Fetched]) -> None:
+    def __init__(self, fetch: Callable[[], Fetched], proof: Future[None] | None) -> None:
         self._fetch = fetch
+        self._proof = proof
 
     def result(self) -> Fetched:
+        if self._proof is not None:
+            self._proof.result()
         return self._fetch()
+
+
+class _Gated:
+    """A step read while the proof of its log versions ran: delivered once the proof is
+    done, or the proof's error instead (``result`` as for the fetch's Future)."""
+
+    __slots__ = ("_fetched", "_proof")
+
+    def __init__(self, proof: Future[None], fetched: Future[Fetched]) -> None:
+        self._proof = proof
+        self._fetched = fetched
+
+    def result(self) -> Fetched:
+        self._proof.result()
+        return self._fetched.result()
 
 
 def _auto_depth(step_bytes: int) -> int:

@@ -74,6 +74,18 @@ class LogReadAhead:
             if depth > 1
             else None
         )
+        # Proofs run apart from the reads: never queued behind them, and never cancelled when
+        # the reader closes (a pipeline delivers the steps read beside a proof once it is done).
+        self._beside = (
+            ThreadPoolExecutor(
+                max_workers=1,
+                thread_name_prefix="batchweave-proof",
+                initializer=retry.stop_retrying_when,
+                initargs=(stop,),
+            )
+            if depth > 1
+            else None
+        )
 
     @property
     def next_version(self) -> int:
@@ -112,10 +124,11 @@ class LogReadAhead:
         return pending is not None and pending.done()
 
     def beside(self, work: Callable[..., None], *args: Any) -> Future[None]:
-        """Run ``work(*args)`` on the read-ahead's threads while reading goes on (a reader's
-        proof of what it read); in the caller's thread at depth 1."""
-        if self._pool is not None:
-            return self._pool.submit(work, *args)
+        """Run ``work(*args)`` on a thread of its own while reading goes on (a reader's proof
+        of what it read, one at a time); in the caller's thread at depth 1. Closing the
+        reader waits for it rather than cancelling it."""
+        if self._beside is not None:
+            return self._beside.submit(work, *args)
         done: Future[None] = Future()
         try:
             work(*args)
@@ -128,6 +141,8 @@ class LogReadAhead:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._beside is not None:
+            self._beside.shutdown(wait=True)
 
     def _in_backlog(self, version: int) -> bool:
         """Read ``version`` by its segment? Only behind the head, and not where the segment
