@@ -25,7 +25,7 @@ from batchweave.errors import StepTimeoutError
 from batchweave.latency import LatencyModel
 from batchweave.lifecycle.gc import collect_garbage
 from batchweave.producer import Producer
-from batchweave.reading.segment import SEGMENT_VERSIONS
+from batchweave.segment import SEGMENT_VERSIONS
 from batchweave.store import open_store
 from batchweave.watch import SnapshotReader
 from benchmarks.scale_count import (

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES
 from batchweave.reading.polling import IDLE_PROOF_S, MIN_PAUSE_S
-from batchweave.reading.segment import segment_last
+from batchweave.segment import segment_last
 
 __all__ = [
     "LIMITS",

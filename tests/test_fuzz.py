@@ -36,7 +36,7 @@ from batchweave.consumer import CURSOR_FORMAT, Consumer
 from batchweave.errors import BatchWeaveError, ConfigError, CorruptDataError
 from batchweave.lifecycle.watermarks import Checkpoint, Watermark
 from batchweave.mesh import Mesh
-from batchweave.reading.segment import SEGMENT_VERSIONS, decode_segment, encode_segment, segment_key
+from batchweave.segment import SEGMENT_VERSIONS, decode_segment, encode_segment, segment_key
 
 KEY = "data/p/e000001/000000000007-abcd.0.bwb"
 LOG_KEY = "_log/00000000000000000002.json"

@@ -15,7 +15,7 @@ from batchweave.journal import Journal
 from batchweave.latency import LatencyModel, LatencyStore
 from batchweave.reading import pipeline
 from batchweave.reading.readahead import LogReadAhead
-from batchweave.reading.segment import segment_key
+from batchweave.segment import segment_key
 from batchweave.store import Store
 
 NO_LATENCY = LatencyModel(put_s=0, first_byte_s=0, head_s=0, list_s=0, delete_s=0, jitter_sigma=0)

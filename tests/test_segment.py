@@ -20,7 +20,7 @@ from batchweave.errors import CorruptDataError
 from batchweave.journal import Journal
 from batchweave.latency import LatencyModel, LatencyStore
 from batchweave.reading.readahead import LogReadAhead
-from batchweave.reading.segment import SEGMENT_VERSIONS, decode_segment, encode_segment, segment_key, segment_last
+from batchweave.segment import SEGMENT_VERSIONS, decode_segment, encode_segment, segment_key, segment_last
 from batchweave.store import Store, open_store
 
 NO_LATENCY = LatencyModel(put_s=0, first_byte_s=0, head_s=0, list_s=0, delete_s=0, jitter_sigma=0)

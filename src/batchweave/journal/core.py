@@ -46,7 +46,7 @@ from batchweave.journal.proof import Proof
 from batchweave.journal.segments import RecentVersions, read_segment
 from batchweave.journal.snapshots import Snapshots
 from batchweave.log import LogState, LogVersion, LogVersionHead, ReadVersion
-from batchweave.reading.segment import SEGMENT_VERSIONS
+from batchweave.segment import SEGMENT_VERSIONS
 from batchweave.store import Store
 
 __all__ = ["DEFAULT_SNAPSHOT_EVERY", "Committed", "Journal"]
@@ -173,7 +173,7 @@ class Journal(Generic[VersionT]):
         return decoded, log.digest(data)
 
     def read_segment(self, last: int) -> list[ReadVersion] | None:
-        """The versions of the segment ending at ``last`` (``reading.segment``), or None when
+        """The versions of the segment ending at ``last`` (``segment``), or None when
         there is none: not written (yet), or damaged, which is logged and read around."""
         versions = read_segment(self._objects, last)
         if versions is not None:

@@ -1,7 +1,7 @@
 """Log segments on the store: the committer of a segment's last version writes it from
 the versions' bytes it read or wrote; readers read it instead of its versions one by one.
 
-Best effort on both sides (``reading.segment`` holds the format and why): a segment
+Best effort on both sides (``segment`` holds the format and why): a segment
 that is missing, damaged or never written costs readers per-version reads, never a step.
 """
 
@@ -12,7 +12,7 @@ import logging
 from batchweave.errors import CorruptDataError, ObjectExistsError, StoreError
 from batchweave.journal.objects import LogObjects
 from batchweave.log import ReadVersion
-from batchweave.reading.segment import SEGMENT_MAX_BYTES, SEGMENT_VERSIONS, decode_segment, encode_segment, segment_key
+from batchweave.segment import SEGMENT_MAX_BYTES, SEGMENT_VERSIONS, decode_segment, encode_segment, segment_key
 from batchweave.store import Store
 
 __all__ = ["RecentVersions", "read_segment"]

@@ -34,7 +34,7 @@ from batchweave.lifecycle.watermarks import (
     require_namespace,
 )
 from batchweave.log import LogState, LogVersion, Reclaim, parse_data_key
-from batchweave.reading.segment import SEGMENT_PREFIX
+from batchweave.segment import SEGMENT_PREFIX
 from batchweave.store import PROBE_PREFIX, ObjectInfo, Store, open_store
 
 __all__ = ["GCReport", "collect_garbage", "dead_intents"]

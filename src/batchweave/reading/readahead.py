@@ -19,7 +19,7 @@ from typing import Any
 from batchweave import retry
 from batchweave.journal import Journal
 from batchweave.log import LogVersion, ReadVersion
-from batchweave.reading.segment import SEGMENT_VERSIONS, segment_last
+from batchweave.segment import SEGMENT_VERSIONS, segment_last
 
 __all__ = ["DEFAULT_LOG_READ_AHEAD", "LogReadAhead"]
 
