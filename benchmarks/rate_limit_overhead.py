@@ -18,8 +18,8 @@ import time
 import uuid
 from collections.abc import Callable
 
-from batchweave import store as store_module
 from batchweave.store import Store
+from batchweave.store import core as store_module
 
 # Store._call and Store._attempt before the limiter (commit 6349aa0), verbatim but for the name.
 _BEFORE = """

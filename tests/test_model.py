@@ -47,10 +47,10 @@ from worker import digest, origin_of, payload, tgb
 
 import batchweave as bw
 from batchweave import log
-from batchweave import store as bw_store
 from batchweave.commit.journal import Journal
 from batchweave.commit.policies import Manual
 from batchweave.store import Store, open_store
+from batchweave.store import core as bw_store
 from batchweave.testing.interleave import Background, PausingStore, wait_for_any
 
 PRODUCER_IDS = ("a", "b", "c")

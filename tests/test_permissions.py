@@ -29,9 +29,9 @@ from obstore_errors import obstore_status_message
 
 import batchweave as bw
 from batchweave import cli
-from batchweave import store as store_module
 from batchweave.permissions import ROLES, s3_policy
 from batchweave.store import Store, translate_error
+from batchweave.store import core as store_module
 from batchweave.testing import servers
 from batchweave.testing.interleave import AmbiguousOnceStore
 

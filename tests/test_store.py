@@ -17,8 +17,8 @@ from obstore import exceptions as obs_errors
 from obstore_errors import obstore_status_message
 
 import batchweave as bw
-from batchweave import store as store_module
 from batchweave.store import Store, open_store
+from batchweave.store import core as store_module
 
 
 # The conformance suite also runs on SeaweedFS, a real S3 server (the other modules use

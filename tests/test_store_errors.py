@@ -20,8 +20,8 @@ from obstore import exceptions as obs_errors
 from obstore_errors import obstore_status_message, obstore_transport_message
 
 import batchweave as bw
-from batchweave import store as store_module
 from batchweave.store import Store, translate_error
+from batchweave.store import core as store_module
 from batchweave.testing import servers as services
 
 RACE_KEY = "_log/00000000000000000409.json"  # a log version whose number reads like HTTP 409

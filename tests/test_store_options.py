@@ -16,8 +16,8 @@ import pytest
 from conftest import S3_BUCKET
 
 import batchweave as bw
-from batchweave import store as store_module
 from batchweave.store import Store, open_store
+from batchweave.store import core as store_module
 
 FAST_S = 5.0  # "within seconds": every mistake below is refused before any request that could hang
 

@@ -30,8 +30,8 @@ import pytest
 from conftest import S3_BUCKET
 
 import batchweave as bw
-from batchweave import store as store_module
 from batchweave.store import Store
+from batchweave.store import core as store_module
 
 STORM_S = 60.0
 BEFORE_STORM_STEPS = 5  # delivered before the storm starts

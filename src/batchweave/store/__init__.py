@@ -1,0 +1,28 @@
+"""The one storage adapter: a namespace URL in, create-only puts and range reads out.
+
+This is the only package that knows obstore's types and errors. Everything above it
+speaks in keys relative to the namespace root and in our own errors.
+
+URLs:
+    /abs/path, rel/path, file:///abs/path   local directory (the embedded default); a plain
+                                            path is taken literally ('#', '?', '%' included),
+                                            a file URL is percent-decoded
+    memory://name                           in-process store, shared by name (tests)
+    s3://bucket/prefix                      the AWS credential chain (with boto3: profiles,
+                                            SSO, ~/.aws), AWS_* from the environment;
+                                            AWS_ENDPOINT_URL and AWS_ALLOW_HTTP=true for a
+                                            local server
+    az://container/prefix                   AZURE_STORAGE_* from the environment
+    gs://bucket/prefix                      GOOGLE_* from the environment
+``storage_options`` (a dict) pass through to obstore's store constructor, checked here
+against obstore's own typed configuration (``check_storage_options``), except BatchWeave's
+own: ``retry_deadline_s`` for every kind of store, how long a request that keeps failing
+with throttling, server errors or timeouts is retried (``batchweave.retry``), and
+``fsync`` for local directories (see ``_write_durably``).
+"""
+
+from __future__ import annotations
+
+from batchweave.store.core import PROBE_PREFIX, ObjectInfo, Store, check_storage_options, open_store, translate_error
+
+__all__ = ["PROBE_PREFIX", "ObjectInfo", "Store", "check_storage_options", "open_store", "translate_error"]
