@@ -21,9 +21,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import quote, unquote_to_bytes, urlparse
+from urllib.parse import quote, urlparse
 
 import obstore
 from obstore import exceptions as obs_errors
@@ -39,6 +38,7 @@ from batchweave.errors import (
     StorePermissionError,
     TransientStoreError,
 )
+from batchweave.store.urls import SCHEME_FAMILY, file_url_path, normalize_url, store_root
 
 __all__ = ["PROBE_PREFIX", "ObjectInfo", "Store", "check_storage_options", "open_store", "translate_error"]
 
@@ -46,7 +46,6 @@ T = TypeVar("T")
 # The package's logger: the stores guide tells operators to watch "batchweave.store".
 _logger = logging.getLogger("batchweave.store")
 
-_CLOUD_SCHEMES = {"s3", "s3a", "az", "azure", "abfs", "abfss", "adl", "gs"}
 
 # obstore retries 5xx, dropped connections and timeouts of safe requests itself, briefly
 # (a blip costs no more than a second); Store._call retries what is left, with its own
@@ -68,39 +67,12 @@ _limiters_lock = threading.Lock()
 # A request waiting for its turn looks at the rate again this often (it may have grown).
 _RATE_RECHECK_S = 0.25
 
-# Store roots (see _store_root) whose handling of create-only puts this process checked:
+# Store roots (see store_root) whose handling of create-only puts this process checked:
 # True if a second create-only put of a key failed as it must, False if it succeeded.
 # One probe per process per root, however many namespaces share the bucket.
 _create_only_checked: dict[str, bool] = {}
 _create_only_lock = threading.Lock()
 
-# The settings that choose which server and account answer a URL; obstore takes them as
-# options or, upper-cased, from the environment. With the bucket or container they name
-# one store root: a server honours create-only puts for all of it or for none.
-_ROOT_SETTINGS = {
-    "s3": ("aws_endpoint_url", "aws_endpoint", "endpoint_url", "endpoint"),
-    "az": (
-        "azure_storage_endpoint",
-        "azure_endpoint",
-        "endpoint",
-        "azure_storage_account_name",
-        "account_name",
-        "azure_storage_use_emulator",
-        "use_emulator",
-        "azurite_blob_storage_url",
-    ),
-    "gs": ("endpoint",),
-}
-_SCHEME_FAMILY = {
-    "s3": "s3",
-    "s3a": "s3",
-    "az": "az",
-    "azure": "az",
-    "abfs": "az",
-    "abfss": "az",
-    "adl": "az",
-    "gs": "gs",
-}
 # Where the create-only probe writes (require_create_only); the garbage collector deletes
 # what a writer without delete permission left there.
 PROBE_PREFIX = "_probe/"
@@ -173,7 +145,7 @@ class Store:
         max_attempts: int | None = None,
         storage_options: dict[str, Any] | None = None,
     ) -> None:
-        self.url = _normalize_url(url)
+        self.url = normalize_url(url)
         self.create = create
         self.storage_options = check_storage_options(self.url, storage_options)
         self.retry_deadline_s: float = self.storage_options.get(_RETRY_DEADLINE_OPTION, retry.DEFAULT_RETRY_DEADLINE_S)
@@ -183,11 +155,11 @@ class Store:
         # UNREACHABLE_DEADLINE_S (a mistyped endpoint, not an outage to ride out).
         self._reached = False
         self._stalls = retry.StallMeter(lambda: self._retry_clock())  # looked up per call: a test may replace it
-        self._limiter = _limiter_for(_store_root(self.url, self.storage_options) or self.url)
+        self._limiter = _limiter_for(store_root(self.url, self.storage_options) or self.url)
         self._handle: Any = None
         self._pid = -1
         # The directory itself, decoded once from the URL (which is percent-encoded).
-        self._local_root = _file_url_path(self.url) if self.url.startswith("file:") else None
+        self._local_root = file_url_path(self.url) if self.url.startswith("file:") else None
         self._fsync = bool(self.storage_options.get("fsync", True))
         self._delete_denied = False  # see delete_if_allowed
         if not create and self._local_root is not None and not os.path.isdir(self._local_root):
@@ -252,7 +224,7 @@ class Store:
     def object_store(self) -> bool:
         """Whether the URL names an object store (S3, Azure, GCS): a prefix there cannot be
         missing, so readers judge the namespace by what it holds (``require_namespace``)."""
-        return urlparse(self.url).scheme in _SCHEME_FAMILY
+        return urlparse(self.url).scheme in SCHEME_FAMILY
 
     @property
     def remote(self) -> bool:
@@ -365,7 +337,7 @@ class Store:
         directories and memory stores honour create-only puts by construction and are
         not probed. Raises ``ConfigError`` when the store does not honour them.
         """
-        root = _store_root(self.url, self.storage_options)
+        root = store_root(self.url, self.storage_options)
         if root is None:
             return
         # Held through the probe, so that threads opening namespaces of one bucket at once
@@ -822,7 +794,7 @@ _REQUEST_WORDS = {"get": "read", "head": "read", "put": "write", "delete": "dele
 def required_permission(request: str, store: str = "") -> str:
     """The permission a ``request`` ("get", "put", "delete", "list", "head") needs on the
     store of URL ``store`` ("s3:PutObject"); for a local directory, the request itself."""
-    family = _SCHEME_FAMILY.get(urlparse(store).scheme, "")
+    family = SCHEME_FAMILY.get(urlparse(store).scheme, "")
     return _PERMISSIONS.get(family, {}).get(request, request)
 
 
@@ -889,19 +861,6 @@ def translate_error(
 def _first_line(text: str) -> str:
     line = text.strip().splitlines()[0] if text.strip() else text
     return line[:300]
-
-
-def _store_root(url: str, options: dict[str, Any]) -> str | None:
-    """The bucket or container behind ``url`` and the server that answers for it, or None
-    for a local directory or memory store (which need no probe)."""
-    parsed = urlparse(url)
-    family = _SCHEME_FAMILY.get(parsed.scheme)
-    if family is None:
-        return None
-    given = {name.lower(): value for name, value in os.environ.items()}
-    given.update((name.lower(), value) for name, value in options.items())
-    settings = [f"{name}={given[name]}" for name in _ROOT_SETTINGS[family] if name in given]
-    return f"{family}://{parsed.netloc}?{'&'.join(settings)}"
 
 
 # Object keys BatchWeave writes: ids are letters, digits, '.', '_', '-' (log.check_name).
@@ -1046,79 +1005,6 @@ def _find_staging(root: str) -> Iterator[ObjectInfo]:
                     yield ObjectInfo(key=key, size=stat.st_size, modified_s=stat.st_mtime)
 
 
-# -- URLs --------------------------------------------------------------------------------
-
-# A URL's scheme, the colon and slashes after it, and the rest: for spotting mistyped URLs.
-_URL_PARTS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)(?P<colon>:?)(?P<slashes>/*)(?P<rest>.*)", re.DOTALL)
-
-
-# What starts a URL: a scheme and its colon (RFC 3986). A path without one is a path.
-_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
-
-
-def _normalize_url(url: str) -> str:
-    """The one URL of ``url``'s namespace: a local directory, whether given as a plain
-    path or a file URL, becomes the percent-encoded ``file://`` URL of its resolved path."""
-    if not url:
-        raise ConfigError("empty namespace URL: give a directory, file://, s3://, az://, gs:// or memory:// URL")
-    _refuse_mistyped(url)
-    found = _SCHEME.match(url)
-    scheme = found.group(1).lower() if found else ""
-    if scheme == "" or (len(scheme) == 1 and os.name == "nt"):
-        return _file_url(url)  # a plain path, taken literally: '#' and '?' are characters of a name
-    if scheme == "file":
-        return _file_url(_file_url_path(url))
-    if scheme == "memory" or scheme in _CLOUD_SCHEMES:
-        return url.rstrip("/")
-    raise ConfigError(f"unsupported namespace URL {url!r}: use a directory, file://, s3://, az://, gs:// or memory://")
-
-
-def _file_url(path: str) -> str:
-    """``file://`` and the resolved ``path``, percent-encoded (as ``Path.as_uri`` does), so
-    that every directory has one URL and ``_file_url_path`` gives the path back."""
-    return Path(path).expanduser().resolve().as_uri()
-
-
-def _file_url_path(url: str) -> str:
-    """The path a ``file:`` URL names (``file:/p``, ``file:///p``, ``file://localhost/p``;
-    ``_refuse_mistyped`` refuses other hosts), percent-decoded. Everything after the host
-    is path: a '#' or '?' typed into a file URL is part of a name, not a fragment or query."""
-    rest = url[len("file:") :]
-    if rest[:12].lower() == "//localhost/":
-        rest = rest[len("//localhost") :]
-    elif rest.startswith("//"):
-        rest = rest[2:]
-    return os.fsdecode(unquote_to_bytes(rest))
-
-
-def _refuse_mistyped(url: str) -> None:
-    """ConfigError for a URL that names a known scheme but is not well formed.
-
-    ``s3//bucket/run`` (no colon) would otherwise be the local directory ``./s3/bucket/run``
-    and ``s3:/bucket/run`` a store without a bucket. Well formed: ``SCHEME://name/...``
-    for object stores, also ``memory:///name``; ``file:///path``, ``file:/path`` and
-    ``file://localhost/path``. A relative path whose first part is ``s3`` (``s3/run``)
-    stays a directory.
-    """
-    parts = _URL_PARTS.fullmatch(url)
-    if parts is None:
-        return
-    scheme, colon, slashes, rest = parts["scheme"].lower(), parts["colon"], parts["slashes"], parts["rest"]
-    if scheme not in _CLOUD_SCHEMES and scheme not in ("memory", "file"):
-        return
-    if not colon and len(slashes) < 2:
-        return  # a relative directory such as s3/run or memory
-    if scheme == "file":
-        if colon and (len(slashes) in (1, 3) or (len(slashes) == 2 and rest.startswith("localhost/"))):
-            return
-        fix = f"file:///{rest}"
-    else:
-        if colon and rest and (slashes == "//" or (scheme == "memory" and slashes == "///")):
-            return
-        fix = f"{scheme}://{rest}" if rest else f"{scheme}://bucket/prefix"
-    raise ConfigError(f"mistyped namespace URL {url!r}: did you mean {fix!r}?")
-
-
 # -- storage options ------------------------------------------------------------------
 #
 # obstore documents each store's configuration as a TypedDict in its type stubs
@@ -1187,7 +1073,7 @@ def check_storage_options(url: str, options: dict[str, Any] | None) -> dict[str,
     if _FSYNC in rest:
         durable = "it keeps nothing on disk" if url.startswith("memory:") else "a put is durable when it answers"
         raise ConfigError(f"{url}: storage option {_FSYNC!r} is for local directories only ({durable})")
-    family = _SCHEME_FAMILY.get(urlparse(url).scheme.lower())
+    family = SCHEME_FAMILY.get(urlparse(url).scheme.lower())
     if family is None:
         if rest:
             raise ConfigError(
@@ -1389,7 +1275,7 @@ def _build(url: str, options: dict[str, Any], create: bool, local_root: str | No
         with _memory_lock:
             return _memory_stores.setdefault(url, MemoryStore())
     options = _obstore_options(options)
-    if _SCHEME_FAMILY.get(scheme) == "s3":
+    if SCHEME_FAMILY.get(scheme) == "s3":
         options = _s3_credentials(url, options)
     options = {"retry_config": _OBSTORE_RETRY, **options}
     try:
