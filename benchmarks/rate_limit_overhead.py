@@ -21,7 +21,8 @@ from collections.abc import Callable
 from batchweave.store import Store
 from batchweave.store import core as store_module
 
-# Store._call and Store._attempt before the limiter (commit 6349aa0), verbatim but for the name.
+# Store._call and Store._attempt before the limiter (commit 6349aa0), verbatim but for the names
+# (the class's, and _never_reached, now store.failures.never_reached).
 _BEFORE = """
 class Before(Store):
     def _call(self, key, op, request, nbytes=0, *, conditional=False):
@@ -39,7 +40,7 @@ class Before(Store):
         except BatchWeaveError:
             raise
         except Exception as exc:
-            self._reached = self._reached or not _never_reached(exc)
+            self._reached = self._reached or not never_reached(exc)
             raise translate_error(exc, key, conditional=conditional, request=request, store=self.url) from exc
         finally:
             _runtime_pid = os.getpid()
