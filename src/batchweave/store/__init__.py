@@ -18,7 +18,7 @@ URLs:
 against obstore's own typed configuration (``check_storage_options``), except BatchWeave's
 own: ``retry_deadline_s`` for every kind of store, how long a request that keeps failing
 with throttling, server errors or timeouts is retried (``batchweave.retry``), and
-``fsync`` for local directories (see ``_write_durably``).
+``fsync`` for local directories (see ``localfs.write_durably``).
 """
 
 from __future__ import annotations

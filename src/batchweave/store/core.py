@@ -12,14 +12,11 @@ import logging
 import math
 import os
 import random
-import re
-import secrets
 import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 from urllib.parse import urlparse
@@ -38,6 +35,16 @@ from batchweave.errors import (
     TransientStoreError,
 )
 from batchweave.store.failures import never_reached, throttling, translate_error, translate_open_error
+from batchweave.store.info import ObjectInfo
+from batchweave.store.localfs import (
+    PLAIN_KEY,
+    STAGING_NAME,
+    find_staging,
+    fsync_directory,
+    make_dirs,
+    read_file,
+    write_durably,
+)
 from batchweave.store.urls import SCHEME_FAMILY, file_url_path, normalize_url, store_root
 
 __all__ = ["PROBE_PREFIX", "ObjectInfo", "Store", "check_storage_options", "open_store"]
@@ -91,15 +98,6 @@ _FORK_MESSAGE = (
     "(multiprocessing.get_context('spawn'), DataLoader(multiprocessing_context='spawn')), "
     "or fork before the parent's first store request"
 )
-
-
-@dataclass(frozen=True, slots=True)
-class ObjectInfo:
-    """One listed object: key relative to the namespace, size in bytes, last write (Unix s)."""
-
-    key: str
-    size: int
-    modified_s: float = 0.0
 
 
 def open_store(
@@ -245,7 +243,7 @@ class Store:
     def put_if_absent(self, key: str, data: bytes | memoryview) -> None:
         """Create ``key`` with ``data``; raise ObjectExistsError if it already exists.
 
-        On a local directory it returns once the object is durable (``_write_durably``).
+        On a local directory it returns once the object is durable (``localfs.write_durably``).
         """
         path = self._local_file(key)
         if path is not None:
@@ -264,7 +262,7 @@ class Store:
 
     def _write_local(self, path: str, data: bytes | memoryview, *, replace: bool) -> None:
         _ = self._store  # the first request builds the handle, which makes (or checks) the directory
-        _write_durably(path, data, replace=replace, fsync=self._fsync)
+        write_durably(path, data, replace=replace, fsync=self._fsync)
 
     def staging_files(self) -> list[ObjectInfo]:
         """Files a local put killed mid-write left behind (ours and obstore's), never objects.
@@ -276,7 +274,7 @@ class Store:
         root = self._local_root
         if root is None:
             return []
-        return self._call("", lambda: list(_find_staging(root)), "list")
+        return self._call("", lambda: list(find_staging(root)), "list")
 
     def delete_staging(self, key: str) -> None:
         """Delete the staging file ``key`` (from ``staging_files``); a missing one is fine.
@@ -284,7 +282,7 @@ class Store:
         Raises ConfigError for a key that is not a staging file: this never deletes an object.
         """
         parts = key.split("/")
-        if self._local_root is None or not _STAGING_NAME.fullmatch(parts[-1]) or {"", ".", ".."} & set(parts):
+        if self._local_root is None or not STAGING_NAME.fullmatch(parts[-1]) or {"", ".", ".."} & set(parts):
             raise ConfigError(f"{self.url}: {key!r} is not a staging file of a local directory")
         path = os.path.join(self._local_root, key)
         with contextlib.suppress(ObjectNotFoundError):
@@ -409,9 +407,9 @@ class Store:
     def _read_local(self, path: str, key: str, start: int, length: int | None) -> memoryview:
         self._refuse_forked_runtime()  # as every request does: the child's next write would hang
         try:  # straight to the file: the retry loop costs more than the read
-            return _read_file(path, key, start, length)
+            return read_file(path, key, start, length)
         except OSError:  # an I/O error (not a missing file): translated and retried
-            return self._call(key, lambda: _read_file(path, key, start, length), "get")
+            return self._call(key, lambda: read_file(path, key, start, length), "get")
 
     def _refuse_forked_runtime(self) -> None:
         if _runtime_pid is not None and _runtime_pid != os.getpid():
@@ -431,7 +429,7 @@ class Store:
     def _local_file(self, key: str) -> str | None:
         """The file of ``key`` on a local directory; None elsewhere, and for a key that does
         not map to a file name unchanged (BatchWeave writes none): those go to obstore."""
-        if self._local_root is None or not _PLAIN_KEY.fullmatch(key) or ".." in key:
+        if self._local_root is None or not PLAIN_KEY.fullmatch(key) or ".." in key:
             return None
         return os.path.join(self._local_root, key)
 
@@ -643,148 +641,6 @@ def _limiter_for(root: str) -> retry.RequestRateLimiter:
 
 def _short(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-# Object keys BatchWeave writes: ids are letters, digits, '.', '_', '-' (log.check_name).
-_PLAIN_KEY = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
-
-
-def _read_file(path: str, key: str, start: int, length: int | None) -> memoryview:
-    """``length`` bytes of a local file from ``start`` (all when None), with one pread."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except (FileNotFoundError, NotADirectoryError):
-        raise ObjectNotFoundError(key, "no such object") from None
-    try:
-        if length is None:
-            length = os.fstat(fd).st_size - start
-        return memoryview(os.pread(fd, length, start))
-    finally:
-        os.close(fd)
-
-
-# -- durable local writes ------------------------------------------------------------
-#
-# obstore's LocalStore writes `<name>#<n>` and links it into place, but fsyncs nothing:
-# after a power loss a log version that readers already consumed could vanish or come
-# back empty. Local puts therefore take this path, the classic one for a durable create
-# (write a temporary file, fsync it, link it in, fsync the directory): SQLite's journal,
-# LevelDB's CURRENT, Git's object store.
-#
-# Staging names are `<name>#<18 random digits>`, the form obstore uses: its LocalStore
-# hides every file named `<anything>#<digits>` from listings, so no reader, listing or
-# collection ever sees one as an object, and no key BatchWeave writes can be one
-# (_PLAIN_KEY has no '#').
-_STAGING_NAME = re.compile(r"[^#]*#[0-9]+")
-_STAGING_ATTEMPTS = 8  # fresh random names to try when one is taken (odds of 1e-18 each)
-# A staging file deleted under a put (a collection with a grace of 0 s, or an operator)
-# makes the link fail; the put writes again, this many times at most.
-_VANISHED_ATTEMPTS = 3
-
-
-def _write_durably(path: str, data: bytes | memoryview, *, replace: bool, fsync: bool) -> None:
-    """Put ``data`` at ``path`` whole or not at all; durable on return when ``fsync``.
-
-    The bytes go to a staging file in the same directory, which is fsynced, then linked
-    into place (``os.link`` fails with EEXIST on an existing ``path``: create-only) or,
-    with ``replace``, renamed over it; then the directory is fsynced, and so is the
-    parent of every directory this put had to make, so that a new ``_log/`` or
-    ``data/<producer>/e000001/`` survives a power loss too. Raises OSError (the caller
-    translates it): FileExistsError when ``path`` exists and not ``replace``.
-    """
-    made: list[str] = []
-    for attempt in range(1, _VANISHED_ATTEMPTS + 1):
-        try:
-            staging = _write_staging(path, data, fsync)
-        except FileNotFoundError:  # the directory is new: make it, once
-            made += _make_dirs(os.path.dirname(path))
-            staging = _write_staging(path, data, fsync)
-        try:
-            (os.replace if replace else os.link)(staging, path)
-        except FileNotFoundError:
-            if attempt == _VANISHED_ATTEMPTS:
-                raise
-            continue  # the staging file was deleted under us: write it again
-        finally:
-            with contextlib.suppress(OSError):  # after a link, or a failure; a leftover is collected
-                os.unlink(staging)
-        if fsync:
-            for directory in dict.fromkeys([os.path.dirname(path), *(os.path.dirname(d) for d in reversed(made))]):
-                _fsync_directory(directory)
-        return
-
-
-def _write_staging(path: str, data: bytes | memoryview, fsync: bool) -> str:
-    """A new staging file next to ``path`` holding ``data`` (fsynced when ``fsync``); its path."""
-    fd, staging = _open_staging(path)
-    try:
-        view = memoryview(data).cast("B")
-        while view:
-            view = view[os.write(fd, view) :]
-        if fsync:
-            os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(staging)
-        raise
-    os.close(fd)
-    return staging
-
-
-def _open_staging(path: str) -> tuple[int, str]:
-    for _ in range(_STAGING_ATTEMPTS):
-        staging = f"{path}#{secrets.randbelow(10**18):018d}"
-        try:
-            return os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), staging
-        except FileExistsError:
-            continue  # never to reach the caller: a lost create-only race says FileExistsError
-    raise OSError(f"no free staging name next to {path} after {_STAGING_ATTEMPTS} random draws")
-
-
-def _make_dirs(directory: str) -> list[str]:
-    """Make ``directory`` and its missing parents; the ones that were missing, top down.
-
-    One that a racing put makes at the same moment counts as missing too, so that this
-    put fsyncs its parent as well instead of returning before the other put has.
-    """
-    missing = []
-    while not os.path.isdir(directory):
-        missing.append(directory)
-        directory = os.path.dirname(directory)
-    missing.reverse()
-    for made in missing:
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(made)
-    return missing
-
-
-def _fsync_directory(directory: str) -> None:
-    """Make the names in ``directory`` durable (what links, renames and mkdirs changed)."""
-    if os.name == "nt":
-        return  # a directory cannot be opened there; NTFS journals its names itself
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _find_staging(root: str) -> Iterator[ObjectInfo]:
-    """Every staging file under ``root``, keyed relative to it."""
-    pending = [root]
-    while pending:
-        with os.scandir(pending.pop()) as entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    pending.append(entry.path)
-                elif _STAGING_NAME.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
-                    try:
-                        stat = entry.stat(follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue  # its put just finished
-                    key = os.path.relpath(entry.path, root).replace(os.sep, "/")
-                    yield ObjectInfo(key=key, size=stat.st_size, modified_s=stat.st_mtime)
 
 
 # -- storage options ------------------------------------------------------------------
@@ -1050,8 +906,8 @@ def _build(url: str, options: dict[str, Any], create: bool, local_root: str | No
         if create and options.get("fsync", True):
             # Made here, and durably (its parents fsynced), so that the first put's object
             # cannot vanish with the directory.
-            for made in _make_dirs(local_root):
-                _fsync_directory(os.path.dirname(made))
+            for made in make_dirs(local_root):
+                fsync_directory(os.path.dirname(made))
         return LocalStore(prefix=local_root, mkdir=create)
     if scheme == "memory":
         with _memory_lock:
