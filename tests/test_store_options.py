@@ -18,6 +18,7 @@ from conftest import S3_BUCKET
 import batchweave as bw
 from batchweave.store import Store, open_store
 from batchweave.store import core as store_module
+from batchweave.store import options as options_module
 
 FAST_S = 5.0  # "within seconds": every mistake below is refused before any request that could hang
 
@@ -260,7 +261,7 @@ def test_a_store_and_a_pool_job_do_not_show_their_options():
 
 def test_the_typed_configs_are_read_from_this_obstore():
     """The lists come from obstore's stubs: a release that moves them fails here."""
-    keys = store_module._typed_config_keys
+    keys = options_module._typed_config_keys
     assert {"access_key_id", "secret_access_key", "session_token", "region", "endpoint", "skip_signature"} <= keys("s3")
     assert {"account_name", "account_key", "use_emulator", "endpoint"} <= keys("az")
     assert {"service_account", "service_account_key", "application_credentials"} <= keys("gs")

@@ -23,7 +23,9 @@ with throttling, server errors or timeouts is retried (``batchweave.retry``), an
 
 from __future__ import annotations
 
-from batchweave.store.core import PROBE_PREFIX, ObjectInfo, Store, check_storage_options, open_store
+from batchweave.store.core import PROBE_PREFIX, Store, open_store
 from batchweave.store.failures import translate_error
+from batchweave.store.info import ObjectInfo
+from batchweave.store.options import check_storage_options
 
 __all__ = ["PROBE_PREFIX", "ObjectInfo", "Store", "check_storage_options", "open_store", "translate_error"]
