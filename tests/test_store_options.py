@@ -17,7 +17,7 @@ from conftest import S3_BUCKET
 
 import batchweave as bw
 from batchweave.store import Store, open_store
-from batchweave.store import core as store_module
+from batchweave.store import backends as backends_module
 from batchweave.store import options as options_module
 
 FAST_S = 5.0  # "within seconds": every mistake below is refused before any request that could hang
@@ -145,10 +145,10 @@ def test_the_retry_deadline_is_a_batchweave_option_for_every_store(monkeypatch):
     store = Store("s3://b/r", storage_options={"retry_deadline_s": 90, "region": "x"})
     assert store.retry_deadline_s == 90 and pickle.loads(pickle.dumps(store)).retry_deadline_s == 90
     built = {}
-    monkeypatch.setattr(store_module, "from_url", lambda url, **options: built.update(options))
+    monkeypatch.setattr(backends_module, "from_url", lambda url, **options: built.update(options))
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
-    store_module._build(store.url, store.storage_options, True, None)
+    backends_module.build_backend(store.url, store.storage_options, True, None)
     assert "retry_deadline_s" not in built and built["region"] == "x"  # stripped before obstore
 
 

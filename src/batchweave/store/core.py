@@ -8,17 +8,14 @@ import itertools
 import logging
 import os
 import random
-import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import timedelta
 from typing import Any, TypeVar
 from urllib.parse import urlparse
 
 import obstore
-from obstore.store import LocalStore, MemoryStore, from_url
 
 from batchweave import retry
 from batchweave.errors import (
@@ -30,18 +27,17 @@ from batchweave.errors import (
     StorePermissionError,
     TransientStoreError,
 )
-from batchweave.store.failures import never_reached, throttling, translate_error, translate_open_error
+from batchweave.store.backends import build_backend
+from batchweave.store.failures import never_reached, throttling, translate_error
 from batchweave.store.info import ObjectInfo
 from batchweave.store.localfs import (
     PLAIN_KEY,
     STAGING_NAME,
     find_staging,
-    fsync_directory,
-    make_dirs,
     read_file,
     write_durably,
 )
-from batchweave.store.options import RETRY_DEADLINE_OPTION, check_storage_options, obstore_options
+from batchweave.store.options import RETRY_DEADLINE_OPTION, check_storage_options
 from batchweave.store.urls import SCHEME_FAMILY, file_url_path, normalize_url, store_root
 
 __all__ = ["PROBE_PREFIX", "Store", "open_store"]
@@ -50,18 +46,6 @@ T = TypeVar("T")
 # The package's logger: the stores guide tells operators to watch "batchweave.store".
 _logger = logging.getLogger("batchweave.store")
 
-
-# obstore retries 5xx, dropped connections and timeouts of safe requests itself, briefly
-# (a blip costs no more than a second); Store._call retries what is left, with its own
-# backoff, until the retry deadline (batchweave.retry), including what obstore does not
-# retry (throttling on writes, errors surfaced as generic ones).
-_OBSTORE_RETRY = {
-    "max_retries": 4,
-    "retry_timeout": timedelta(seconds=30),
-    "backoff": {"init_backoff": timedelta(milliseconds=50), "max_backoff": timedelta(seconds=2), "base": 2},
-}
-_memory_stores: dict[str, MemoryStore] = {}
-_memory_lock = threading.Lock()
 
 # One request-rate limiter per bucket or container (store root) and process, shared by
 # every Store of it: a store throttles the requests of all the process's threads and
@@ -231,7 +215,7 @@ class Store:
     def _store(self) -> Any:
         # A tokio runtime does not survive fork(): rebuild the handle in a child process.
         if self._handle is None or self._pid != os.getpid():
-            self._handle = _build(self.url, self.storage_options, self.create, self._local_root)
+            self._handle = build_backend(self.url, self.storage_options, self.create, self._local_root)
             self._pid = os.getpid()
         return self._handle
 
@@ -638,115 +622,3 @@ def _limiter_for(root: str) -> retry.RequestRateLimiter:
 
 def _short(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-# -- credentials ----------------------------------------------------------------------
-
-_AWS_KEYS_SET = "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary credentials)"
-_METADATA_ENDPOINT = "http://169.254.169.254"
-
-
-def _s3_credentials(url: str, options: dict[str, Any]) -> dict[str, Any]:
-    """``options`` with a credential provider for the standard AWS chain, or unchanged.
-
-    Keys in the options or the environment go to obstore as they are (the chain's first
-    link). Otherwise, with boto3 installed, boto3 resolves the chain (profiles, SSO,
-    ``~/.aws``, web identity, container and instance roles); without it obstore does
-    (web identity, container and instance roles). Either way a chain that cannot give
-    credentials is a ConfigError now, before the first request, not a request to the
-    instance metadata endpoint that times out minutes later.
-    """
-    given = {key for key in options if key != "retry_config"} | {
-        key[4:].lower() for key in os.environ if key.startswith("AWS_")
-    }
-    if given & {"credential_provider", "access_key_id", "skip_signature"}:
-        return options
-    try:
-        from obstore.auth.boto3 import Boto3CredentialProvider
-    except ImportError:
-        _require_obstore_chain(url, given, options)
-        return options
-    try:
-        provider = _boto3_provider(Boto3CredentialProvider)
-    except Exception as exc:  # botocore's ProfileNotFound, SSO token expired, no credentials...
-        raise ConfigError(f"{url}: {_no_aws_credentials(exc)}") from exc
-    return {**options, "credential_provider": provider}
-
-
-def _boto3_provider(provider_class: Any) -> Any:
-    """One provider per process and AWS environment: a boto3 session costs ~50 ms to make,
-    and its credentials refresh themselves."""
-    environment = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
-    key = (os.getpid(), environment)
-    with _providers_lock:
-        provider = _providers.get(key)
-        if provider is None:
-            import boto3
-
-            provider = _providers[key] = provider_class(boto3.Session())
-    return provider
-
-
-_providers: dict[tuple[int, tuple[tuple[str, str], ...]], Any] = {}
-_providers_lock = threading.Lock()
-
-
-def _no_aws_credentials(exc: BaseException | None) -> str:
-    found = "boto3 found no AWS credentials" if isinstance(exc, ValueError) else f"AWS credentials: {exc}"
-    return (
-        f"{found}. Set {_AWS_KEYS_SET}, or AWS_PROFILE naming a profile in ~/.aws/config "
-        "(`aws sso login --profile NAME` for SSO), or run on a machine with an instance, container or "
-        "web-identity role; for a public bucket pass storage_options={'skip_signature': True}"
-    )
-
-
-def _require_obstore_chain(url: str, given: set[str], options: dict[str, Any]) -> None:
-    """Without boto3: obstore's own chain needs web identity, a container role, or an
-    instance role it reaches through the metadata endpoint; refuse when none can work."""
-    if {"web_identity_token_file", "container_credentials_relative_uri", "container_credentials_full_uri"} & given:
-        return
-    disabled = os.environ.get("AWS_EC2_METADATA_DISABLED", "").strip().lower() == "true"
-    endpoint = str(options.get("metadata_endpoint") or os.environ.get("AWS_METADATA_ENDPOINT") or _METADATA_ENDPOINT)
-    if not disabled and _reachable(endpoint):
-        return
-    where = "instance metadata is disabled (AWS_EC2_METADATA_DISABLED)" if disabled else f"{endpoint} does not answer"
-    raise ConfigError(
-        f"{url}: no AWS credentials: none in the environment and no instance role ({where}). Set "
-        f"{_AWS_KEYS_SET}, or AWS_ROLE_ARN with AWS_WEB_IDENTITY_TOKEN_FILE; profiles, SSO and ~/.aws "
-        "are read only with boto3 installed (pip install 'batchweave[s3]')"
-    )
-
-
-@functools.cache
-def _reachable(endpoint: str, timeout_s: float = 1.0) -> bool:
-    """Whether a TCP connection to ``endpoint`` opens within ``timeout_s`` (once per process)."""
-    parsed = urlparse(endpoint)
-    try:
-        with socket.create_connection((parsed.hostname or "", parsed.port or 80), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
-
-
-def _build(url: str, options: dict[str, Any], create: bool, local_root: str | None) -> Any:
-    scheme = urlparse(url).scheme
-    if local_root is not None:
-        if not create and not os.path.isdir(local_root):
-            raise ConfigError(f"no namespace at {url}: the directory does not exist")
-        if create and options.get("fsync", True):
-            # Made here, and durably (its parents fsynced), so that the first put's object
-            # cannot vanish with the directory.
-            for made in make_dirs(local_root):
-                fsync_directory(os.path.dirname(made))
-        return LocalStore(prefix=local_root, mkdir=create)
-    if scheme == "memory":
-        with _memory_lock:
-            return _memory_stores.setdefault(url, MemoryStore())
-    options = obstore_options(options)
-    if SCHEME_FAMILY.get(scheme) == "s3":
-        options = _s3_credentials(url, options)
-    options = {"retry_config": _OBSTORE_RETRY, **options}
-    try:
-        return from_url(url, **options)
-    except Exception as exc:
-        raise translate_open_error(exc, url, options) from None  # not chained: see translate_open_error
