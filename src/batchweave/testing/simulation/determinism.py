@@ -40,6 +40,7 @@ import batchweave.producer
 import batchweave.reading.follower
 import batchweave.reading.polling
 import batchweave.store.core
+import batchweave.store.requests
 
 if TYPE_CHECKING:
     from batchweave.testing.simulation.scheduler import Scheduler
@@ -153,8 +154,8 @@ def deterministic(scheduler: Scheduler, noise: random.Random) -> Iterator[None]:
         (batchweave.log, "uuid", _fake_uuid(noise)),
         (batchweave.commit.group, "random", fake_random),
         (batchweave.commit.policies, "random", fake_random),
-        (batchweave.store.core, "time", fake_time),
-        (batchweave.store.core, "random", fake_random),
+        (batchweave.store.requests, "time", fake_time),
+        (batchweave.store.requests, "random", fake_random),
         (batchweave.store.core, "uuid", _fake_uuid(noise)),
         (batchweave.commit.intents, "ThreadPoolExecutor", InlineExecutor),
         # The process's intent readers: a run makes its own (inline) rather than use the
