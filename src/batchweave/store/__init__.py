@@ -19,6 +19,18 @@ against obstore's own typed configuration (``check_storage_options``), except Ba
 own: ``retry_deadline_s`` for every kind of store, how long a request that keeps failing
 with throttling, server errors or timeouts is retried (``batchweave.retry``), and
 ``fsync`` for local directories (see ``localfs.write_durably``).
+
+The modules, each using only those listed after it:
+    core          Store and open_store: a namespace's puts, reads, listing, deletes and
+                  the create-only probe
+    backends      obstore's store behind a URL, built on a Store's first request
+    credentials   the AWS credential chain, resolved or refused before any request
+    requests      the path of every request: fork check, rate limiter, retries
+    failures      obstore's errors translated into ours (the one place that knows them)
+    options       storage_options checked against obstore's typed configuration
+    localfs       local directories: durable writes, staging files, direct reads
+    info          ObjectInfo, what a listing yields
+    urls          namespace URLs, the kind of store they name, their store root
 """
 
 from __future__ import annotations
