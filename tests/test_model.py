@@ -47,10 +47,10 @@ from worker import digest, origin_of, payload, tgb
 
 import batchweave as bw
 from batchweave import log
-from batchweave import store as bw_store
 from batchweave.commit.policies import Manual
 from batchweave.journal import Journal
 from batchweave.store import Store, open_store
+from batchweave.store import backends as store_backends
 from batchweave.testing.interleave import Background, PausingStore, wait_for_any
 
 PRODUCER_IDS = ("a", "b", "c")
@@ -515,8 +515,8 @@ class CommitProtocol(RuleBasedStateMachine):
         for inc in self.incarnations:
             inc.producer.close(flush=False)
         self.incarnations.clear()
-        with bw_store._memory_lock:
-            bw_store._memory_stores.pop(self.url, None)  # free this run's in-memory namespace
+        with store_backends._memory_lock:
+            store_backends._memory_stores.pop(self.url, None)  # free this run's in-memory namespace
 
 
 CommitProtocol.TestCase.settings = settings(

@@ -29,9 +29,9 @@ from obstore_errors import obstore_status_message
 
 import batchweave as bw
 from batchweave import cli
-from batchweave import store as store_module
 from batchweave.permissions import ROLES, s3_policy
 from batchweave.store import Store, translate_error
+from batchweave.store import core as store_core
 from batchweave.testing import servers
 from batchweave.testing.interleave import AmbiguousOnceStore
 
@@ -142,7 +142,7 @@ def namespace(request, monkeypatch) -> Namespace:
         if not var.startswith("AWS_ACCESS_KEY") and not var.startswith("AWS_SECRET"):
             monkeypatch.setenv(var, value)
     # A new process's probe cache: each test sees its writers probe (and fail to clean up).
-    monkeypatch.setattr(store_module, "_create_only_checked", {})
+    monkeypatch.setattr(store_core, "_create_only_checked", {})
     return server.namespace()
 
 

@@ -17,8 +17,8 @@ from obstore import exceptions as obs_errors
 from obstore_errors import obstore_status_message
 
 import batchweave as bw
-from batchweave import store as store_module
 from batchweave.store import Store, open_store
+from batchweave.store import core as store_core
 
 
 # The conformance suite also runs on SeaweedFS, a real S3 server (the other modules use
@@ -260,7 +260,7 @@ class CountingStore(Store):
 @pytest.fixture
 def fresh_probe_cache(monkeypatch):
     """An empty probe cache, as in a new process (other tests probe the same buckets)."""
-    monkeypatch.setattr(store_module, "_create_only_checked", {})
+    monkeypatch.setattr(store_core, "_create_only_checked", {})
 
 
 def test_require_create_only_passes_once_per_store_root(backend_url, fresh_probe_cache):

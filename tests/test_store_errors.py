@@ -20,8 +20,8 @@ from obstore import exceptions as obs_errors
 from obstore_errors import obstore_status_message, obstore_transport_message
 
 import batchweave as bw
-from batchweave import store as store_module
 from batchweave.store import Store, translate_error
+from batchweave.store import core as store_core
 from batchweave.testing import servers as services
 
 RACE_KEY = "_log/00000000000000000409.json"  # a log version whose number reads like HTTP 409
@@ -266,7 +266,7 @@ def test_an_endpoint_that_never_answered_fails_in_seconds_saying_so(monkeypatch,
 
 @pytest.fixture
 def fresh_probe_cache(monkeypatch):
-    monkeypatch.setattr(store_module, "_create_only_checked", {})
+    monkeypatch.setattr(store_core, "_create_only_checked", {})
 
 
 @pytest.mark.parametrize("status", [400, 501])
@@ -282,11 +282,11 @@ def test_probe_without_a_verdict_is_not_cached(fault_store, fresh_probe_cache, s
     store = fault_store(status)
     with pytest.raises(want):
         store.require_create_only()
-    assert store_module._create_only_checked == {}  # the next call asks again
+    assert store_core._create_only_checked == {}  # the next call asks again
 
 
 def test_probe_counts_a_refused_first_put_as_honoured(fault_store, fresh_probe_cache):
     """A first put whose answer was lost is retried and refused by its own write: that
     refusal is what the probe looks for."""
     fault_store(412).require_create_only()
-    assert list(store_module._create_only_checked.values()) == [True]
+    assert list(store_core._create_only_checked.values()) == [True]

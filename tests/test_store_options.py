@@ -16,8 +16,9 @@ import pytest
 from conftest import S3_BUCKET
 
 import batchweave as bw
-from batchweave import store as store_module
 from batchweave.store import Store, open_store
+from batchweave.store import backends as store_backends
+from batchweave.store import options as store_options
 
 FAST_S = 5.0  # "within seconds": every mistake below is refused before any request that could hang
 
@@ -144,10 +145,10 @@ def test_the_retry_deadline_is_a_batchweave_option_for_every_store(monkeypatch):
     store = Store("s3://b/r", storage_options={"retry_deadline_s": 90, "region": "x"})
     assert store.retry_deadline_s == 90 and pickle.loads(pickle.dumps(store)).retry_deadline_s == 90
     built = {}
-    monkeypatch.setattr(store_module, "from_url", lambda url, **options: built.update(options))
+    monkeypatch.setattr(store_backends, "from_url", lambda url, **options: built.update(options))
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
-    store_module._build(store.url, store.storage_options, True, None)
+    store_backends.build_backend(store.url, store.storage_options, True, None)
     assert "retry_deadline_s" not in built and built["region"] == "x"  # stripped before obstore
 
 
@@ -260,7 +261,7 @@ def test_a_store_and_a_pool_job_do_not_show_their_options():
 
 def test_the_typed_configs_are_read_from_this_obstore():
     """The lists come from obstore's stubs: a release that moves them fails here."""
-    keys = store_module._typed_config_keys
+    keys = store_options._typed_config_keys
     assert {"access_key_id", "secret_access_key", "session_token", "region", "endpoint", "skip_signature"} <= keys("s3")
     assert {"account_name", "account_key", "use_emulator", "endpoint"} <= keys("az")
     assert {"service_account", "service_account_key", "application_credentials"} <= keys("gs")

@@ -30,8 +30,8 @@ import pytest
 from conftest import S3_BUCKET
 
 import batchweave as bw
-from batchweave import store as store_module
 from batchweave.store import Store
+from batchweave.store import requests as store_requests
 
 STORM_S = 60.0
 BEFORE_STORM_STEPS = 5  # delivered before the storm starts
@@ -165,8 +165,8 @@ def requesters_through_a_storm(proxy, limited: bool) -> dict:
     run = f"s3://{S3_BUCKET}/rate-{uuid.uuid4().hex[:12]}"
     stores = [Store(f"{run}/{index}") for index in range(4)]
     if limited:  # a fresh limiter for the bucket (the registry's: shared by all four handles)
-        with store_module._limiters_lock:
-            store_module._limiters.clear()
+        with store_requests._limiters_lock:
+            store_requests._limiters.clear()
         stores = [Store(store.url) for store in stores]
         assert all(store._limiter is stores[0]._limiter for store in stores)
     else:

@@ -179,7 +179,7 @@ class _LocalPool:
     """
 
     def __init__(self, job: PoolJob) -> None:
-        # spawn, not fork: obstore's I/O runtime does not survive fork (store.py).
+        # spawn, not fork: obstore's I/O runtime does not survive fork (store.requests).
         self._context = multiprocessing.get_context("spawn")
         self._job = job
         self._plan = job.plan

@@ -1,7 +1,7 @@
 """Riding out throttling and outages: how long a store request is retried, how long it
 pauses between attempts, and what a process records and logs while it is stalled.
 
-Plain logic with the clock given: ``Store._call`` drives it (see ``batchweave.store``).
+Plain logic with the clock given: ``Store._call`` drives it (see ``batchweave.store.requests``).
 
 Why the deadline is minutes, not seconds: a training job that loses one rank restarts
 every rank from its last checkpoint, which costs the work since that checkpoint plus

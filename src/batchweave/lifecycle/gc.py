@@ -158,7 +158,7 @@ def collect_garbage(
 
 def _stale_staging(store: Store, grace_s: float, now: float) -> list[ObjectInfo]:
     """Staging files of local puts older than the grace: their put was killed (a live put
-    whose file goes anyway writes it again, see ``store._write_durably``)."""
+    whose file goes anyway writes it again, see ``store.localfs.write_durably``)."""
     return [info for info in store.staging_files() if now - info.modified_s >= grace_s]
 
 

@@ -41,7 +41,8 @@ import batchweave.reading.fetch
 import batchweave.reading.follower
 import batchweave.reading.pipeline
 import batchweave.reading.polling
-import batchweave.store
+import batchweave.store.core
+import batchweave.store.requests
 
 if TYPE_CHECKING:
     from batchweave.testing.simulation.scheduler import Scheduler
@@ -157,9 +158,9 @@ def deterministic(scheduler: Scheduler, noise: random.Random) -> Iterator[None]:
         (batchweave.log, "uuid", _fake_uuid(noise)),
         (batchweave.commit.group, "random", fake_random),
         (batchweave.commit.policies, "random", fake_random),
-        (batchweave.store, "time", fake_time),
-        (batchweave.store, "random", fake_random),
-        (batchweave.store, "uuid", _fake_uuid(noise)),
+        (batchweave.store.requests, "time", fake_time),
+        (batchweave.store.requests, "random", fake_random),
+        (batchweave.store.core, "uuid", _fake_uuid(noise)),
         (batchweave.commit.intents, "ThreadPoolExecutor", InlineExecutor),
         # The process's intent readers: a run makes its own (inline) rather than use the
         # real threads an earlier group producer of this process made, and leaves those.

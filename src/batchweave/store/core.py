@@ -1,0 +1,366 @@
+"""A namespace on an object store: ``Store`` and ``open_store`` (see the package's doc)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlparse
+
+import obstore
+
+from batchweave import retry
+from batchweave.errors import (
+    ConfigError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    StoreError,
+    StorePermissionError,
+    TransientStoreError,
+)
+from batchweave.store.backends import build_backend
+from batchweave.store.info import ObjectInfo
+from batchweave.store.localfs import (
+    PLAIN_KEY,
+    STAGING_NAME,
+    find_staging,
+    read_file,
+    write_durably,
+)
+from batchweave.store.options import RETRY_DEADLINE_OPTION, check_storage_options
+from batchweave.store.requests import Requester
+from batchweave.store.urls import SCHEME_FAMILY, file_url_path, normalize_url, store_root
+
+__all__ = ["PROBE_PREFIX", "Store", "open_store"]
+
+# The package's logger: the stores guide tells operators to watch "batchweave.store".
+_logger = logging.getLogger("batchweave.store")
+
+# Store roots (see store_root) whose handling of create-only puts this process checked:
+# True if a second create-only put of a key failed as it must, False if it succeeded.
+# One probe per process per root, however many namespaces share the bucket.
+_create_only_checked: dict[str, bool] = {}
+_create_only_lock = threading.Lock()
+
+# Where the create-only probe writes (require_create_only); the garbage collector deletes
+# what a writer without delete permission left there.
+PROBE_PREFIX = "_probe/"
+_CONDITIONAL_STORES = (
+    "Use a store (or a newer version of this server) that supports conditional writes: "
+    "AWS S3, MinIO, SeaweedFS, GCS or Azure Blob Storage."
+)
+
+
+def open_store(
+    url: str | os.PathLike[str] | Store, *, create: bool = True, storage_options: dict[str, Any] | None = None
+) -> Store:
+    """Open the namespace at ``url``; ``storage_options`` pass through to obstore.
+
+    A ``Store`` passes through unchanged (e.g. a ``batchweave.latency.LatencyStore``);
+    ``storage_options`` must then be None. ``create=False`` (every reader) refuses a
+    local directory that does not exist instead of making it, so a typo is an error
+    rather than an empty namespace that is waited on forever. No request is made here.
+    """
+    if isinstance(url, Store):
+        if storage_options:
+            raise ConfigError(f"{url.url}: storage_options apply to a URL, not to an open Store; give them to it")
+        return url
+    return Store(os.fspath(url), create=create, storage_options=storage_options)
+
+
+class Store(Requester):
+    """A namespace on an object store. Picklable and fork-safe: it reconnects lazily.
+
+    ``storage_options`` are checked by ``check_storage_options`` (ConfigError for a key
+    the store kind does not know); ``create=False`` raises ConfigError at once for a
+    local directory that does not exist.
+
+    A request that fails with throttling, a server error, a timeout or a dropped
+    connection is retried with capped exponential backoff and full jitter until
+    ``retry_deadline_s`` (storage option; 600 s by default, see ``batchweave.retry``),
+    then raises TransientStoreError; other errors raise at once. ``max_attempts`` caps
+    the attempts as well (None: the deadline alone decides). ``retries`` and
+    ``stalled_s`` count what it cost this process. Once the store answers with
+    throttling, every request of the process to the same bucket waits for its turn
+    under an adaptive request rate (``rate_limit_per_s``), until the rate has climbed
+    back (the request path: ``store.requests.Requester``).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        create: bool = True,
+        max_attempts: int | None = None,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.url = normalize_url(url)
+        self.create = create
+        self.storage_options = check_storage_options(self.url, storage_options)
+        super().__init__(
+            retry_deadline_s=self.storage_options.get(RETRY_DEADLINE_OPTION, retry.DEFAULT_RETRY_DEADLINE_S),
+            max_attempts=max_attempts,
+            root=store_root(self.url, self.storage_options) or self.url,
+        )
+        self._handle: Any = None
+        self._pid = -1
+        # The directory itself, decoded once from the URL (which is percent-encoded).
+        self._local_root = file_url_path(self.url) if self.url.startswith("file:") else None
+        self._fsync = bool(self.storage_options.get("fsync", True))
+        self._delete_denied = False  # see delete_if_allowed
+        if not create and self._local_root is not None and not os.path.isdir(self._local_root):
+            raise ConfigError(
+                f"no namespace at {self.url}: the directory does not exist (readers never create one; "
+                "check the path, or start a producer first)"
+            )
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "create": self.create,
+            "storage_options": self.storage_options,
+            "max_attempts": self.max_attempts,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(
+            state["url"],
+            create=state["create"],
+            max_attempts=state["max_attempts"],
+            storage_options=state["storage_options"],
+        )
+
+    def __repr__(self) -> str:
+        return f"Store({self.url!r})"
+
+    @property
+    def object_store(self) -> bool:
+        """Whether the URL names an object store (S3, Azure, GCS): a prefix there cannot be
+        missing, so readers judge the namespace by what it holds (``require_namespace``)."""
+        return urlparse(self.url).scheme in SCHEME_FAMILY
+
+    @property
+    def remote(self) -> bool:
+        """Whether a request crosses a network (an object store) rather than reading this
+        machine's disk or memory: readers keep many requests in flight only when it does."""
+        return self.object_store
+
+    @property
+    def _store(self) -> Any:
+        # A tokio runtime does not survive fork(): rebuild the handle in a child process.
+        if self._handle is None or self._pid != os.getpid():
+            self._handle = build_backend(self.url, self.storage_options, self.create, self._local_root)
+            self._pid = os.getpid()
+        return self._handle
+
+    # -- writes ----------------------------------------------------------------------
+
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> None:
+        """Create ``key`` with ``data``; raise ObjectExistsError if it already exists.
+
+        On a local directory it returns once the object is durable (``localfs.write_durably``).
+        """
+        path = self._local_file(key)
+        if path is not None:
+            write = functools.partial(self._write_local, path, data, replace=False)
+            self._call(key, write, "put", len(data), conditional=True)
+            return
+        self._call(key, lambda: obstore.put(self._store, key, data, mode="create"), "put", len(data), conditional=True)
+
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        """Overwrite ``key``. Only for advisory hints; every other object is create-only."""
+        path = self._local_file(key)
+        if path is not None:
+            self._call(key, functools.partial(self._write_local, path, data, replace=True), "put", len(data))
+            return
+        self._call(key, lambda: obstore.put(self._store, key, data), "put", len(data))
+
+    def _write_local(self, path: str, data: bytes | memoryview, *, replace: bool) -> None:
+        _ = self._store  # the first request builds the handle, which makes (or checks) the directory
+        write_durably(path, data, replace=replace, fsync=self._fsync)
+
+    def staging_files(self) -> list[ObjectInfo]:
+        """Files a local put killed mid-write left behind (ours and obstore's), never objects.
+
+        A put writes ``<key>#<digits>`` next to ``key`` and links it into place; a process
+        killed in between leaves it. No listing shows them (obstore's hides every
+        ``#<digits>`` name), so garbage collection asks here. Empty on every other store.
+        """
+        root = self._local_root
+        if root is None:
+            return []
+        return self._call("", lambda: list(find_staging(root)), "list")
+
+    def delete_staging(self, key: str) -> None:
+        """Delete the staging file ``key`` (from ``staging_files``); a missing one is fine.
+
+        Raises ConfigError for a key that is not a staging file: this never deletes an object.
+        """
+        parts = key.split("/")
+        if self._local_root is None or not STAGING_NAME.fullmatch(parts[-1]) or {"", ".", ".."} & set(parts):
+            raise ConfigError(f"{self.url}: {key!r} is not a staging file of a local directory")
+        path = os.path.join(self._local_root, key)
+        with contextlib.suppress(ObjectNotFoundError):
+            self._call(key, lambda: os.unlink(path), "delete")
+
+    def delete(self, key: str) -> None:
+        """Delete ``key``; deleting a missing object is not an error (idempotent GC)."""
+        try:
+            self._call(key, lambda: obstore.delete(self._store, key), "delete")
+        except ObjectNotFoundError:
+            pass
+
+    def delete_if_allowed(self, key: str) -> bool:
+        """Delete ``key`` unless these credentials may not delete; True if it is gone.
+
+        For writers tidying up after themselves (committed intents, the create-only probe):
+        a producer may run without delete permission (docs/guides/permissions.md), and what
+        it leaves the garbage collector deletes. The first denial is logged once; later
+        calls on this handle then skip the request. Other errors propagate.
+        """
+        if self._delete_denied:
+            return False
+        try:
+            self.delete(key)
+        except StorePermissionError as exc:
+            self._delete_denied = True
+            _logger.warning(
+                "%s: these credentials may not delete; leaving what this process would tidy up "
+                "(committed intents, probe objects) to the garbage collector: %s",
+                self.url,
+                exc,
+            )
+            return False
+        return True
+
+    @property
+    def deletes_denied(self) -> bool:
+        """Whether a delete through this handle was refused for lack of permission."""
+        return self._delete_denied
+
+    def require_create_only(self) -> None:
+        """Refuse a store that does not honour create-only puts (``If-None-Match: *``).
+
+        Every commit is a create-only put of the next log version, and exactly one of two
+        racing writers must lose; on a store that ignores the condition both would win
+        and one commit would silently vanish. The check puts a random key under
+        ``_probe/`` in this namespace twice with create-only puts, expects the second to
+        fail, and deletes the key: three requests, once per process for each store root
+        (endpoint and bucket or container), however many namespaces it holds. Local
+        directories and memory stores honour create-only puts by construction and are
+        not probed. Raises ``ConfigError`` when the store does not honour them.
+        """
+        root = store_root(self.url, self.storage_options)
+        if root is None:
+            return
+        # Held through the probe, so that threads opening namespaces of one bucket at once
+        # probe it once; it is taken at most once per store root per process.
+        with _create_only_lock:
+            honoured = _create_only_checked.get(root)
+            if honoured is None:
+                honoured = self._probe_create_only()
+                _create_only_checked[root] = honoured
+        if not honoured:
+            raise ConfigError(
+                f"conditional puts (If-None-Match: *) are not honoured by {self.url}: a second "
+                "create-only put of the same key succeeded instead of failing. BatchWeave refuses "
+                f"such a store because racing commits would both win and one of them would be lost. "
+                f"{_CONDITIONAL_STORES}"
+            )
+
+    def _probe_create_only(self) -> bool:
+        """Whether a second create-only put of one fresh key fails (see require_create_only)."""
+        key = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
+        try:
+            try:
+                self.put_if_absent(key, b"1")
+            except ObjectExistsError:
+                # Our own first attempt landed but its answer was lost, and the retry was
+                # refused: that refusal is the behaviour being checked.
+                return True
+            except (ObjectNotFoundError, StorePermissionError, TransientStoreError):
+                raise  # no bucket, no rights, no answer: not a verdict on conditional puts
+            except StoreError as exc:
+                # A store that rejects the condition header itself (400, 501) cannot do
+                # create-only puts either.
+                raise ConfigError(
+                    f"conditional puts (If-None-Match: *) are not supported by {self.url}: a "
+                    f"create-only put failed ({exc.problem}). BatchWeave refuses such a store because "
+                    f"racing commits would both win. {_CONDITIONAL_STORES}"
+                ) from exc
+            try:
+                self.put_if_absent(key, b"2")
+            except ObjectExistsError:
+                return True
+            return False
+        finally:
+            # The verdict stands without the cleanup: a writer without delete rights, or a
+            # failing delete, leaves one tiny object under _probe/ (the collector deletes it).
+            with contextlib.suppress(StoreError):
+                self.delete_if_allowed(key)
+
+    # -- reads -----------------------------------------------------------------------
+
+    def get(self, key: str) -> memoryview:
+        """The whole object, without copying out of obstore's buffer."""
+        path = self._local_path(key)
+        if path is not None:
+            return self._read_local(path, key, 0, None)
+        return self._call(key, lambda: memoryview(obstore.get(self._store, key).bytes()), "get")
+
+    def get_range(self, key: str, start: int, length: int) -> memoryview:
+        """``length`` bytes from ``start``: one ranged GET (fewer if the object is shorter)."""
+        if length == 0:
+            return memoryview(b"")
+        path = self._local_path(key)
+        if path is not None:
+            return self._read_local(path, key, start, length)
+        return self._call(
+            key, lambda: memoryview(obstore.get_range(self._store, key, start=start, length=length)), "get"
+        )
+
+    def _read_local(self, path: str, key: str, start: int, length: int | None) -> memoryview:
+        self._refuse_forked_runtime()  # as every request does: the child's next write would hang
+        try:  # straight to the file: the retry loop costs more than the read
+            return read_file(path, key, start, length)
+        except OSError:  # an I/O error (not a missing file): translated and retried
+            return self._call(key, lambda: read_file(path, key, start, length), "get")
+
+    def _local_path(self, key: str) -> str | None:
+        """Where a local directory keeps ``key``, for the read fast path; None elsewhere.
+
+        obstore's local reads cost about 56 us each for 100 KB (a blocking task on its
+        runtime, open, seek, read, close), a plain ``os.pread`` 17 us: on a local disk
+        that difference is most of a reader's time.
+        """
+        if self._handle is None:
+            return None  # (the first request goes through obstore: it checks the directory)
+        return self._local_file(key)
+
+    def _local_file(self, key: str) -> str | None:
+        """The file of ``key`` on a local directory; None elsewhere, and for a key that does
+        not map to a file name unchanged (BatchWeave writes none): those go to obstore."""
+        if self._local_root is None or not PLAIN_KEY.fullmatch(key) or ".." in key:
+            return None
+        return os.path.join(self._local_root, key)
+
+    def size(self, key: str) -> int | None:
+        """Size in bytes, or None when there is no such object."""
+        try:
+            return int(self._call(key, lambda: obstore.head(self._store, key), "head")["size"])
+        except ObjectNotFoundError:
+            return None
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Every object under ``prefix`` (relative to the namespace), in no fixed order."""
+        listed = self._call(prefix, lambda: obstore.list(self._store, prefix=prefix or None).collect(), "list")
+        for meta in listed:
+            modified = meta.get("last_modified")
+            yield ObjectInfo(
+                key=str(meta["path"]), size=int(meta["size"]), modified_s=modified.timestamp() if modified else 0.0
+            )

@@ -1,0 +1,168 @@
+"""Local directories: objects as files, read with one ``pread`` and written durably.
+
+A put writes a staging file next to its object, fsyncs it, links it into place and
+fsyncs the directory (``write_durably``); a put killed in between leaves the staging file,
+which ``find_staging`` finds for the garbage collector. A missing file reads as
+ObjectNotFoundError; other errors are the operating system's (``OSError``), which the
+store translates like obstore's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+from collections.abc import Iterator
+
+from batchweave.errors import ObjectNotFoundError
+from batchweave.store.info import ObjectInfo
+
+__all__ = [
+    "PLAIN_KEY",
+    "STAGING_NAME",
+    "find_staging",
+    "fsync_directory",
+    "make_dirs",
+    "read_file",
+    "write_durably",
+]
+
+# Object keys BatchWeave writes: ids are letters, digits, '.', '_', '-' (log.check_name).
+PLAIN_KEY = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
+
+
+def read_file(path: str, key: str, start: int, length: int | None) -> memoryview:
+    """``length`` bytes of a local file from ``start`` (all when None), with one pread."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):
+        raise ObjectNotFoundError(key, "no such object") from None
+    try:
+        if length is None:
+            length = os.fstat(fd).st_size - start
+        return memoryview(os.pread(fd, length, start))
+    finally:
+        os.close(fd)
+
+
+# obstore's LocalStore writes `<name>#<n>` and links it into place, but fsyncs nothing:
+# after a power loss a log version that readers already consumed could vanish or come
+# back empty. Local puts therefore take this path, the classic one for a durable create
+# (write a temporary file, fsync it, link it in, fsync the directory): SQLite's journal,
+# LevelDB's CURRENT, Git's object store.
+#
+# Staging names are `<name>#<18 random digits>`, the form obstore uses: its LocalStore
+# hides every file named `<anything>#<digits>` from listings, so no reader, listing or
+# collection ever sees one as an object, and no key BatchWeave writes can be one
+# (PLAIN_KEY has no '#').
+STAGING_NAME = re.compile(r"[^#]*#[0-9]+")
+_STAGING_ATTEMPTS = 8  # fresh random names to try when one is taken (odds of 1e-18 each)
+# A staging file deleted under a put (a collection with a grace of 0 s, or an operator)
+# makes the link fail; the put writes again, this many times at most.
+_VANISHED_ATTEMPTS = 3
+
+
+def write_durably(path: str, data: bytes | memoryview, *, replace: bool, fsync: bool) -> None:
+    """Put ``data`` at ``path`` whole or not at all; durable on return when ``fsync``.
+
+    The bytes go to a staging file in the same directory, which is fsynced, then linked
+    into place (``os.link`` fails with EEXIST on an existing ``path``: create-only) or,
+    with ``replace``, renamed over it; then the directory is fsynced, and so is the
+    parent of every directory this put had to make, so that a new ``_log/`` or
+    ``data/<producer>/e000001/`` survives a power loss too. Raises OSError (the caller
+    translates it): FileExistsError when ``path`` exists and not ``replace``.
+    """
+    made: list[str] = []
+    for attempt in range(1, _VANISHED_ATTEMPTS + 1):
+        try:
+            staging = _write_staging(path, data, fsync)
+        except FileNotFoundError:  # the directory is new: make it, once
+            made += make_dirs(os.path.dirname(path))
+            staging = _write_staging(path, data, fsync)
+        try:
+            (os.replace if replace else os.link)(staging, path)
+        except FileNotFoundError:
+            if attempt == _VANISHED_ATTEMPTS:
+                raise
+            continue  # the staging file was deleted under us: write it again
+        finally:
+            with contextlib.suppress(OSError):  # after a link, or a failure; a leftover is collected
+                os.unlink(staging)
+        if fsync:
+            for directory in dict.fromkeys([os.path.dirname(path), *(os.path.dirname(d) for d in reversed(made))]):
+                fsync_directory(directory)
+        return
+
+
+def _write_staging(path: str, data: bytes | memoryview, fsync: bool) -> str:
+    """A new staging file next to ``path`` holding ``data`` (fsynced when ``fsync``); its path."""
+    fd, staging = _open_staging(path)
+    try:
+        view = memoryview(data).cast("B")
+        while view:
+            view = view[os.write(fd, view) :]
+        if fsync:
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(staging)
+        raise
+    os.close(fd)
+    return staging
+
+
+def _open_staging(path: str) -> tuple[int, str]:
+    for _ in range(_STAGING_ATTEMPTS):
+        staging = f"{path}#{secrets.randbelow(10**18):018d}"
+        try:
+            return os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), staging
+        except FileExistsError:
+            continue  # never to reach the caller: a lost create-only race says FileExistsError
+    raise OSError(f"no free staging name next to {path} after {_STAGING_ATTEMPTS} random draws")
+
+
+def make_dirs(directory: str) -> list[str]:
+    """Make ``directory`` and its missing parents; the ones that were missing, top down.
+
+    One that a racing put makes at the same moment counts as missing too, so that this
+    put fsyncs its parent as well instead of returning before the other put has.
+    """
+    missing = []
+    while not os.path.isdir(directory):
+        missing.append(directory)
+        directory = os.path.dirname(directory)
+    missing.reverse()
+    for made in missing:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(made)
+    return missing
+
+
+def fsync_directory(directory: str) -> None:
+    """Make the names in ``directory`` durable (what links, renames and mkdirs changed)."""
+    if os.name == "nt":
+        return  # a directory cannot be opened there; NTFS journals its names itself
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def find_staging(root: str) -> Iterator[ObjectInfo]:
+    """Every staging file under ``root``, keyed relative to it."""
+    pending = [root]
+    while pending:
+        with os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(entry.path)
+                elif STAGING_NAME.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+                    try:
+                        stat = entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue  # its put just finished
+                    key = os.path.relpath(entry.path, root).replace(os.sep, "/")
+                    yield ObjectInfo(key=key, size=stat.st_size, modified_s=stat.st_mtime)
