@@ -233,3 +233,72 @@ def test_a_put_killed_mid_write_leaves_a_staging_file_that_gc_removes(tmp_path):
     report = bw.collect_garbage(tmp_path, grace_s=3600, now=time.time() + 3600)
     assert report.deleted_staging == len(left) and report.deleted_staging_bytes == sum(i.size for i in left)
     assert store.staging_files() == [] and [o.key for o in store.list()] == [o.key for o in whole]
+
+
+# -- staged objects: a producer's TGBs are fsynced in the background, before the commit ----
+
+
+class HeldSyncs:
+    """Replaces the background fsync of staged objects: each waits for ``release`` (or
+    fails with ``error``), and records the files it was asked to sync."""
+
+    def __init__(self, monkeypatch, error: OSError | None = None) -> None:
+        import threading
+
+        from batchweave.store import syncs
+
+        self.started = threading.Event()
+        self.released = threading.Event()
+        self.synced: list[str] = []
+        self._error = error
+        self._real = syncs.sync_written
+        monkeypatch.setattr(syncs, "sync_written", self._sync)
+
+    def _sync(self, path, directories):
+        self.started.set()
+        assert self.released.wait(30), "a held fsync was never released"
+        if self._error is not None:
+            raise self._error
+        self._real(path, directories)
+        self.synced.append(os.path.basename(path))
+
+
+def _log_versions(root) -> list[str]:
+    return sorted(p.name for p in (root / "_log").glob("*.json"))
+
+
+def test_append_returns_before_its_objects_fsync_and_the_commit_waits_for_them(tmp_path, monkeypatch):
+    from batchweave.commit.policies import Manual
+    from batchweave.testing.interleave import Background
+
+    held = HeldSyncs(monkeypatch)
+    producer = bw.Producer(tmp_path.as_uri(), "p", dp=2, commit_policy=Manual())
+    try:
+        before = _log_versions(tmp_path)  # the epoch claim
+        appended = Background(producer.append, [b"a" * 100, b"b" * 100])
+        assert appended.result(10) == 0  # returned while its object's fsync is held
+        assert held.started.wait(10)
+        flushing = Background(producer.flush)
+        assert not flushing.finished.wait(0.5), "the commit did not wait for its object to be durable"
+        assert _log_versions(tmp_path) == before  # no version names an object that is not durable
+        held.released.set()
+        flushing.result(10)
+        assert len(_log_versions(tmp_path)) == len(before) + 1
+        assert len(held.synced) == 1 and held.synced[0].startswith("000000000000-")
+    finally:
+        held.released.set()
+        producer.close(flush=False)
+
+
+def test_a_failed_fsync_fails_the_commit_naming_the_object_and_commits_nothing(tmp_path, monkeypatch):
+    from batchweave.commit.policies import Manual
+
+    held = HeldSyncs(monkeypatch, error=OSError(errno.EIO, "Input/output error"))
+    held.released.set()
+    producer = bw.Producer(tmp_path.as_uri(), "p", dp=1, commit_policy=Manual())
+    before = _log_versions(tmp_path)
+    producer.append([b"x" * 10])
+    with pytest.raises(bw.NotDurableError, match=r"data/p/e000001/000000000000-\w+\.0\.bwb: could not make"):
+        producer.flush()
+    producer.close(flush=False)
+    assert _log_versions(tmp_path) == before

@@ -58,6 +58,7 @@ def test_all_lists_every_error_class_in_the_module():
         (StepTimeoutError, TimeoutError),
         (StorePermissionError, PermissionError),
         (TransientStoreError, ConnectionError),
+        (errors.NotDurableError, OSError),
     ],
 )
 def test_documented_builtin_bases(cls, builtin):
@@ -111,6 +112,7 @@ def test_docstring_tree_names_every_class():
         "PermissionError",
         "ConnectionError",
         "LookupError",
+        "OSError",
     } <= set(errors.__all__)
 
 

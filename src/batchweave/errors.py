@@ -13,7 +13,8 @@
         ├── ObjectNotFoundError (FileNotFoundError)
         ├── ObjectExistsError (FileExistsError)   a create-only put lost the race
         ├── StorePermissionError (PermissionError)
-        └── TransientStoreError (ConnectionError) still failing at the retry deadline
+        ├── TransientStoreError (ConnectionError) still failing at the retry deadline
+        └── NotDurableError (OSError)             a local write's fsync failed: final
 
 Each error also subclasses the matching built-in, so ``except FileNotFoundError``
 keeps working for callers who do not know our names.
@@ -27,6 +28,7 @@ __all__ = [
     "CorruptDataError",
     "DataReclaimedError",
     "LayoutError",
+    "NotDurableError",
     "ObjectExistsError",
     "ObjectNotFoundError",
     "ProducerFencedError",
@@ -127,3 +129,12 @@ class TransientStoreError(StoreError, ConnectionError):
     def __init__(self, key: str, problem: str, *, retried_s: float = 0.0) -> None:
         super().__init__(key, problem)
         self.retried_s = retried_s
+
+
+class NotDurableError(StoreError, OSError):
+    """A local directory could not make an object durable (its fsync failed).
+
+    Final for the store that wrote it: after a failed fsync the kernel may call the
+    unwritten pages clean, so no later write of that store is trusted to survive a power
+    loss. A producer stops at once; restart it (it writes its uncommitted TGBs again).
+    """

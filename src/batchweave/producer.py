@@ -28,6 +28,7 @@ from batchweave.commit.policies import CommitPolicy, RecentCommitters, resolve_p
 from batchweave.errors import (
     ConfigError,
     LayoutError,
+    NotDurableError,
     ObjectExistsError,
     SourceOffsetError,
     StoreError,
@@ -579,7 +580,8 @@ class Producer:
 
         A TransientStoreError that the store retried until its deadline (storage option
         ``retry_deadline_s``) is final at once: minutes of throttling or outage already
-        passed, and more attempts would only hide it. Anything shorter (a storm ends
+        passed, and more attempts would only hide it; so is a NotDurableError, which no
+        attempt of this store can cure. Anything shorter (a storm ends
         within the deadline, so the store never raises) never gets here.
         """
         self._store_failures += 1
@@ -587,7 +589,7 @@ class Producer:
             "producer %s: commit attempt failed (%d in a row): %s", self.producer_id, self._store_failures, exc
         )
         retried_out = isinstance(exc, TransientStoreError) and exc.retried_s >= self._store.retry_deadline_s
-        if retried_out or self._store_failures >= _MAX_STORE_FAILURES:
+        if retried_out or isinstance(exc, NotDurableError) or self._store_failures >= _MAX_STORE_FAILURES:
             self._fail(exc)
             return False
         time.sleep(min(5.0, 0.1 * 2**self._store_failures) * random.random())
@@ -690,7 +692,7 @@ class Producer:
 
     def _put_object(self, key: str, body: bytes) -> None:
         try:
-            self._store.put_if_absent(key, body)
+            self._store.stage_if_absent(key, body)  # durable before the commit that names it
         except ObjectExistsError:
             # The key carries a fresh random token, so "exists" can only mean that a retry
             # followed our own write which the store applied before timing out.

@@ -23,6 +23,7 @@ __all__ = [
     "STAGING_NAME",
     "find_staging",
     "fsync_directory",
+    "fsync_file",
     "make_dirs",
     "read_file",
     "write_durably",
@@ -63,14 +64,15 @@ _STAGING_ATTEMPTS = 8  # fresh random names to try when one is taken (odds of 1e
 _VANISHED_ATTEMPTS = 3
 
 
-def write_durably(path: str, data: bytes | memoryview, *, replace: bool, fsync: bool) -> None:
+def write_durably(path: str, data: bytes | memoryview, *, replace: bool, fsync: bool) -> list[str]:
     """Put ``data`` at ``path`` whole or not at all; durable on return when ``fsync``.
 
     The bytes go to a staging file in the same directory, which is fsynced, then linked
     into place (``os.link`` fails with EEXIST on an existing ``path``: create-only) or,
     with ``replace``, renamed over it; then the directory is fsynced, and so is the
     parent of every directory this put had to make, so that a new ``_log/`` or
-    ``data/<producer>/e000001/`` survives a power loss too. Raises OSError (the caller
+    ``data/<producer>/e000001/`` survives a power loss too. Returns those directories
+    (fsynced, or to fsync after the file: ``fsync_file``). Raises OSError (the caller
     translates it): FileExistsError when ``path`` exists and not ``replace``.
     """
     made: list[str] = []
@@ -89,10 +91,22 @@ def write_durably(path: str, data: bytes | memoryview, *, replace: bool, fsync: 
         finally:
             with contextlib.suppress(OSError):  # after a link, or a failure; a leftover is collected
                 os.unlink(staging)
+        directories = list(dict.fromkeys([os.path.dirname(path), *(os.path.dirname(d) for d in reversed(made))]))
         if fsync:
-            for directory in dict.fromkeys([os.path.dirname(path), *(os.path.dirname(d) for d in reversed(made))]):
+            for directory in directories:
                 fsync_directory(directory)
-        return
+        return directories
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def fsync_file(path: str) -> None:
+    """Make the bytes of the file at ``path`` durable (one ``write_durably`` wrote without
+    fsync; the directories it returned need ``fsync_directory`` too)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _write_staging(path: str, data: bytes | memoryview, fsync: bool) -> str:
