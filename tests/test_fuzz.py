@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from soak import examples
 
-from batchweave import layout, log
+from batchweave import keys, layout, log
 from batchweave.consumer import CURSOR_FORMAT, Consumer
 from batchweave.errors import BatchWeaveError, ConfigError, CorruptDataError
 from batchweave.lifecycle.watermarks import Checkpoint, Watermark
@@ -240,7 +240,7 @@ def _log_samples() -> tuple[bytes, bytes, bytes]:
     built by the writer's own functions so they follow the format as it evolves."""
     empty = log.LogState()
     claim = log.build_claim(empty, "prep-7", "inc-1", 1.0)
-    claimed = log.apply_version(empty, claim, log.version_key(1))
+    claimed = log.apply_version(empty, claim, keys.version_key(1))
     me = claimed.producers["prep-7"]
     tgb = log.TGBDescriptor(
         producer="prep-7",

@@ -5,34 +5,25 @@ readers never touch a footer) and the producer states it changes. Applying delta
 order gives a ``LogState`` whose size depends on the number of producers, never on the
 number of TGBs, so a full-state snapshot every K versions stays small and a commit
 costs O(its TGBs + versions since the producer last looked). See DESIGN.md, cost model.
-
-Keys, relative to the namespace root:
-    _log/00000000000000000007.json          version 7 (create-only; the commit point)
-    _log/_snapshots/00000000000000000100.json   LogState after version 100
-    _log/_last_snapshot.json                advisory hint: newest snapshot version
-    data/<producer>/e<epoch>/<offset>-<token>.<part>.bwb    TGB objects
-The hint is the one object that is ever overwritten. It is never trusted: readers
-probe forward from it, so a stale or missing hint only costs extra reads.
+Where each version and snapshot is stored: ``keys``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Generic, NamedTuple, TypeVar
 
 import msgspec
 
+from batchweave import keys
 from batchweave.errors import CorruptDataError, LayoutError, ProducerFencedError, StreamEndedError
 from batchweave.layout import Kind
 
 __all__ = [
     "LOG_FORMAT",
     "SNAPSHOT_FORMAT",
-    "DataKey",
     "Layout",
     "LogState",
     "LogVersion",
@@ -48,9 +39,7 @@ __all__ = [
     "build_end_of_stream",
     "build_reclaim",
     "check_continuity",
-    "check_data_key",
     "check_descriptors",
-    "data_key",
     "decode_hint",
     "decode_snapshot",
     "decode_version",
@@ -58,21 +47,11 @@ __all__ = [
     "digest",
     "encode",
     "next_version",
-    "parse_data_key",
     "pending_after_rebase",
-    "snapshot_key",
-    "version_key",
 ]
 
 LOG_FORMAT = "batchweave.log/1"
 SNAPSHOT_FORMAT = "batchweave.snapshot/1"
-LOG_PREFIX = "_log/"
-SNAPSHOT_PREFIX = "_log/_snapshots/"
-HINT_KEY = "_log/_last_snapshot.json"
-DATA_PREFIX = "data/"
-_PRODUCER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_DATA_KEY = re.compile(r"^data/[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)+$")
-_TGB_KEY = re.compile(r"data/(?P<producer>[^/]+)/e(?P<epoch>\d+)/(?P<offset>\d+)-[0-9a-f]+\.\d+\.bwb")
 
 
 class ProducerState(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -193,63 +172,6 @@ class LogState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ended_at: int = 0  # the version of the end-of-stream marker (0: not ended)
 
 
-# -- keys ------------------------------------------------------------------------------
-
-
-def version_key(version: int) -> str:
-    return f"{LOG_PREFIX}{version:020d}.json"
-
-
-def snapshot_key(version: int) -> str:
-    return f"{SNAPSHOT_PREFIX}{version:020d}.json"
-
-
-def check_name(value: str, what: str) -> str:
-    """A producer or checkpoint id: safe as one segment of an object key."""
-    from batchweave.errors import ConfigError
-
-    if not isinstance(value, str) or not _PRODUCER_ID.fullmatch(value):
-        raise ConfigError(
-            f"{what} {value!r} must be 1-128 characters of letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit"
-        )
-    return value
-
-
-def check_producer_id(producer_id: str) -> str:
-    return check_name(producer_id, "producer_id")
-
-
-def check_data_key(key: str, where: str) -> str:
-    """Reject any object key that could leave the namespace's data area."""
-    if not isinstance(key, str) or not _DATA_KEY.fullmatch(key) or ".." in key.split("/"):
-        raise CorruptDataError(where, f"object key {key!r} is not under the namespace's data/ prefix")
-    return key
-
-
-@dataclass(frozen=True, slots=True)
-class DataKey:
-    """What a TGB object's key says: the incarnation (producer, epoch) that appended it
-    and the source offset of its TGB."""
-
-    producer: str
-    epoch: int
-    offset: int
-
-
-def data_key(producer_id: str, epoch: int, offset: int, token: str, part: int) -> str:
-    """The key of part ``part`` of the TGB at ``offset``; ``token`` (hex) tells retried appends apart."""
-    return f"{DATA_PREFIX}{producer_id}/e{epoch:06d}/{offset:012d}-{token}.{part}.bwb"
-
-
-def parse_data_key(key: str) -> DataKey | None:
-    """The inverse of ``data_key``: None for a key that is not a TGB object's."""
-    match = _TGB_KEY.fullmatch(key)
-    if match is None:
-        return None
-    return DataKey(match["producer"], int(match["epoch"]), int(match["offset"]))
-
-
 # -- encoding --------------------------------------------------------------------------
 
 _encoder = msgspec.json.Encoder()
@@ -303,7 +225,7 @@ _HINT_DECODER = msgspec.json.Decoder(_Hint)
 _STATE_DECODER = msgspec.json.Decoder(LogState)
 
 
-def decode_hint(data: bytes | memoryview, key: str = HINT_KEY) -> int:
+def decode_hint(data: bytes | memoryview, key: str = keys.HINT_KEY) -> int:
     """The snapshot version the hint names; CorruptDataError if it is not a hint."""
     try:
         version = _HINT_DECODER.decode(data).version
@@ -338,7 +260,7 @@ def _check_descriptor(tgb: TGBDescriptor, key: str) -> None:
     if not tgb.objects:
         raise CorruptDataError(key, f"TGB {tgb.producer}@{tgb.source_offset} names no objects")
     for object_key in tgb.objects:
-        check_data_key(object_key, key)
+        keys.check_data_key(object_key, key)
     for obj, offset, length, _crc in tgb.slices:
         if not 0 <= obj < len(tgb.objects) or offset < 0 or length < 0:
             raise CorruptDataError(key, f"TGB {tgb.producer}@{tgb.source_offset}: slice location out of range")

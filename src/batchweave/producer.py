@@ -35,9 +35,10 @@ from batchweave.errors import (
     TransientStoreError,
 )
 from batchweave.journal import DEFAULT_SNAPSHOT_EVERY, Journal
+from batchweave.keys import check_producer_id, data_key
 from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES, encode_tgb
 from batchweave.lifecycle.watermarks import global_watermark, read_watermarks
-from batchweave.log import LogState, ProducerState, TGBDescriptor, data_key
+from batchweave.log import LogState, ProducerState, TGBDescriptor
 from batchweave.mesh import Mesh
 from batchweave.store import Store, open_store
 
@@ -91,7 +92,7 @@ class Producer:
         max_lag: int | None = None,
         storage_options: dict[str, Any] | None = None,
     ) -> None:
-        self.producer_id = log.check_producer_id(producer_id)
+        self.producer_id = check_producer_id(producer_id)
         self.mesh = Mesh(dp=dp, cp=cp)
         if max_object_bytes <= 0:
             raise ConfigError(f"max_object_bytes must be positive, got {max_object_bytes}")
