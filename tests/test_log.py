@@ -30,16 +30,12 @@ from batchweave.log import (
     Reclaim,
     TGBDescriptor,
     TGBHead,
-    apply_version,
-    build_claim,
-    build_commit,
-    build_end_of_stream,
     decode_snapshot,
     decode_version,
     decode_version_head,
     encode,
-    pending_after_rebase,
 )
+from batchweave.logrules import apply_version, build_claim, build_commit, build_end_of_stream, pending_after_rebase
 
 K = "_log/test.json"
 

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar, cast, overload
 
-from batchweave import keys, log
+from batchweave import keys, log, logrules
 from batchweave.errors import ConfigError, CorruptDataError, StoreError
 from batchweave.journal.objects import LogObjects
 from batchweave.journal.proof import Proof
@@ -224,7 +224,7 @@ class Journal(Generic[VersionT]):
         """``state`` advanced through every version committed since (unproven), and how many."""
         read = 0
         for delta, digest in self._read_after(state.version):
-            state = log.apply_version(state, delta, keys.version_key(delta.version), digest)
+            state = logrules.apply_version(state, delta, keys.version_key(delta.version), digest)
             self.newest_committed_at = delta.committed_at
             self._proof.unproven = True
             read += 1
@@ -261,7 +261,7 @@ class Journal(Generic[VersionT]):
                 return Committed("nothing", state, None, self._window_s(), conflicts)
             key = keys.version_key(delta.version)
             data = log.encode(delta)
-            after = log.apply_version(state, delta, key, log.digest(data))  # validate before writing
+            after = logrules.apply_version(state, delta, key, log.digest(data))  # validate before writing
             self._proof.unverified.add(delta.version)  # also if the put's outcome is ambiguous (it raises)
             if not self._objects.put_if_absent(key, data):
                 conflicts += 1
@@ -403,7 +403,7 @@ class Journal(Generic[VersionT]):
         if first is None:
             return empty, (0, "")
         delta, digest = first
-        return log.apply_version(empty, delta, keys.version_key(1), digest), (1, digest)
+        return logrules.apply_version(empty, delta, keys.version_key(1), digest), (1, digest)
 
     def _anchor_of(self, state: LogState) -> tuple[int, str] | None:
         """The anchor a load from ``state`` starts with; None if its version is gone."""

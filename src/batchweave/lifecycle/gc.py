@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from batchweave import keys, log
+from batchweave import keys, log, logrules
 from batchweave.commit.group import INTENT_PREFIX, decode_intent, parse_intent_key
 from batchweave.errors import CorruptDataError, ObjectNotFoundError, StoreError
 from batchweave.journal import Journal
@@ -236,7 +236,7 @@ def _reclaim_version(plan: _Plan, state: LogState) -> log.LogVersion | None:
         return None  # this plan, or a larger one, is recorded already
     if done != plan.base:
         raise _Replan  # another collector reclaimed part of it: our byte count is off
-    return log.build_reclaim(state, plan.target, time.time())
+    return logrules.build_reclaim(state, plan.target, time.time())
 
 
 def _plan(
