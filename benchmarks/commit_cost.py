@@ -15,7 +15,7 @@ import time
 import uuid
 from typing import Any
 
-from batchweave import log
+from batchweave import log, logrules
 from batchweave.commit.policies import Manual
 from batchweave.journal import Journal
 from batchweave.latency import CLOUD_DEFAULTS, LatencyStore
@@ -98,12 +98,15 @@ def build_history(store: Store, tgbs: int) -> LogState:
     """Commit ``tgbs`` TGBs straight into ``store`` (no latency), with snapshots as usual."""
     journal = Journal(store)
     state = journal.commit(
-        LogState(), lambda s: log.build_claim(s, "history", "history-writer", time.time()) if not s.producers else None
+        LogState(),
+        lambda s: logrules.build_claim(s, "history", "history-writer", time.time()) if not s.producers else None,
     ).state
     for first in range(0, tgbs, TGBS_PER_VERSION):
         batch = [_descriptor(o) for o in range(first, min(tgbs, first + TGBS_PER_VERSION))]
         me = state.producers["history"]
-        state = journal.commit(state, lambda s, b=batch, m=me: log.build_commit(s, "history", m, b, time.time())).state
+        state = journal.commit(
+            state, lambda s, b=batch, m=me: logrules.build_commit(s, "history", m, b, time.time())
+        ).state
     return state
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from batchweave import log
+from batchweave import keys, log
 from batchweave.commit.policies import Manual
 from batchweave.journal import Journal
 from batchweave.latency import CLOUD_DEFAULTS, LatencyStore
@@ -135,15 +135,15 @@ class _Control:
     def commit(self, body: bytes) -> None:
         self.version += 1
         self.journal.read_version(self.version)  # the probe for a newer version
-        self.journal.store.put_if_absent(log.version_key(self.version), body)
+        self.journal.store.put_if_absent(keys.version_key(self.version), body)
         # The anchor check every commit makes (I8): re-read the previous version's bytes,
         # or, before there is one, list snapshots.
         if not self.anchored:
             return
         if self.version > 1:
-            self.journal.store.get(log.version_key(self.version - 1))
+            self.journal.store.get(keys.version_key(self.version - 1))
         else:
-            list(self.journal.store.list(log.SNAPSHOT_PREFIX))
+            list(self.journal.store.list(keys.SNAPSHOT_PREFIX))
 
 
 def _control_body(delta: log.LogVersion | None) -> bytes:

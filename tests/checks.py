@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from batchweave import log
+from batchweave import keys, log, logrules
 from batchweave.journal import Journal
 from batchweave.store import open_store
 
@@ -15,7 +15,7 @@ def committed_tgbs(url: str) -> list[tuple[int, str, int, int]]:
     state = log.LogState()
     out = []
     for delta in journal.versions_after(0):
-        state = log.apply_version(state, delta, log.version_key(delta.version))  # validates I2/I3 rules
+        state = logrules.apply_version(state, delta, keys.version_key(delta.version))  # validates I2/I3 rules
         out.extend((step, t.producer, t.source_offset, delta.version) for step, t in zip(delta.steps(), delta.tgbs))
     return out
 

@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from soak import examples
 
-from batchweave import layout, log
+from batchweave import keys, layout, log, logrules
 from batchweave.consumer import CURSOR_FORMAT, Consumer
 from batchweave.errors import BatchWeaveError, ConfigError, CorruptDataError
 from batchweave.lifecycle.watermarks import Checkpoint, Watermark
@@ -239,8 +239,8 @@ def _log_samples() -> tuple[bytes, bytes, bytes]:
     """A claim (version 1), a commit of one TGB (version 2) and the snapshot after it,
     built by the writer's own functions so they follow the format as it evolves."""
     empty = log.LogState()
-    claim = log.build_claim(empty, "prep-7", "inc-1", 1.0)
-    claimed = log.apply_version(empty, claim, log.version_key(1))
+    claim = logrules.build_claim(empty, "prep-7", "inc-1", 1.0)
+    claimed = logrules.apply_version(empty, claim, keys.version_key(1))
     me = claimed.producers["prep-7"]
     tgb = log.TGBDescriptor(
         producer="prep-7",
@@ -253,8 +253,8 @@ def _log_samples() -> tuple[bytes, bytes, bytes]:
         slices=[(0, 0, 64, 1), (0, 64, 64, 2)],
         nbytes=144,
     )
-    commit = log.build_commit(claimed, "prep-7", me, [tgb], 2.0)
-    state = log.apply_version(claimed, commit, LOG_KEY)
+    commit = logrules.build_commit(claimed, "prep-7", me, [tgb], 2.0)
+    state = logrules.apply_version(claimed, commit, LOG_KEY)
     return log.encode(claim), log.encode(commit), log.encode(state)
 
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from worker import origin_of, tgb
 
 import batchweave as bw
-from batchweave import log
+from batchweave import keys, logrules
 from batchweave.commit import group
 from batchweave.commit.group import INTENT_FORMAT, GroupCommit, Intent
 from batchweave.errors import ConfigError, CorruptDataError, ProducerFencedError
@@ -141,7 +141,7 @@ def test_group_version_applies_and_records_every_folded_producer():
         ("me", 10),
         ("me", 11),
     ]
-    after = log.apply_version(state, version, log.version_key(version.version))  # the log's own rules accept it
+    after = logrules.apply_version(state, version, keys.version_key(version.version))  # the log's own rules accept it
     assert {p: (s.offset, s.epoch) for p, s in after.producers.items()} == {"a": (6, 1), "b": (3, 3), "me": (12, 2)}
     assert after.producers["b"].metrics == {"x": 1.0}  # another producer's published counters are kept
     assert after.producers["me"].metrics == {"attempts": 1.0}
@@ -571,4 +571,4 @@ def test_folding_any_intents_continues_every_producer_exactly_and_as_far_as_it_c
         assert folded.get(producer, []) == expected
     assert set(folded) <= set(state.producers)
     if version is not None:
-        log.apply_version(state, version, log.version_key(version.version))
+        logrules.apply_version(state, version, keys.version_key(version.version))

@@ -10,10 +10,18 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from batchweave.errors import ConfigError, CorruptDataError, ProducerFencedError, StreamEndedError
+from batchweave.keys import (
+    DataKey,
+    check_data_key,
+    check_producer_id,
+    data_key,
+    parse_data_key,
+    snapshot_key,
+    version_key,
+)
 from batchweave.log import (
     LOG_FORMAT,
     SNAPSHOT_FORMAT,
-    DataKey,
     Layout,
     LogState,
     LogVersion,
@@ -22,22 +30,12 @@ from batchweave.log import (
     Reclaim,
     TGBDescriptor,
     TGBHead,
-    apply_version,
-    build_claim,
-    build_commit,
-    build_end_of_stream,
-    check_data_key,
-    check_producer_id,
-    data_key,
     decode_snapshot,
     decode_version,
     decode_version_head,
     encode,
-    parse_data_key,
-    pending_after_rebase,
-    snapshot_key,
-    version_key,
 )
+from batchweave.logrules import apply_version, build_claim, build_commit, build_end_of_stream, pending_after_rebase
 
 K = "_log/test.json"
 

@@ -14,7 +14,7 @@ import pytest
 from worker import origin_of, tgb
 
 import batchweave as bw
-from batchweave import log
+from batchweave import keys, log
 from batchweave.commit.policies import Manual
 from batchweave.journal import Journal
 from batchweave.store import Store, open_store
@@ -100,7 +100,7 @@ def test_producer_opening_while_gc_deletes_builds_the_newest_state(url):
     # The opener has read snapshot 10 and found no snapshot 20; it is held before reading
     # version 11 while the log moves on and a collection deletes below version 20.
     store = PausingStore(url)
-    held = store.pause("get", log.version_key(11))
+    held = store.pause("get", keys.version_key(11))
     opening = Background(producer, store, "late")
     held.wait_reached()
     with producer(url, "fast") as fast:
@@ -123,7 +123,7 @@ def test_end_stream_racing_gc_lands_in_the_live_log(url):
     with producer(url, "p") as p:
         commit(p, 15)
     store = PausingStore(url)
-    held = store.pause("get", log.version_key(11))
+    held = store.pause("get", keys.version_key(11))
     ending = Background(bw.end_stream, store)
     held.wait_reached()
     with producer(url, "p") as p:
@@ -147,14 +147,14 @@ def test_damaged_newest_snapshot_is_an_error_never_an_older_state(url):
     checkpoint_at(url, 29, "ck29")
     bw.collect_garbage(url, grace_s=0)
     store = open_store(url)
-    assert store.size(log.version_key(1)) is None  # collected
-    damaged = log.snapshot_key(30)
+    assert store.size(keys.version_key(1)) is None  # collected
+    damaged = keys.snapshot_key(30)
     store.put(damaged, b'{"format": "batchweave.snapshot/1", "vers')
     with pytest.raises(bw.CorruptDataError, match=damaged):
         producer(url, "p")
     with pytest.raises(bw.CorruptDataError, match=damaged):
         bw.inspect_namespace(url)
-    assert store.size(log.version_key(1)) is None  # nothing re-created version 1
+    assert store.size(keys.version_key(1)) is None  # nothing re-created version 1
 
 
 # -- 4. two collectors that overlap ---------------------------------------------------
@@ -172,7 +172,7 @@ def test_overlapping_collectors_never_commit_a_reclaim_the_log_rejects(url):
     bw.release_checkpoint(url, "ck20")
     # The hint is advisory and may go back (two snapshot writers overwrite it out of
     # order): the second collector sees snapshot 10 as the newest.
-    open_store(url).put(log.HINT_KEY, b'{"version": 10}')
+    open_store(url).put(keys.HINT_KEY, b'{"version": 10}')
     fast = bw.collect_garbage(url, grace_s=0)
     assert fast.reclaimed_steps == 40
     held.release()
@@ -373,7 +373,7 @@ def test_consumer_refuses_a_forked_stream_instead_of_reading_it(url):
         tgbs=[journal.read_version(3).tgbs[0]],
         producers={"p": state.producers["p"]},
     )
-    store.put_if_absent(log.version_key(5), log.encode(forked))
+    store.put_if_absent(keys.version_key(5), log.encode(forked))
     cursor = checkpoint_at(url, 1, "ck1")
     with bw.Consumer(url, dp=1, rank=0, timeout_s=5) as consumer:
         consumer.load_state_dict(cursor)
@@ -409,13 +409,13 @@ def test_zombie_with_an_ambiguous_put_into_a_freed_key_is_fenced_and_leaves_noth
         commit(p, 4)
     checkpoint_at(url, 3, "ck3")
     bw.collect_garbage(url, grace_s=0)
-    assert open_store(url).size(log.version_key(2)) is None
+    assert open_store(url).size(keys.version_key(2)) is None
     store.armed = True
     zombie.append(tgb("p", 0, 1))
     with pytest.raises(bw.ProducerFencedError):
         zombie.flush(timeout_s=30)
     zombie.close(flush=False)
-    assert store.fired == log.version_key(2)
+    assert store.fired == keys.version_key(2)
     assert open_store(url).size(store.fired) is None  # deleted again
     assert_offsets_dense(url, {"p": 4})
 

@@ -46,7 +46,7 @@ from soak import examples
 from worker import digest, origin_of, payload, tgb
 
 import batchweave as bw
-from batchweave import log
+from batchweave import keys
 from batchweave.commit.policies import Manual
 from batchweave.journal import Journal
 from batchweave.store import Store, open_store
@@ -418,7 +418,7 @@ class CommitProtocol(RuleBasedStateMachine):
     @rule()
     def damage_hint(self) -> None:
         """The hint is advisory: garbage in it only costs a listing."""
-        open_store(self.url).put(log.HINT_KEY, b'{"version": [[[')
+        open_store(self.url).put(keys.HINT_KEY, b'{"version": [[[')
 
     @rule()
     def damage_newest_snapshot(self) -> None:
@@ -428,7 +428,7 @@ class CommitProtocol(RuleBasedStateMachine):
         newest = journal._snapshots.listed_version()
         if newest == 0:
             return
-        key = log.snapshot_key(newest)
+        key = keys.snapshot_key(newest)
         original = bytes(store.get(key))
         store.put(key, original[: len(original) // 2])
         try:

@@ -373,7 +373,7 @@ def test_a_rank_left_by_its_hub_proves_from_what_the_hub_gave_it_not_from_its_ol
     deletes the cursor's version. When the hub goes, the rank's own follower must anchor on
     the newest version the hub proved for it: anchored on the deleted cursor version it
     took itself for overtaken (DataReclaimedError) although every step it needs is there."""
-    from batchweave.log import version_key
+    from batchweave.keys import version_key
     from batchweave.store import open_store
 
     url = f"memory://node-{uuid.uuid4().hex}"

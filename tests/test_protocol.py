@@ -16,7 +16,7 @@ from checks import assert_exactly_once, assert_ranks_agree
 from worker import Eager, digest, origin_of, tgb
 
 import batchweave as bw
-from batchweave import log
+from batchweave import keys, log
 from batchweave import producer as producer_module
 from batchweave.commit.policies import Manual, RecentCommitters
 from batchweave.journal import Journal
@@ -129,7 +129,7 @@ def test_every_object_is_written_once(backend_url, monkeypatch):
         for offset in range(10):
             producer.append(tgb("p", offset, 1))
             producer.flush()
-    assert overwritten and set(overwritten) == {log.HINT_KEY}
+    assert overwritten and set(overwritten) == {keys.HINT_KEY}
 
 
 def test_consumer_resumes_from_state_dict_with_identical_bytes(backend_url):
@@ -255,7 +255,7 @@ def test_damaged_log_version_raises_typed_errors_and_keeps_earlier_steps(backend
     produce(backend_url, "p", 2)
     store = open_store(backend_url)
     latest = bw.inspect_namespace(backend_url).latest_version
-    bad_key = log.version_key(latest + 1)
+    bad_key = keys.version_key(latest + 1)
     store.put_if_absent(bad_key, b'{"format": "batchweave.log/1", "version": ')
     with bw.Consumer(backend_url, dp=2, rank=1, timeout_s=10) as consumer:
         assert [next(consumer).step for _ in range(2)] == [0, 1]
@@ -289,7 +289,7 @@ def test_log_keys_outside_the_namespace_are_rejected(backend_url):
         tgbs=[log.TGBDescriptor(**{**_fields(evil.tgbs[0]), "objects": ["../../etc/passwd"], "source_offset": 1})],
         producers={"p": log.ProducerState(2, evil.tgbs[0].epoch, "x")},
     )
-    store.put_if_absent(log.version_key(latest + 1), log.encode(forged))
+    store.put_if_absent(keys.version_key(latest + 1), log.encode(forged))
     with bw.Consumer(backend_url, dp=2, rank=0, timeout_s=10) as consumer:
         next(consumer)
         with pytest.raises(bw.CorruptDataError, match="not under the namespace's data/ prefix"):
@@ -338,9 +338,9 @@ def test_stale_snapshot_hint_only_costs_probes(backend_url):
             producer.append(tgb("p", offset, 1))
             producer.flush()
     store = open_store(backend_url)
-    store.put(log.HINT_KEY, b'{"version": 5}')
+    store.put(keys.HINT_KEY, b'{"version": 5}')
     assert Journal(store, snapshot_every=5).load_state() == replay(backend_url)
-    store.put(log.HINT_KEY, b"garbage")
+    store.put(keys.HINT_KEY, b"garbage")
     assert Journal(store, snapshot_every=5).load_state() == replay(backend_url)
 
 

@@ -15,7 +15,7 @@ import pytest
 from worker import origin_of, tgb
 
 import batchweave as bw
-from batchweave import log
+from batchweave import keys, log
 from batchweave.commit.group import GroupCommit
 from batchweave.commit.policies import Manual
 from batchweave.journal import Journal
@@ -33,7 +33,7 @@ def url(fast_url) -> str:
 
 def versions_up_to(version: int) -> str:
     """A key pattern matching log versions 1..``version``: the anchor a held writer re-reads."""
-    return "|".join(re.escape(log.version_key(v)) for v in range(1, version + 1))
+    return "|".join(re.escape(keys.version_key(v)) for v in range(1, version + 1))
 
 
 def head(url: str) -> log.LogState:
@@ -62,7 +62,7 @@ def overtake(url: str, stale_version: int) -> dict:
         commit(fast, 20)
     cursor = checkpoint_at(url, head(url).steps - 2, "late")
     bw.collect_garbage(url, grace_s=0)
-    assert open_store(url).size(log.version_key(stale_version + 1)) is None, "GC did not free the stale view"
+    assert open_store(url).size(keys.version_key(stale_version + 1)) is None, "GC did not free the stale view"
     return cursor
 
 
@@ -98,7 +98,7 @@ def test_group_producer_never_adopts_a_fold_put_into_a_freed_key(url):
     held = store.pause("get", versions_up_to(stale))  # the committer's check of its anchor
     folding = Background(committer.flush)
     held.wait_reached()
-    fake = open_store(url).get(log.version_key(stale + 1))
+    fake = open_store(url).get(keys.version_key(stale + 1))
     assert b'"owner"' in bytes(fake), "the stale committer did not fold the owner's intent"
 
     owner.flush(timeout_s=30)  # reads the fold; must prove it before dropping anything

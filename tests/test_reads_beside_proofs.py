@@ -18,7 +18,7 @@ import batchweave.reading.follower
 from batchweave.commit.policies import Manual
 from batchweave.errors import DataReclaimedError
 from batchweave.journal import Journal
-from batchweave.log import version_key
+from batchweave.keys import version_key
 from batchweave.reading.readahead import LogReadAhead
 from batchweave.testing.interleave import Background, PausingStore
 

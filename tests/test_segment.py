@@ -14,7 +14,7 @@ import msgspec
 import pytest
 
 import batchweave as bw
-from batchweave import log
+from batchweave import keys, log
 from batchweave.commit.policies import Manual
 from batchweave.errors import CorruptDataError
 from batchweave.journal import Journal
@@ -48,7 +48,7 @@ class CountingStore(LatencyStore):
 
 
 def _is_version(key: str) -> bool:
-    name = key.removeprefix(log.LOG_PREFIX)
+    name = key.removeprefix(keys.LOG_PREFIX)
     return "/" not in name and name.endswith(".json") and name[:-5].isdigit()
 
 
@@ -76,7 +76,7 @@ def url() -> str:
 
 
 def _versions_bytes(store: Store, last: int) -> list[bytes]:
-    return [bytes(store.get(log.version_key(v))) for v in range(last - SEGMENT_VERSIONS + 1, last + 1)]
+    return [bytes(store.get(keys.version_key(v))) for v in range(last - SEGMENT_VERSIONS + 1, last + 1)]
 
 
 def test_the_committer_of_a_segments_last_version_writes_it_byte_for_byte(url):

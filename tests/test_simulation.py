@@ -32,6 +32,7 @@ from soak import FACTOR
 
 import batchweave.lifecycle.gc
 import batchweave.log
+import batchweave.logrules
 import batchweave.producer
 import batchweave.reading.fetch
 import batchweave.reading.follower
@@ -100,7 +101,7 @@ def _one_step_too_far(plan):
 
 
 def _no_end_marker(build):
-    return lambda state, committed_at: batchweave.log.next_version(state, committed_at)
+    return lambda state, committed_at: batchweave.logrules.next_version(state, committed_at)
 
 
 def _adopts_one_more(adopt):
@@ -123,7 +124,7 @@ SABOTAGES = {
         _one_step_too_far,
         "deleted-reachable",
     ),
-    "end_stream writes no marker": (batchweave.log, "build_end_of_stream", _no_end_marker, "waits-forever"),
+    "end_stream writes no marker": (batchweave.logrules, "build_end_of_stream", _no_end_marker, "waits-forever"),
     "a producer counts one TGB too many": (batchweave.producer.Producer, "_adopt", _adopts_one_more, "producer-ahead"),
 }
 

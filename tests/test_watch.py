@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import batchweave
-from batchweave import log, watch
+from batchweave import keys, log, watch
 from batchweave.cli import main
 from batchweave.inspect import CheckpointInfo
 from batchweave.watch import Rates, Snapshot, SnapshotReader, follow, overall_steps_per_s, rates
@@ -137,7 +137,7 @@ def test_a_reader_follows_the_log_across_garbage_collection(tmp_path):
         c.close()
     report = batchweave.collect_garbage(url, grace_s=0)
     assert report.deleted_versions > 0 and report.reclaimed_steps == 11
-    assert not (tmp_path / "ns" / log.version_key(first.version + 1)).exists()  # the reader's next version
+    assert not (tmp_path / "ns" / keys.version_key(first.version + 1)).exists()  # the reader's next version
     after = reader()
     assert (after.steps, after.reclaimed_steps, after.collectable_below_step) == (12, 11, 11)
     assert after.checkpoints == (CheckpointInfo("late", True, Fraction(11), after.checkpoints[0].version, Fraction(1)),)

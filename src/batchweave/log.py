@@ -1,38 +1,29 @@
-"""The versioned log as values: versions, state, apply and rebase. Pure, no I/O.
+"""The versioned log as values: versions, state and their encoding. Pure, no I/O.
 
 Each log version is a *delta*: the TGBs it makes visible (with every slice's offset, so
 readers never touch a footer) and the producer states it changes. Applying deltas in
 order gives a ``LogState`` whose size depends on the number of producers, never on the
 number of TGBs, so a full-state snapshot every K versions stays small and a commit
 costs O(its TGBs + versions since the producer last looked). See DESIGN.md, cost model.
-
-Keys, relative to the namespace root:
-    _log/00000000000000000007.json          version 7 (create-only; the commit point)
-    _log/_snapshots/00000000000000000100.json   LogState after version 100
-    _log/_last_snapshot.json                advisory hint: newest snapshot version
-    data/<producer>/e<epoch>/<offset>-<token>.<part>.bwb    TGB objects
-The hint is the one object that is ever overwritten. It is never trusted: readers
-probe forward from it, so a stale or missing hint only costs extra reads.
+Applying a version and building the next one: ``logrules``. Where each version and
+snapshot is stored: ``keys``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import re
-import uuid
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Generic, NamedTuple, TypeVar
 
 import msgspec
 
-from batchweave.errors import CorruptDataError, LayoutError, ProducerFencedError, StreamEndedError
+from batchweave import keys
+from batchweave.errors import CorruptDataError
 from batchweave.layout import Kind
 
 __all__ = [
     "LOG_FORMAT",
     "SNAPSHOT_FORMAT",
-    "DataKey",
     "Layout",
     "LogState",
     "LogVersion",
@@ -42,37 +33,17 @@ __all__ = [
     "Reclaim",
     "TGBDescriptor",
     "TGBHead",
-    "apply_version",
-    "build_claim",
-    "build_commit",
-    "build_end_of_stream",
-    "build_reclaim",
-    "check_continuity",
-    "check_data_key",
     "check_descriptors",
-    "data_key",
     "decode_hint",
     "decode_snapshot",
     "decode_version",
     "decode_version_head",
     "digest",
     "encode",
-    "next_version",
-    "parse_data_key",
-    "pending_after_rebase",
-    "snapshot_key",
-    "version_key",
 ]
 
 LOG_FORMAT = "batchweave.log/1"
 SNAPSHOT_FORMAT = "batchweave.snapshot/1"
-LOG_PREFIX = "_log/"
-SNAPSHOT_PREFIX = "_log/_snapshots/"
-HINT_KEY = "_log/_last_snapshot.json"
-DATA_PREFIX = "data/"
-_PRODUCER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_DATA_KEY = re.compile(r"^data/[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)+$")
-_TGB_KEY = re.compile(r"data/(?P<producer>[^/]+)/e(?P<epoch>\d+)/(?P<offset>\d+)-[0-9a-f]+\.\d+\.bwb")
 
 
 class ProducerState(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -193,63 +164,6 @@ class LogState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ended_at: int = 0  # the version of the end-of-stream marker (0: not ended)
 
 
-# -- keys ------------------------------------------------------------------------------
-
-
-def version_key(version: int) -> str:
-    return f"{LOG_PREFIX}{version:020d}.json"
-
-
-def snapshot_key(version: int) -> str:
-    return f"{SNAPSHOT_PREFIX}{version:020d}.json"
-
-
-def check_name(value: str, what: str) -> str:
-    """A producer or checkpoint id: safe as one segment of an object key."""
-    from batchweave.errors import ConfigError
-
-    if not isinstance(value, str) or not _PRODUCER_ID.fullmatch(value):
-        raise ConfigError(
-            f"{what} {value!r} must be 1-128 characters of letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit"
-        )
-    return value
-
-
-def check_producer_id(producer_id: str) -> str:
-    return check_name(producer_id, "producer_id")
-
-
-def check_data_key(key: str, where: str) -> str:
-    """Reject any object key that could leave the namespace's data area."""
-    if not isinstance(key, str) or not _DATA_KEY.fullmatch(key) or ".." in key.split("/"):
-        raise CorruptDataError(where, f"object key {key!r} is not under the namespace's data/ prefix")
-    return key
-
-
-@dataclass(frozen=True, slots=True)
-class DataKey:
-    """What a TGB object's key says: the incarnation (producer, epoch) that appended it
-    and the source offset of its TGB."""
-
-    producer: str
-    epoch: int
-    offset: int
-
-
-def data_key(producer_id: str, epoch: int, offset: int, token: str, part: int) -> str:
-    """The key of part ``part`` of the TGB at ``offset``; ``token`` (hex) tells retried appends apart."""
-    return f"{DATA_PREFIX}{producer_id}/e{epoch:06d}/{offset:012d}-{token}.{part}.bwb"
-
-
-def parse_data_key(key: str) -> DataKey | None:
-    """The inverse of ``data_key``: None for a key that is not a TGB object's."""
-    match = _TGB_KEY.fullmatch(key)
-    if match is None:
-        return None
-    return DataKey(match["producer"], int(match["epoch"]), int(match["offset"]))
-
-
 # -- encoding --------------------------------------------------------------------------
 
 _encoder = msgspec.json.Encoder()
@@ -303,7 +217,7 @@ _HINT_DECODER = msgspec.json.Decoder(_Hint)
 _STATE_DECODER = msgspec.json.Decoder(LogState)
 
 
-def decode_hint(data: bytes | memoryview, key: str = HINT_KEY) -> int:
+def decode_hint(data: bytes | memoryview, key: str = keys.HINT_KEY) -> int:
     """The snapshot version the hint names; CorruptDataError if it is not a hint."""
     try:
         version = _HINT_DECODER.decode(data).version
@@ -338,223 +252,7 @@ def _check_descriptor(tgb: TGBDescriptor, key: str) -> None:
     if not tgb.objects:
         raise CorruptDataError(key, f"TGB {tgb.producer}@{tgb.source_offset} names no objects")
     for object_key in tgb.objects:
-        check_data_key(object_key, key)
+        keys.check_data_key(object_key, key)
     for obj, offset, length, _crc in tgb.slices:
         if not 0 <= obj < len(tgb.objects) or offset < 0 or length < 0:
             raise CorruptDataError(key, f"TGB {tgb.producer}@{tgb.source_offset}: slice location out of range")
-
-
-# -- applying --------------------------------------------------------------------------
-
-
-def apply_version(state: LogState, delta: LogVersion | LogVersionHead, key: str, digest: str = "") -> LogState:
-    """The state after ``delta`` (whose bytes have ``digest``); raises CorruptDataError if
-    ``delta`` breaks the log's rules."""
-    if delta.version != state.version + 1:
-        raise CorruptDataError(key, f"version {delta.version} does not follow {state.version}")
-    if delta.first_step != state.steps:
-        raise CorruptDataError(key, f"first step {delta.first_step}, but {state.steps} steps are committed")
-    if state.end_of_stream and delta.tgbs:
-        raise CorruptDataError(key, "commits TGBs after the end-of-stream marker")
-    if delta.namespace and state.version != 0:
-        raise CorruptDataError(key, f"names namespace {delta.namespace!r}, but only version 1 may")
-    layout = _next_layout(state.layout, delta, key)
-    producers = dict(state.producers)
-    for producer_id, new in delta.producers.items():
-        old = producers.get(producer_id)
-        if old is not None and (new.epoch < old.epoch or new.offset < old.offset):
-            raise CorruptDataError(key, f"producer {producer_id!r} goes back from {old} to {new}")
-    _check_offsets(state, delta, key)
-    producers.update(
-        {pid: msgspec.structs.replace(new, last_version=delta.version) for pid, new in delta.producers.items()}
-    )
-    reclaimed = state.reclaimed
-    if delta.reclaim is not None:
-        if delta.reclaim.steps > state.steps or any(
-            new < old
-            for new, old in zip(msgspec.structs.astuple(delta.reclaim), msgspec.structs.astuple(reclaimed), strict=True)
-        ):
-            raise CorruptDataError(key, f"reclaim {delta.reclaim} goes back from {reclaimed} or past the log")
-        reclaimed = delta.reclaim
-    return LogState(
-        version=delta.version,
-        steps=state.steps + len(delta.tgbs),
-        producers=producers,
-        end_of_stream=state.end_of_stream or delta.end_of_stream,
-        bytes=state.bytes + sum(t.nbytes for t in delta.tgbs),
-        reclaimed=reclaimed,
-        namespace=delta.namespace or state.namespace,
-        layout=layout,
-        digest=digest,
-        ended_at=state.ended_at or (delta.version if delta.end_of_stream else 0),
-    )
-
-
-def _next_layout(layout: Layout | None, delta: LogVersion | LogVersionHead, key: str) -> Layout | None:
-    """I9: the layout is set once (by a claim, or by the first TGB of a log older than
-    layouts); every TGB must fit it, and the first TGB fixes the payload kind."""
-    if delta.layout is not None:
-        if layout is not None and (layout.dp, layout.cp) != (delta.layout.dp, delta.layout.cp):
-            raise CorruptDataError(key, f"sets layout {delta.layout.describe()}, the namespace has {layout.describe()}")
-        layout = layout or Layout(delta.layout.dp, delta.layout.cp)
-    for tgb in delta.tgbs:
-        layout = layout or Layout(tgb.dp, tgb.cp)
-        problem = layout_mismatch(layout, tgb)
-        if problem:
-            raise CorruptDataError(key, problem)
-        if layout.kind is None:
-            layout = Layout(layout.dp, layout.cp, tgb.kind)
-    return layout
-
-
-def layout_mismatch(layout: Layout | None, tgb: TGBDescriptor | TGBHead) -> str:
-    """Why ``tgb`` does not fit ``layout`` ("" when it does)."""
-    if layout is None or (
-        (tgb.dp, tgb.cp) == (layout.dp, layout.cp) and (layout.kind is None or tgb.kind == layout.kind)
-    ):
-        return ""
-    return (
-        f"TGB {tgb.producer}@{tgb.source_offset} has layout dp={tgb.dp} cp={tgb.cp} {tgb.kind}, "
-        f"the namespace has {layout.describe()}"
-    )
-
-
-def _check_offsets(state: LogState, delta: LogVersion | LogVersionHead, key: str) -> None:
-    """Invariant I3 as the log sees it: offsets only move forward, under the right epoch."""
-    next_offset = {pid: ps.offset for pid, ps in state.producers.items()}
-    for tgb in delta.tgbs:
-        owner = delta.producers.get(tgb.producer)
-        if owner is None or owner.epoch != tgb.epoch:
-            raise CorruptDataError(key, f"TGB of {tgb.producer!r} epoch {tgb.epoch} without that producer's state")
-        expected = next_offset.get(tgb.producer, 0)
-        if tgb.source_offset < expected:
-            raise CorruptDataError(key, f"TGB {tgb.producer}@{tgb.source_offset} repeats an offset already committed")
-        if tgb.source_offset > expected:
-            raise CorruptDataError(key, f"TGB {tgb.producer}@{tgb.source_offset} skips offsets from {expected}")
-        next_offset[tgb.producer] = tgb.source_offset + 1
-    for pid in {t.producer for t in delta.tgbs}:
-        if delta.producers[pid].offset != next_offset[pid]:
-            raise CorruptDataError(
-                key,
-                f"producer {pid!r} records offset {delta.producers[pid].offset}, its TGBs end at {next_offset[pid]}",
-            )
-
-
-def check_continuity(seen: dict[str, tuple[int, int]], delta: LogVersion, key: str) -> None:
-    """I3 as a reader that starts mid-log sees it: ``seen`` maps each producer met so far to
-    (epoch, next offset); every later TGB of it must continue exactly there. Updated in place.
-
-    A reader that did not replay the whole log cannot check a producer's first TGB, only
-    every one after it: a store that let two racing commits both "win" shows up here.
-    """
-    for tgb in delta.tgbs:
-        known = seen.get(tgb.producer)
-        if known is not None and (tgb.epoch < known[0] or tgb.source_offset != known[1]):
-            raise CorruptDataError(
-                key,
-                f"TGB {tgb.producer}@{tgb.source_offset} (epoch {tgb.epoch}) does not continue that producer's "
-                f"offsets at {known[1]} (epoch {known[0]}): the log was forked; does the store honour "
-                "conditional puts?",
-            )
-        seen[tgb.producer] = (tgb.epoch, tgb.source_offset + 1)
-
-
-# -- building commits (pure) -----------------------------------------------------------
-
-
-def next_version(
-    state: LogState,
-    committed_at: float,
-    *,
-    tgbs: Sequence[TGBDescriptor] = (),
-    producers: dict[str, ProducerState] | None = None,
-    end_of_stream: bool = False,
-    reclaim: Reclaim | None = None,
-    layout: Layout | None = None,
-) -> LogVersion:
-    """The version after ``state``, changing only what the arguments say."""
-    return LogVersion(
-        format=LOG_FORMAT,
-        version=state.version + 1,
-        first_step=state.steps,
-        tgbs=list(tgbs),
-        producers=producers or {},
-        end_of_stream=end_of_stream,
-        committed_at=committed_at,
-        reclaim=reclaim,
-        # Whoever writes version 1 creates the namespace and gives it its id (I9).
-        namespace=uuid.uuid4().hex if state.version == 0 else "",
-        layout=layout,
-    )
-
-
-def build_commit(
-    state: LogState,
-    producer_id: str,
-    me: ProducerState,
-    pending: Sequence[TGBDescriptor],
-    committed_at: float,
-    metrics: dict[str, float] | None = None,
-) -> LogVersion:
-    """The next version: ``pending`` TGBs appended at the end of the step sequence."""
-    next_offset = pending[-1].source_offset + 1 if pending else me.offset
-    mine = ProducerState(next_offset, me.epoch, me.incarnation, metrics)
-    return next_version(state, committed_at, tgbs=pending, producers={producer_id: mine})
-
-
-def build_claim(
-    state: LogState, producer_id: str, incarnation: str, committed_at: float, layout: Layout | None = None
-) -> LogVersion:
-    """A version that gives ``producer_id`` a new epoch, fencing every older incarnation.
-
-    ``layout`` (dp, cp) must be the namespace's; the first claim of a namespace sets it.
-    """
-    if layout is not None and state.layout is not None and (layout.dp, layout.cp) != (state.layout.dp, state.layout.cp):
-        raise LayoutError(
-            f"producer {producer_id!r} has layout {layout.describe()}, but the namespace was created with "
-            f"{state.layout.describe()} (log version {state.version}); "
-            "use the namespace's dp and cp, or a new namespace"
-        )
-    old = state.producers.get(producer_id)
-    claimed = ProducerState(offset=old.offset if old else 0, epoch=old.epoch + 1 if old else 1, incarnation=incarnation)
-    new_layout = Layout(layout.dp, layout.cp) if layout is not None and state.layout is None else None
-    return next_version(state, committed_at, producers={producer_id: claimed}, layout=new_layout)
-
-
-def build_end_of_stream(state: LogState, committed_at: float) -> LogVersion:
-    return next_version(state, committed_at, end_of_stream=True)
-
-
-def build_reclaim(state: LogState, reclaim: Reclaim, committed_at: float) -> LogVersion:
-    """A version that records what garbage collection is about to delete."""
-    return next_version(state, committed_at, reclaim=reclaim)
-
-
-def pending_after_rebase(
-    state: LogState, producer_id: str, me: ProducerState, pending: Iterable[TGBDescriptor]
-) -> list[TGBDescriptor]:
-    """Rebase onto ``state``: drop what the log already holds, refuse if fenced or ended.
-
-    An ambiguous commit (a timeout after the store applied the write) shows up here as
-    our own incarnation's offset already past some pending TGBs; those are dropped, so
-    nothing is committed twice and nothing is lost.
-    """
-    recorded = state.producers.get(producer_id)
-    if recorded is not None and recorded.incarnation != me.incarnation and recorded.epoch >= me.epoch:
-        raise ProducerFencedError(
-            f"producer {producer_id!r} epoch {me.epoch} was fenced by a newer incarnation "
-            f"(epoch {recorded.epoch}) at log version {state.version}; this process must stop"
-        )
-    committed_up_to = recorded.offset if recorded is not None else 0
-    remaining = [t for t in pending if t.source_offset >= committed_up_to]
-    for tgb in remaining:
-        problem = layout_mismatch(state.layout, tgb)
-        if problem:
-            raise LayoutError(f"producer {producer_id!r} cannot commit: {problem} (log version {state.version})")
-    if remaining and state.end_of_stream:
-        raise StreamEndedError(
-            f"the stream was ended at or before log version {state.version}; "
-            f"{len(remaining)} TGB(s) of producer {producer_id!r} from offset {remaining[0].source_offset} "
-            "were not committed"
-        )
-    return remaining

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batchweave.errors import ConfigError
-from batchweave.log import check_name
+from batchweave.keys import check_name
 from batchweave.producer import Producer
 
 __all__ = ["PoolJob", "PoolPlan", "PoolReport", "Progress", "produce_shards"]

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from batchweave import log, retry
+from batchweave import log, logrules, retry
 from batchweave.commit.group import GroupCommit, Intent, build_group_commit, intent_key, turn_rank
 from batchweave.commit.intents import IntentBoard
 from batchweave.commit.policies import CommitPolicy, RecentCommitters, resolve_policy
@@ -36,9 +36,10 @@ from batchweave.errors import (
     TransientStoreError,
 )
 from batchweave.journal import DEFAULT_SNAPSHOT_EVERY, Journal
+from batchweave.keys import check_producer_id, data_key
 from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES, encode_tgb
 from batchweave.lifecycle.watermarks import global_watermark, read_watermarks
-from batchweave.log import LogState, ProducerState, TGBDescriptor, data_key
+from batchweave.log import LogState, ProducerState, TGBDescriptor
 from batchweave.mesh import Mesh
 from batchweave.store import Store, open_store
 
@@ -92,7 +93,7 @@ class Producer:
         max_lag: int | None = None,
         storage_options: dict[str, Any] | None = None,
     ) -> None:
-        self.producer_id = log.check_producer_id(producer_id)
+        self.producer_id = check_producer_id(producer_id)
         self.mesh = Mesh(dp=dp, cp=cp)
         if max_object_bytes <= 0:
             raise ConfigError(f"max_object_bytes must be positive, got {max_object_bytes}")
@@ -211,7 +212,7 @@ class Producer:
             slices=[(r.object_index, r.offset, r.length, r.crc32c) for r in encoded.slices],
             nbytes=encoded.nbytes,
         )
-        mismatch = log.layout_mismatch(self._state.layout, descriptor)
+        mismatch = logrules.layout_mismatch(self._state.layout, descriptor)
         if mismatch:  # before uploading anything: every consumer would fail at this step
             raise LayoutError(f"producer {self.producer_id!r}: {mismatch}; nothing was written")
         for key, body in zip(keys, encoded.objects, strict=True):
@@ -350,7 +351,7 @@ class Producer:
                     f"namespace {self._store.url} was ended at log version {state.version}; "
                     f"producer {self.producer_id!r} cannot start (use a fresh namespace)"
                 )
-            return log.build_claim(state, self.producer_id, incarnation, time.time(), layout)
+            return logrules.build_claim(state, self.producer_id, incarnation, time.time(), layout)
 
         result = self._journal.commit(self._journal.load_state(), claim)
         return result.state, result.state.producers[self.producer_id], result.fragile_window_s
@@ -537,7 +538,7 @@ class Producer:
             batch = list(self._pending)
 
         def commit(state: LogState) -> log.LogVersion | None:
-            remaining = log.pending_after_rebase(state, self.producer_id, self._me, batch)
+            remaining = logrules.pending_after_rebase(state, self.producer_id, self._me, batch)
             if state.end_of_stream:
                 return None  # pending_after_rebase raised if any of ours were left
             if not forced and state.version > turn_version:
@@ -658,12 +659,12 @@ class Producer:
         """One commit attempt: catch up, rebase, conditional put. Returns (success, fragile window s)."""
 
         def commit(state: LogState) -> log.LogVersion | None:
-            remaining = log.pending_after_rebase(state, self.producer_id, self._me, batch)
+            remaining = logrules.pending_after_rebase(state, self.producer_id, self._me, batch)
             if not remaining:
                 return None
             self._metrics["attempts"] += 1  # before publishing: the counters include this attempt
             published = self._published_metrics(len(remaining)) if self.publish_metrics else None
-            return log.build_commit(state, self.producer_id, self._me, remaining, time.time(), published)
+            return logrules.build_commit(state, self.producer_id, self._me, remaining, time.time(), published)
 
         result = self._journal.commit(self._state, commit, max_attempts=1)
         committed = result.outcome == "committed"
@@ -712,6 +713,7 @@ def end_stream(url: str | Store, *, create: bool = True, storage_options: dict[s
     """
     journal = Journal(open_store(url, create=create, storage_options=storage_options), heads_only=True)
     result = journal.commit(
-        journal.load_state(), lambda state: None if state.end_of_stream else log.build_end_of_stream(state, time.time())
+        journal.load_state(),
+        lambda state: None if state.end_of_stream else logrules.build_end_of_stream(state, time.time()),
     )
     return result.state.ended_at or result.state.version  # (a log from before ended_at was recorded)

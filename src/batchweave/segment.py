@@ -20,7 +20,8 @@ from collections.abc import Sequence
 import msgspec
 
 from batchweave.errors import CorruptDataError
-from batchweave.log import LOG_FORMAT, LOG_PREFIX, LogVersion, ReadVersion, check_descriptors
+from batchweave.keys import LOG_PREFIX
+from batchweave.log import LOG_FORMAT, LogVersion, ReadVersion, check_descriptors
 
 __all__ = [
     "SEGMENT_FORMAT",

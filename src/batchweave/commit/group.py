@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 
-from batchweave import log
+from batchweave import log, logrules
 from batchweave.errors import ConfigError, CorruptDataError
 from batchweave.log import LogState, LogVersion, ProducerState, TGBDescriptor
 
@@ -130,7 +130,7 @@ def fold_intents(state: LogState, intents: Iterable[Intent]) -> dict[str, list[T
         if recorded is None:
             continue  # an intent is always written after its producer's claim: not caught up yet
         tgbs = _chain(recorded, sorted(mine, key=lambda i: i.first_offset))
-        tgbs = [t for t in tgbs if not log.layout_mismatch(state.layout, t)]
+        tgbs = [t for t in tgbs if not logrules.layout_mismatch(state.layout, t)]
         if tgbs:
             folded[producer] = tgbs
     return folded
@@ -176,7 +176,7 @@ def build_group_commit(
                 offset=batch[-1].source_offset + 1,
                 last_version=0,  # stamped when applied
             )
-    return log.next_version(state, committed_at, tgbs=tgbs, producers=producers)
+    return logrules.next_version(state, committed_at, tgbs=tgbs, producers=producers)
 
 
 def turn_rank(state: LogState, producer_id: str, active_versions: int) -> int:

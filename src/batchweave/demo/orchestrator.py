@@ -12,9 +12,10 @@ from batchweave.demo.processes import Processes
 from batchweave.demo.render import render_live
 from batchweave.demo.story import Story
 from batchweave.journal import Journal
+from batchweave.keys import parse_data_key
 from batchweave.lifecycle.gc import collect_garbage
 from batchweave.lifecycle.watermarks import CHECKPOINT_PREFIX, read_watermarks, release_checkpoint
-from batchweave.log import LogState, parse_data_key
+from batchweave.log import LogState
 from batchweave.store import Store, open_store
 
 _POLL_S = 0.25

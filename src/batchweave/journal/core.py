@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar, cast, overload
 
-from batchweave import log
+from batchweave import keys, log, logrules
 from batchweave.errors import ConfigError, CorruptDataError, StoreError
 from batchweave.journal.objects import LogObjects
 from batchweave.journal.proof import Proof
@@ -151,24 +151,24 @@ class Journal(Generic[VersionT]):
         """Version ``version``, or None if it is not committed (yet). Not proven (I10): for
         display, or for a reader that proves what it read before acting on it. Safe to call
         from several threads at once (readers read ahead this way)."""
-        data = self._objects.get(log.version_key(version))
-        return None if data is None else self._decode(data, log.version_key(version), version)
+        data = self._objects.get(keys.version_key(version))
+        return None if data is None else self._decode(data, keys.version_key(version), version)
 
     def read_version_data(self, version: int) -> ReadVersion | None:
         """``read_version`` with the version's bytes, which ``prove_reads`` anchors on."""
-        data = self._objects.get(log.version_key(version))
+        data = self._objects.get(keys.version_key(version))
         if data is None:
             return None
-        delta = cast(LogVersion, self._decode(data, log.version_key(version), version))
+        delta = cast(LogVersion, self._decode(data, keys.version_key(version), version))
         self._proof.saw(version, data)
         return ReadVersion(delta, data)
 
     def _read(self, version: int) -> tuple[VersionT, str] | None:
         """The version and its digest (writers anchor on it; readers skip the hashing)."""
-        data = self._objects.get(log.version_key(version))
+        data = self._objects.get(keys.version_key(version))
         if data is None:
             return None
-        decoded = self._decode(data, log.version_key(version), version)
+        decoded = self._decode(data, keys.version_key(version), version)
         self._recent.keep(version, data)
         return decoded, log.digest(data)
 
@@ -224,7 +224,7 @@ class Journal(Generic[VersionT]):
         """``state`` advanced through every version committed since (unproven), and how many."""
         read = 0
         for delta, digest in self._read_after(state.version):
-            state = log.apply_version(state, delta, log.version_key(delta.version), digest)
+            state = logrules.apply_version(state, delta, keys.version_key(delta.version), digest)
             self.newest_committed_at = delta.committed_at
             self._proof.unproven = True
             read += 1
@@ -259,9 +259,9 @@ class Journal(Generic[VersionT]):
                     conflicts = 0
                     continue
                 return Committed("nothing", state, None, self._window_s(), conflicts)
-            key = log.version_key(delta.version)
+            key = keys.version_key(delta.version)
             data = log.encode(delta)
-            after = log.apply_version(state, delta, key, log.digest(data))  # validate before writing
+            after = logrules.apply_version(state, delta, key, log.digest(data))  # validate before writing
             self._proof.unverified.add(delta.version)  # also if the put's outcome is ambiguous (it raises)
             if not self._objects.put_if_absent(key, data):
                 conflicts += 1
@@ -313,7 +313,7 @@ class Journal(Generic[VersionT]):
         state = self.load_state(trust_hint=False)
         for version in our_puts:
             if version < state.reclaimed.versions:
-                self._delete_stale_put(log.version_key(version))
+                self._delete_stale_put(keys.version_key(version))
         return state
 
     def _delete_stale_put(self, key: str) -> None:
@@ -390,7 +390,7 @@ class Journal(Generic[VersionT]):
             # again; a load never writes, so readers need no write permission.
             self._snapshot_missing = read >= 2 * self.snapshot_every
             return state
-        raise StoreError(log.SNAPSHOT_PREFIX, f"the newest snapshot kept changing over {_LOAD_ATTEMPTS} reloads")
+        raise StoreError(keys.SNAPSHOT_PREFIX, f"the newest snapshot kept changing over {_LOAD_ATTEMPTS} reloads")
 
     def _first_version(self, empty: LogState) -> tuple[LogState, tuple[int, str] | None]:
         """With no snapshot, anchor on version 1: read it, then list snapshots. None seen
@@ -403,14 +403,14 @@ class Journal(Generic[VersionT]):
         if first is None:
             return empty, (0, "")
         delta, digest = first
-        return log.apply_version(empty, delta, log.version_key(1), digest), (1, digest)
+        return logrules.apply_version(empty, delta, keys.version_key(1), digest), (1, digest)
 
     def _anchor_of(self, state: LogState) -> tuple[int, str] | None:
         """The anchor a load from ``state`` starts with; None if its version is gone."""
         if state.version == 0 or state.digest:
             return state.version, state.digest
         # A snapshot from before digests: take its version's bytes as they are now.
-        data = self._objects.get(log.version_key(state.version))
+        data = self._objects.get(keys.version_key(state.version))
         return None if data is None else (state.version, log.digest(data))
 
     def after_commit(self, state: LogState) -> None:

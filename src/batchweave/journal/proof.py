@@ -29,7 +29,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from batchweave import log
+from batchweave import keys, log
 from batchweave.errors import StoreError
 from batchweave.journal.objects import LogObjects
 from batchweave.journal.snapshots import Snapshots
@@ -65,7 +65,7 @@ class Proof:
         version, expected = self.anchor
         if version == 0:
             return self._snapshots.listed_version() == 0
-        read = self._objects.get(log.version_key(version))
+        read = self._objects.get(keys.version_key(version))
         return read is not None and log.digest(read) == expected
 
     def advance(self, state: LogState) -> None:
@@ -127,8 +127,8 @@ class Proof:
         freed key cannot match it. Matching, and present now with the bytes read before:
         nothing above it had been deleted when the reads happened."""
         assert self._version_one is not None
-        first = log.decode_version_head(self._version_one, log.version_key(1), 1)
+        first = log.decode_version_head(self._version_one, keys.version_key(1), 1)
         if not first.namespace or first.namespace != namespace:
             return False
-        now = self._objects.get(log.version_key(1))
+        now = self._objects.get(keys.version_key(1))
         return now is not None and bytes(now) == self._version_one

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from batchweave import log
+from batchweave import keys, log
 from batchweave.errors import CorruptDataError, ObjectExistsError, StoreError
 from batchweave.journal.objects import LogObjects
 from batchweave.log import LogState
@@ -58,8 +58,8 @@ class Snapshots:
         """The version of the newest snapshot a listing finds (0 if there is none)."""
         versions = [
             int(name[:-5])
-            for key in self._objects.list_keys(log.SNAPSHOT_PREFIX)
-            if (name := key[len(log.SNAPSHOT_PREFIX) :]).endswith(".json") and name[:-5].isdigit()
+            for key in self._objects.list_keys(keys.SNAPSHOT_PREFIX)
+            if (name := key[len(keys.SNAPSHOT_PREFIX) :]).endswith(".json") and name[:-5].isdigit()
         ]
         return max(versions, default=0)
 
@@ -68,15 +68,15 @@ class Snapshots:
         store = self._objects.store
         try:
             try:
-                store.put_if_absent(log.snapshot_key(state.version), log.encode(state))
+                store.put_if_absent(keys.snapshot_key(state.version), log.encode(state))
             except ObjectExistsError:
                 pass  # somebody else wrote the same (deterministic) snapshot
-            store.put(log.HINT_KEY, b'{"version": %d}' % state.version)
+            store.put(keys.HINT_KEY, b'{"version": %d}' % state.version)
         except StoreError as exc:
             _logger.warning("could not write snapshot at version %d: %s", state.version, exc)
 
     def _hinted_version(self) -> int:
-        data = self._objects.get(log.HINT_KEY)
+        data = self._objects.get(keys.HINT_KEY)
         if data is None:
             return 0
         try:
@@ -90,7 +90,7 @@ class Snapshots:
         snapshot may be the newest (``newest``), else it is skipped for a listing."""
         if version <= 0:
             return None
-        key = log.snapshot_key(version)
+        key = keys.snapshot_key(version)
         data = self._objects.get(key)
         if data is None:
             return None

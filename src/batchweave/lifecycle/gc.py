@@ -22,10 +22,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from batchweave import log
+from batchweave import keys, log, logrules
 from batchweave.commit.group import INTENT_PREFIX, decode_intent, parse_intent_key
 from batchweave.errors import CorruptDataError, ObjectNotFoundError, StoreError
 from batchweave.journal import Journal
+from batchweave.keys import parse_data_key
 from batchweave.lifecycle.watermarks import (
     Checkpoint,
     global_watermark,
@@ -33,7 +34,7 @@ from batchweave.lifecycle.watermarks import (
     released_key,
     require_namespace,
 )
-from batchweave.log import LogState, LogVersion, Reclaim, parse_data_key
+from batchweave.log import LogState, LogVersion, Reclaim
 from batchweave.segment import SEGMENT_PREFIX
 from batchweave.store import PROBE_PREFIX, ObjectInfo, Store, open_store
 
@@ -104,7 +105,7 @@ def collect_garbage(
     # List the data first, read the log after: every object in the listing was written by
     # an incarnation whose claim is already in the log, so a producer that started while
     # we listed is known below and its uncommitted objects are not mistaken for orphans.
-    listed = list(store.list(log.DATA_PREFIX))
+    listed = list(store.list(keys.DATA_PREFIX))
     checkpoints = read_watermarks(store)
     w_global = global_watermark(checkpoints)
     report = GCReport(w_global_step=None if w_global is None else int(w_global.position), dry_run=dry_run)
@@ -225,7 +226,7 @@ def _settle(
         except _Replan:
             continue
         return result.state, plan
-    raise StoreError(log.LOG_PREFIX, f"the log kept moving under garbage collection over {_PLAN_ATTEMPTS} plans")
+    raise StoreError(keys.LOG_PREFIX, f"the log kept moving under garbage collection over {_PLAN_ATTEMPTS} plans")
 
 
 def _reclaim_version(plan: _Plan, state: LogState) -> log.LogVersion | None:
@@ -235,7 +236,7 @@ def _reclaim_version(plan: _Plan, state: LogState) -> log.LogVersion | None:
         return None  # this plan, or a larger one, is recorded already
     if done != plan.base:
         raise _Replan  # another collector reclaimed part of it: our byte count is off
-    return log.build_reclaim(state, plan.target, time.time())
+    return logrules.build_reclaim(state, plan.target, time.time())
 
 
 def _plan(
@@ -310,14 +311,14 @@ def _numbered(store: Store, prefix: str, suffix: str = ".json") -> list[tuple[in
 
 
 def _old_versions(store: Store, below: int) -> list[str]:
-    return [key for number, key in _numbered(store, log.LOG_PREFIX) if number < below]
+    return [key for number, key in _numbered(store, keys.LOG_PREFIX) if number < below]
 
 
 def _old_snapshots(store: Store, journal: Journal[LogVersion], below: int) -> list[str]:
     """Snapshots below ``below``, never the newest (a writer with no snapshot in sight
     proves that no version was ever deleted by finding none: ``Journal.verify``)."""
     newest = journal.newest_snapshot_version()
-    return [key for number, key in _numbered(store, log.SNAPSHOT_PREFIX) if number < min(below, newest)]
+    return [key for number, key in _numbered(store, keys.SNAPSHOT_PREFIX) if number < min(below, newest)]
 
 
 def _old_segments(store: Store, below: int) -> list[str]:

@@ -26,7 +26,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from batchweave import log
+from batchweave import keys
 from batchweave.errors import ConfigError, CorruptDataError, ObjectExistsError, ObjectNotFoundError
 from batchweave.journal import Journal
 from batchweave.log import LogState
@@ -122,7 +122,7 @@ _WATERMARK_DECODER = msgspec.json.Decoder(_WatermarkJSON)
 
 
 def check_checkpoint_id(checkpoint_id: str) -> str:
-    return log.check_name(checkpoint_id, "checkpoint_id")
+    return keys.check_name(checkpoint_id, "checkpoint_id")
 
 
 def released_key(checkpoint_id: str) -> str:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import NamedTuple, Union
 
-from batchweave import log
+from batchweave import keys
 from batchweave.errors import CorruptDataError, DataReclaimedError
 from batchweave.journal import Journal
 from batchweave.log import LogVersion, ReadVersion
@@ -132,7 +132,7 @@ class ProvenLog:
             elif time.monotonic() - self._last_proof >= self._polling.idle_proof_s:
                 self.prove(version, None)  # a miss may be a version GC deleted: were we overtaken?
             if version <= self._present_through:
-                raise CorruptDataError(log.version_key(version), "the cursor's log version is missing")
+                raise CorruptDataError(keys.version_key(version), "the cursor's log version is missing")
             yield self._polling.missed()
 
     def _done(self, proving: tuple[Future[None], list[ReadVersion]]) -> Iterator[list[ReadVersion]]:
@@ -155,7 +155,7 @@ class ProvenLog:
         if reclaimed.versions > below:
             raise DataReclaimedError(self._url, self._next_step(), reclaimed.steps)
         raise CorruptDataError(
-            log.version_key(below), "this log version vanished although no garbage collection reclaimed it"
+            keys.version_key(below), "this log version vanished although no garbage collection reclaimed it"
         )
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from batchweave import log
+from batchweave import keys, log
 from batchweave.errors import DataReclaimedError
 from batchweave.log import ReadVersion
 from batchweave.reading.polling import MIN_PAUSE_S
@@ -182,7 +182,7 @@ class NodeBehind(Exception):
 def decode_versions(parts: list[bytes] | list[memoryview], first: int) -> list[ReadVersion]:
     """Versions ``first``, ``first + 1``, ... from their bytes as the follower read them."""
     return [
-        ReadVersion(log.decode_version(data, log.version_key(first + i), first + i), data)
+        ReadVersion(log.decode_version(data, keys.version_key(first + i), first + i), data)
         for i, data in enumerate(parts)
     ]
 

@@ -13,7 +13,7 @@ import math
 from fractions import Fraction
 from typing import NamedTuple
 
-from batchweave import log
+from batchweave import keys, logrules
 from batchweave.errors import CorruptDataError, LayoutError
 from batchweave.log import LogVersion, TGBDescriptor
 from batchweave.mesh import Mesh
@@ -79,10 +79,10 @@ class StepPlan:
             self.namespace = delta.namespace
         if self._expected_step is not None and delta.first_step != self._expected_step:
             raise CorruptDataError(
-                log.version_key(version), f"first step {delta.first_step}, expected {self._expected_step}"
+                keys.version_key(version), f"first step {delta.first_step}, expected {self._expected_step}"
             )
         self._expected_step = self.tgbs_seen = delta.first_step + len(delta.tgbs)
-        log.check_continuity(self._offsets, delta, log.version_key(version))
+        logrules.check_continuity(self._offsets, delta, keys.version_key(version))
         first_needed = math.floor(self._start)
         for index, tgb in zip(delta.steps(), delta.tgbs, strict=True):
             if index >= first_needed:

@@ -29,7 +29,7 @@ __all__ = [
     "write_durably",
 ]
 
-# Object keys BatchWeave writes: ids are letters, digits, '.', '_', '-' (log.check_name).
+# Object keys BatchWeave writes: ids are letters, digits, '.', '_', '-' (keys.check_name).
 PLAIN_KEY = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
 
 

@@ -29,9 +29,10 @@ from batchweave.errors import (
     TransientStoreError,
 )
 from batchweave.journal import Journal
+from batchweave.keys import version_key
 from batchweave.lifecycle.gc import collect_garbage
 from batchweave.lifecycle.watermarks import release_checkpoint
-from batchweave.log import ProducerState, version_key
+from batchweave.log import ProducerState
 from batchweave.producer import Producer, end_stream
 from batchweave.reading.follower import ProvenLog
 from batchweave.reading.polling import HeadPolling

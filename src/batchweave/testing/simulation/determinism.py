@@ -35,7 +35,7 @@ import batchweave.commit.policies
 import batchweave.consumer
 import batchweave.journal.core
 import batchweave.lifecycle.gc
-import batchweave.log
+import batchweave.logrules
 import batchweave.producer
 import batchweave.reading.fetch
 import batchweave.reading.follower
@@ -155,7 +155,7 @@ def deterministic(scheduler: Scheduler, noise: random.Random) -> Iterator[None]:
         (batchweave.reading.polling, "random", fake_random),
         (batchweave.journal.core, "time", fake_time),
         (batchweave.lifecycle.gc, "time", fake_time),
-        (batchweave.log, "uuid", _fake_uuid(noise)),
+        (batchweave.logrules, "uuid", _fake_uuid(noise)),
         (batchweave.commit.group, "random", fake_random),
         (batchweave.commit.policies, "random", fake_random),
         (batchweave.store.requests, "time", fake_time),

@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 
-from batchweave import log
+from batchweave import keys, log, logrules
 from batchweave.errors import CorruptDataError
 from batchweave.lifecycle.watermarks import Watermark
 from batchweave.log import LogState, LogVersion, TGBDescriptor
@@ -104,18 +104,18 @@ class Model:
             self.violation("log-gap", actor, f"created version {version} first, before version {version - 1} existed")
             return
         try:
-            delta = log.decode_version(body, log.version_key(version), version)
+            delta = log.decode_version(body, keys.version_key(version), version)
         except CorruptDataError as exc:
             self.violation("damaged-version", actor, f"the first creation of version {version} is damaged: {exc}")
             return
         self._follow(delta, actor)
         try:  # the genuine state after each version: what a stale writer at that view builds on
-            self.states[version] = log.apply_version(self.states[version - 1], delta, log.version_key(version))
+            self.states[version] = logrules.apply_version(self.states[version - 1], delta, keys.version_key(version))
         except (CorruptDataError, KeyError):
             pass  # reported above in plain terms
 
     def _follow(self, delta: LogVersion, actor: str) -> None:
-        """(c): the genuine log, checked with plain arithmetic rather than ``log.apply_version``."""
+        """(c): the genuine log, checked with plain arithmetic rather than ``logrules.apply_version``."""
         where = f"version {delta.version}"
         if delta.first_step != len(self.steps):
             self.violation(

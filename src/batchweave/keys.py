@@ -1,0 +1,92 @@
+"""The object keys of a namespace's log and data, and the checks of names and keys. Pure.
+
+Keys, relative to the namespace root:
+    _log/00000000000000000007.json          version 7 (create-only; the commit point)
+    _log/_snapshots/00000000000000000100.json   LogState after version 100
+    _log/_last_snapshot.json                advisory hint: newest snapshot version
+    data/<producer>/e<epoch>/<offset>-<token>.<part>.bwb    TGB objects
+The hint is the one object that is ever overwritten. It is never trusted: readers
+probe forward from it, so a stale or missing hint only costs extra reads.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from batchweave.errors import ConfigError, CorruptDataError
+
+__all__ = [
+    "DATA_PREFIX",
+    "HINT_KEY",
+    "LOG_PREFIX",
+    "SNAPSHOT_PREFIX",
+    "DataKey",
+    "check_data_key",
+    "check_name",
+    "check_producer_id",
+    "data_key",
+    "parse_data_key",
+    "snapshot_key",
+    "version_key",
+]
+
+LOG_PREFIX = "_log/"
+SNAPSHOT_PREFIX = "_log/_snapshots/"
+HINT_KEY = "_log/_last_snapshot.json"
+DATA_PREFIX = "data/"
+_PRODUCER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_DATA_KEY = re.compile(r"^data/[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)+$")
+_TGB_KEY = re.compile(r"data/(?P<producer>[^/]+)/e(?P<epoch>\d+)/(?P<offset>\d+)-[0-9a-f]+\.\d+\.bwb")
+
+
+def version_key(version: int) -> str:
+    return f"{LOG_PREFIX}{version:020d}.json"
+
+
+def snapshot_key(version: int) -> str:
+    return f"{SNAPSHOT_PREFIX}{version:020d}.json"
+
+
+def check_name(value: str, what: str) -> str:
+    """A producer or checkpoint id: safe as one segment of an object key."""
+    if not isinstance(value, str) or not _PRODUCER_ID.fullmatch(value):
+        raise ConfigError(
+            f"{what} {value!r} must be 1-128 characters of letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+def check_producer_id(producer_id: str) -> str:
+    return check_name(producer_id, "producer_id")
+
+
+def check_data_key(key: str, where: str) -> str:
+    """Reject any object key that could leave the namespace's data area."""
+    if not isinstance(key, str) or not _DATA_KEY.fullmatch(key) or ".." in key.split("/"):
+        raise CorruptDataError(where, f"object key {key!r} is not under the namespace's data/ prefix")
+    return key
+
+
+@dataclass(frozen=True, slots=True)
+class DataKey:
+    """What a TGB object's key says: the incarnation (producer, epoch) that appended it
+    and the source offset of its TGB."""
+
+    producer: str
+    epoch: int
+    offset: int
+
+
+def data_key(producer_id: str, epoch: int, offset: int, token: str, part: int) -> str:
+    """The key of part ``part`` of the TGB at ``offset``; ``token`` (hex) tells retried appends apart."""
+    return f"{DATA_PREFIX}{producer_id}/e{epoch:06d}/{offset:012d}-{token}.{part}.bwb"
+
+
+def parse_data_key(key: str) -> DataKey | None:
+    """The inverse of ``data_key``: None for a key that is not a TGB object's."""
+    match = _TGB_KEY.fullmatch(key)
+    if match is None:
+        return None
+    return DataKey(match["producer"], int(match["epoch"]), int(match["offset"]))

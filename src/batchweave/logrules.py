@@ -1,0 +1,257 @@
+"""The log's rules as pure functions of values. No I/O.
+
+``apply_version`` gives the state after a version and refuses a version that breaks the
+log's rules (steps dense, offsets forward under the right epoch, one layout: I2, I3, I9);
+``check_continuity`` is what a reader that starts mid-log can still check. A writer
+builds the next version from the state it read (``build_claim``, ``build_commit``,
+``build_end_of_stream``, ``build_reclaim``) and, when another writer got there first,
+rebases its pending TGBs onto the newer state (``pending_after_rebase``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+
+import msgspec
+
+from batchweave.errors import CorruptDataError, LayoutError, ProducerFencedError, StreamEndedError
+from batchweave.log import (
+    LOG_FORMAT,
+    Layout,
+    LogState,
+    LogVersion,
+    LogVersionHead,
+    ProducerState,
+    Reclaim,
+    TGBDescriptor,
+    TGBHead,
+)
+
+__all__ = [
+    "apply_version",
+    "build_claim",
+    "build_commit",
+    "build_end_of_stream",
+    "build_reclaim",
+    "check_continuity",
+    "layout_mismatch",
+    "next_version",
+    "pending_after_rebase",
+]
+
+
+# -- applying --------------------------------------------------------------------------
+
+
+def apply_version(state: LogState, delta: LogVersion | LogVersionHead, key: str, digest: str = "") -> LogState:
+    """The state after ``delta`` (whose bytes have ``digest``); raises CorruptDataError if
+    ``delta`` breaks the log's rules."""
+    if delta.version != state.version + 1:
+        raise CorruptDataError(key, f"version {delta.version} does not follow {state.version}")
+    if delta.first_step != state.steps:
+        raise CorruptDataError(key, f"first step {delta.first_step}, but {state.steps} steps are committed")
+    if state.end_of_stream and delta.tgbs:
+        raise CorruptDataError(key, "commits TGBs after the end-of-stream marker")
+    if delta.namespace and state.version != 0:
+        raise CorruptDataError(key, f"names namespace {delta.namespace!r}, but only version 1 may")
+    layout = _next_layout(state.layout, delta, key)
+    producers = dict(state.producers)
+    for producer_id, new in delta.producers.items():
+        old = producers.get(producer_id)
+        if old is not None and (new.epoch < old.epoch or new.offset < old.offset):
+            raise CorruptDataError(key, f"producer {producer_id!r} goes back from {old} to {new}")
+    _check_offsets(state, delta, key)
+    producers.update(
+        {pid: msgspec.structs.replace(new, last_version=delta.version) for pid, new in delta.producers.items()}
+    )
+    reclaimed = state.reclaimed
+    if delta.reclaim is not None:
+        if delta.reclaim.steps > state.steps or any(
+            new < old
+            for new, old in zip(msgspec.structs.astuple(delta.reclaim), msgspec.structs.astuple(reclaimed), strict=True)
+        ):
+            raise CorruptDataError(key, f"reclaim {delta.reclaim} goes back from {reclaimed} or past the log")
+        reclaimed = delta.reclaim
+    return LogState(
+        version=delta.version,
+        steps=state.steps + len(delta.tgbs),
+        producers=producers,
+        end_of_stream=state.end_of_stream or delta.end_of_stream,
+        bytes=state.bytes + sum(t.nbytes for t in delta.tgbs),
+        reclaimed=reclaimed,
+        namespace=delta.namespace or state.namespace,
+        layout=layout,
+        digest=digest,
+        ended_at=state.ended_at or (delta.version if delta.end_of_stream else 0),
+    )
+
+
+def _next_layout(layout: Layout | None, delta: LogVersion | LogVersionHead, key: str) -> Layout | None:
+    """I9: the layout is set once (by a claim, or by the first TGB of a log older than
+    layouts); every TGB must fit it, and the first TGB fixes the payload kind."""
+    if delta.layout is not None:
+        if layout is not None and (layout.dp, layout.cp) != (delta.layout.dp, delta.layout.cp):
+            raise CorruptDataError(key, f"sets layout {delta.layout.describe()}, the namespace has {layout.describe()}")
+        layout = layout or Layout(delta.layout.dp, delta.layout.cp)
+    for tgb in delta.tgbs:
+        layout = layout or Layout(tgb.dp, tgb.cp)
+        problem = layout_mismatch(layout, tgb)
+        if problem:
+            raise CorruptDataError(key, problem)
+        if layout.kind is None:
+            layout = Layout(layout.dp, layout.cp, tgb.kind)
+    return layout
+
+
+def layout_mismatch(layout: Layout | None, tgb: TGBDescriptor | TGBHead) -> str:
+    """Why ``tgb`` does not fit ``layout`` ("" when it does)."""
+    if layout is None or (
+        (tgb.dp, tgb.cp) == (layout.dp, layout.cp) and (layout.kind is None or tgb.kind == layout.kind)
+    ):
+        return ""
+    return (
+        f"TGB {tgb.producer}@{tgb.source_offset} has layout dp={tgb.dp} cp={tgb.cp} {tgb.kind}, "
+        f"the namespace has {layout.describe()}"
+    )
+
+
+def _check_offsets(state: LogState, delta: LogVersion | LogVersionHead, key: str) -> None:
+    """Invariant I3 as the log sees it: offsets only move forward, under the right epoch."""
+    next_offset = {pid: ps.offset for pid, ps in state.producers.items()}
+    for tgb in delta.tgbs:
+        owner = delta.producers.get(tgb.producer)
+        if owner is None or owner.epoch != tgb.epoch:
+            raise CorruptDataError(key, f"TGB of {tgb.producer!r} epoch {tgb.epoch} without that producer's state")
+        expected = next_offset.get(tgb.producer, 0)
+        if tgb.source_offset < expected:
+            raise CorruptDataError(key, f"TGB {tgb.producer}@{tgb.source_offset} repeats an offset already committed")
+        if tgb.source_offset > expected:
+            raise CorruptDataError(key, f"TGB {tgb.producer}@{tgb.source_offset} skips offsets from {expected}")
+        next_offset[tgb.producer] = tgb.source_offset + 1
+    for pid in {t.producer for t in delta.tgbs}:
+        if delta.producers[pid].offset != next_offset[pid]:
+            raise CorruptDataError(
+                key,
+                f"producer {pid!r} records offset {delta.producers[pid].offset}, its TGBs end at {next_offset[pid]}",
+            )
+
+
+def check_continuity(seen: dict[str, tuple[int, int]], delta: LogVersion, key: str) -> None:
+    """I3 as a reader that starts mid-log sees it: ``seen`` maps each producer met so far to
+    (epoch, next offset); every later TGB of it must continue exactly there. Updated in place.
+
+    A reader that did not replay the whole log cannot check a producer's first TGB, only
+    every one after it: a store that let two racing commits both "win" shows up here.
+    """
+    for tgb in delta.tgbs:
+        known = seen.get(tgb.producer)
+        if known is not None and (tgb.epoch < known[0] or tgb.source_offset != known[1]):
+            raise CorruptDataError(
+                key,
+                f"TGB {tgb.producer}@{tgb.source_offset} (epoch {tgb.epoch}) does not continue that producer's "
+                f"offsets at {known[1]} (epoch {known[0]}): the log was forked; does the store honour "
+                "conditional puts?",
+            )
+        seen[tgb.producer] = (tgb.epoch, tgb.source_offset + 1)
+
+
+# -- building commits (pure) -----------------------------------------------------------
+
+
+def next_version(
+    state: LogState,
+    committed_at: float,
+    *,
+    tgbs: Sequence[TGBDescriptor] = (),
+    producers: dict[str, ProducerState] | None = None,
+    end_of_stream: bool = False,
+    reclaim: Reclaim | None = None,
+    layout: Layout | None = None,
+) -> LogVersion:
+    """The version after ``state``, changing only what the arguments say."""
+    return LogVersion(
+        format=LOG_FORMAT,
+        version=state.version + 1,
+        first_step=state.steps,
+        tgbs=list(tgbs),
+        producers=producers or {},
+        end_of_stream=end_of_stream,
+        committed_at=committed_at,
+        reclaim=reclaim,
+        # Whoever writes version 1 creates the namespace and gives it its id (I9).
+        namespace=uuid.uuid4().hex if state.version == 0 else "",
+        layout=layout,
+    )
+
+
+def build_commit(
+    state: LogState,
+    producer_id: str,
+    me: ProducerState,
+    pending: Sequence[TGBDescriptor],
+    committed_at: float,
+    metrics: dict[str, float] | None = None,
+) -> LogVersion:
+    """The next version: ``pending`` TGBs appended at the end of the step sequence."""
+    next_offset = pending[-1].source_offset + 1 if pending else me.offset
+    mine = ProducerState(next_offset, me.epoch, me.incarnation, metrics)
+    return next_version(state, committed_at, tgbs=pending, producers={producer_id: mine})
+
+
+def build_claim(
+    state: LogState, producer_id: str, incarnation: str, committed_at: float, layout: Layout | None = None
+) -> LogVersion:
+    """A version that gives ``producer_id`` a new epoch, fencing every older incarnation.
+
+    ``layout`` (dp, cp) must be the namespace's; the first claim of a namespace sets it.
+    """
+    if layout is not None and state.layout is not None and (layout.dp, layout.cp) != (state.layout.dp, state.layout.cp):
+        raise LayoutError(
+            f"producer {producer_id!r} has layout {layout.describe()}, but the namespace was created with "
+            f"{state.layout.describe()} (log version {state.version}); "
+            "use the namespace's dp and cp, or a new namespace"
+        )
+    old = state.producers.get(producer_id)
+    claimed = ProducerState(offset=old.offset if old else 0, epoch=old.epoch + 1 if old else 1, incarnation=incarnation)
+    new_layout = Layout(layout.dp, layout.cp) if layout is not None and state.layout is None else None
+    return next_version(state, committed_at, producers={producer_id: claimed}, layout=new_layout)
+
+
+def build_end_of_stream(state: LogState, committed_at: float) -> LogVersion:
+    return next_version(state, committed_at, end_of_stream=True)
+
+
+def build_reclaim(state: LogState, reclaim: Reclaim, committed_at: float) -> LogVersion:
+    """A version that records what garbage collection is about to delete."""
+    return next_version(state, committed_at, reclaim=reclaim)
+
+
+def pending_after_rebase(
+    state: LogState, producer_id: str, me: ProducerState, pending: Iterable[TGBDescriptor]
+) -> list[TGBDescriptor]:
+    """Rebase onto ``state``: drop what the log already holds, refuse if fenced or ended.
+
+    An ambiguous commit (a timeout after the store applied the write) shows up here as
+    our own incarnation's offset already past some pending TGBs; those are dropped, so
+    nothing is committed twice and nothing is lost.
+    """
+    recorded = state.producers.get(producer_id)
+    if recorded is not None and recorded.incarnation != me.incarnation and recorded.epoch >= me.epoch:
+        raise ProducerFencedError(
+            f"producer {producer_id!r} epoch {me.epoch} was fenced by a newer incarnation "
+            f"(epoch {recorded.epoch}) at log version {state.version}; this process must stop"
+        )
+    committed_up_to = recorded.offset if recorded is not None else 0
+    remaining = [t for t in pending if t.source_offset >= committed_up_to]
+    for tgb in remaining:
+        problem = layout_mismatch(state.layout, tgb)
+        if problem:
+            raise LayoutError(f"producer {producer_id!r} cannot commit: {problem} (log version {state.version})")
+    if remaining and state.end_of_stream:
+        raise StreamEndedError(
+            f"the stream was ended at or before log version {state.version}; "
+            f"{len(remaining)} TGB(s) of producer {producer_id!r} from offset {remaining[0].source_offset} "
+            "were not committed"
+        )
+    return remaining
