@@ -27,7 +27,7 @@ from typing import Any
 from batchweave import retry
 from batchweave.journal import Journal
 from batchweave.log import ReadVersion
-from batchweave.reading.follower import ProvenLog
+from batchweave.reading.follower import ProvenLog, Unproven
 from batchweave.reading.nodewire import HubLost, error_reply, recv, send, shared_memory
 from batchweave.reading.polling import HeadPolling
 from batchweave.reading.readahead import DEFAULT_LOG_READ_AHEAD, LogReadAhead
@@ -173,6 +173,7 @@ class _Hub:
             for item in proven:
                 if generation != self._log.generation:
                     return  # replaced by a follower started lower: not one more request
+                assert not isinstance(item, Unproven)  # early=False: proven versions only, in lists
                 if isinstance(item, list):
                     if not self._publish(generation, item):
                         return
