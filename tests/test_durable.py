@@ -125,6 +125,7 @@ def test_a_full_disk_is_a_store_error_naming_the_key_and_leaves_no_staging_file(
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(os, "write", full)
+    monkeypatch.setattr(os, "writev", full)
     with pytest.raises(bw.StoreError, match="No space left on device") as info:
         store.put_if_absent("_log/00000000000000000002.json", b"{}")
     assert type(info.value) is bw.StoreError and info.value.key == "_log/00000000000000000002.json"
@@ -251,15 +252,15 @@ class HeldSyncs:
         self.released = threading.Event()
         self.synced: list[str] = []
         self._error = error
-        self._real = syncs.sync_written
-        monkeypatch.setattr(syncs, "sync_written", self._sync)
+        self._real = syncs.fsync_file
+        monkeypatch.setattr(syncs, "fsync_file", self._sync)
 
-    def _sync(self, path, directories):
+    def _sync(self, path):
         self.started.set()
         assert self.released.wait(30), "a held fsync was never released"
         if self._error is not None:
             raise self._error
-        self._real(path, directories)
+        self._real(path)
         self.synced.append(os.path.basename(path))
 
 
@@ -302,3 +303,28 @@ def test_a_failed_fsync_fails_the_commit_naming_the_object_and_commits_nothing(t
         producer.flush()
     producer.close(flush=False)
     assert _log_versions(tmp_path) == before
+
+
+def test_a_staged_object_is_written_into_the_staging_file_opened_ahead_for_it(tmp_path):
+    """Creating a file is slow on some disks: the store opens the next staging file in the
+    directory of the last staged object beforehand, and the next object is that file."""
+    store = open_store(tmp_path)
+    store.stage_if_absent("data/p/e000001/a.bwb", [b"first"])
+    store.put_if_absent("_log/00000000000000000001.json", b"{}")  # waits for the fsyncs too
+
+    def spares():
+        return [info.key for info in store.staging_files() if "/.next#" in info.key]
+
+    deadline = time.monotonic() + 10
+    while not spares():  # opened on a background thread
+        assert time.monotonic() < deadline, "no staging file was opened ahead"
+        time.sleep(0.01)
+    (spare,) = spares()
+    inode = os.stat(tmp_path / spare).st_ino
+    store.stage_if_absent("data/p/e000001/b.bwb", [b"sec", b"ond"])  # pieces, written back to back
+    assert os.stat(tmp_path / "data/p/e000001/b.bwb").st_ino == inode
+    assert bytes(store.get("data/p/e000001/b.bwb")) == b"second"
+    store.stage_if_absent("data/q/e000001/c.bwb", b"elsewhere")  # another directory: a file of its own
+    assert bytes(store.get("data/q/e000001/c.bwb")) == b"elsewhere"
+    store.release()
+    assert store.staging_files() == []

@@ -152,12 +152,16 @@ def test_roundtrip_raw_bytes():
         assert got == bytes(want)
 
 
-def test_array_payload_is_encoded_at_encode_time():
-    # Mutating the input after encode must not change the encoded bytes (they are bytes).
+def test_an_encoded_tgb_views_the_arrays_until_its_objects_are_joined():
+    """No copy at encode time: the writer's one pass over the bytes is its write (the
+    producer writes before ``append`` returns); ``objects`` joins them once."""
     a = np.arange(8, dtype=np.int32)
     encoded = encode_tgb([{"a": a}], 1, 1)
-    a[:] = -1
+    assert any(isinstance(piece, memoryview) and piece.obj is a for piece in encoded.parts[0])
+    joined = encoded.objects
+    a[:] = -1  # after the join: the joined bytes are a copy
     np.testing.assert_array_equal(roundtrip(encoded, 0)["a"], np.arange(8, dtype=np.int32))
+    assert encoded.objects is joined and encoded.sizes == [len(joined[0])]
 
 
 def test_nbytes_is_total_object_size():

@@ -461,3 +461,17 @@ def test_departed_producers_stop_counting_for_the_policy(backend_url, monkeypatc
     finally:
         for producer in producers.values():
             producer.close()
+
+
+def test_append_has_written_the_slices_before_it_returns(fast_url):
+    """The producer writes the caller's arrays without copying them first (no join on a
+    local directory): what is committed is what the arrays held during ``append``."""
+    arrays = [np.arange(1000, dtype=np.int64) + rank for rank in range(2)]
+    with bw.Producer(fast_url, "p", dp=2, commit_policy=Manual()) as producer:
+        producer.append([{"x": a} for a in arrays])
+        for a in arrays:
+            a[:] = -1  # the caller reuses its buffers at once
+        producer.flush()
+    for rank in range(2):
+        with bw.Consumer(fast_url, dp=2, rank=rank, timeout_s=10) as consumer:
+            np.testing.assert_array_equal(next(consumer).data["x"], np.arange(1000) + rank)

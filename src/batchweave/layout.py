@@ -44,7 +44,7 @@ __all__ = [
 
 Kind = Literal["arrays", "bytes"]
 SliceData = dict[str, np.ndarray] | bytes
-Piece: TypeAlias = bytes | memoryview  # part of an object being built, joined once
+Piece: TypeAlias = bytes | memoryview  # part of an object, written as it is (no copy until the write)
 
 DEFAULT_MAX_OBJECT_BYTES = 256 * 1024 * 1024
 SLICE_MAGIC = b"BWS1"
@@ -78,17 +78,34 @@ class SliceRef:
     crc32c: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class EncodedTGB:
-    """A TGB ready to upload: object bodies in order and one SliceRef per slice."""
+    """A TGB ready to upload: each object as the pieces that make it up, back to back, and
+    one SliceRef per slice.
+
+    The pieces view the caller's arrays (no copy): write them (``Store.stage_if_absent``
+    takes them as they are; a local directory writes them with one ``writev``) before
+    the caller may change its arrays. ``objects`` joins them, once, for a store that
+    needs one buffer.
+    """
 
     kind: Kind
-    objects: list[bytes]
+    parts: list[list[Piece]]
     slices: list[SliceRef]
+
+    @functools.cached_property
+    def objects(self) -> list[bytes]:
+        """Each object's bytes in one buffer (a copy of the pieces)."""
+        return [b"".join(pieces) for pieces in self.parts]
+
+    @property
+    def sizes(self) -> list[int]:
+        """Each object's size in bytes."""
+        return [sum(len(piece) for piece in pieces) for pieces in self.parts]
 
     @property
     def nbytes(self) -> int:
-        return sum(len(body) for body in self.objects)
+        return sum(self.sizes)
 
 
 class _ArrayHeader(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -154,15 +171,15 @@ def encode_tgb(slices: Sequence[Any], dp: int, cp: int, max_object_bytes: int = 
     encoded = [_encode_slice(payload, index) for index, payload in enumerate(slices)]
     kind = _common_layout(encoded)
     groups = _pack(len_of=[framed.nbytes for framed in encoded], cap=max_object_bytes)
-    objects: list[bytes] = []
+    parts: list[list[Piece]] = []
     refs: list[SliceRef | None] = [None] * len(encoded)
     for part, members in enumerate(groups):
         body, footer_slices = _build_object(encoded, members)
         for fs in footer_slices:
             refs[fs.index] = SliceRef(part, fs.offset, fs.length, fs.crc32c)
         footer = Footer(FOOTER_FORMAT, part, len(groups), dp, cp, kind, footer_slices)
-        objects.append(_with_footer(body, footer))
-    return EncodedTGB(kind=kind, objects=objects, slices=[ref for ref in refs if ref is not None])
+        parts.append(_with_footer(body, footer))
+    return EncodedTGB(kind=kind, parts=parts, slices=[ref for ref in refs if ref is not None])
 
 
 def _pack(len_of: list[int], cap: int) -> list[list[int]]:
@@ -178,7 +195,7 @@ def _pack(len_of: list[int], cap: int) -> list[list[int]]:
 
 
 def _build_object(encoded: list[_Framed], members: list[int]) -> tuple[list[Piece], list[FooterSlice]]:
-    """The object's body as pieces (joined once, with the footer) and its footer entries."""
+    """The object's body as pieces (written back to back, with the footer) and its footer entries."""
     pieces: list[Piece] = []
     footer_slices: list[FooterSlice] = []
     offset = 0
@@ -190,10 +207,11 @@ def _build_object(encoded: list[_Framed], members: list[int]) -> tuple[list[Piec
     return pieces, footer_slices
 
 
-def _with_footer(body: list[Piece], footer: Footer) -> bytes:
-    """The whole object in one copy: the payload bytes are copied here and nowhere else."""
+def _with_footer(body: list[Piece], footer: Footer) -> list[Piece]:
+    """The whole object's pieces: the payload bytes are not copied here (the writer's one
+    pass over them is its write)."""
     footer_bytes = msgspec.json.encode(footer)
-    return b"".join([*body, footer_bytes, _U64.pack(len(footer_bytes)), OBJECT_MAGIC])
+    return [*body, footer_bytes + _U64.pack(len(footer_bytes)) + OBJECT_MAGIC]
 
 
 def _common_layout(encoded: list[_Framed]) -> Kind:
@@ -222,8 +240,8 @@ def _encode_slice(payload: Any, index: int) -> _Framed:
 
 
 def _byte_view(payload: bytes | bytearray | memoryview) -> Piece:
-    """The payload's bytes without a copy (encode_tgb joins the object before it returns,
-    so a caller's buffer is read once, while it is still theirs)."""
+    """The payload's bytes without a copy (written by the producer's ``append`` before it
+    returns, so a caller's buffer is read once, while it is still theirs)."""
     view = memoryview(payload)
     return view.cast("B") if view.c_contiguous else view.tobytes()
 

@@ -37,7 +37,7 @@ from batchweave.errors import (
 )
 from batchweave.journal import DEFAULT_SNAPSHOT_EVERY, Journal
 from batchweave.keys import check_producer_id, data_key
-from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES, encode_tgb
+from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES, Piece, encode_tgb
 from batchweave.lifecycle.watermarks import global_watermark, read_watermarks
 from batchweave.log import LogState, ProducerState, TGBDescriptor
 from batchweave.mesh import Mesh
@@ -200,7 +200,7 @@ class Producer:
                 )
         encoded = encode_tgb(slices, self.mesh.dp, self.mesh.cp, self.max_object_bytes)
         token = secrets.token_hex(4)  # a retried append never collides with its own debris
-        keys = [data_key(self.producer_id, self._me.epoch, offset, token, part) for part in range(len(encoded.objects))]
+        keys = [data_key(self.producer_id, self._me.epoch, offset, token, part) for part in range(len(encoded.parts))]
         descriptor = TGBDescriptor(
             producer=self.producer_id,
             epoch=self._me.epoch,
@@ -215,8 +215,8 @@ class Producer:
         mismatch = logrules.layout_mismatch(self._state.layout, descriptor)
         if mismatch:  # before uploading anything: every consumer would fail at this step
             raise LayoutError(f"producer {self.producer_id!r}: {mismatch}; nothing was written")
-        for key, body in zip(keys, encoded.objects, strict=True):
-            self._put_object(key, body)
+        for key, pieces, size in zip(keys, encoded.parts, encoded.sizes, strict=True):
+            self._put_object(key, pieces, size)
         with self._cond:
             self._raise_if_unusable()
             if offset != self._next_offset:
@@ -268,6 +268,7 @@ class Producer:
             if self._thread is not None:
                 self._thread.join()
             self._intents.close()
+            self._store.release()
 
     def _published_metrics(self, committing: int) -> dict[str, float]:
         """The counters as they stand once the version carrying them lands with
@@ -691,13 +692,13 @@ class Producer:
             time.sleep(random.uniform(pause / 2, pause))  # a new checkpoint mark releases us
             pause = min(2.0, pause * 2)
 
-    def _put_object(self, key: str, body: bytes) -> None:
+    def _put_object(self, key: str, pieces: list[Piece], size: int) -> None:
         try:
-            self._store.stage_if_absent(key, body)  # durable before the commit that names it
+            self._store.stage_if_absent(key, pieces)  # durable before the commit that names it
         except ObjectExistsError:
             # The key carries a fresh random token, so "exists" can only mean that a retry
             # followed our own write which the store applied before timing out.
-            if self._store.size(key) != len(body):
+            if self._store.size(key) != size:
                 raise
 
     def _fail(self, exc: Exception) -> None:

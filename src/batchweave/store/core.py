@@ -28,12 +28,14 @@ from batchweave.store.info import ObjectInfo
 from batchweave.store.localfs import (
     PLAIN_KEY,
     STAGING_NAME,
+    Data,
     find_staging,
     read_file,
     write_durably,
 )
 from batchweave.store.options import RETRY_DEADLINE_OPTION, check_storage_options
 from batchweave.store.requests import Requester
+from batchweave.store.spares import SpareStaging
 from batchweave.store.syncs import PendingSyncs
 from batchweave.store.urls import SCHEME_FAMILY, file_url_path, normalize_url, store_root
 
@@ -114,6 +116,7 @@ class Store(Requester):
         self._local_root = file_url_path(self.url) if self.url.startswith("file:") else None
         self._fsync = bool(self.storage_options.get("fsync", True))
         self._syncs = PendingSyncs()  # of objects staged on a local directory (stage_if_absent)
+        self._spare = SpareStaging()  # the next staged object's staging file, opened ahead
         self._delete_denied = False  # see delete_if_allowed
         if not create and self._local_root is not None and not os.path.isdir(self._local_root):
             raise ConfigError(
@@ -176,20 +179,30 @@ class Store(Requester):
             return
         self._call(key, lambda: obstore.put(self._store, key, data, mode="create"), "put", len(data), conditional=True)
 
-    def stage_if_absent(self, key: str, data: bytes | memoryview) -> None:
+    def stage_if_absent(self, key: str, data: Data) -> None:
         """``put_if_absent`` of an object that a later durable put names (a producer's TGB
-        objects, named by a commit). On a local directory it returns once the object is in
-        place, its fsyncs run in the background (``store.syncs``), and every later
-        ``put_if_absent`` or ``put`` of this Store waits for them first: nothing durable
-        ever names an object that is not. Elsewhere a put is durable when it returns, and
-        this is ``put_if_absent``."""
+        objects, named by a commit); ``data`` may be pieces to write back to back.
+
+        On a local directory it returns once the object is in place (the pieces written
+        with one ``writev``, no copy), its fsyncs run in the background (``store.syncs``),
+        and every later ``put_if_absent`` or ``put`` of this Store waits for them first:
+        nothing durable ever names an object that is not. Elsewhere a put is durable when
+        it returns, and this is ``put_if_absent`` of the pieces joined.
+        """
         path = self._local_file(key)
-        # A subclass that intercepts put_if_absent (a test's store) sees every put.
-        if path is None or not self._fsync or type(self).put_if_absent is not Store.put_if_absent:
-            self.put_if_absent(key, data)
+        # A subclass or test that intercepts put_if_absent sees every put.
+        intercepted = getattr(self.put_if_absent, "__func__", None) is not Store.put_if_absent
+        if path is None or intercepted:
+            self.put_if_absent(key, b"".join(data) if isinstance(data, list) else data)
             return
+        size = sum(len(piece) for piece in data) if isinstance(data, list) else len(data)
         write = functools.partial(self._write_local, path, data, replace=False, staged_as=key)
-        self._call(key, write, "put", len(data), conditional=True)
+        self._call(key, write, "put", size, conditional=True)
+
+    def release(self) -> None:
+        """Remove the staging file opened ahead for the next staged object, if any (a
+        producer that closes writes no more). The store stays usable."""
+        self._spare.discard()
 
     def put(self, key: str, data: bytes | memoryview) -> None:
         """Overwrite ``key``. Only for advisory hints; every other object is create-only."""
@@ -200,10 +213,16 @@ class Store(Requester):
             return
         self._call(key, lambda: obstore.put(self._store, key, data), "put", len(data))
 
-    def _write_local(self, path: str, data: bytes | memoryview, *, replace: bool, staged_as: str = "") -> None:
+    def _write_local(self, path: str, data: Data, *, replace: bool, staged_as: str = "") -> None:
         _ = self._store  # the first request builds the handle, which makes (or checks) the directory
-        directories = write_durably(path, data, replace=replace, fsync=self._fsync and not staged_as)
-        if staged_as:
+        if not staged_as:
+            write_durably(path, data, replace=replace, fsync=self._fsync)
+            return
+        directory = os.path.dirname(path)
+        opened = self._spare.take(directory)
+        directories = write_durably(path, data, replace=False, fsync=False, opened=opened)
+        self._spare.prepare(directory)  # the next object of this producer's epoch goes there too
+        if self._fsync:
             self._syncs.start(staged_as, path, directories)
 
     def staging_files(self) -> list[ObjectInfo]:

@@ -14,6 +14,7 @@ import os
 import re
 import secrets
 from collections.abc import Iterator
+from typing import TypeAlias
 
 from batchweave.errors import ObjectNotFoundError
 from batchweave.store.info import ObjectInfo
@@ -21,13 +22,20 @@ from batchweave.store.info import ObjectInfo
 __all__ = [
     "PLAIN_KEY",
     "STAGING_NAME",
+    "Buffer",
+    "Data",
     "find_staging",
     "fsync_directory",
     "fsync_file",
     "make_dirs",
+    "open_staging",
     "read_file",
     "write_durably",
 ]
+
+Buffer: TypeAlias = bytes | memoryview
+Data: TypeAlias = Buffer | list[Buffer]  # one buffer, or pieces written back to back
+_IOV_MAX = 1024  # buffers one writev takes (POSIX's minimum for IOV_MAX is 16; Linux's is 1024)
 
 # Object keys BatchWeave writes: ids are letters, digits, '.', '_', '-' (keys.check_name).
 PLAIN_KEY = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
@@ -64,7 +72,9 @@ _STAGING_ATTEMPTS = 8  # fresh random names to try when one is taken (odds of 1e
 _VANISHED_ATTEMPTS = 3
 
 
-def write_durably(path: str, data: bytes | memoryview, *, replace: bool, fsync: bool) -> list[str]:
+def write_durably(
+    path: str, data: Data, *, replace: bool, fsync: bool, opened: tuple[int, str] | None = None
+) -> list[str]:
     """Put ``data`` at ``path`` whole or not at all; durable on return when ``fsync``.
 
     The bytes go to a staging file in the same directory, which is fsynced, then linked
@@ -72,13 +82,15 @@ def write_durably(path: str, data: bytes | memoryview, *, replace: bool, fsync: 
     with ``replace``, renamed over it; then the directory is fsynced, and so is the
     parent of every directory this put had to make, so that a new ``_log/`` or
     ``data/<producer>/e000001/`` survives a power loss too. Returns those directories
-    (fsynced, or to fsync after the file: ``fsync_file``). Raises OSError (the caller
-    translates it): FileExistsError when ``path`` exists and not ``replace``.
+    (fsynced, or to fsync after the file: ``fsync_file``). ``opened`` is a staging file
+    opened ahead in ``path``'s directory (``open_staging``), which the first attempt
+    writes. Raises OSError (the caller translates it): FileExistsError when ``path``
+    exists and not ``replace``.
     """
     made: list[str] = []
     for attempt in range(1, _VANISHED_ATTEMPTS + 1):
         try:
-            staging = _write_staging(path, data, fsync)
+            staging = _write_staging(path, data, fsync, opened if attempt == 1 else None)
         except FileNotFoundError:  # the directory is new: make it, once
             made += make_dirs(os.path.dirname(path))
             staging = _write_staging(path, data, fsync)
@@ -109,13 +121,12 @@ def fsync_file(path: str) -> None:
         os.close(fd)
 
 
-def _write_staging(path: str, data: bytes | memoryview, fsync: bool) -> str:
-    """A new staging file next to ``path`` holding ``data`` (fsynced when ``fsync``); its path."""
-    fd, staging = _open_staging(path)
+def _write_staging(path: str, data: Data, fsync: bool, opened: tuple[int, str] | None = None) -> str:
+    """A new staging file next to ``path`` (or ``opened``) holding ``data`` (fsynced when
+    ``fsync``); its path."""
+    fd, staging = opened or open_staging(path)
     try:
-        view = memoryview(data).cast("B")
-        while view:
-            view = view[os.write(fd, view) :]
+        _write_all(fd, data)
         if fsync:
             os.fsync(fd)
     except BaseException:
@@ -127,7 +138,20 @@ def _write_staging(path: str, data: bytes | memoryview, fsync: bool) -> str:
     return staging
 
 
-def _open_staging(path: str) -> tuple[int, str]:
+def _write_all(fd: int, data: Data) -> None:
+    """Every byte of ``data`` (a buffer, or pieces written back to back with ``writev``:
+    the object's one copy is the kernel's)."""
+    pieces = [memoryview(piece).cast("B") for piece in (data if isinstance(data, list) else [data])]
+    while pieces:
+        written = os.writev(fd, pieces[:_IOV_MAX]) if hasattr(os, "writev") else os.write(fd, pieces[0])
+        while pieces and written >= len(pieces[0]):
+            written -= len(pieces.pop(0))
+        if written:
+            pieces[0] = pieces[0][written:]
+
+
+def open_staging(path: str) -> tuple[int, str]:
+    """A new, empty staging file next to ``path``: its descriptor (open for writing) and path."""
     for _ in range(_STAGING_ATTEMPTS):
         staging = f"{path}#{secrets.randbelow(10**18):018d}"
         try:
