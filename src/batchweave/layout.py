@@ -230,7 +230,7 @@ def _encode_slice(payload: Any, index: int) -> _Framed:
     if isinstance(payload, (bytes, bytearray, memoryview)):
         data = _byte_view(payload)
         header = msgspec.json.encode(_SliceHeader(kind="bytes", nbytes=len(data)))
-        return _frame("bytes", None, header, [data], [0])
+        return _frame("bytes", None, _framed_header(header), [data], [0])
     if isinstance(payload, Mapping):
         return _encode_arrays(payload, index)
     raise LayoutError(
@@ -249,22 +249,44 @@ def _byte_view(payload: bytes | bytearray | memoryview) -> Piece:
 def _encode_arrays(payload: Mapping[Any, Any], index: int) -> _Framed:
     if not payload:
         raise LayoutError(f"slice {index}: empty dict; give at least one named array")
-    headers: list[_ArrayHeader] = []
-    buffers: list[bytes | memoryview] = []
-    offsets: list[int] = []
-    offset = 0
+    layout = []
+    buffers: list[Piece] = []
     for name in sorted(payload):
         if not isinstance(name, str) or not name:
             raise LayoutError(f"slice {index}: array names must be non-empty strings, got {name!r}")
         array = _as_array(payload[name], index, name)
-        offset = _align(offset)
-        headers.append(_ArrayHeader(name, array.dtype.str, list(array.shape), offset, array.nbytes))
+        layout.append((name, array.dtype.str, array.shape, array.nbytes))
         buffers.append(array.data.cast("B") if array.nbytes else b"")  # C-contiguous: _as_array
+    plan = _arrays_plan(tuple(layout))
+    return _frame("arrays", plan.signature, plan.first, buffers, plan.offsets, plan.first_crc)
+
+
+@dataclass(frozen=True, slots=True)
+class _ArraysPlan:
+    """How a slice of these arrays is framed: the same for every slice of a run's shapes."""
+
+    signature: tuple[tuple[str, str], ...]
+    first: bytes  # the framed header (``_framed_header``): a slice's first piece
+    offsets: list[int]
+    first_crc: int
+
+
+@functools.lru_cache(maxsize=256)
+def _arrays_plan(layout: tuple[tuple[str, str, tuple[int, ...], int], ...]) -> _ArraysPlan:
+    """The header and array offsets for arrays of these (name, dtype, shape, nbytes):
+    made once per shape, since a producer frames thousands of slices of the same shapes."""
+    headers: list[_ArrayHeader] = []
+    offsets: list[int] = []
+    offset = 0
+    for name, dtype, shape, nbytes in layout:
+        offset = _align(offset)
+        headers.append(_ArrayHeader(name, dtype, list(shape), offset, nbytes))
         offsets.append(offset)
-        offset += array.nbytes
+        offset += nbytes
     header = msgspec.json.encode(_SliceHeader(kind="arrays", arrays=headers))
     signature = tuple((h.name, h.dtype) for h in headers)
-    return _frame("arrays", signature, header, buffers, offsets)
+    first = _framed_header(header)
+    return _ArraysPlan(signature, first, offsets, crc32c.crc32c(first))
 
 
 def _as_array(value: Any, index: int, name: str) -> np.ndarray:
@@ -306,25 +328,39 @@ class _Framed:
     signature: Any  # what every slice of a TGB must share: array names and dtypes
     pieces: list[Piece]
     nbytes: int
+    header_crc: int | None = None  # of pieces[0], when known already
 
     def crc32c(self) -> int:
-        crc = 0
-        for piece in self.pieces:
+        pieces = self.pieces
+        crc = crc32c.crc32c(pieces[0]) if self.header_crc is None else self.header_crc
+        for piece in pieces[1:]:
             crc = crc32c.crc32c(piece, crc)
         return crc
 
 
-def _frame(kind: Kind, signature: Any, header: bytes, buffers: list[Piece], offsets: list[int]) -> _Framed:
+def _framed_header(header: bytes) -> bytes:
+    """A slice's first piece: magic, header length, header, zeros up to the aligned data."""
     prefix = SLICE_MAGIC + _U32.pack(len(header)) + header
-    data_start = _align(len(prefix))
-    pieces: list[Piece] = [prefix + b"\0" * (data_start - len(prefix))]
+    return prefix + b"\0" * (_align(len(prefix)) - len(prefix))
+
+
+def _frame(
+    kind: Kind,
+    signature: Any,
+    first: bytes,
+    buffers: list[Piece],
+    offsets: list[int],
+    header_crc: int | None = None,
+) -> _Framed:
+    """A slice: ``first`` (the framed header), then ``buffers`` at ``offsets`` after it."""
+    pieces: list[Piece] = [first]
     position = 0
     for buffer, offset in zip(buffers, offsets, strict=True):
         if offset > position:
             pieces.append(b"\0" * (offset - position))
         pieces.append(buffer)
         position = offset + len(buffer)
-    return _Framed(kind, signature, pieces, data_start + position)
+    return _Framed(kind, signature, pieces, len(first) + position, header_crc)
 
 
 # -- decoding --------------------------------------------------------------------------
