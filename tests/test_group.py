@@ -343,15 +343,17 @@ def test_a_turn_taken_while_a_stand_in_gathers_the_intents_is_not_raced(tmp_path
     wait_for(lambda: intents_of(open_store(url), "stand-in"), "the stand-in's intent")
     stand_in.append(tgb("stand-in", 1, 1))  # after its intent for this turn: not in it
     gathering, go_on = threading.Event(), threading.Event()
-    gather = stand_in._intents_for_turn
+    turns = stand_in._turns
+    assert turns is not None
+    gather = turns._intents_for_turn
 
     def held(*args):
         gathering.set()
         assert go_on.wait(30)
         return gather(*args)
 
-    stand_in._intents_for_turn = held  # only a turn gathers intents: the commit thread waits for 3600 s
-    turn = Background(stand_in._group_commit_once, False)  # its turn, not a flush
+    turns._intents_for_turn = held  # only a turn gathers intents: the commit thread waits for 3600 s
+    turn = Background(turns._commit_once, False)  # its turn, not a flush
     assert gathering.wait(30)
     owner.append(tgb("owner", 0, 1))
     owner.flush()  # takes the turn, folding stand-in@0 from its intent
@@ -384,15 +386,17 @@ def test_only_the_turns_rank_0_lists_the_intents(tmp_path):
     listings = []
     others = me._intents.others
     me._intents.others = lambda: listings.append(1) or others()
-    me._turn = (version, 1, 0.0)  # a stand-in's turn
-    assert me._group_commit_once(False) is True
+    turns = me._turns
+    assert turns is not None
+    turns._turn = (version, 1, 0.0)  # a stand-in's turn
+    assert turns._commit_once(False) is True
     assert listings == []  # no listing, no intent read
     state = Journal(open_store(url)).load_state()
     assert state.producers["me"].offset == 1 and state.producers["other"].offset == 0
     me.append(tgb("me", 1, 1))
     wait_for(lambda: any(k.endswith("000000000001.json") for k in intents_of(open_store(url), "me")), "my intent")
-    me._turn = (state.version, 0, 0.0)  # rank 0 of the next turn, not read ahead yet: it lists now
-    assert me._group_commit_once(False) is True and listings == [1]
+    turns._turn = (state.version, 0, 0.0)  # rank 0 of the next turn, not read ahead yet: it lists now
+    assert turns._commit_once(False) is True and listings == [1]
     assert Journal(open_store(url)).load_state().producers["other"].offset == 1  # folded
     other.close()
     me.close()

@@ -257,7 +257,7 @@ def test_a_commit_that_failed_through_the_whole_deadline_is_final():
     started = time.monotonic()
     with pytest.raises(bw.TransientStoreError, match="still failing after 0.3 s"):
         producer.flush(timeout_s=30)
-    assert time.monotonic() - started < 5 and producer._store_failures == 1
+    assert time.monotonic() - started < 5 and producer._shared.store_failures == 1
     producer.close(flush=False)
 
 

@@ -33,9 +33,9 @@ from soak import FACTOR
 import batchweave.lifecycle.gc
 import batchweave.log
 import batchweave.logrules
-import batchweave.producer
 import batchweave.reading.fetch
 import batchweave.reading.follower
+from batchweave.commit.shared import SharedState
 from batchweave.testing.simulation import SHAPES, Choices, simulate
 from batchweave.testing.simulation.shrink import format_trace, shrink
 
@@ -104,15 +104,15 @@ def _no_end_marker(build):
     return lambda state, committed_at: batchweave.logrules.next_version(state, committed_at)
 
 
-def _adopts_one_more(adopt):
-    def adopt_one_more(self, state, committed_at):
+def _takes_one_more(take):
+    def take_one_more(self, state):
         mine = state.producers.get(self.producer_id)
         if mine is not None:
             producers = {**state.producers, self.producer_id: msgspec.structs.replace(mine, offset=mine.offset + 1)}
             state = msgspec.structs.replace(state, producers=producers)
-        return adopt(self, state, committed_at)
+        return take(self, state)
 
-    return adopt_one_more
+    return take_one_more
 
 
 SABOTAGES = {
@@ -125,7 +125,7 @@ SABOTAGES = {
         "deleted-reachable",
     ),
     "end_stream writes no marker": (batchweave.logrules, "build_end_of_stream", _no_end_marker, "waits-forever"),
-    "a producer counts one TGB too many": (batchweave.producer.Producer, "_adopt", _adopts_one_more, "producer-ahead"),
+    "a producer counts one TGB too many": (SharedState, "take", _takes_one_more, "producer-ahead"),
 }
 
 

@@ -7,11 +7,14 @@ the queue as the next log version whenever the commit policy says so. Exactly-on
 the same version as its TGBs, a new incarnation claims a higher epoch through the log
 (fencing any zombie at its next commit), and a rebase drops whatever the log already
 holds, so an ambiguous commit outcome neither duplicates nor drops a TGB.
+
+The commit thread's loop is ``batchweave.commit.loop`` (one-producer policies) or
+``batchweave.commit.turns`` (group commit); it shares ``batchweave.commit.shared.SharedState``
+with the producer.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import random
 import secrets
@@ -21,20 +24,14 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from batchweave import log, logrules, retry
-from batchweave.commit.group import GroupCommit, Intent, build_group_commit, intent_key, turn_rank
+from batchweave import log, logrules
+from batchweave.commit.group import GroupCommit
 from batchweave.commit.intents import IntentBoard
+from batchweave.commit.loop import CommitLoop, without_stall
 from batchweave.commit.policies import CommitPolicy, RecentCommitters, resolve_policy
-from batchweave.errors import (
-    ConfigError,
-    LayoutError,
-    NotDurableError,
-    ObjectExistsError,
-    SourceOffsetError,
-    StoreError,
-    StreamEndedError,
-    TransientStoreError,
-)
+from batchweave.commit.shared import SharedState
+from batchweave.commit.turns import GroupTurns
+from batchweave.errors import ConfigError, LayoutError, ObjectExistsError, SourceOffsetError, StreamEndedError
 from batchweave.journal import DEFAULT_SNAPSHOT_EVERY, Journal
 from batchweave.keys import check_producer_id, data_key
 from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES, Piece, encode_tgb
@@ -44,13 +41,6 @@ from batchweave.mesh import Mesh
 from batchweave.store import Store, open_store
 
 __all__ = ["Producer", "end_stream"]
-
-_logger = logging.getLogger(__name__)
-# Consecutive failed commit attempts before the producer gives up, for errors the store
-# does not retry itself (access denied, a request it refuses): they may be short-lived
-# (credentials being rotated), so a few attempts with backoff. A storm of throttling or
-# server errors never counts here: the store retries those until its deadline.
-_MAX_STORE_FAILURES = 10
 
 
 class Producer:
@@ -112,26 +102,11 @@ class Producer:
             )
         self._store = open_store(url, storage_options=storage_options)
         self._journal = Journal(self._store, snapshot_every, heads_only=True)
-        self._cond = threading.Condition()
-        self._pending: list[TGBDescriptor] = []
-        self._error: Exception | None = None  # the commit thread's final error, raised to the caller
-        self._closed = False
-        self._abandon = False  # close(flush=False): drop what is not committed
-        self._abandoned = threading.Event()  # set with it: the commit thread stops retrying a failing store
-        self._flush_waiters = 0
-        self._metrics: dict[str, float] = {
-            "attempts": 0,
-            "conflicts": 0,
-            "successes": 0,
-            "tgbs_committed": 0,
-            "bytes_written": 0,
-            "last_fragile_window_s": math.nan,
-        }
-        self._store_failures = 0
-        self._conflict_streak = 0
         stalled_before_s = self._store.stalled_s
-        self._state, self._me, claim_window_s = self._claim_epoch(uuid.uuid4().hex)
-        claim_window_s = self._without_stall(claim_window_s, stalled_before_s)
+        state, me, claim_window_s = self._claim_epoch(uuid.uuid4().hex)
+        claim_window_s = without_stall(self._store, claim_window_s, stalled_before_s)
+        # What this producer and its commit thread share, under shared.cond.
+        self._shared = SharedState(self.producer_id, threading.Condition(), threading.Event(), state, me)
         if self._group is not None:
             # The claim's successful attempt was a probe and a put, as a commit's is; it
             # seeds how long a put takes, and how late turns come until the log shows it.
@@ -141,27 +116,20 @@ class Producer:
         # spreads its first commits instead of colliding on them.
         self._committers = RecentCommitters()
         self.policy.observe(claim_window_s, self._active_producers(), True)
-        self._last_attempt = time.monotonic()
-        self._next_offset = self._me.offset
+        self._commits = CommitLoop(  # one-producer policies; group commit takes turns instead
+            self._shared, self._journal, self._store, self.policy, self._active_producers, self._published_metrics
+        )
+        self._next_offset = me.offset
         self._intents = IntentBoard(self._store, self.producer_id)
-        self._published_to = self._me.offset  # group commit: intents cover offsets below this
-        self._published: list[tuple[str, int]] = []  # this incarnation's intents: (key, end offset)
-        self._version_seen = (
-            self._state.version,
-            time.monotonic(),
-        )  # group commit: newest version, when it was committed
-        self._seen_committed_at: float | None = None  # group commit: the newest version's build time
-        self._noticed_at = time.monotonic()  # group commit: when we first saw the newest version
-        self._turn = (-1, 0, 0.0)  # group commit: (version, our rank after it, when our turn comes)
-        self._flush_since: float | None = None  # group commit: when the current flush began
-        self._published_for = -1  # group commit: the version after which we last wrote an intent
-        self._follow_after = 0.0  # group commit: when the loop reads the log again
-        self._prefetched_for = -1  # group commit: the version after which we last read intents ahead
+        self._turns: GroupTurns | None = None  # group commit's turn-taking (batchweave.commit.turns)
         if self._group is not None:
-            self._intents.sweep_older_epochs(self._me.epoch)  # a crashed incarnation's, never foldable
+            self._turns = GroupTurns(
+                self._shared, self._journal, self._store, self._intents, self._group, self._published_metrics
+            )
+            self._intents.sweep_older_epochs(me.epoch)  # a crashed incarnation's, never foldable
         self._thread: threading.Thread | None = None
         if background_commit:
-            loop = self._commit_loop if self._group is None else self._group_loop
+            loop = self._commits.run if self._turns is None else self._turns.run
             self._thread = threading.Thread(target=loop, name=f"batchweave-commit-{producer_id}", daemon=True)
             self._thread.start()
 
@@ -170,13 +138,13 @@ class Producer:
     @property
     def epoch(self) -> int:
         """This incarnation's epoch; a newer incarnation of the same id fences it."""
-        return self._me.epoch
+        return self._shared.me.epoch
 
     @property
     def resume_offset(self) -> int:
         """The next source offset this producer_id must produce: everything before it is committed."""
-        with self._cond:
-            return self._committed_offset()
+        with self._shared.cond:
+            return self._shared.committed_offset()
 
     def append(self, slices: Sequence[Any], source_offset: int | None = None) -> int:
         """Write one TGB's objects now; it becomes visible at a later commit.
@@ -189,7 +157,7 @@ class Producer:
         """
         if self.max_lag is not None:
             self._wait_for_checkpoints(self.max_lag)
-        with self._cond:
+        with self._shared.cond:
             self._raise_if_unusable()
             offset = self._next_offset if source_offset is None else source_offset
             if not isinstance(offset, int) or isinstance(offset, bool) or offset != self._next_offset:
@@ -200,10 +168,12 @@ class Producer:
                 )
         encoded = encode_tgb(slices, self.mesh.dp, self.mesh.cp, self.max_object_bytes)
         token = secrets.token_hex(4)  # a retried append never collides with its own debris
-        keys = [data_key(self.producer_id, self._me.epoch, offset, token, part) for part in range(len(encoded.parts))]
+        keys = [
+            data_key(self.producer_id, self._shared.me.epoch, offset, token, part) for part in range(len(encoded.parts))
+        ]
         descriptor = TGBDescriptor(
             producer=self.producer_id,
-            epoch=self._me.epoch,
+            epoch=self._shared.me.epoch,
             source_offset=offset,
             dp=self.mesh.dp,
             cp=self.mesh.cp,
@@ -212,67 +182,70 @@ class Producer:
             slices=[(r.object_index, r.offset, r.length, r.crc32c) for r in encoded.slices],
             nbytes=encoded.nbytes,
         )
-        mismatch = logrules.layout_mismatch(self._state.layout, descriptor)
+        mismatch = logrules.layout_mismatch(self._shared.state.layout, descriptor)
         if mismatch:  # before uploading anything: every consumer would fail at this step
             raise LayoutError(f"producer {self.producer_id!r}: {mismatch}; nothing was written")
         for key, pieces, size in zip(keys, encoded.parts, encoded.sizes, strict=True):
             self._put_object(key, pieces, size)
-        with self._cond:
+        with self._shared.cond:
             self._raise_if_unusable()
             if offset != self._next_offset:
                 raise SourceOffsetError(f"producer {self.producer_id!r}: offset {offset} was appended concurrently")
-            self._pending.append(descriptor)
+            self._shared.pending.append(descriptor)
             self._next_offset = offset + 1
-            self._metrics["bytes_written"] += encoded.nbytes
-            self._cond.notify_all()
+            self._shared.metrics["bytes_written"] += encoded.nbytes
+            self._shared.cond.notify_all()
         if self._thread is None:
-            self._commit_inline(forced=False)
+            self._commits.commit_inline(self._next_offset, forced=False)
         return offset
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Block until everything appended so far is committed (ignores the policy's gap)."""
         if self._thread is None:
-            self._commit_inline(forced=True)
+            self._commits.commit_inline(self._next_offset, forced=True)
             return
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        with self._cond:
+        with self._shared.cond:
             target = self._next_offset
-            self._flush_waiters += 1
-            self._cond.notify_all()
+            self._shared.flush_waiters += 1
+            self._shared.cond.notify_all()
             try:
-                while self._committed_offset() < target and self._error is None:
+                while self._shared.committed_offset() < target and self._shared.error is None:
                     remaining = None if deadline is None else deadline - time.monotonic()
                     if remaining is not None and remaining <= 0:
                         raise TimeoutError(
                             f"producer {self.producer_id!r}: flush timed out after {timeout_s}s with "
-                            f"{len(self._pending)} TGB(s) uncommitted"
+                            f"{len(self._shared.pending)} TGB(s) uncommitted"
                         )
-                    self._cond.wait(remaining)
+                    self._shared.cond.wait(remaining)
             finally:
-                self._flush_waiters -= 1
-            if self._error is not None:
-                raise self._error
+                self._shared.flush_waiters -= 1
+            if self._shared.error is not None:
+                raise self._shared.error
 
     def close(self, flush: bool = True) -> None:
         """Flush (unless ``flush=False``) and stop the commit thread. Idempotent."""
         try:
-            if flush and not self._closed and self._error is None:
+            if flush and not self._shared.closed and self._shared.error is None:
                 self.flush()
         finally:
-            with self._cond:
-                self._closed = True
-                self._abandon = self._abandon or not flush
-                if self._abandon:
-                    self._abandoned.set()  # what is not committed is dropped: do not wait out a storm for it
-                self._cond.notify_all()
+            with self._shared.cond:
+                self._shared.closed = True
+                self._shared.abandon = self._shared.abandon or not flush
+                if self._shared.abandon:
+                    self._shared.abandoned.set()  # what is not committed is dropped: do not wait out a storm for it
+                self._shared.cond.notify_all()
             if self._thread is not None:
                 self._thread.join()
             self._intents.close()
             self._store.release()
 
-    def _published_metrics(self, committing: int) -> dict[str, float]:
+    def _published_metrics(self, committing: int) -> dict[str, float] | None:
         """The counters as they stand once the version carrying them lands with
-        ``committing`` of our TGBs: a published figure is never one commit behind."""
+        ``committing`` of our TGBs: a published figure is never one commit behind.
+        None unless ``publish_metrics``."""
+        if not self.publish_metrics:
+            return None
         keys = ("attempts", "conflicts", "successes", "tgbs_committed", "fragile_window_ema_s", "gap_s")
         current = self.metrics()
         current["successes"] += 1
@@ -286,12 +259,12 @@ class Producer:
         retried and the seconds it spent stalled on throttling or an outage (its uploads
         and its commit thread alike; see ``Store.retries``, ``Store.stalled_s``).
         """
-        with self._cond:
-            out: dict[str, float] = dict(self._metrics)
-            out["pending_tgbs"] = len(self._pending)
-            out["producers_seen"] = len(self._state.producers)
+        with self._shared.cond:
+            out: dict[str, float] = dict(self._shared.metrics)
+            out["pending_tgbs"] = len(self._shared.pending)
+            out["producers_seen"] = len(self._shared.state.producers)
             out["producers_active"] = self._committers.count(time.monotonic(), self._policy_gap_s())
-            out["log_version"] = self._state.version
+            out["log_version"] = self._shared.state.version
         out["fragile_window_ema_s"] = getattr(self.policy, "fragile_window_ema_s", math.nan)
         out["gap_s"] = getattr(self.policy, "gap_s", math.nan)
         out["store_retries"] = self._store.retries
@@ -308,17 +281,14 @@ class Producer:
         self.close(flush=exc_type is None)
 
     def __repr__(self) -> str:
-        return f"Producer({self._store.url!r}, {self.producer_id!r}, epoch={self._me.epoch})"
+        return f"Producer({self._store.url!r}, {self.producer_id!r}, epoch={self._shared.me.epoch})"
 
     # -- internals -------------------------------------------------------------------
-
-    def _committed_offset(self) -> int:
-        return self._state.producers[self.producer_id].offset
 
     def _active_producers(self) -> int:
         """Producers contending for the log now: those seen committing lately (``RecentCommitters``)."""
         now = time.monotonic()
-        self._committers.update({pid: p.last_version for pid, p in self._state.producers.items()}, now)
+        self._committers.update({pid: p.last_version for pid, p in self._shared.state.producers.items()}, now)
         return self._committers.count(now, self._policy_gap_s())
 
     def _policy_gap_s(self) -> float:
@@ -326,13 +296,13 @@ class Producer:
         return gap if isinstance(gap, float | int) and math.isfinite(gap) else 0.0
 
     def _raise_if_unusable(self) -> None:
-        if self._error is not None:
-            raise self._error
-        if self._closed:
+        if self._shared.error is not None:
+            raise self._shared.error
+        if self._shared.closed:
             raise ConfigError(f"producer {self.producer_id!r} is closed")
-        if self._state.end_of_stream:
+        if self._shared.state.end_of_stream:
             raise StreamEndedError(
-                f"namespace {self._store.url} was ended at log version {self._state.version}; no TGB is accepted"
+                f"namespace {self._store.url} was ended at log version {self._shared.state.version}; no TGB is accepted"
             )
 
     def _claim_epoch(self, incarnation: str) -> tuple[LogState, ProducerState, float]:
@@ -357,332 +327,13 @@ class Producer:
         result = self._journal.commit(self._journal.load_state(), claim)
         return result.state, result.state.producers[self.producer_id], result.fragile_window_s
 
-    def _commit_loop(self) -> None:
-        retry.stop_retrying_when(self._abandoned)
-        while True:
-            with self._cond:
-                batch = self._wait_for_work()
-                if batch is None:
-                    return
-                forced = self._flush_waiters > 0 or self._closed
-            if not self._commit_once(batch, forced):
-                return
-
-    # -- group commit (see batchweave.commit.group) -----------------------------------------
-
-    def _group_loop(self) -> None:
-        """Publish intents, follow the log, and commit when it is this producer's turn."""
-        retry.stop_retrying_when(self._abandoned)
-        while True:
-            with self._cond:
-                if self._error is not None or (self._closed and (self._abandon or not self._pending)):
-                    return
-                if not self._pending:
-                    self._cond.wait()
-                    continue
-                forced = self._flush_waiters > 0 or self._closed
-            try:
-                self._group_step(forced)
-                self._store_failures = 0
-            except StoreError as exc:
-                if not self._note_store_failure(exc):
-                    return
-            except Exception as exc:  # fenced, ended, a damaged log, or a bug: all final
-                self._fail(exc)
-                return
-
-    def _group_step(self, forced: bool) -> None:
-        """One pass: publish, look at the log, then commit if the turn has come, else wait."""
-        assert self._group is not None
-        self._publish_intents(forced)
-        now = time.monotonic()
-        if forced or now >= self._follow_after:
-            # Not on every wake-up: appends wake this loop, and a producer appending
-            # hundreds of TGBs a second would read the log as often. A quarter interval
-            # keeps the turn clock; a commit reads on to the newest version anyway.
-            self._follow_log()
-            self._follow_after = now + self._group.interval_s / 4
-        due = self._turn_due(forced)
-        if time.monotonic() < due:
-            self._prefetch_intents()
-            # Wake for the turn, to look at the log again, or to publish what lingered.
-            poll_s = self._group.interval_s if not forced else self._group.stagger() / 2
-            wake = min(due, time.monotonic() + poll_s)
-            for moment in (self._publish_from(), self._prefetch_from()):
-                if moment > time.monotonic():
-                    wake = min(wake, moment)
-            with self._cond:
-                if self._pending and forced == (self._flush_waiters > 0 or self._closed):
-                    self._cond.wait(max(0.0, wake - time.monotonic()))
-            return
-        if self._group_commit_once(forced) or not forced:
-            self._conflict_streak = 0
-            return
-        # A flush that lost the race backs off with full jitter before it tries again:
-        # the winner has most likely folded our intent already.
-        self._conflict_streak += 1
-        time.sleep(random.uniform(0, min(2.0, self._group.stagger() * 2**self._conflict_streak)))
-
-    def _prefetch_from(self) -> float:
-        """When the next committer (rank 0) reads the intents written for its turn (a
-        quarter lead after they were due, time for their puts): at the turn it folds these, with no request on its
-        critical path but the version's probe and put."""
-        assert self._group is not None
-        if self._turn[1] != 0 or self._prefetched_for == self._version_seen[0]:
-            return math.inf
-        return self._publish_from() + self._group.intent_lead_s / 4
-
-    def _prefetch_intents(self) -> None:
-        if time.monotonic() >= self._prefetch_from():
-            version = self._version_seen[0]
-            self._intents.others()
-            self._prefetched_for = version
-
-    def _publish_from(self) -> float:
-        assert self._group is not None
-        return self._version_seen[1] + self._group.publish_after_version_s()
-
-    def _publish_intents(self, forced: bool) -> None:
-        """Write the TGBs that have no intent yet as one intent, once per version, shortly
-        before the next turn (or at once for a flush): whoever commits then folds them.
-        TGBs appended after it wait for the next version's intent."""
-        with self._cond:
-            version = self._version_seen[0]
-            if not forced and (self._published_for == version or time.monotonic() < self._publish_from()):
-                return
-            batch = [t for t in self._pending if t.source_offset >= self._published_to]
-        if not batch:
-            return
-        end = self._intents.publish(self._me.epoch, batch)
-        with self._cond:
-            self._published.append((intent_key(self.producer_id, self._me.epoch, batch[0].source_offset), end))
-            self._published_to = max(self._published_to, end)
-            self._published_for = version
-
-    def _follow_log(self) -> None:
-        """Read the versions committed since we last looked (one GET when there are none)."""
-        state, read = self._journal.catch_up(self._state)
-        if read:
-            self._adopt(state, self._journal.newest_committed_at)
-
-    def _adopt(self, state: LogState, committed_at: float | None) -> None:
-        """Take ``state`` as the newest: drop committed TGBs and, in group commit, restart
-        the turn clock and delete our intents the log now holds (none in other modes)."""
-        with self._cond:
-            if state.version > self._version_seen[0]:
-                self._observe_gap(state.version, committed_at, turn=state.steps > self._state.steps)
-                self._version_seen = (state.version, self._committed_when(committed_at))
-            before = len(self._pending)
-            self._state = state
-            offset = self._committed_offset()
-            self._pending = [t for t in self._pending if t.source_offset >= offset]
-            self._metrics["tgbs_committed"] += before - len(self._pending)
-            self._published_to = max(self._published_to, offset)
-            self._cond.notify_all()
-        if self._published:
-            self._published = self._intents.collect(state, self._published)
-
-    def _observe_gap(self, version: int, committed_at: float | None, turn: bool) -> None:
-        """Group commit learns how late turns are taken from consecutive versions' build
-        times (``GroupCommit.observe_gap``): every producer, from every version it sees
-        that carries TGBs (a claim is not a turn). Two versions may come from hosts whose
-        clocks disagree: the gap is never taken as longer than we saw pass between them
-        on our own clock."""
-        previous, self._seen_committed_at = self._seen_committed_at, committed_at
-        noticed, self._noticed_at = self._noticed_at, time.monotonic()
-        if self._group is None or committed_at is None or previous is None or not turn:
-            return
-        if version == self._version_seen[0] + 1:  # versions read together: only the newest's time is known
-            self._group.observe_gap(min(committed_at - previous, self._noticed_at - noticed))
-
-    def _committed_when(self, committed_at: float | None) -> float:
-        """The newest version's commit time on our monotonic clock. Turns count from it,
-        not from when each producer happened to notice the version, so every producer's
-        clock starts together (hosts' clocks agree to well under a turn; a clock that does
-        not cannot push the start later than now or earlier than one interval ago)."""
-        now = time.monotonic()
-        if committed_at is None or self._group is None:
-            return now
-        age = min(max(0.0, time.time() - committed_at), self._group.interval_s)
-        return now - age
-
-    def _turn_due(self, forced: bool) -> float:
-        """When this producer commits if no newer version shows up first.
-
-        A flush (``forced``) keeps the order of turns but not the interval, and steps one
-        commit's time per rank: when a whole pool flushes at once (the end of a run), the
-        first folds everybody's intents and the others find their TGBs committed instead
-        of colliding with it.
-        """
-        assert self._group is not None
-        version, seen = self._version_seen
-        if self._turn[0] != version:
-            rank = turn_rank(self._state, self.producer_id, self._group.active_versions)
-            self._turn = (version, rank, seen + self._group.wait_after_version_s(rank))
-        _, rank, due = self._turn
-        if not forced:
-            self._flush_since = None
-            return due
-        if self._flush_since is None:
-            self._flush_since = time.monotonic()
-        return min(due, max(seen, self._flush_since) + rank * self._group.stagger() / 2)
-
-    def _group_commit_once(self, forced: bool = True) -> bool:
-        """One attempt: read the others' intents, then fold them with our own pending TGBs.
-        False when another writer took the version. Unless ``forced`` (a flush), the
-        attempt gives way to a version that landed since the turn began."""
-        assert self._group is not None
-        stalled_before_s = self._store.stalled_s
-        turn_version, rank, _ = self._turn
-        intents = self._intents_for_turn(forced, turn_version, rank)
-        with self._cond:
-            batch = list(self._pending)
-
-        def commit(state: LogState) -> log.LogVersion | None:
-            remaining = logrules.pending_after_rebase(state, self.producer_id, self._me, batch)
-            if state.end_of_stream:
-                return None  # pending_after_rebase raised if any of ours were left
-            if not forced and state.version > turn_version:
-                # Somebody took this turn while we listed the intents: it folded ours if
-                # they were published; the rest waits for the next turn. Racing on for the
-                # next version would only cost the pool a conflict or an extra version.
-                return None
-            self._metrics["attempts"] += 1
-            published = self._published_metrics(len(remaining)) if self.publish_metrics else None
-            return build_group_commit(state, self.producer_id, self._me, remaining, intents, time.time(), published)
-
-        result = self._journal.commit(self._state, commit, max_attempts=1)
-        self._metrics["successes"] += result.outcome == "committed"
-        self._metrics["conflicts"] += result.conflicts
-        if result.outcome != "nothing":
-            self._metrics["last_fragile_window_s"] = result.fragile_window_s
-            self._group.observe_commit(self._without_stall(result.fragile_window_s, stalled_before_s))
-            if result.outcome == "committed":
-                self._group.won_race()
-            else:
-                self._group.lost_race()
-        committed_at = result.delta.committed_at if result.delta is not None else self._journal.newest_committed_at
-        self._adopt(result.state, committed_at)
-        return result.outcome != "conflict"
-
-    def _intents_for_turn(self, forced: bool, turn_version: int, rank: int) -> list[Intent]:
-        """The intents a commit folds. Listing and reading them is most of a commit's time
-        on a loaded store, so only the one whose turn it is pays for it, once: rank 0 read
-        them ahead (``_prefetch_intents``) and folds what it read then (an intent written
-        since waits one turn); a stand-in folds only what it read at an earlier turn and
-        commits its own TGBs, so a missing rank 0 costs one stagger, not a pile of
-        listings (the next version's rank 0 folds the rest). A flush lists: its producer
-        is leaving, and the first to flush folds the others'."""
-        if forced or (rank == 0 and self._prefetched_for != turn_version):
-            return self._intents.others()
-        return self._intents.cached()
-
-    def _note_store_failure(self, exc: StoreError) -> bool:
-        """Count a failed commit attempt; False once the producer has failed for good.
-
-        A TransientStoreError that the store retried until its deadline (storage option
-        ``retry_deadline_s``) is final at once: minutes of throttling or outage already
-        passed, and more attempts would only hide it; so is a NotDurableError, which no
-        attempt of this store can cure. Anything shorter (a storm ends
-        within the deadline, so the store never raises) never gets here.
-        """
-        self._store_failures += 1
-        _logger.warning(
-            "producer %s: commit attempt failed (%d in a row): %s", self.producer_id, self._store_failures, exc
-        )
-        retried_out = isinstance(exc, TransientStoreError) and exc.retried_s >= self._store.retry_deadline_s
-        if retried_out or isinstance(exc, NotDurableError) or self._store_failures >= _MAX_STORE_FAILURES:
-            self._fail(exc)
-            return False
-        time.sleep(min(5.0, 0.1 * 2**self._store_failures) * random.random())
-        return True
-
-    def _commit_once(self, batch: list[TGBDescriptor], forced: bool) -> bool:
-        """One attempt with its bookkeeping; False once the producer has failed for good."""
-        stalled_before_s = self._store.stalled_s
-        try:
-            success, window_s = self._attempt(batch)
-            self._store_failures = 0
-        except StoreError as exc:
-            return self._note_store_failure(exc)
-        except Exception as exc:  # fenced, ended, a damaged log, or a bug: all final
-            # Whatever it is, the caller's next append/flush raises it instead of waiting
-            # for a commit thread that is gone.
-            self._fail(exc)
-            return False
-        with self._cond:  # metrics() reads the same tracker from the caller's thread
-            producers = self._active_producers()
-        self.policy.observe(self._without_stall(window_s, stalled_before_s), producers, success)
-        self._last_attempt = time.monotonic()
-        self._conflict_streak = 0 if success else self._conflict_streak + 1
-        if not success and forced:
-            # A flush retries without the policy's gap, but with exponential backoff and
-            # full jitter, so a pool that flushes at once (end of an epoch, shutdown)
-            # thins out instead of colliding again in lockstep.
-            time.sleep(random.uniform(0, min(2.0, window_s * 2**self._conflict_streak)))
-        return True
-
-    def _without_stall(self, window_s: float, stalled_before_s: float) -> float:
-        """``window_s`` less the seconds the store spent retrying since ``stalled_before_s``
-        was read. A commit that rode out throttling measured the storm, not the log's
-        contention: DAC spaces commits about 9 fragile windows apart, so one 60 s window
-        would hold every commit back for minutes after the store recovered."""
-        return max(0.0, window_s - (self._store.stalled_s - stalled_before_s))
-
-    def _commit_inline(self, forced: bool) -> None:
-        """background_commit=False: commit in the caller's thread (paper, Algorithm 1)."""
-        target = self._next_offset
-        while self._error is None and self._committed_offset() < target:
-            since = time.monotonic() - self._last_attempt
-            if not forced and self.policy.wait_s(len(self._pending), since) > 0:
-                break
-            self._commit_once(list(self._pending), forced)
-            if not forced:
-                break  # one attempt per append; a flush retries until everything is in
-        if self._error is not None:
-            raise self._error
-
-    def _wait_for_work(self) -> list[TGBDescriptor] | None:
-        """Under the lock: the batch to commit now, or None when the thread should stop."""
-        while True:
-            if self._error is not None or (self._closed and (self._abandon or not self._pending)):
-                return None
-            if self._pending:
-                forced = self._flush_waiters > 0 or self._closed
-                wait = 0.0 if forced else self.policy.wait_s(len(self._pending), time.monotonic() - self._last_attempt)
-                if wait <= 0:
-                    return list(self._pending)
-            else:
-                wait = math.inf
-            self._cond.wait(None if math.isinf(wait) else wait)
-
-    def _attempt(self, batch: list[TGBDescriptor]) -> tuple[bool, float]:
-        """One commit attempt: catch up, rebase, conditional put. Returns (success, fragile window s)."""
-
-        def commit(state: LogState) -> log.LogVersion | None:
-            remaining = logrules.pending_after_rebase(state, self.producer_id, self._me, batch)
-            if not remaining:
-                return None
-            self._metrics["attempts"] += 1  # before publishing: the counters include this attempt
-            published = self._published_metrics(len(remaining)) if self.publish_metrics else None
-            return logrules.build_commit(state, self.producer_id, self._me, remaining, time.time(), published)
-
-        result = self._journal.commit(self._state, commit, max_attempts=1)
-        committed = result.outcome == "committed"
-        self._metrics["successes"] += committed
-        self._metrics["conflicts"] += result.conflicts
-        if result.outcome != "nothing":
-            self._metrics["last_fragile_window_s"] = result.fragile_window_s
-        self._adopt(result.state, None)
-        return result.outcome != "conflict", result.fragile_window_s
-
     def _wait_for_checkpoints(self, max_lag: int) -> None:
         """Backpressure: hold ``append`` while the log is ``max_lag`` steps past ``W_global``."""
         pause = 0.05
         while True:
-            with self._cond:
+            with self._shared.cond:
                 self._raise_if_unusable()
-                steps = self._state.steps
+                steps = self._shared.state.steps
             if steps - self._w_global_steps < max_lag:
                 return
             live = global_watermark(read_watermarks(self._store))
@@ -700,11 +351,6 @@ class Producer:
             # followed our own write which the store applied before timing out.
             if self._store.size(key) != size:
                 raise
-
-    def _fail(self, exc: Exception) -> None:
-        with self._cond:
-            self._error = exc
-            self._cond.notify_all()
 
 
 def end_stream(url: str | Store, *, create: bool = True, storage_options: dict[str, Any] | None = None) -> int:

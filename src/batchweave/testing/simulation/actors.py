@@ -421,7 +421,7 @@ def _recreate_freed_version(world: World) -> None:
 
 def _views(world: World) -> list[int]:
     """The log versions live producers and readers last read (peeked, not scheduled)."""
-    views = [producer._state.version for producer in world.producers.values()]
+    views = [producer._shared.state.version for producer in world.producers.values()]
     for actor in world.scheduler.actors:
         consumer = actor.notes.get("consumer")
         if actor.alive and consumer is not None and consumer._pipeline is not None:

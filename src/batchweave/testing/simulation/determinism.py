@@ -31,7 +31,9 @@ from typing import TYPE_CHECKING, Any
 
 import batchweave.commit.group
 import batchweave.commit.intents
+import batchweave.commit.loop
 import batchweave.commit.policies
+import batchweave.commit.turns
 import batchweave.consumer
 import batchweave.journal.core
 import batchweave.lifecycle.gc
@@ -148,6 +150,11 @@ def deterministic(scheduler: Scheduler, noise: random.Random) -> Iterator[None]:
         (batchweave.producer, "uuid", _fake_uuid(noise)),
         (batchweave.producer, "secrets", _fake_secrets(noise)),
         (batchweave.producer, "threading", threading_shim),
+        # The producer's commit loops (the condition they wait on is the producer's).
+        (batchweave.commit.loop, "time", fake_time),
+        (batchweave.commit.loop, "random", fake_random),
+        (batchweave.commit.turns, "time", fake_time),
+        (batchweave.commit.turns, "random", fake_random),
         (batchweave.consumer, "time", fake_time),
         (batchweave.reading.pipeline, "time", fake_time),
         (batchweave.reading.fetch, "time", fake_time),

@@ -1,11 +1,12 @@
 """Group-mode producers without their commit thread: the one white-box adapter.
 
-Group commit runs on the producer's background thread today (``Producer._group_loop``).
-The simulation builds the producer with that thread inert (``determinism.InertThread``)
-and runs the loop's body itself, one pass per ``step()``, through the producer's private
-``_group_step`` (publish intents, follow the log, commit at our turn; its ``_cond.wait``
-is a virtual sleep) and its failure bookkeeping. Everything private the simulation
-touches is in this class, so a public inline group mode can replace it in one place.
+Group commit runs on the producer's background thread today (``GroupTurns.run`` of
+``batchweave.commit.turns``). The simulation builds the producer with that thread inert
+(``determinism.InertThread``) and runs the loop's body itself, one pass per ``step()``,
+through the producer's private ``_turns.take_a_pass`` (publish intents, follow the log,
+commit at our turn, with the failure bookkeeping; its ``cond.wait`` is a virtual sleep).
+Everything private the simulation touches is in this class, so a public inline group
+mode can replace it in one place.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 from typing import Any
 
 from batchweave.commit.group import GroupCommit
-from batchweave.errors import StoreError
 from batchweave.producer import Producer
 from batchweave.store import Store
 
@@ -35,35 +35,29 @@ class GroupProducerDriver:
         return self.producer.resume_offset
 
     def step(self) -> None:
-        """One pass of ``Producer._group_loop``: publish, follow, commit if our turn came."""
-        p = self.producer
-        if p._error is not None:
-            raise p._error
-        if not p._pending:
+        """One pass of ``GroupTurns.run``: publish, follow, commit if our turn came."""
+        shared, turns = self.producer._shared, self.producer._turns
+        assert turns is not None
+        if shared.error is not None:
+            raise shared.error
+        if not shared.pending:
             return  # the loop would wait for an append; so does the caller
-        forced = p._flush_waiters > 0 or p._closed
-        try:
-            p._group_step(forced)
-            p._store_failures = 0
-        except StoreError as exc:
-            p._note_store_failure(exc)
-        except Exception as exc:  # fenced, ended, a damaged log: final, as in the loop
-            p._fail(exc)
-        if p._error is not None:
-            raise p._error
+        turns.take_a_pass(shared.forced)  # a final error (fenced, ended, a damaged log) is kept
+        if shared.error is not None:
+            raise shared.error
 
     def flush(self) -> int:
         """Step until everything appended is committed; returns the offset flushed to."""
-        p = self.producer
+        p, shared = self.producer, self.producer._shared
         target = p._next_offset
-        p._flush_waiters += 1
+        shared.flush_waiters += 1
         try:
             while p.resume_offset < target:
-                if not p._pending and p._error is None:  # would spin without a store operation
+                if not shared.pending and shared.error is None:  # would spin without a store operation
                     raise AssertionError(f"flush to {target}: nothing pending, committed only to {p.resume_offset}")
                 self.step()
         finally:
-            p._flush_waiters -= 1
+            shared.flush_waiters -= 1
         return target
 
     def close(self) -> None:

@@ -1,0 +1,78 @@
+"""What a producer and its commit loop share: one small object both hold.
+
+The producer appends to ``pending`` and raises ``error`` to its caller; the commit loop
+(``batchweave.commit.loop`` or, in group commit, ``batchweave.commit.turns``) commits
+``pending`` and records what the log now says. Fields are read and written under
+``cond``, the producer's condition, unless a comment says otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from batchweave.log import LogState, ProducerState, TGBDescriptor
+
+if TYPE_CHECKING:
+    import threading
+
+__all__ = ["SharedState"]
+
+
+def _counters() -> dict[str, float]:
+    return {
+        "attempts": 0,
+        "conflicts": 0,
+        "successes": 0,
+        "tgbs_committed": 0,
+        "bytes_written": 0,
+        "last_fragile_window_s": math.nan,
+    }
+
+
+@dataclass(eq=False)
+class SharedState:
+    """One producer's view of the log and its uncommitted TGBs, with the flags that stop
+    its commit loop."""
+
+    producer_id: str
+    cond: threading.Condition
+    abandoned: threading.Event  # set with abandon: the commit loop stops retrying a failing store
+    state: LogState  # the newest log state this producer has read
+    me: ProducerState  # this incarnation, as its claim left it (its epoch)
+    pending: list[TGBDescriptor] = field(default_factory=list)
+    error: Exception | None = None  # the commit thread's final error, raised to the caller
+    closed: bool = False
+    abandon: bool = False  # close(flush=False): drop what is not committed
+    flush_waiters: int = 0
+    store_failures: int = 0  # consecutive failed commit attempts (commit loop only)
+    metrics: dict[str, float] = field(default_factory=_counters)
+
+    def committed_offset(self) -> int:
+        return self.state.producers[self.producer_id].offset
+
+    @property
+    def forced(self) -> bool:
+        """A flush is waiting, or the producer is closing: commit without the policy's gap."""
+        return self.flush_waiters > 0 or self.closed
+
+    @property
+    def stopping(self) -> bool:
+        """The commit loop has nothing more to do: failed, or closed with nothing to commit."""
+        return self.error is not None or (self.closed and (self.abandon or not self.pending))
+
+    def take(self, state: LogState) -> int:
+        """Under ``cond``: take ``state`` as the newest and drop the TGBs it commits;
+        returns our committed offset."""
+        before = len(self.pending)
+        self.state = state
+        offset = self.committed_offset()
+        self.pending = [t for t in self.pending if t.source_offset >= offset]
+        self.metrics["tgbs_committed"] += before - len(self.pending)
+        return offset
+
+    def fail(self, exc: Exception) -> None:
+        with self.cond:
+            self.error = exc
+            self.cond.notify_all()

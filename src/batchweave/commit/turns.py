@@ -1,0 +1,264 @@
+"""Group commit's turn-taking loop: one producer's side of ``batchweave.commit.group``.
+
+Each producer publishes intents for its TGBs, follows the log, and commits when its turn
+comes, folding the others' intents with its own TGBs. ``GroupTurns`` is given what it
+needs: the journal, the store, the intent board, the group policy, the state it shares
+with its producer (``SharedState``) and a callback for the counters a commit publishes.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+
+from batchweave import log, logrules, retry
+from batchweave.commit.group import GroupCommit, Intent, build_group_commit, intent_key, turn_rank
+from batchweave.commit.intents import IntentBoard
+from batchweave.commit.loop import PublishedMetrics, note_store_failure, without_stall
+from batchweave.commit.shared import SharedState
+from batchweave.errors import StoreError
+from batchweave.journal import Journal
+from batchweave.log import LogState
+from batchweave.store import Store
+
+__all__ = ["GroupTurns"]
+
+
+class GroupTurns:
+    """Publishes intents, follows the log, and commits when it is this producer's turn."""
+
+    def __init__(
+        self,
+        shared: SharedState,
+        journal: Journal,
+        store: Store,
+        intents: IntentBoard,
+        group: GroupCommit,
+        published_metrics: PublishedMetrics,
+    ) -> None:
+        self._shared = shared
+        self._journal = journal
+        self._store = store
+        self._intents = intents
+        self._group = group
+        self._published_metrics = published_metrics
+        self._conflict_streak = 0
+        self._published_to = shared.me.offset  # intents cover offsets below this
+        self._published: list[tuple[str, int]] = []  # this incarnation's intents: (key, end offset)
+        self._version_seen = (shared.state.version, time.monotonic())  # newest version, when it was committed
+        self._seen_committed_at: float | None = None  # the newest version's build time
+        self._noticed_at = time.monotonic()  # when we first saw the newest version
+        self._turn = (-1, 0, 0.0)  # (version, our rank after it, when our turn comes)
+        self._flush_since: float | None = None  # when the current flush began
+        self._published_for = -1  # the version after which we last wrote an intent
+        self._follow_after = 0.0  # when the loop reads the log again
+        self._prefetched_for = -1  # the version after which we last read intents ahead
+
+    def run(self) -> None:
+        """The background commit thread's body."""
+        shared = self._shared
+        retry.stop_retrying_when(shared.abandoned)
+        while True:
+            with shared.cond:
+                if shared.stopping:
+                    return
+                if not shared.pending:
+                    shared.cond.wait()
+                    continue
+                forced = shared.forced
+            if not self.take_a_pass(forced):
+                return
+
+    def take_a_pass(self, forced: bool) -> bool:
+        """One pass with its failure bookkeeping; False once the producer has failed for good."""
+        try:
+            self._step(forced)
+            self._shared.store_failures = 0
+        except StoreError as exc:
+            return note_store_failure(self._shared, self._store, exc)
+        except Exception as exc:  # fenced, ended, a damaged log, or a bug: all final
+            self._shared.fail(exc)
+            return False
+        return True
+
+    def _step(self, forced: bool) -> None:
+        """One pass: publish, look at the log, then commit if the turn has come, else wait."""
+        shared = self._shared
+        self._publish_intents(forced)
+        now = time.monotonic()
+        if forced or now >= self._follow_after:
+            # Not on every wake-up: appends wake this loop, and a producer appending
+            # hundreds of TGBs a second would read the log as often. A quarter interval
+            # keeps the turn clock; a commit reads on to the newest version anyway.
+            self._follow_log()
+            self._follow_after = now + self._group.interval_s / 4
+        due = self._turn_due(forced)
+        if time.monotonic() < due:
+            self._prefetch_intents()
+            # Wake for the turn, to look at the log again, or to publish what lingered.
+            poll_s = self._group.interval_s if not forced else self._group.stagger() / 2
+            wake = min(due, time.monotonic() + poll_s)
+            for moment in (self._publish_from(), self._prefetch_from()):
+                if moment > time.monotonic():
+                    wake = min(wake, moment)
+            with shared.cond:
+                if shared.pending and forced == shared.forced:
+                    shared.cond.wait(max(0.0, wake - time.monotonic()))
+            return
+        if self._commit_once(forced) or not forced:
+            self._conflict_streak = 0
+            return
+        # A flush that lost the race backs off with full jitter before it tries again:
+        # the winner has most likely folded our intent already.
+        self._conflict_streak += 1
+        time.sleep(random.uniform(0, min(2.0, self._group.stagger() * 2**self._conflict_streak)))
+
+    def _prefetch_from(self) -> float:
+        """When the next committer (rank 0) reads the intents written for its turn (a
+        quarter lead after they were due, time for their puts): at the turn it folds these, with no request on its
+        critical path but the version's probe and put."""
+        if self._turn[1] != 0 or self._prefetched_for == self._version_seen[0]:
+            return math.inf
+        return self._publish_from() + self._group.intent_lead_s / 4
+
+    def _prefetch_intents(self) -> None:
+        if time.monotonic() >= self._prefetch_from():
+            version = self._version_seen[0]
+            self._intents.others()
+            self._prefetched_for = version
+
+    def _publish_from(self) -> float:
+        return self._version_seen[1] + self._group.publish_after_version_s()
+
+    def _publish_intents(self, forced: bool) -> None:
+        """Write the TGBs that have no intent yet as one intent, once per version, shortly
+        before the next turn (or at once for a flush): whoever commits then folds them.
+        TGBs appended after it wait for the next version's intent."""
+        shared = self._shared
+        with shared.cond:
+            version = self._version_seen[0]
+            if not forced and (self._published_for == version or time.monotonic() < self._publish_from()):
+                return
+            batch = [t for t in shared.pending if t.source_offset >= self._published_to]
+        if not batch:
+            return
+        end = self._intents.publish(shared.me.epoch, batch)
+        with shared.cond:
+            self._published.append((intent_key(shared.producer_id, shared.me.epoch, batch[0].source_offset), end))
+            self._published_to = max(self._published_to, end)
+            self._published_for = version
+
+    def _follow_log(self) -> None:
+        """Read the versions committed since we last looked (one GET when there are none)."""
+        state, read = self._journal.catch_up(self._shared.state)
+        if read:
+            self._adopt(state, self._journal.newest_committed_at)
+
+    def _adopt(self, state: LogState, committed_at: float | None) -> None:
+        """Take ``state`` as the newest: drop committed TGBs, restart the turn clock and
+        delete our intents the log now holds."""
+        shared = self._shared
+        with shared.cond:
+            if state.version > self._version_seen[0]:
+                self._observe_gap(state.version, committed_at, turn=state.steps > shared.state.steps)
+                self._version_seen = (state.version, self._committed_when(committed_at))
+            offset = shared.take(state)
+            self._published_to = max(self._published_to, offset)
+            shared.cond.notify_all()
+        if self._published:
+            self._published = self._intents.collect(state, self._published)
+
+    def _observe_gap(self, version: int, committed_at: float | None, turn: bool) -> None:
+        """Group commit learns how late turns are taken from consecutive versions' build
+        times (``GroupCommit.observe_gap``): every producer, from every version it sees
+        that carries TGBs (a claim is not a turn). Two versions may come from hosts whose
+        clocks disagree: the gap is never taken as longer than we saw pass between them
+        on our own clock."""
+        previous, self._seen_committed_at = self._seen_committed_at, committed_at
+        noticed, self._noticed_at = self._noticed_at, time.monotonic()
+        if committed_at is None or previous is None or not turn:
+            return
+        if version == self._version_seen[0] + 1:  # versions read together: only the newest's time is known
+            self._group.observe_gap(min(committed_at - previous, self._noticed_at - noticed))
+
+    def _committed_when(self, committed_at: float | None) -> float:
+        """The newest version's commit time on our monotonic clock. Turns count from it,
+        not from when each producer happened to notice the version, so every producer's
+        clock starts together (hosts' clocks agree to well under a turn; a clock that does
+        not cannot push the start later than now or earlier than one interval ago)."""
+        now = time.monotonic()
+        if committed_at is None:
+            return now
+        age = min(max(0.0, time.time() - committed_at), self._group.interval_s)
+        return now - age
+
+    def _turn_due(self, forced: bool) -> float:
+        """When this producer commits if no newer version shows up first.
+
+        A flush (``forced``) keeps the order of turns but not the interval, and steps one
+        commit's time per rank: when a whole pool flushes at once (the end of a run), the
+        first folds everybody's intents and the others find their TGBs committed instead
+        of colliding with it.
+        """
+        version, seen = self._version_seen
+        if self._turn[0] != version:
+            rank = turn_rank(self._shared.state, self._shared.producer_id, self._group.active_versions)
+            self._turn = (version, rank, seen + self._group.wait_after_version_s(rank))
+        _, rank, due = self._turn
+        if not forced:
+            self._flush_since = None
+            return due
+        if self._flush_since is None:
+            self._flush_since = time.monotonic()
+        return min(due, max(seen, self._flush_since) + rank * self._group.stagger() / 2)
+
+    def _commit_once(self, forced: bool = True) -> bool:
+        """One attempt: read the others' intents, then fold them with our own pending TGBs.
+        False when another writer took the version. Unless ``forced`` (a flush), the
+        attempt gives way to a version that landed since the turn began."""
+        shared = self._shared
+        stalled_before_s = self._store.stalled_s
+        turn_version, rank, _ = self._turn
+        intents = self._intents_for_turn(forced, turn_version, rank)
+        with shared.cond:
+            batch = list(shared.pending)
+
+        def commit(state: LogState) -> log.LogVersion | None:
+            remaining = logrules.pending_after_rebase(state, shared.producer_id, shared.me, batch)
+            if state.end_of_stream:
+                return None  # pending_after_rebase raised if any of ours were left
+            if not forced and state.version > turn_version:
+                # Somebody took this turn while we listed the intents: it folded ours if
+                # they were published; the rest waits for the next turn. Racing on for the
+                # next version would only cost the pool a conflict or an extra version.
+                return None
+            shared.metrics["attempts"] += 1
+            published = self._published_metrics(len(remaining))
+            return build_group_commit(state, shared.producer_id, shared.me, remaining, intents, time.time(), published)
+
+        result = self._journal.commit(shared.state, commit, max_attempts=1)
+        shared.metrics["successes"] += result.outcome == "committed"
+        shared.metrics["conflicts"] += result.conflicts
+        if result.outcome != "nothing":
+            shared.metrics["last_fragile_window_s"] = result.fragile_window_s
+            self._group.observe_commit(without_stall(self._store, result.fragile_window_s, stalled_before_s))
+            if result.outcome == "committed":
+                self._group.won_race()
+            else:
+                self._group.lost_race()
+        committed_at = result.delta.committed_at if result.delta is not None else self._journal.newest_committed_at
+        self._adopt(result.state, committed_at)
+        return result.outcome != "conflict"
+
+    def _intents_for_turn(self, forced: bool, turn_version: int, rank: int) -> list[Intent]:
+        """The intents a commit folds. Listing and reading them is most of a commit's time
+        on a loaded store, so only the one whose turn it is pays for it, once: rank 0 read
+        them ahead (``_prefetch_intents``) and folds what it read then (an intent written
+        since waits one turn); a stand-in folds only what it read at an earlier turn and
+        commits its own TGBs, so a missing rank 0 costs one stagger, not a pile of
+        listings (the next version's rank 0 folds the rest). A flush lists: its producer
+        is leaving, and the first to flush folds the others'."""
+        if forced or (rank == 0 and self._prefetched_for != turn_version):
+            return self._intents.others()
+        return self._intents.cached()
