@@ -66,16 +66,18 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
         ("latency", "producer"): 60 if options.quick else 400,
         ("latency", "consumer"): 60 if options.quick else 3000,
     }
-    rounds = 1 if options.quick else 5
+    # Rounds: a local directory's puts vary by +-30% from one minute to the next on a virtual
+    # disk (file creation alone takes 0.5-0.8 ms), so its medians need more of them.
+    rounds = {"local": 1 if options.quick else 9, "latency": 1 if options.quick else 5}
     task = progress.add_task("bench overhead", total=len(stores) * 2)
     results: list[dict[str, Any]] = []
     profiles: dict[str, str] = {}
     for kind in stores:
         progress.update(task, description=f"overhead: producer on {kind}")
-        results.append(_producer_row(kind, steps[kind, "producer"], rounds))
+        results.append(_producer_row(kind, steps[kind, "producer"], rounds[kind]))
         progress.advance(task)
         progress.update(task, description=f"overhead: consumer on {kind}")
-        results.append(_consumer_row(kind, steps[kind, "consumer"], rounds))
+        results.append(_consumer_row(kind, steps[kind, "consumer"], rounds[kind]))
         progress.advance(task)
     profiles["producer"] = _profile(lambda s, tag: _append_all(s, tag, steps["local", "producer"]))
     profiles["consumer"] = _profile_consumer(steps["local", "consumer"])
@@ -171,10 +173,11 @@ def _consumer_row(kind: str, steps: int, rounds: int) -> dict[str, Any]:
         for _ in range(rounds):
             elapsed, inflight = _consume(namespace, steps)
             ours.append(elapsed)
-            sequential.append(_timed(lambda: _plain_reads(namespace, ranges, 1)))
+            if kind == "local":  # on the latency model one at a time is 30x slower than in flight: never the baseline
+                sequential.append(_timed(lambda: _plain_reads(namespace, ranges, 1)))
             if inflight > 1:
                 concurrent.append(_timed(lambda n=inflight: _plain_reads(namespace, ranges, n)))
-    if concurrent and statistics.median(concurrent) < statistics.median(sequential):
+    if concurrent and (not sequential or statistics.median(concurrent) < statistics.median(sequential)):
         return _row(kind, "consumer", steps, ours, concurrent, f"range reads, {inflight} in flight in order")
     return _row(kind, "consumer", steps, ours, sequential, "range reads, one at a time")
 
