@@ -243,3 +243,73 @@ def test_a_run_uses_its_own_intent_readers_whatever_the_process_made_before():
     here = simulate(Choices(seed=5), SHAPES["group"])
     assert batchweave.commit.intents._shared is real
     assert hashlib.sha256(repr(here.trace).encode()).hexdigest() == fresh
+
+
+# -- the simulation's clock and dice reach every actor's code ---------------------------
+
+# The packages whose code the simulation's actors run (producers, group committers,
+# readers, node followers, collectors, over the simulated store).
+SIMULATED = (
+    "batchweave.producer",
+    "batchweave.consumer",
+    "batchweave.logrules",
+    "batchweave.commit",
+    "batchweave.journal",
+    "batchweave.reading",
+    "batchweave.lifecycle",
+    "batchweave.store",
+)
+NONDETERMINISTIC = ("time", "random", "uuid", "secrets")
+# Modules of those packages that use one of them although no simulated actor runs them.
+NOT_RUN_BY_ACTORS = {
+    "batchweave.reading.nodeclient": "ranks share a node through the in-process InlineNode, not a hub's socket",
+    "batchweave.reading.nodehub": "likewise: the hub is a real server, tested with real processes in test_node",
+    "batchweave.store.backends": "the simulated store never builds an obstore backend",
+    "batchweave.store.credentials": "nor resolves credentials",
+    "batchweave.store.localfs": "nor writes a local directory",
+}
+
+
+def _modules_using_nondeterminism() -> dict[str, set[str]]:
+    import ast
+    import importlib
+    import pkgutil
+
+    found: dict[str, set[str]] = {}
+    for top in SIMULATED:
+        module = importlib.import_module(top)
+        names = [top]
+        if hasattr(module, "__path__"):
+            names += [f"{top}.{info.name}" for info in pkgutil.iter_modules(module.__path__)]
+        for name in names:
+            tree = ast.parse(Path(importlib.import_module(name).__file__).read_text())
+            imported = {alias.name for node in tree.body if isinstance(node, ast.Import) for alias in node.names}
+            used = imported & set(NONDETERMINISTIC)
+            if used:
+                found[name] = used
+    return found
+
+
+def test_every_module_an_actor_runs_gets_the_simulated_clock_and_dice():
+    """Code moved to a new module keeps the simulation deterministic only if the new module
+    is patched too (a miss shows as a flaky run, or a hang on a real sleep)."""
+    import importlib
+    import random
+    import secrets
+    import time
+    import uuid
+
+    from batchweave.testing.simulation.determinism import deterministic
+    from batchweave.testing.simulation.scheduler import Scheduler, VirtualClock
+
+    real = {"time": time, "random": random, "uuid": uuid, "secrets": secrets}
+    users = _modules_using_nondeterminism()
+    assert "batchweave.producer" in users and len(users) > 10  # the scan found them
+    unpatched = []
+    with deterministic(Scheduler(Choices(seed=0), VirtualClock(), 0, 0), random.Random(0)):
+        for name, used in sorted(users.items()):
+            module = importlib.import_module(name)
+            for what in sorted(used):
+                if getattr(module, what) is real[what] and name not in NOT_RUN_BY_ACTORS:
+                    unpatched.append(f"{name}.{what}")
+    assert unpatched == [], "patch these in testing/simulation/determinism.py (or say why no actor runs them)"
