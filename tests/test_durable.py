@@ -328,3 +328,25 @@ def test_a_staged_object_is_written_into_the_staging_file_opened_ahead_for_it(tm
     assert bytes(store.get("data/q/e000001/c.bwb")) == b"elsewhere"
     store.release()
     assert store.staging_files() == []
+
+
+def test_a_durable_put_waits_for_staged_objects_while_another_put_is_waiting_for_them(tmp_path, monkeypatch):
+    """Regression: the second of two durable puts found the staged fsyncs already taken by
+    the first (still waiting for them) and went ahead, naming an object not yet durable."""
+    from batchweave.testing.interleave import Background
+
+    held = HeldSyncs(monkeypatch)
+    store = open_store(tmp_path)
+    store.stage_if_absent("data/p/e000001/a.bwb", [b"tgb"])
+    assert held.started.wait(10)
+    first = Background(store.put_if_absent, "_log/00000000000000000001.json", b"{}")
+    second = Background(store.put_if_absent, "_log/00000000000000000002.json", b"{}")
+    try:
+        assert not second.finished.wait(0.5), "a durable put went ahead of a staged object's fsync"
+        assert store.size("_log/00000000000000000002.json") is None
+    finally:
+        held.released.set()
+        store.release()
+    first.result(10)
+    second.result(10)
+    assert held.synced == ["a.bwb"]

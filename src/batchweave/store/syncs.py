@@ -11,8 +11,10 @@ never names one that is not (``Store.stage_if_absent``).
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from batchweave.errors import NotDurableError
@@ -30,7 +32,8 @@ class PendingSyncs:
     """fsyncs of written files, in the background; ``wait`` for those started so far."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards what is pending
+        self._waiting = threading.Lock()  # held by the one waiter
         self._pending: list[tuple[str, Future[None]]] = []
         self._directories: dict[str, str] = {}  # directory to fsync -> an object it names
         self._pool: ThreadPoolExecutor | None = None
@@ -55,25 +58,27 @@ class PendingSyncs:
         raises NotDurableError naming its object, now and at every later call: nothing
         durable may name an object that may not survive a power loss, and this store
         cannot tell which later puts would."""
-        with self._lock:
-            if self._pid != os.getpid():
-                return  # staged by the parent process: its own puts wait for them
-            pending, self._pending = self._pending, []
-            directories, self._directories = self._directories, {}
-        for key, done in pending:
-            self._check(key, done.result)
-        for directory, key in directories.items():
-            self._check(key, lambda d=directory: fsync_directory(d))
-        if self._failed is not None:
-            raise self._failed
-
-    def _check(self, key: str, sync: object) -> None:
-        try:
-            sync()  # type: ignore[operator]
-        except OSError as exc:
+        # One waiter at a time: a second one must not find the fsyncs taken by the first
+        # and go ahead while they still run.
+        with self._waiting:
             with self._lock:
-                self._failed = self._failed or NotDurableError(
-                    key,
-                    f"could not make the object durable (fsync): {exc}; no later write of this store is "
-                    "trusted to be durable: restart the producer (it writes its uncommitted TGBs again)",
-                )
+                if self._pid != os.getpid():
+                    return  # staged by the parent process: its own puts wait for them
+                pending, self._pending = self._pending, []
+                directories, self._directories = self._directories, {}
+            for key, done in pending:
+                self._check(key, done.result)
+            for directory, key in directories.items():
+                self._check(key, functools.partial(fsync_directory, directory))
+            if self._failed is not None:
+                raise self._failed
+
+    def _check(self, key: str, sync: Callable[[], object]) -> None:
+        try:
+            sync()
+        except OSError as exc:
+            self._failed = self._failed or NotDurableError(
+                key,
+                f"could not make the object durable (fsync): {exc}; no later write of this store is "
+                "trusted to be durable: restart the producer (it writes its uncommitted TGBs again)",
+            )
