@@ -98,7 +98,7 @@ class EncodedTGB:
         """Each object's bytes in one buffer (a copy of the pieces)."""
         return [b"".join(pieces) for pieces in self.parts]
 
-    @property
+    @functools.cached_property
     def sizes(self) -> list[int]:
         """Each object's size in bytes."""
         return [sum(len(piece) for piece in pieces) for pieces in self.parts]

@@ -64,9 +64,7 @@ class SpareStaging:
 
     def discard(self) -> None:
         """Remove the spare (closing a store that writes no more)."""
-        opened = self.take("")
-        if opened is not None:
-            _discard(opened)
+        self.take("")  # no put goes to "": the spare, if any, is closed and removed
 
 
 def _discard(opened: tuple[int, str]) -> None:
