@@ -15,7 +15,8 @@ burst of load on the shared machine hits both sides alike; on a local directory 
 producer side starts after ``os.sync()``, so that neither pays for the bytes the other
 left to write back (BatchWeave's puts are durable, plain obstore puts are not). Stores: a local directory
 (plain = obstore's own calls) and the latency model (plain = the same ``LatencyStore``
-calls, so both sides pay the same modelled latency). A cProfile summary of one extra
+calls, so both sides pay the same modelled latency; each round draws its jitter from a
+seed of its own, the same for both sides). A cProfile summary of one extra
 run of each side on the local directory (the calling thread: ``append`` encodes and
 uploads there; the consumer reads there on a local directory) is kept in the results.
 """
@@ -99,10 +100,11 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
 
 
 @contextmanager
-def _store(kind: str) -> Iterator[Store]:
-    """A fresh namespace root: a temporary directory, or the latency model over memory."""
+def _store(kind: str, seed: int = 0) -> Iterator[Store]:
+    """A fresh namespace root: a temporary directory, or the latency model over memory
+    (its jitter drawn from ``seed``)."""
     if kind == "latency":
-        yield LatencyStore(f"memory://overhead-{uuid.uuid4().hex}", CLOUD_DEFAULTS, seed=0)
+        yield LatencyStore(f"memory://overhead-{uuid.uuid4().hex}", CLOUD_DEFAULTS, seed=seed)
         return
     directory = tempfile.mkdtemp(prefix="bench-overhead-")
     try:
@@ -149,10 +151,12 @@ def _plain_puts(store: Store, tag: str, steps: int) -> None:
 def _producer_row(kind: str, steps: int, rounds: int) -> dict[str, Any]:
     ours, plain = [], []
     for round_ in range(rounds):
-        with _store(kind) as store:
+        # Both sides of a round draw the same jitter; each round draws anew, so that the
+        # median is over several draws rather than one draw repeated.
+        with _store(kind, seed=round_) as store:
             _settle_disk(kind)
             ours.append(_timed(lambda s=store, r=round_: _append_all(s, f"bw{r}", steps)))
-        with _store(kind) as store:
+        with _store(kind, seed=round_) as store:
             _settle_disk(kind)
             plain.append(_timed(lambda s=store, r=round_: _plain_puts(s, f"{r}", steps)))
     return _row(kind, "producer", steps, ours, plain, "create-only puts, one at a time")

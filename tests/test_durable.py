@@ -305,27 +305,34 @@ def test_a_failed_fsync_fails_the_commit_naming_the_object_and_commits_nothing(t
     assert _log_versions(tmp_path) == before
 
 
-def test_a_staged_object_is_written_into_the_staging_file_opened_ahead_for_it(tmp_path):
-    """Creating a file is slow on some disks: the store opens the next staging file in the
-    directory of the last staged object beforehand, and the next object is that file."""
+def test_staged_objects_are_written_into_the_staging_files_opened_ahead_for_them(tmp_path):
+    """Creating a file is slow on some disks: the store keeps SPARES_AHEAD staging files
+    opened beforehand in the directory of the last staged object, and the next objects
+    are those files."""
+    from batchweave.store.spares import SPARES_AHEAD
+
     store = open_store(tmp_path)
     store.stage_if_absent("data/p/e000001/a.bwb", [b"first"])
-    store.put_if_absent("_log/00000000000000000001.json", b"{}")  # waits for the fsyncs too
 
     def spares():
-        return [info.key for info in store.staging_files() if "/.next#" in info.key]
+        return {
+            info.key: os.stat(tmp_path / info.key).st_ino for info in store.staging_files() if "/.next#" in info.key
+        }
 
     deadline = time.monotonic() + 10
-    while not spares():  # opened on a background thread
-        assert time.monotonic() < deadline, "no staging file was opened ahead"
+    while len(spares()) < SPARES_AHEAD:  # opened on a background thread
+        assert time.monotonic() < deadline, f"{SPARES_AHEAD} staging files were not opened ahead: {spares()}"
         time.sleep(0.01)
-    (spare,) = spares()
-    inode = os.stat(tmp_path / spare).st_ino
-    store.stage_if_absent("data/p/e000001/b.bwb", [b"sec", b"ond"])  # pieces, written back to back
-    assert os.stat(tmp_path / "data/p/e000001/b.bwb").st_ino == inode
-    assert bytes(store.get("data/p/e000001/b.bwb")) == b"second"
+    assert SPARES_AHEAD > 1
+    opened_ahead = set(spares().values())
+    for name in ("b", "c"):
+        store.stage_if_absent(f"data/p/e000001/{name}.bwb", [b"sec", b"ond"])  # pieces, written back to back
+        assert os.stat(tmp_path / f"data/p/e000001/{name}.bwb").st_ino in opened_ahead
+    assert bytes(store.get("data/p/e000001/c.bwb")) == b"second"
     store.stage_if_absent("data/q/e000001/c.bwb", b"elsewhere")  # another directory: a file of its own
     assert bytes(store.get("data/q/e000001/c.bwb")) == b"elsewhere"
+    assert all(key.startswith("data/q/") for key in spares())  # those left in data/p are gone
+    store.put_if_absent("_log/00000000000000000001.json", b"{}")  # waits for the fsyncs too
     store.release()
     assert store.staging_files() == []
 
@@ -350,3 +357,37 @@ def test_a_durable_put_waits_for_staged_objects_while_another_put_is_waiting_for
     first.result(10)
     second.result(10)
     assert held.synced == ["a.bwb"]
+
+
+def test_objects_staged_during_an_fsync_are_synced_together_and_a_durable_put_waits_for_all(tmp_path, monkeypatch):
+    """The fsync thread takes what was staged since its last pass together: it starts the
+    writeback of each, then fsyncs each (fewer journal commits than one after another),
+    and a durable put waits for the last of them."""
+    from batchweave.store import syncs
+    from batchweave.testing.interleave import Background
+
+    held = HeldSyncs(monkeypatch)
+    events: list[str] = []
+    real_start = syncs.start_writeback
+    held_sync = syncs.fsync_file
+    monkeypatch.setattr(
+        syncs, "start_writeback", lambda path: (events.append(f"start {os.path.basename(path)}"), real_start(path))
+    )
+    monkeypatch.setattr(
+        syncs, "fsync_file", lambda path: (held_sync(path), events.append(f"sync {os.path.basename(path)}"))
+    )
+    store = open_store(tmp_path)
+    store.stage_if_absent("data/p/e000001/a.bwb", [b"a"])
+    assert held.started.wait(10)  # the first pass holds a's fsync
+    store.stage_if_absent("data/p/e000001/b.bwb", [b"b"])
+    store.stage_if_absent("data/p/e000001/c.bwb", [b"c"])
+    committing = Background(store.put_if_absent, "_log/00000000000000000001.json", b"{}")
+    try:
+        assert not committing.finished.wait(0.5), "a durable put went ahead of staged objects' fsyncs"
+    finally:
+        held.released.set()
+    committing.result(10)
+    assert held.synced == ["a.bwb", "b.bwb", "c.bwb"]
+    # b and c in one pass: both writebacks started before either fsync
+    assert events == ["start a.bwb", "sync a.bwb", "start b.bwb", "start c.bwb", "sync b.bwb", "sync c.bwb"]
+    store.release()

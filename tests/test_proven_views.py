@@ -226,3 +226,34 @@ def test_versions_read_before_a_miss_are_proven_and_delivered(url, monkeypatch):
     monkeypatch.setattr(LogReadAhead, "ready", lambda reader: True)  # every read looks finished
     with bw.Consumer(url, dp=1, rank=0, timeout_s=5) as reader:
         assert [next(reader).step for _ in range(10)] == list(range(10))
+
+
+class RecordingStore(Store):
+    """Records every request with its key, in order."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: list[tuple[str, str]] = []
+
+    def _call(self, key, op, request, nbytes=0, *, conditional=False):
+        self.calls.append((request, key))
+        return super()._call(key, op, request, nbytes, conditional=conditional)
+
+
+def test_a_producer_starts_on_a_fresh_namespace_in_seven_sequential_requests(url):
+    """Every request of a producer's start is a round trip before its first append (40 ms
+    on S3): the empty log is proven by one listing after version 1's miss, as a verify
+    would prove it, not by reading version 1 and listing again; and a listing is not
+    followed by a probe for a newer snapshot (it is as recent as the probe would be)."""
+    store = RecordingStore(url)
+    bw.Producer(store, "p", dp=1).close(flush=False)
+    v1, snapshots = keys.version_key(1), keys.SNAPSHOT_PREFIX
+    assert store.calls[:7] == [
+        ("get", keys.HINT_KEY),  # no hint: a fresh namespace
+        ("list", snapshots),  # no snapshot
+        ("get", v1),  # no version 1 ...
+        ("list", snapshots),  # ... and still no snapshot after that miss: the empty log, proven
+        ("get", v1),  # the claim reads on from it
+        ("put", v1),  # the claim
+        ("list", snapshots),  # its check: still no snapshot, so nothing was ever deleted
+    ]

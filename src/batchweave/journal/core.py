@@ -375,6 +375,14 @@ class Journal(Generic[VersionT]):
                 state, anchor = self._first_version(state)
                 if anchor is None:
                     continue  # a snapshot appeared meanwhile: load from it
+                if anchor[0] == 0:
+                    # No version 1, and no snapshot listed after that miss: an empty log,
+                    # proven as a verify would prove it (reading on and listing again
+                    # would only repeat both requests).
+                    self._proof.anchor = anchor
+                    self._proof.advance(state)
+                    self._snapshot_missing = False
+                    return state
             self._proof.anchor = anchor
             try:
                 state, read = self._apply_newer(state)

@@ -28,7 +28,7 @@ class Snapshots:
         self.every = every
 
     def newest(self, *, trust_hint: bool) -> LogState:
-        """The newest snapshot: from the hint (or a listing), then probing forward.
+        """The newest snapshot: from the hint, probing forward from it, or else a listing.
 
         A snapshot that is missing was deleted by collection (a newer one exists); one
         that is damaged raises, unless a newer snapshot makes it irrelevant.
@@ -39,7 +39,8 @@ class Snapshots:
         if state is None:
             # No hint, or it names a snapshot that is gone (garbage collection keeps only
             # the newest): one listing finds the newest instead of replaying from version 1.
-            state = self._read(self.listed_version(), newest=True) or LogState()
+            # No probe after it: the listing is as recent as a probe would be.
+            return self._read(self.listed_version(), newest=True) or LogState()
         while True:
             # Snapshots sit at multiples of K; a stale hint only costs these probes.
             probe = (state.version // self.every + 1) * self.every
