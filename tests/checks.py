@@ -1,4 +1,5 @@
-"""Invariant checks shared by the protocol and crash tests: read the log back and judge it."""
+"""Invariant checks shared by the protocol and crash tests: read the log back and judge it;
+and a store that records the requests it makes, for the tests that count them."""
 
 from __future__ import annotations
 
@@ -6,7 +7,19 @@ from collections import defaultdict
 
 from batchweave import keys, log, logrules
 from batchweave.journal import Journal
-from batchweave.store import open_store
+from batchweave.store import Store, open_store
+
+
+class RecordingStore(Store):
+    """A store that records every request it makes, as (request, key), in order."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: list[tuple[str, str]] = []
+
+    def _call(self, key, op, request, nbytes=0, *, conditional=False):
+        self.calls.append((request, key))
+        return super()._call(key, op, request, nbytes, conditional=conditional)
 
 
 def committed_tgbs(url: str) -> list[tuple[int, str, int, int]]:

@@ -259,7 +259,7 @@ def _log_samples() -> tuple[bytes, bytes, bytes]:
 
 
 CLAIM, COMMIT, SNAPSHOT = _log_samples()
-HINT = b'{"version":2}'
+HINT = b'{"version":2,"namespace":"ns-id"}'
 MARK = Watermark("step-001000", dp=4, cp=2, d=3, c=1, position=Fraction(7, 3), version=12)
 CURSOR = {"format": CURSOR_FORMAT, "version": 3, "position_numerator": 5, "position_denominator": 2}
 CURSOR |= {"step": 2, "dp": 4, "cp": 1, "namespace": "a1b2"}
@@ -276,7 +276,8 @@ def test_valid_samples_decode():
     assert log.decode_version(CLAIM, LOG_KEY, 1).version == 1
     assert len(log.decode_version(COMMIT, LOG_KEY, 2).tgbs) == 1
     assert log.decode_snapshot(SNAPSHOT, LOG_KEY).steps == 1
-    assert log.decode_hint(HINT, LOG_KEY) == 2
+    assert log.decode_hint(HINT, LOG_KEY) == log.Hint(2, "ns-id")
+    assert log.decode_hint(b'{"version":2}', LOG_KEY) == log.Hint(2)  # written before hints named the namespace
     assert Watermark.from_json(MARK.to_json(), MARK.key) == MARK
     assert Consumer.state_on_mesh(CURSOR, MESH)["step"] == 4
 

@@ -12,6 +12,7 @@ import re
 import time
 
 import pytest
+from checks import RecordingStore
 from worker import origin_of, tgb
 
 import batchweave as bw
@@ -226,18 +227,6 @@ def test_versions_read_before_a_miss_are_proven_and_delivered(url, monkeypatch):
     monkeypatch.setattr(LogReadAhead, "ready", lambda reader: True)  # every read looks finished
     with bw.Consumer(url, dp=1, rank=0, timeout_s=5) as reader:
         assert [next(reader).step for _ in range(10)] == list(range(10))
-
-
-class RecordingStore(Store):
-    """Records every request with its key, in order."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.calls: list[tuple[str, str]] = []
-
-    def _call(self, key, op, request, nbytes=0, *, conditional=False):
-        self.calls.append((request, key))
-        return super()._call(key, op, request, nbytes, conditional=conditional)
 
 
 def test_a_producer_starts_on_a_fresh_namespace_in_seven_sequential_requests(url):

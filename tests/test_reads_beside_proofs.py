@@ -12,14 +12,17 @@ import uuid
 
 import numpy as np
 import pytest
+from checks import RecordingStore
 
 import batchweave as bw
 import batchweave.reading.follower
+from batchweave import keys, log
 from batchweave.commit.policies import Manual
 from batchweave.errors import DataReclaimedError
 from batchweave.journal import Journal
 from batchweave.keys import version_key
 from batchweave.reading.readahead import LogReadAhead
+from batchweave.store import Store, open_store
 from batchweave.testing.interleave import Background, PausingStore
 
 
@@ -137,3 +140,42 @@ def test_closing_the_log_reader_waits_for_a_proof_instead_of_cancelling_it():
     finally:
         store.release_all()
         reader.close()
+
+
+def _first_step(store: Store) -> int:
+    with bw.Consumer(store, dp=1, rank=0, timeout_s=10) as consumer:
+        return int(next(consumer).data["x"][0])
+
+
+def _snapshot_gets(store: RecordingStore) -> list[str]:
+    return [key for request, key in store.calls if request == "get" and key.startswith(keys.SNAPSHOT_PREFIX)]
+
+
+def test_a_start_learns_the_namespace_id_from_the_hint_without_reading_a_snapshot():
+    """Version 1's proof at a start compares its id with the one every snapshot repeats;
+    the hint repeats it too, so 10,000 ranks starting at once each GET the small hint
+    rather than the hint and then the snapshot (a state that grows with the producers)."""
+    url = _url()
+    _commit(url, 100)  # a snapshot at version 100, and a hint naming it
+    namespace = Journal(open_store(url)).load_state().namespace
+    assert namespace and log.decode_hint(bytes(open_store(url).get(keys.HINT_KEY))) == log.Hint(100, namespace)
+    store = RecordingStore(url)
+    assert _first_step(store) == 0
+    assert ("get", keys.HINT_KEY) in store.calls
+    assert _snapshot_gets(store) == []
+
+
+def test_a_hint_without_the_namespace_id_costs_one_snapshot_read_and_a_wrong_one_a_load():
+    """Hints written before they named the namespace, and damaged ones: the start still
+    proves version 1, by the hinted snapshot, or, when the id does not match, by loading
+    the state (never a delivery on a mismatch)."""
+    url = _url()
+    _commit(url, 100)
+    open_store(url).put(keys.HINT_KEY, b'{"version": 100}')
+    old_hint = RecordingStore(url)
+    assert _first_step(old_hint) == 0
+    assert _snapshot_gets(old_hint) == [keys.snapshot_key(100)]
+    open_store(url).put(keys.HINT_KEY, b'{"version": 100, "namespace": "not-this-one"}')
+    wrong = RecordingStore(url)
+    assert _first_step(wrong) == 0
+    assert keys.snapshot_key(100) in _snapshot_gets(wrong)  # the load after the mismatch

@@ -3,7 +3,7 @@
 Keys, relative to the namespace root:
     _log/00000000000000000007.json          version 7 (create-only; the commit point)
     _log/_snapshots/00000000000000000100.json   LogState after version 100
-    _log/_last_snapshot.json                advisory hint: newest snapshot version
+    _log/_last_snapshot.json                advisory hint: newest snapshot version, namespace id
     data/<producer>/e<epoch>/<offset>-<token>.<part>.bwb    TGB objects
 The hint is the one object that is ever overwritten. It is never trusted: readers
 probe forward from it, so a stale or missing hint only costs extra reads.

@@ -24,6 +24,7 @@ from batchweave.layout import Kind
 __all__ = [
     "LOG_FORMAT",
     "SNAPSHOT_FORMAT",
+    "Hint",
     "Layout",
     "LogState",
     "LogVersion",
@@ -40,6 +41,7 @@ __all__ = [
     "decode_version_head",
     "digest",
     "encode",
+    "encode_hint",
 ]
 
 LOG_FORMAT = "batchweave.log/1"
@@ -204,8 +206,12 @@ def _decode(data: bytes | memoryview, key: str, expected_version: int, decoder: 
     return version
 
 
-class _Hint(msgspec.Struct, frozen=True):
+class Hint(msgspec.Struct, frozen=True):
+    """The snapshot hint: the newest snapshot's version, and the namespace's id that every
+    snapshot repeats ("" in hints written before the id was added to them)."""
+
     version: int
+    namespace: str = ""
 
 
 # Built here, once, by the importing thread: msgspec 0.22 prepares a type's decoding
@@ -213,19 +219,24 @@ class _Hint(msgspec.Struct, frozen=True):
 # crash the interpreter (a producer pool's claims do exactly that).
 _VERSION_DECODER = msgspec.json.Decoder(LogVersion)
 _HEAD_DECODER = msgspec.json.Decoder(LogVersionHead)
-_HINT_DECODER = msgspec.json.Decoder(_Hint)
+_HINT_DECODER = msgspec.json.Decoder(Hint)
 _STATE_DECODER = msgspec.json.Decoder(LogState)
 
 
-def decode_hint(data: bytes | memoryview, key: str = keys.HINT_KEY) -> int:
-    """The snapshot version the hint names; CorruptDataError if it is not a hint."""
+def encode_hint(state: LogState) -> bytes:
+    """The hint naming ``state``'s snapshot."""
+    return msgspec.json.encode(Hint(state.version, state.namespace))
+
+
+def decode_hint(data: bytes | memoryview, key: str = keys.HINT_KEY) -> Hint:
+    """The hint; CorruptDataError if it is not one."""
     try:
-        version = _HINT_DECODER.decode(data).version
+        hint = _HINT_DECODER.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError) as exc:
         raise CorruptDataError(key, f"damaged snapshot hint: {exc}") from exc
-    if version < 0:
-        raise CorruptDataError(key, f"snapshot hint names version {version}")
-    return version
+    if hint.version < 0:
+        raise CorruptDataError(key, f"snapshot hint names version {hint.version}")
+    return hint
 
 
 def decode_snapshot(data: bytes | memoryview, key: str) -> LogState:

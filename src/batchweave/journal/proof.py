@@ -94,31 +94,29 @@ class Proof:
         return proven
 
     def learn_namespace(self) -> None:
-        """``Journal.learn_namespace``: best effort. Any snapshot will do, since they all
-        repeat the id (two GETs: the hint and its snapshot). A proof that comes while it is
-        in flight waits for it rather than reading the same objects again."""
+        """``Journal.learn_namespace``: best effort. The hint repeats the id every snapshot
+        records (one GET; two for a hint written before it did). A proof that comes while
+        it is in flight waits for it rather than reading the same objects again."""
         with self._learning:
             if self._snapshot_namespace is not None:
                 return
             try:
-                found = self._snapshots.any()
+                self._snapshot_namespace = self._snapshots.namespace() or None
             except StoreError:  # CorruptDataError included: the proof looks again, and says so
                 return
-            self._snapshot_namespace = None if found is None else found.namespace or None
 
     def _proven_without_anchor(self, lowest: int, load_state: Callable[[], LogState]) -> bool:
-        """P2, version 1 certified by a snapshot, or P3 (module doc), checked now, after the reads."""
+        """P2, version 1 certified by a snapshot's id, or P3 (module doc), checked now,
+        after the reads."""
+        namespace = None
         if lowest == 1 and self._version_one is not None:
-            with self._learning:  # learned beside the first reads, or being learned: wait, not read again
+            self.learn_namespace()  # learned beside the first reads (or being learned: waits), else now
+            with self._learning:
                 namespace = self._snapshot_namespace
-            if namespace is None:
-                if self._snapshots.listed_version() == 0:
-                    return True  # no snapshot: no version was ever deleted
-                namespace = self._snapshots.newest(trust_hint=True).namespace
-            if self._version_one_is_genuine(namespace):
+            if namespace is not None and self._version_one_is_genuine(namespace):
                 return True
-        elif self._snapshots.listed_version() == 0:
-            return True
+        if namespace is None and self._snapshots.listed_version() == 0:
+            return True  # no snapshot: no version was ever deleted
         return load_state().reclaimed.versions <= lowest
 
     def _version_one_is_genuine(self, namespace: str) -> bool:

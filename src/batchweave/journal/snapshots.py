@@ -1,7 +1,8 @@
 """Snapshots and the snapshot hint: where a load of the log starts.
 
 A snapshot is the ``LogState`` after every K-th version, written best effort by that
-version's committer; the hint names the newest and is the one object ever overwritten.
+version's committer; the hint names the newest (and repeats the namespace's id) and is
+the one object ever overwritten.
 Neither is trusted: a load probes forward from the hint, so a stale or missing hint
 only costs extra reads, and a missing snapshot only a longer tail of versions.
 """
@@ -49,11 +50,15 @@ class Snapshots:
                 return state
             state = newer
 
-    def any(self) -> LogState | None:
-        """A snapshot, not necessarily the newest (the hinted one, else the newest listed),
-        or None when there is none: for what every snapshot repeats (the namespace's id),
-        without the probes for a newer one."""
-        return self._read(self._hinted_version(), newest=False) or self._read(self.listed_version(), newest=True)
+    def namespace(self) -> str | None:
+        """The namespace's id that every snapshot repeats, or None when there is no
+        snapshot: from the hint, which repeats it too (one GET), else from a snapshot
+        (the hinted one, else the newest listed), without the probes for a newer one."""
+        hint = self._hint()
+        if hint.namespace:
+            return hint.namespace
+        found = self._read(hint.version, newest=False) or self._read(self.listed_version(), newest=True)
+        return None if found is None else found.namespace
 
     def listed_version(self) -> int:
         """The version of the newest snapshot a listing finds (0 if there is none)."""
@@ -72,19 +77,23 @@ class Snapshots:
                 store.put_if_absent(keys.snapshot_key(state.version), log.encode(state))
             except ObjectExistsError:
                 pass  # somebody else wrote the same (deterministic) snapshot
-            store.put(keys.HINT_KEY, b'{"version": %d}' % state.version)
+            store.put(keys.HINT_KEY, log.encode_hint(state))
         except StoreError as exc:
             _logger.warning("could not write snapshot at version %d: %s", state.version, exc)
 
     def _hinted_version(self) -> int:
+        return self._hint().version
+
+    def _hint(self) -> log.Hint:
+        """The hint, or one naming no snapshot when it is missing or damaged."""
         data = self._objects.get(keys.HINT_KEY)
         if data is None:
-            return 0
+            return log.Hint(0)
         try:
             return log.decode_hint(bytes(data))
         except CorruptDataError as exc:
             _logger.warning("ignoring a damaged snapshot hint: %s", exc)
-            return 0
+            return log.Hint(0)
 
     def _read(self, version: int, *, newest: bool) -> LogState | None:
         """The snapshot at ``version``; None if there is none. Damage raises when the
