@@ -307,7 +307,7 @@ def test_a_failed_fsync_fails_the_commit_naming_the_object_and_commits_nothing(t
 
 def test_staged_objects_are_written_into_the_staging_files_opened_ahead_for_them(tmp_path):
     """Creating a file is slow on some disks: the store keeps SPARES_AHEAD staging files
-    opened beforehand in the directory of the last staged object, and the next objects
+    opened beforehand for the directory of the last staged object, and the next objects
     are those files."""
     from batchweave.store.spares import SPARES_AHEAD
 
@@ -324,6 +324,8 @@ def test_staged_objects_are_written_into_the_staging_files_opened_ahead_for_them
         assert time.monotonic() < deadline, f"{SPARES_AHEAD} staging files were not opened ahead: {spares()}"
         time.sleep(0.01)
     assert SPARES_AHEAD > 1
+    # One directory up: a creation holds its directory's lock, which a link into it would wait for.
+    assert {os.path.dirname(key) for key in spares()} == {"data/p"}
     opened_ahead = set(spares().values())
     for name in ("b", "c"):
         store.stage_if_absent(f"data/p/e000001/{name}.bwb", [b"sec", b"ond"])  # pieces, written back to back
@@ -391,3 +393,20 @@ def test_objects_staged_during_an_fsync_are_synced_together_and_a_durable_put_wa
     # b and c in one pass: both writebacks started before either fsync
     assert events == ["start a.bwb", "sync a.bwb", "start b.bwb", "start c.bwb", "sync b.bwb", "sync c.bwb"]
     store.release()
+
+
+def test_spares_for_objects_at_the_top_of_a_namespace_stay_inside_it(tmp_path):
+    """Spares go one directory up from the objects, but never above the namespace."""
+    from batchweave.store.spares import SPARES_AHEAD
+
+    store = open_store(tmp_path / "ns")
+    store.stage_if_absent("a.bwb", [b"first"])
+    deadline = time.monotonic() + 10
+    while len(store.staging_files()) < SPARES_AHEAD:
+        assert time.monotonic() < deadline, "no staging files were opened ahead"
+        time.sleep(0.01)
+    store.stage_if_absent("b.bwb", [b"second"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ns"]
+    assert bytes(store.get("b.bwb")) == b"second"
+    store.release()
+    assert store.staging_files() == []

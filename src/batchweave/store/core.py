@@ -116,7 +116,7 @@ class Store(Requester):
         self._local_root = file_url_path(self.url) if self.url.startswith("file:") else None
         self._fsync = bool(self.storage_options.get("fsync", True))
         self._syncs = PendingSyncs()  # of objects staged on a local directory (stage_if_absent)
-        self._spare = SpareStaging()  # the next staged object's staging file, opened ahead
+        self._spare = SpareStaging(self._local_root or "")  # staging files opened ahead for the next staged objects
         self._delete_denied = False  # see delete_if_allowed
         if not create and self._local_root is not None and not os.path.isdir(self._local_root):
             raise ConfigError(
@@ -220,7 +220,9 @@ class Store(Requester):
             return
         directory = os.path.dirname(path)
         opened = self._spare.take(directory)
-        directories = write_durably(path, data, replace=False, fsync=False, opened=opened)
+        directories = write_durably(
+            path, data, replace=False, fsync=False, opened=opened, remove_staging=self._spare.remove
+        )
         self._spare.prepare(directory)  # the next object of this producer's epoch goes there too
         if self._fsync:
             self._syncs.start(staged_as, path, directories)

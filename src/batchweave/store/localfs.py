@@ -13,7 +13,7 @@ import contextlib
 import os
 import re
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TypeAlias
 
 from batchweave.errors import ObjectNotFoundError
@@ -30,6 +30,7 @@ __all__ = [
     "make_dirs",
     "open_staging",
     "read_file",
+    "remove_quietly",
     "start_writeback",
     "write_durably",
 ]
@@ -74,7 +75,13 @@ _VANISHED_ATTEMPTS = 3
 
 
 def write_durably(
-    path: str, data: Data, *, replace: bool, fsync: bool, opened: tuple[int, str] | None = None
+    path: str,
+    data: Data,
+    *,
+    replace: bool,
+    fsync: bool,
+    opened: tuple[int, str] | None = None,
+    remove_staging: Callable[[str], None] | None = None,
 ) -> list[str]:
     """Put ``data`` at ``path`` whole or not at all; durable on return when ``fsync``.
 
@@ -85,9 +92,11 @@ def write_durably(
     ``data/<producer>/e000001/`` survives a power loss too. Returns those directories
     (fsynced, or to fsync after the file: ``fsync_file``). ``opened`` is a staging file
     opened ahead in ``path``'s directory (``open_staging``), which the first attempt
-    writes. Raises OSError (the caller translates it): FileExistsError when ``path``
-    exists and not ``replace``.
+    writes; ``remove_staging`` removes the staging name once it is linked (or the put
+    failed), by default at once (``remove_quietly``). Raises OSError (the caller
+    translates it): FileExistsError when ``path`` exists and not ``replace``.
     """
+    remove_staging = remove_staging or remove_quietly
     made: list[str] = []
     for attempt in range(1, _VANISHED_ATTEMPTS + 1):
         try:
@@ -100,16 +109,23 @@ def write_durably(
         except FileNotFoundError:
             if attempt == _VANISHED_ATTEMPTS:
                 raise
-            continue  # the staging file was deleted under us: write it again
+            # The staging file was deleted under us, or it was opened ahead in another
+            # directory and ``path``'s does not exist yet: write again (making it).
+            continue
         finally:
-            with contextlib.suppress(OSError):  # after a link, or a failure; a leftover is collected
-                os.unlink(staging)
+            remove_staging(staging)  # after a link, or a failure
         directories = list(dict.fromkeys([os.path.dirname(path), *(os.path.dirname(d) for d in reversed(made))]))
         if fsync:
             for directory in directories:
                 fsync_directory(directory)
         return directories
     raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def remove_quietly(staging: str) -> None:
+    """Remove a staging name; one that cannot be removed is left for garbage collection."""
+    with contextlib.suppress(OSError):
+        os.unlink(staging)
 
 
 def fsync_file(path: str) -> None:
