@@ -18,7 +18,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Generator
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor, wait
 from fractions import Fraction
 from typing import Any
 
@@ -37,6 +37,7 @@ from batchweave.reading.polling import HeadPolling
 from batchweave.reading.readahead import DEFAULT_LOG_READ_AHEAD, LogReadAhead
 from batchweave.reading.sharedlog import InlineNode, NodeBehind
 from batchweave.reading.steps import PlannedStep, StepPlan
+from batchweave.reading.window import FetchWindow
 from batchweave.store import Store
 
 __all__ = ["AUTO_PREFETCH_BYTES", "LOG_LOOKAHEAD_TGBS", "MAX_AUTO_PREFETCH", "MIN_AUTO_PREFETCH", "Pipeline"]
@@ -100,7 +101,7 @@ class Pipeline:
         self._ready: queue.SimpleQueue[Any] = queue.SimpleQueue()  # C-implemented: no lock hand-offs
         self.depth = prefetch  # None: chosen from the first step's bytes
         self._inline = prefetch is None and not store.remote
-        self._slots: threading.Semaphore | None = None  # background mode: one per step fetched ahead
+        self._window: FetchWindow | None = None  # background mode: the steps fetched ahead
         self._stop = threading.Event()
         self._broken: BaseException | None = None  # what the log reader or a fetch raised: final
         # The proof of the newest versions taken, while it may still run: the steps scheduled
@@ -167,8 +168,8 @@ class Pipeline:
         if isinstance(item, BaseException):
             self._broken = item
             raise item
-        if self._slots is not None:
-            self._slots.release()
+        if self._window is not None:
+            self._window.handed()
         try:
             batch, position = item.result()
         except Exception as exc:  # a failed fetch is final: never skip past a step
@@ -180,6 +181,8 @@ class Pipeline:
     def close(self) -> None:
         """Stop the threads and the log reader's; wait for them."""
         self._stop.set()
+        if self._window is not None:
+            self._window.close()
         if self._thread is not None:
             self._thread.join()
         if self._pool is not None:
@@ -362,25 +365,29 @@ class Pipeline:
         if self._inline:  # next() reads it; the log is advanced only when nothing is queued
             self._ready.put(_Deferred(fetch, gate))
             return True
-        if not self._take_slot(planned, block):
-            return False
+        window = self._fetch_window(planned)
+        if window.waiting > window.depth + LOG_LOOKAHEAD_TGBS:
+            # The log is far ahead of the fetches: keep the rest in the plan, or wait.
+            if not block or not window.wait_room(window.depth + LOG_LOOKAHEAD_TGBS):
+                return False
         assert self._pool is not None
-        fetched = self._pool.submit(fetch)
+        fetched = self._pool.submit(self._fetch_in_turn, window, window.queue(), fetch)
         self._ready.put(fetched if gate is None or (gate.done() and not gate.exception()) else _Gated(gate, fetched))
         return True
 
-    def _take_slot(self, planned: PlannedStep, block: bool) -> bool:
-        """One of the ``depth`` fetch slots: waiting for it (False only when stopping), or
-        not (False when none is free)."""
-        if self._slots is None:
+    def _fetch_window(self, planned: PlannedStep) -> FetchWindow:
+        """The window of fetches ahead, sized from the first step's bytes unless ``prefetch`` was given."""
+        if self._window is None:
             self.depth = self.depth or _auto_depth(step_bytes(planned.tgb, planned.read))
-            self._slots = threading.Semaphore(self.depth)
-        if not block:
-            return self._slots.acquire(blocking=False)
-        while not self._slots.acquire(timeout=0.1):
-            if self._stop.is_set():
-                return False
-        return not self._stop.is_set()
+            self._window = FetchWindow(self.depth, self._stop)
+        return self._window
+
+    @staticmethod
+    def _fetch_in_turn(window: FetchWindow, turn: int, fetch: Callable[[], Fetched]) -> Fetched:
+        """A pool thread: fetch once the step's turn has come (the window slid to it)."""
+        if not window.wait_turn(turn):
+            raise CancelledError("the reader is closing")
+        return fetch()
 
 
 class _Deferred:

@@ -14,8 +14,6 @@ from batchweave.errors import ConfigError
 
 __all__ = ["SCHEME_FAMILY", "file_url_path", "normalize_url", "store_root"]
 
-_CLOUD_SCHEMES = {"s3", "s3a", "az", "azure", "abfs", "abfss", "adl", "gs"}
-
 # The kind of object store each scheme names (obstore's S3, Azure or GCS store).
 SCHEME_FAMILY = {
     "s3": "s3",
@@ -47,7 +45,7 @@ def normalize_url(url: str) -> str:
         return _file_url(url)  # a plain path, taken literally: '#' and '?' are characters of a name
     if scheme == "file":
         return _file_url(file_url_path(url))
-    if scheme == "memory" or scheme in _CLOUD_SCHEMES:
+    if scheme == "memory" or scheme in SCHEME_FAMILY:
         return url.rstrip("/")
     raise ConfigError(f"unsupported namespace URL {url!r}: use a directory, file://, s3://, az://, gs:// or memory://")
 
@@ -83,7 +81,7 @@ def _refuse_mistyped(url: str) -> None:
     if parts is None:
         return
     scheme, colon, slashes, rest = parts["scheme"].lower(), parts["colon"], parts["slashes"], parts["rest"]
-    if scheme not in _CLOUD_SCHEMES and scheme not in ("memory", "file"):
+    if scheme not in SCHEME_FAMILY and scheme not in ("memory", "file"):
         return
     if not colon and len(slashes) < 2:
         return  # a relative directory such as s3/run or memory
