@@ -323,3 +323,23 @@ def test_every_module_an_actor_runs_gets_the_simulated_clock_and_dice():
                 if getattr(module, what) is real[what] and name not in NOT_RUN_BY_ACTORS:
                     unpatched.append(f"{name}.{what}")
     assert unpatched == [], "patch these in testing/simulation/determinism.py (or say why no actor runs them)"
+
+
+def test_the_retry_loop_of_a_store_draws_from_the_simulated_clock_and_dice():
+    """Regression: the retry loop's clock, pause and jitter were bound to the real ones
+    when the class was made, out of reach of the module patches: a simulated store that
+    failed transiently would have replayed differently each time."""
+    import random
+
+    from batchweave.store import Store
+    from batchweave.testing.simulation.determinism import deterministic
+    from batchweave.testing.simulation.scheduler import Scheduler, VirtualClock
+
+    clock = VirtualClock()
+    store = Store("memory://retry-draws")
+    with deterministic(Scheduler(Choices(seed=0), clock, 0, 0), random.Random(7)):
+        draws = [store._retry_draw() for _ in range(3)]
+        now = store._retry_clock()
+    expected = random.Random(7)
+    assert draws == [expected.random() for _ in range(3)]
+    assert now == clock.now - 1_600_000_000.0  # the simulated monotonic clock

@@ -70,10 +70,17 @@ class Requester:
         self._stalls = retry.StallMeter(lambda: self._retry_clock())  # looked up per call: a test may replace it
         self._limiter = _limiter_for(root)
 
-    # The clock, the pause and the jitter of the retry loop (a test replaces them on an instance).
-    _retry_clock = staticmethod(time.monotonic)
-    _retry_sleep = staticmethod(time.sleep)
-    _retry_draw = staticmethod(random.random)
+    # The clock, the pause and the jitter of the retry loop. A test replaces them on an
+    # instance; the simulation replaces this module's `time` and `random`, which are looked
+    # up at each call (bound once, at class creation, they would stay the real ones).
+    def _retry_clock(self) -> float:
+        return time.monotonic()
+
+    def _retry_sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def _retry_draw(self) -> float:
+        return random.random()
 
     @property
     def retries(self) -> int:
