@@ -54,19 +54,22 @@ def test_room_for_more_steps_frees_as_steps_are_handed_out_and_closing_wakes_eve
 def test_a_step_handed_out_starts_the_next_fetch_while_the_log_reader_waits():
     """Regression: the fetches beyond the first ``prefetch`` started only at the log
     reader's next event; a reader waiting for the next log version (here held) left the
-    window idle and the consumer waited with it."""
+    window idle and the consumer waited with it. Versions 1-32 come in one segment, so
+    the reader hands them out as one batch before it waits for version 33."""
     url = f"memory://fetch-window-{uuid.uuid4().hex}"
     with bw.Producer(url, "p", dp=1, commit_policy=Manual()) as producer:
-        for offset in range(6):
+        for offset in range(31):  # versions 2-32, a step each: the segment ending at 32
             producer.append([{"x": np.full(8, offset, dtype=np.int64)}])
-        producer.flush()  # version 2 holds all six steps
+            producer.flush()
     store = RemotePausingStore(url)
-    held = store.pause("get", r"_log/00000000000000000003\.json")  # the probe past the head
+    assert store.size("_log/_segments/00000000000000000032.json.z")  # versions 1-32 in one read
+    after_segment = store.pause("get", r"_log/_segments/00000000000000000064\.json\.z")
+    after_probe = store.pause("get", r"_log/00000000000000000033\.json")
     consumer = bw.Consumer(store, dp=1, rank=0, prefetch=2, timeout_s=10)
     try:
-        steps = [int(next(consumer).data["x"][0]) for _ in range(6)]
-        assert held.wait_reached(10)  # the log reader was waiting there all along
-        assert steps == [0, 1, 2, 3, 4, 5]
+        steps = [int(next(consumer).data["x"][0]) for _ in range(31)]
+        assert steps == list(range(31))
+        assert after_segment.reached or after_probe.reached  # the log reader was held past the batch
     finally:
         store.release_all()
         consumer.close()

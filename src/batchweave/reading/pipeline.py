@@ -122,17 +122,11 @@ class Pipeline:
             node=self._node if shares_reads else None,
         )
         self._steps = self._follow_log()
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: ThreadPoolExecutor | None = None  # the fetch threads, made with the window
         self._thread: threading.Thread | None = None
         if self._inline:
             self.depth = 1
             return
-        self._pool = ThreadPoolExecutor(
-            max_workers=prefetch or MAX_AUTO_PREFETCH,
-            thread_name_prefix="batchweave-fetch",
-            initializer=retry.stop_retrying_when,  # close() during a storm does not wait it out
-            initargs=(self._stop,),
-        )
         self._thread = threading.Thread(target=self._follow, name="batchweave-follow", daemon=True)
         self._thread.start()
 
@@ -379,6 +373,14 @@ class Pipeline:
         """The window of fetches ahead, sized from the first step's bytes unless ``prefetch`` was given."""
         if self._window is None:
             self.depth = self.depth or _auto_depth(step_bytes(planned.tgb, planned.read))
+            # One thread per step in the window: the steps queued past it wait in the pool's
+            # queue, not on threads of their own.
+            self._pool = ThreadPoolExecutor(
+                max_workers=self.depth,
+                thread_name_prefix="batchweave-fetch",
+                initializer=retry.stop_retrying_when,  # close() during a storm does not wait it out
+                initargs=(self._stop,),
+            )
             self._window = FetchWindow(self.depth, self._stop)
         return self._window
 
