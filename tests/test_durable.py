@@ -410,3 +410,24 @@ def test_spares_for_objects_at_the_top_of_a_namespace_stay_inside_it(tmp_path):
     assert bytes(store.get("b.bwb")) == b"second"
     store.release()
     assert store.staging_files() == []
+
+
+def test_the_first_object_of_a_new_epoch_goes_into_a_spare_opened_for_the_last(tmp_path):
+    """Spares sit one directory up, so those opened for epoch 1's objects serve epoch 2's
+    first one too: its directory is made before the link, instead of the link failing and
+    the object being written a second time into a file of its own."""
+    from batchweave.store.spares import SPARES_AHEAD
+
+    store = open_store(tmp_path)
+    store.stage_if_absent("data/p/e000001/a.bwb", [b"first"])
+    deadline = time.monotonic() + 10
+    while len(store.staging_files()) < SPARES_AHEAD:
+        assert time.monotonic() < deadline, "no staging files were opened ahead"
+        time.sleep(0.01)
+    opened_ahead = {os.stat(tmp_path / info.key).st_ino for info in store.staging_files()}
+    store.stage_if_absent("data/p/e000002/b.bwb", [b"new epoch"])
+    assert os.stat(tmp_path / "data/p/e000002/b.bwb").st_ino in opened_ahead
+    assert bytes(store.get("data/p/e000002/b.bwb")) == b"new epoch"
+    store.put_if_absent("_log/00000000000000000001.json", b"{}")  # fsyncs the new directory's parent too
+    store.release()
+    assert store.staging_files() == []

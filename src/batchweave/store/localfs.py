@@ -91,16 +91,19 @@ def write_durably(
     parent of every directory this put had to make, so that a new ``_log/`` or
     ``data/<producer>/e000001/`` survives a power loss too. Returns those directories
     (fsynced, or to fsync after the file: ``fsync_file``). ``opened`` is a staging file
-    opened ahead in ``path``'s directory (``open_staging``), which the first attempt
-    writes; ``remove_staging`` removes the staging name once it is linked (or the put
+    opened ahead (``open_staging``) on ``path``'s file system, in its directory or
+    another, which the first attempt writes; ``remove_staging`` removes the staging name once it is linked (or the put
     failed), by default at once (``remove_quietly``). Raises OSError (the caller
     translates it): FileExistsError when ``path`` exists and not ``replace``.
     """
     remove_staging = remove_staging or remove_quietly
     made: list[str] = []
     for attempt in range(1, _VANISHED_ATTEMPTS + 1):
+        spare = opened if attempt == 1 else None
+        if spare is not None:  # opened ahead, perhaps in another directory: ``path``'s may be new
+            made += make_dirs(os.path.dirname(path))
         try:
-            staging = _write_staging(path, data, fsync, opened if attempt == 1 else None)
+            staging = _write_staging(path, data, fsync, spare)
         except FileNotFoundError:  # the directory is new: make it, once
             made += make_dirs(os.path.dirname(path))
             staging = _write_staging(path, data, fsync)
@@ -109,9 +112,7 @@ def write_durably(
         except FileNotFoundError:
             if attempt == _VANISHED_ATTEMPTS:
                 raise
-            # The staging file was deleted under us, or it was opened ahead in another
-            # directory and ``path``'s does not exist yet: write again (making it).
-            continue
+            continue  # the staging file was deleted under us: write it again
         finally:
             remove_staging(staging)  # after a link, or a failure
         directories = list(dict.fromkeys([os.path.dirname(path), *(os.path.dirname(d) for d in reversed(made))]))
