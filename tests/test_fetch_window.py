@@ -35,6 +35,18 @@ def test_turns_come_in_order_as_steps_are_handed_out():
     assert window.waiting == 3
 
 
+def test_each_step_handed_out_opens_exactly_the_next_turn():
+    window = FetchWindow(2, threading.Event())
+    for _ in range(4):
+        window.queue()
+    third, fourth = Background(window.wait_turn, 2), Background(window.wait_turn, 3)
+    window.handed()
+    assert third.result(5) is True
+    assert not fourth.finished.wait(0.2), "one step handed out opened two turns"
+    window.handed()
+    assert fourth.result(5) is True
+
+
 def test_room_for_more_steps_frees_as_steps_are_handed_out_and_closing_wakes_every_waiter():
     stop = threading.Event()
     window = FetchWindow(1, stop)

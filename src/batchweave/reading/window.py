@@ -23,9 +23,12 @@ class FetchWindow:
     def __init__(self, depth: int, stop: threading.Event) -> None:
         self.depth = depth
         self._stop = stop
-        self._changed = threading.Condition()
+        self._changed = threading.Condition()  # guards the counts; the log reader waits on it for room
         self._queued = 0  # steps queued so far; the next one's turn number
         self._handed = 0  # steps handed to the consumer
+        # Fetch threads waiting for their turn, by turn: a step handed out wakes the one
+        # thread whose turn it opens, not every waiting one.
+        self._turns: dict[int, threading.Event] = {}
 
     @property
     def waiting(self) -> int:
@@ -42,8 +45,11 @@ class FetchWindow:
     def wait_turn(self, turn: int) -> bool:
         """Wait until step ``turn`` may be fetched; False if the reader is closing."""
         with self._changed:
-            self._changed.wait_for(lambda: turn < self._handed + self.depth or self._stop.is_set())
-            return not self._stop.is_set()
+            if turn < self._handed + self.depth or self._stop.is_set():
+                return not self._stop.is_set()
+            opened = self._turns[turn] = threading.Event()
+        opened.wait()  # set by the step handed out that opens this turn, or by close()
+        return not self._stop.is_set()
 
     def wait_room(self, most: int) -> bool:
         """Wait until at most ``most`` steps are queued and not handed out; False if closing."""
@@ -55,9 +61,15 @@ class FetchWindow:
         """One more step was handed to the consumer: the next turn may fetch."""
         with self._changed:
             self._handed += 1
-            self._changed.notify_all()
+            opened = self._turns.pop(self._handed + self.depth - 1, None)
+            self._changed.notify_all()  # the log reader, if it waits for room
+        if opened is not None:
+            opened.set()
 
     def close(self) -> None:
         """Wake every waiter (the reader's ``stop`` is set): they return False."""
         with self._changed:
+            waiting, self._turns = list(self._turns.values()), {}
             self._changed.notify_all()
+        for opened in waiting:
+            opened.set()
