@@ -431,3 +431,20 @@ def test_the_first_object_of_a_new_epoch_goes_into_a_spare_opened_for_the_last(t
     store.put_if_absent("_log/00000000000000000001.json", b"{}")  # fsyncs the new directory's parent too
     store.release()
     assert store.staging_files() == []
+
+
+def test_an_unexpected_error_in_the_background_fsync_fails_the_commit_instead_of_hanging_it(tmp_path, monkeypatch):
+    """Any error the background pass meets is the object's NotDurableError: escaping the
+    pass, it would leave every later durable put waiting for an object never counted."""
+    from batchweave.store import syncs
+
+    def broken(path):
+        raise RuntimeError("not an OSError")
+
+    monkeypatch.setattr(syncs, "fsync_file", broken)
+    store = open_store(tmp_path)
+    store.stage_if_absent("data/p/e000001/a.bwb", [b"tgb"])
+    with pytest.raises(bw.NotDurableError, match=r"data/p/e000001/a\.bwb: could not make the object durable"):
+        store.put_if_absent("_log/00000000000000000001.json", b"{}")
+    assert store.size("_log/00000000000000000001.json") is None
+    store.release()

@@ -100,7 +100,9 @@ class PendingSyncs:
     def _check(self, key: str, sync: Callable[[], object]) -> None:
         try:
             sync()
-        except OSError as exc:
+        # Any error, not only the OS's: one escaping the background pass would leave every
+        # later durable put waiting for objects never counted as synced.
+        except Exception as exc:
             self._failed = self._failed or NotDurableError(
                 key,
                 f"could not make the object durable (fsync): {exc}; no later write of this store is "
