@@ -30,6 +30,7 @@ The modules, each using only those listed after it:
     options       storage_options checked against obstore's typed configuration
     localfs       local directories: durable writes, staging files, direct reads
     info          ObjectInfo, what a listing yields
+    identity      a Store's identity: which objects it reaches and as whom, as a digest
     urls          namespace URLs, the kind of store they name, their store root
 """
 

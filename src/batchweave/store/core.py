@@ -24,6 +24,7 @@ from batchweave.errors import (
     TransientStoreError,
 )
 from batchweave.store.backends import build_backend
+from batchweave.store.identity import store_identity
 from batchweave.store.info import ObjectInfo
 from batchweave.store.localfs import (
     PLAIN_KEY,
@@ -118,6 +119,7 @@ class Store(Requester):
         self._syncs = PendingSyncs()  # of objects staged on a local directory (stage_if_absent)
         self._spare = SpareStaging(self._local_root or "")  # staging files opened ahead for the next staged objects
         self._delete_denied = False  # see delete_if_allowed
+        self._identity: tuple[int, str] | None = None  # (process id, identity): see identity
         if not create and self._local_root is not None and not os.path.isdir(self._local_root):
             raise ConfigError(
                 f"no namespace at {self.url}: the directory does not exist (readers never create one; "
@@ -154,6 +156,32 @@ class Store(Requester):
         """Whether a request crosses a network (an object store) rather than reading this
         machine's disk or memory: readers keep many requests in flight only when it does."""
         return self.object_store
+
+    @property
+    def identity(self) -> str:
+        """Which objects this Store reaches and as whom, as 32 hex digits (no request).
+
+        Equal for two Stores of one normalized URL, storage options and, for an object
+        store, the environment variables obstore reads for its kind: every ``AWS_*`` for
+        S3, ``AZURE_*`` for Azure, ``GOOGLE_*``, ``GCS_*`` and ``SERVICE_ACCOUNT`` for GCS
+        (endpoints, accounts, regions, keys, tokens, profiles). Any difference there makes
+        another identity, even one that changes nothing (an endpoint given as an option
+        here, as a variable there): sharing is then lost, never wrong. Local directories
+        and memory stores: the URL and options only. Processes share work (a node's hub)
+        only between Stores of one identity. What the local user's files hold (``~/.aws``
+        under another HOME) is not in it: sharing between users is the sharer's to refuse.
+
+        A blake2b digest personalized for BatchWeave: secrets enter only the hash, never
+        a string this returns. An option that is not plain data (a ``credential_provider``)
+        counts by its type's qualified name, since the ranks of one job build the same
+        provider; two jobs whose providers of one type act as different principals get
+        one identity unless their URL or other options tell them apart. Computed once per
+        process, from that process's environment (an unpickled or forked Store computes
+        it again in its own).
+        """
+        if self._identity is None or self._identity[0] != os.getpid():
+            self._identity = (os.getpid(), store_identity(self.url, self.storage_options, os.environ))
+        return self._identity[1]
 
     @property
     def _store(self) -> Any:
