@@ -4,6 +4,8 @@ and one read per slice, and a hub that dies is replaced without losing a step.""
 from __future__ import annotations
 
 import collections
+import contextlib
+import fcntl
 import json
 import mmap
 import os
@@ -145,7 +147,8 @@ def test_ranks_of_two_nodes_on_one_machine_do_not_share():
     seen = read_node(store, range(0, 2), dp=dp, tp=tp, sharing=True)  # node 0: ranks 0, 1 (d = 0)
     seen |= read_node(store, range(2, 4), dp=dp, tp=tp, sharing=True)  # node 1: ranks 2, 3 (d = 1)
     assert_each_rank_read_its_slice(seen, steps, dp, tp)
-    assert node.node_address(store.url, 0) != node.node_address(store.url, 2)
+    mesh = Mesh(dp=dp, tp=tp)
+    assert node.node_address(store, mesh, 0) != node.node_address(store, mesh, 2)
     assert sum(store.ranges.values()) == steps * dp
 
 
@@ -185,9 +188,9 @@ def test_node_settings_are_checked(monkeypatch):
         bw.Consumer(store, dp=4, rank=3, local_rank=0, local_world_size=2, node_sharing=True)
     with pytest.raises(ConfigError, match="node_sharing"):
         bw.Consumer(store, dp=2, rank=0, node_sharing="yes")
-    plan = node.plan_node(store.url, Mesh(dp=2, tp=4), 5, 5, 8)
+    plan = node.plan_node(store, Mesh(dp=2, tp=4), 5, 5, 8)
     assert (plan.sharers, plan.nodes) == (4, 1)
-    assert node.plan_node(store.url, Mesh(dp=1250, tp=8), 9, 1, 8).nodes == 1250
+    assert node.plan_node(store, Mesh(dp=1250, tp=8), 9, 1, 8).nodes == 1250
 
 
 def test_env_turns_sharing_on_for_a_remote_store_only(monkeypatch, tmp_path):
@@ -211,6 +214,8 @@ def shm_names() -> set[str]:
 @pytest.mark.s3
 def test_sigkilled_hub_process_is_replaced_and_no_rank_loses_or_repeats_a_step(tmp_path, monkeypatch, request):
     from conftest import _make_backend_url
+
+    from batchweave.store import open_store
 
     url = _make_backend_url("s3", request, tmp_path, monkeypatch)
     steps, dp, tp = 24, 2, 2
@@ -269,8 +274,8 @@ def test_sigkilled_hub_process_is_replaced_and_no_rank_loses_or_repeats_a_step(t
         assert seen == [[s, s * dp + d] for s in range(steps)], rank
     assert shm_names() <= before  # memfds only: nothing named in /dev/shm, crash or not
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    with pytest.raises(OSError):  # the hub's name went with the last process
-        probe.connect(node.node_address(url, 0))
+    with pytest.raises(OSError):  # nothing serves the hub's name once its processes are gone
+        probe.connect(node.node_address(open_store(url), mesh, 0).paths()[0])
     probe.close()
 
 
@@ -278,16 +283,25 @@ def test_a_rank_that_reaches_no_hub_reads_on_its_own_and_says_so_once(monkeypatc
     store = CountingStore("memory://b/nohub")
     steps = 8
     fill(store, steps, 2)
+    path, lock_path = node.node_address(store, Mesh(dp=2), 0).paths()
+    lock = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # holds the election ...
     squatter = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    squatter.bind(node.node_address(store.url, 0))  # holds the name, never answers
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    squatter.bind(path)
+    squatter.listen(8)  # ... and the name, and never answers
     monkeypatch.setattr(nodeclient, "TAKEOVER_S", 0.2)
+    monkeypatch.setattr(nodeclient, "IO_S", 0.2)
     try:
         with caplog.at_level("WARNING", logger="batchweave.reading.nodeclient"):
             seen = read_node(store, range(2), dp=2, tp=1, sharing=True)
     finally:
         squatter.close()
+        os.unlink(path)
+        os.close(lock)
     assert_each_rank_read_its_slice(seen, steps, 2, 1)
-    unreachable = [r for r in caplog.records if "unreachable" in r.getMessage()]
+    unreachable = [r for r in caplog.records if "reads without it" in r.getMessage()]
     assert 1 <= len(unreachable) <= 2  # once per rank at most, not once per read
 
 
@@ -356,7 +370,7 @@ class _HubThatGoesAway:
         version = first
         for item in ProvenLog(journal, reader, HeadPolling(1, max_poll_s=0.05), next_step, url, present_through):
             if self.gone:
-                raise nodeclient.NodeUnavailableError("test hub", version)
+                raise nodeclient.NodeUnavailableError("the test's hub went away", version)
             if isinstance(item, list):
                 version = item[-1].delta.version + 1
             yield item

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from batchweave import log
 from batchweave.log import LogVersion, ReadVersion
-from batchweave.reading.sharedlog import BEHIND, RESTART, RESTART_WINDOW, SERVE, SharedLog, decode_versions
+from batchweave.reading.sharedlog import ALONE, RESTART, RESTART_WINDOW, SERVE, SharedLog, decode_versions
 
 
 def version(n: int) -> ReadVersion:
@@ -16,15 +16,34 @@ def version(n: int) -> ReadVersion:
     return ReadVersion(delta, log.encode(delta))
 
 
-def test_a_rank_below_what_is_kept_restarts_the_follower_and_keeps_what_was_proven():
+def test_a_rank_below_what_is_kept_restarts_the_follower_only_while_nothing_is_proven():
     shared = SharedLog()
     assert shared.ask("a", 5) == RESTART  # the first rank starts the follower
-    assert shared.publish(1, [version(5), version(6)])
-    assert [v.delta.version for v in decode_versions(shared.versions_from(5, 1 << 20), 5)] == [5, 6]
-    assert shared.ask("b", 6) == SERVE
-    assert shared.ask("c", 2) == RESTART  # a little below: a new follower from 2
-    assert not shared.publish(1, [version(7)])  # the replaced one must stop
-    assert shared.versions_from(6, 1 << 20) is not None  # proven versions stay
+    assert shared.ask("b", 3) == RESTART  # a little below, nothing proven yet: costs nobody anything
+    assert not shared.publish(1, [version(5)])  # the replaced one must stop
+    assert shared.publish(2, [version(3), version(4)])
+    assert [v.delta.version for v in decode_versions(shared.versions_from(3, 1 << 20), 3)] == [3, 4]
+    assert shared.ask("a", 5) == SERVE
+    assert shared.ask("c", 2) == ALONE  # below what others are served from: reads on its own
+    assert shared.generation == 2 and shared.versions_from(3, 1 << 20) is not None
+
+
+def test_no_request_pulls_the_follower_back_or_drives_it_ahead_of_the_others():
+    """A careless or stale client of the node: far ahead, or from version 1 after GC."""
+    shared = SharedLog(restart_window=10)
+    assert shared.ask("a", 50) == RESTART
+    shared.publish(1, [version(50), version(51)])
+    assert shared.ask("b", 51) == SERVE
+    assert shared.ask("bogus", 10**12) == ALONE  # far beyond anything proven
+    assert shared.ask("reclaimed", 1) == ALONE  # far below: its own follower says what is true for it
+    assert shared.generation == 1 and shared.versions_from(50, 1 << 20) is not None
+    first = SharedLog(restart_window=10)
+    assert first.ask("bogus", 10**12) == RESTART  # the first asker starts it anywhere ...
+    assert first.ask("a", 5) == RESTART  # ... and an honest one below takes it back while nothing is proven
+    first.publish(2, [version(5)])
+    assert first.wants_more()  # read ahead from the honest rank, not towards the bogus place
+    first.publish(2, [version(n) for n in range(6, 5 + first.read_ahead + 1)])
+    assert not first.wants_more()
 
 
 def test_versions_every_rank_is_past_are_forgotten_and_the_slowest_rank_is_let_go_past_the_budget():
@@ -35,7 +54,7 @@ def test_versions_every_rank_is_past_are_forgotten_and_the_slowest_rank_is_let_g
     shared.ask("a", 3)
     shared.ask("b", 3)  # both past 1 and 2: forgotten
     assert shared.versions_from(1, 1 << 20) is None and shared.versions_from(3, 1 << 20) is not None
-    assert shared.ask("c", 1) == RESTART  # a little below: served by a restart
+    assert shared.ask("c", 1) == ALONE  # below what is kept, others served: on its own
     tight = SharedLog(retain_bytes=1)
     tight.ask("slow", 1)
     tight.ask("fast", 1)
@@ -52,7 +71,7 @@ def test_a_rank_far_below_what_is_kept_follows_on_its_own_rather_than_pulling_th
     far = RESTART_WINDOW + 10
     shared.ask("training", far)
     shared.publish(1, [version(far)])
-    assert shared.ask("evaluation", 1) == BEHIND
+    assert shared.ask("evaluation", 1) == ALONE
     assert shared.generation == 1  # the training ranks' follower goes on
     alone = SharedLog()
     alone.ask("only", far)
@@ -60,15 +79,17 @@ def test_a_rank_far_below_what_is_kept_follows_on_its_own_rather_than_pulling_th
     assert alone.ask("evaluation", 1) == RESTART  # nobody else to hold back
 
 
-def test_a_failure_reaches_a_rank_only_after_every_version_before_it():
+def test_a_failure_reaches_no_rank_as_an_error_and_the_next_ask_starts_again():
     shared = SharedLog()
     shared.ask("a", 1)
+    shared.ask("b", 1)
     shared.publish(1, [version(1)])
     shared.fail(1, "boom")
     assert shared.versions_from(1, 1 << 20) is not None  # version 1 first
-    assert shared.versions_from(2, 1 << 20) is None and shared.failure == "boom"
+    assert shared.versions_from(2, 1 << 20) is None and shared.failed  # then: read alone
     shared.fail(0, "stale")  # from a replaced follower: ignored
-    assert shared.failure == "boom"
+    assert shared.ask("a", 1) == SERVE  # what was proven before the failure is still served
+    assert shared.ask("b", 2) == RESTART and not shared.failed  # a new follower, from b's place
 
 
 @settings(max_examples=200, deadline=None)
@@ -80,7 +101,7 @@ def test_every_rank_gets_exactly_the_versions_published_in_order(steps):
     follower_at: int | None = None
     for rank, first, publish in steps:
         answer = shared.ask(rank, first)
-        if answer == BEHIND:
+        if answer == ALONE:
             continue
         if answer == RESTART:
             follower_at = first
@@ -116,4 +137,4 @@ def test_a_rank_far_behind_is_let_go_when_the_budget_runs_out():
     shared.ask("fast", far + 1)
     shared.trim(force=False)  # the slow rank is over a window behind: let go
     assert shared.versions_from(1, 1 << 20) is None and shared.versions_from(far + 1, 1 << 20) is not None
-    assert shared.ask("slow", 2) == BEHIND
+    assert shared.ask("slow", 2) == ALONE

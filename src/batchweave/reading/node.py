@@ -16,32 +16,36 @@ the same bytes TP x PP times. With sharing, one *hub* per node does both for all
   past ``nodehub.CACHE_BYTES``, the oldest first). Nothing is ever named in
   ``/dev/shm``: the memory is freed when the last mapping goes, crash or not.
 
-**Who is the hub.** Ranks meet on an abstract Unix socket (no file: the name vanishes
-with the process holding it) named after the namespace and the node's first global
-rank, so two "nodes" on one machine (two torchrun agents) stay apart. The first rank
-to bind it runs the hub in background threads; the others connect. When the hub's
-process dies or closes, its connections break; every rank then tries to bind the name,
-one wins and serves, the rest connect to it and repeat their request (every request
-is idempotent: versions and ranges are immutable). A rank that can reach no hub within
-``nodeclient.TAKEOVER_S`` reads on its own.
+**Who is the hub.** Ranks meet on a Unix socket in a directory only their user can
+enter, named after a digest of the job, the store identity (endpoint, account, bucket,
+path, credentials), the mesh and the node's first global rank (``HubAddress``): two
+"nodes" on one machine (two torchrun agents), two jobs and two stores stay apart, and
+no other user can reach or squat the name (``nodetrust``: the trust model). The rank
+that takes the name's lock first runs the hub in background threads; the others
+connect. When the hub's process dies or closes, its lock and connections go with it;
+every rank then tries to take the lock, one wins and serves, the rest connect to it
+and repeat their request (every request is idempotent: versions and ranges are
+immutable). A rank that can reach no trustworthy hub within ``nodeclient.TAKEOVER_S``
+of losing one reads on its own, with one WARNING.
 
-This module plans who shares what. The rest: ``nodewire`` (the messages, never pickled,
-and the descriptors they carry), ``nodehub`` (the hub) and ``nodeclient`` (a rank's side,
-``NodeClient``).
+This module plans who shares what. The rest: ``nodetrust`` (who trusts whom, and the
+checks), ``nodewire`` (the messages, never pickled, within limits, and the descriptors
+they carry), ``nodehub`` (the hub) and ``nodeclient`` (a rank's side, ``NodeClient``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 from dataclasses import dataclass
 
 from batchweave.errors import ConfigError
 from batchweave.mesh import Mesh
+from batchweave.reading.nodetrust import hub_directory, hub_identity, job_identity
 from batchweave.store import Store
 
 __all__ = [
+    "HubAddress",
     "NodePlan",
     "node_address",
     "plan_node",
@@ -51,26 +55,40 @@ __all__ = [
 
 
 def sharing_supported() -> bool:
-    """Abstract Unix sockets and memfd: Linux."""
+    """Peer credentials (SO_PEERCRED), sealed memfds: Linux."""
     return sys.platform == "linux" and hasattr(os, "memfd_create")
 
 
-def node_address(url: str, first_rank: int) -> str:
-    """The abstract socket name of the node whose first global rank is ``first_rank``."""
-    digest = hashlib.blake2b(f"{url}\n{first_rank}".encode(), digest_size=16).hexdigest()
-    return f"\0batchweave-node-{digest}"
+@dataclass(frozen=True, slots=True)
+class HubAddress:
+    """Where the ranks of one node, job and store meet: ``identity`` is the digest both
+    ends check in their handshake, and names the socket and its election lock."""
+
+    identity: str
+
+    def paths(self) -> tuple[str, str]:
+        """The socket's and the lock's paths, in this user's private directory (made if
+        need be); ``nodetrust.HubRefused`` when that directory cannot be trusted."""
+        base = os.path.join(hub_directory(), self.identity)
+        return base + ".sock", base + ".lock"
+
+
+def node_address(store: Store, mesh: Mesh, first_rank: int) -> HubAddress:
+    """The hub of the node whose first global rank is ``first_rank``, for this job."""
+    shape = f"dp{mesh.dp}.cp{mesh.cp}.tp{mesh.tp}.pp{mesh.pp}"
+    return HubAddress(hub_identity(store.identity, job_identity(), shape, first_rank))
 
 
 @dataclass(frozen=True, slots=True)
 class NodePlan:
     """How one rank shares with the other ranks of its node."""
 
-    address: str  # the node's hub socket
+    address: HubAddress  # the node's hub
     sharers: int  # ranks of the node reading this rank's slice, itself included
     nodes: int  # followers of the job: one per node
 
 
-def plan_node(url: str, mesh: Mesh, rank: int, local_rank: int, local_world_size: int) -> NodePlan:
+def plan_node(store: Store, mesh: Mesh, rank: int, local_rank: int, local_world_size: int) -> NodePlan:
     """The plan of ``rank``, ``local_rank`` of ``local_world_size`` ranks on its node
     (torchrun numbers a node's ranks consecutively: the node holds global ranks
     ``rank - local_rank`` to ``rank - local_rank + local_world_size - 1``)."""
@@ -86,7 +104,7 @@ def plan_node(url: str, mesh: Mesh, rank: int, local_rank: int, local_world_size
     same = [mesh.coords(r) for r in range(first, first + local_world_size)]
     sharers = sum(1 for c in same if (c.dp, c.cp) == (mine.dp, mine.cp))
     nodes = -(-mesh.world_size // local_world_size)
-    return NodePlan(node_address(url, first), sharers, nodes)
+    return NodePlan(node_address(store, mesh, first), sharers, nodes)
 
 
 def resolve_plan(
@@ -100,8 +118,8 @@ def resolve_plan(
     if sharing is False or (sharing is None and (size < 2 or not store.remote or not sharing_supported())):
         return None
     if not sharing_supported():
-        raise ConfigError("node_sharing=True needs Linux (abstract Unix sockets and memfd)")
-    return plan_node(store.url, mesh, rank, _local_setting(local_rank, "LOCAL_RANK", 0), size)
+        raise ConfigError("node_sharing=True needs Linux (peer credentials and sealed memfds)")
+    return plan_node(store, mesh, rank, _local_setting(local_rank, "LOCAL_RANK", 0), size)
 
 
 def _local_setting(value: int | None, variable: str, default: int) -> int:

@@ -1,46 +1,146 @@
 """A node's hub (``node``): one log follower and one read per byte range for the ranks of
-one host, served from the process of the rank that bound the node's socket first.
+one job on one host, served from the process of the rank that took the node's lock first.
 
 The hub runs ``follower.ProvenLog`` once and keeps its proven versions in a
 ``sharedlog.SharedLog`` for every rank, each at its own place. The first request for a
 range reads it into shared memory (``nodewire.shared_memory``); every rank asking for the
 same range gets that file's descriptor. A range is dropped once every rank sharing its
-slice took it, or, past ``CACHE_BYTES``, the oldest first. A process keeps one hub per
-address, closed when the last of its ranks using it closes.
+slice took it, or, past ``CACHE_BYTES`` or ``fd_budget()`` descriptors, the oldest first.
+A process keeps one hub per address, closed when the last of its ranks using it closes.
+
+Every peer is a stranger until checked (``nodetrust``: same user, same hub identity),
+and then still costs the hub only what it bounds:
+
+- **connections**: at most ``MAX_PEERS``, each with a thread that reads its requests and
+  one that writes its replies, so a peer that stops reading holds no thread of the
+  hub's readers or followers: its replies wait in its own queue, and once one is not
+  taken within ``nodewire.IO_S`` the connection is dropped;
+- **requests**: validated before anything acts on them (``nodewire.parse_request``); at
+  most ``MAX_OUTSTANDING`` unanswered per connection (then the hub stops reading it until
+  replies are taken), and one log request at a time;
+- **memory and descriptors**: a request is a header of at most 4 KiB; ranges kept take
+  at most ``CACHE_BYTES`` and ``fd_budget()`` descriptors (past those, a range is read
+  by its rank itself: ``direct``);
+- **the shared follower**: no request can restart it lower, fail it or stall it for
+  others (``sharedlog``); a failure of it sends its ranks to read on their own, never an
+  error; a connection's place in it goes with the connection.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import itertools
 import logging
 import os
+import queue
 import random
+import resource
 import socket
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchweave import retry
+from batchweave import keys, retry
+from batchweave.errors import CorruptDataError, StoreError
 from batchweave.journal import Journal
 from batchweave.log import ReadVersion
 from batchweave.reading.follower import ProvenLog, Unproven
-from batchweave.reading.nodewire import HubLost, error_reply, recv, send, shared_memory
+from batchweave.reading.node import HubAddress
+from batchweave.reading.nodetrust import HubRefused, check_peer
+from batchweave.reading.nodewire import (
+    IO_S,
+    PROTOCOL,
+    REQUEST_LIMITS,
+    BadRequest,
+    Hello,
+    HubLost,
+    LogRequest,
+    RangeRequest,
+    error_reply,
+    parse_request,
+    recv,
+    send,
+    shared_memory,
+)
 from batchweave.reading.polling import HeadPolling
 from batchweave.reading.readahead import DEFAULT_LOG_READ_AHEAD, LogReadAhead
-from batchweave.reading.sharedlog import BEHIND, NODE_READ_AHEAD, RESTART, SharedLog
+from batchweave.reading.sharedlog import ALONE, NODE_READ_AHEAD, RESTART, SharedLog
 from batchweave.store import Store
 
-__all__ = ["CACHE_BYTES", "LOG_REPLY_BYTES", "LOG_WAIT_S", "start_hub", "use_hub"]
+__all__ = [
+    "CACHE_BYTES",
+    "LOG_REPLY_BYTES",
+    "LOG_WAIT_S",
+    "MAX_OUTSTANDING",
+    "MAX_PEERS",
+    "fd_budget",
+    "start_hub",
+    "use_hub",
+]
 
 _logger = logging.getLogger(__name__)
 LOG_WAIT_S = 0.5  # a log request waits this long for a new version before the reply says "none yet"
 LOG_REPLY_BYTES = 8 << 20  # versions in one reply at most (a backlog comes in several)
 CACHE_BYTES = 512 << 20  # ranges kept for ranks that have not taken them yet (shared memory)
-_HUB_THREADS = 128  # reads in flight for the whole node (each rank fetches up to 64 steps ahead)
+MAX_PEERS = 64  # connections served at once: a node's ranks, each with a consumer or two
+MAX_OUTSTANDING = 256  # unanswered requests per connection (a rank fetches up to 64 steps ahead)
+_READ_THREADS = 128  # range reads in flight for the whole node
+
+
+def fd_budget() -> int:
+    """Shared-memory descriptors a hub keeps open at most: a quarter of the process's
+    limit (the rank whose process serves the hub needs the rest), 16 to 1,024."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(16, min(1024, soft // 4)) if soft != resource.RLIM_INFINITY else 1024
+
+
+@dataclass(eq=False)
+class _Peer:
+    """One connection: its requests are read on one thread, its replies sent on another."""
+
+    sock: socket.socket
+    ident: int  # never reused, unlike id(): a new peer must not inherit a dead one's place
+    pid: int
+    outstanding: int = 0  # requests not answered yet (guarded by the hub's condition)
+    log_busy: bool = False  # a log request is being answered
+    closed: bool = False
+    replies: queue.SimpleQueue[Any] = field(default_factory=queue.SimpleQueue)
+    finished: bool = False  # the writer is gone: a reply now is released at once
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def reply(
+        self,
+        ident: int,
+        header: dict[str, Any],
+        payload: bytes = b"",
+        fds: Sequence[int] = (),
+        done: Callable[[], None] | None = None,
+    ) -> bool:
+        """Queue one reply for the writer thread (never blocks the caller); ``done`` runs
+        once it was sent or dropped. False when the writer is gone (``done`` ran)."""
+        header["id"] = ident
+        with self._lock:
+            if not self.finished:
+                self.replies.put((header, payload, fds, done))
+                return True
+        if done is not None:
+            done()
+        return False
+
+    def finish(self) -> list[Any]:
+        """The writer stops: the replies still queued, to release (none come after)."""
+        with self._lock:
+            self.finished = True
+        left = []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                left.append(self.replies.get_nowait())
+        return [item for item in left if item is not None]
 
 
 @dataclass(eq=False)
@@ -50,50 +150,81 @@ class _Range:
     key: tuple[str, int, int]  # object, start, length
     sharers: int  # ranks of this node that read it
     done: bool = False  # read (or failed): replies go out at once
-    waiters: list[tuple[socket.socket, threading.Lock, int]] = field(default_factory=list)
+    waiters: list[tuple[_Peer, int]] = field(default_factory=list)
     fd: int = -1
     length: int = 0
-    error: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None  # a store error, or {"direct": why}: the rank reads it itself
     handed: int = 0  # replies sent
-    in_flight: int = 0  # replies being prepared or sent (the descriptor must stay open)
+    in_flight: int = 0  # replies queued or being sent (the descriptor must stay open)
 
 
 class _Hub:
     """The node's follower and range reader, serving the ranks connected to ``listener``."""
 
-    def __init__(self, listener: socket.socket, store: Store, polling: HeadPolling) -> None:
+    def __init__(
+        self, listener: socket.socket, lock_fd: int, path: str, address: HubAddress, store: Store, polling: HeadPolling
+    ) -> None:
         self._listener = listener
+        self._lock_fd = lock_fd  # held while this hub serves: the node's election
+        self._path = path
+        self._identity = address.identity
         self._store = store
         self._polling = polling
         self._stop = threading.Event()
-        self._pool = ThreadPoolExecutor(
-            _HUB_THREADS,
-            thread_name_prefix="batchweave-node",
-            initializer=retry.stop_retrying_when,  # closing does not wait out a storm
-            initargs=(self._stop,),
-        )
+        self._reads = self._pool(_READ_THREADS, "batchweave-node")
+        self._logs = self._pool(MAX_PEERS, "batchweave-node-log")  # one log request per peer at a time
         self._cond = threading.Condition()
         self._log = SharedLog(read_ahead=random.randint(*NODE_READ_AHEAD))  # guarded by _cond
         self._ranges: OrderedDict[tuple[str, int, int], _Range] = OrderedDict()
         self._range_bytes = 0
-        self._connections: set[socket.socket] = set()
+        self._memfds = 0  # open shared-memory descriptors
+        self._fd_budget = fd_budget()
+        self._peers: set[_Peer] = set()  # greeted
+        self._connections = 0  # accepted and not closed yet, greeted or not
+        self._idents = itertools.count(1)
         self.users = 0  # this process's ranks using it
+        self._warned: set[str] = set()
         threading.Thread(target=self._accept, name="batchweave-node-accept", daemon=True).start()
+
+    def _pool(self, threads: int, name: str) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(
+            threads,
+            thread_name_prefix=name,
+            initializer=retry.stop_retrying_when,  # closing does not wait out a storm
+            initargs=(self._stop,),
+        )
 
     def close(self) -> None:
         self._stop.set()
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self._path)  # before the lock goes: a new hub's socket is never ours to remove
+        os.close(self._lock_fd)
         with self._cond:
-            for conn in list(self._connections):
-                with contextlib.suppress(OSError):
-                    conn.shutdown(socket.SHUT_RDWR)
+            for peer in list(self._peers):
+                _shut(peer.sock)
             self._cond.notify_all()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._reads.shutdown(wait=False, cancel_futures=True)
+        self._logs.shutdown(wait=False, cancel_futures=True)
         with self._cond:
             for shared in list(self._ranges.values()):
                 self._drop(shared)  # those being sent are closed by their last reply
+
+    def forget_in_child(self) -> None:
+        """In a forked child: close this process's copies of the hub's descriptors, so the
+        hub's name, lock and connections go when the parent does (the child serves nothing)."""
+        for closing in (self._listener, *(peer.sock for peer in self._peers)):
+            with contextlib.suppress(OSError):
+                closing.close()
+        with contextlib.suppress(OSError):
+            os.close(self._lock_fd)
+
+    def _warn_once(self, what: str, message: str, *args: Any) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            _logger.warning(message, *args)
 
     # -- connections ---------------------------------------------------------------------
 
@@ -103,85 +234,185 @@ class _Hub:
                 conn, _ = self._listener.accept()
             except OSError:
                 return  # closed
+            try:
+                pid = check_peer(conn, "process connecting to the node hub")
+            except (HubRefused, OSError) as exc:
+                self._warn_once("peer", "node hub %s: %s", self._identity[:8], exc)
+                conn.close()
+                continue
             with self._cond:
-                self._connections.add(conn)
-            threading.Thread(target=self._serve, args=(conn,), name="batchweave-node-conn", daemon=True).start()
+                crowded = self._connections >= 2 * MAX_PEERS  # greeted or still greeting
+                self._connections += 0 if crowded else 1
+            if crowded:
+                conn.close()
+                continue
+            conn.settimeout(IO_S)
+            peer = _Peer(conn, next(self._idents), pid)
+            threading.Thread(target=self._serve, args=(peer,), name="batchweave-node-conn", daemon=True).start()
 
-    def _serve(self, conn: socket.socket) -> None:
-        """One rank's requests: ranges are answered from here (a range read already, or
-        being read, needs no thread of its own), log requests on the pool (they wait)."""
-        lock = threading.Lock()  # one reply at a time on this connection
+    def _serve(self, peer: _Peer) -> None:
+        """One peer's requests, read once it proved itself, as fast as its replies are
+        taken: ranges are answered from here (a range read already, or being read, needs
+        no thread of its own), log requests on the log pool (they wait)."""
+        writer = threading.Thread(target=self._write, args=(peer,), name="batchweave-node-send", daemon=True)
+        writer.start()
         try:
-            while not self._stop.is_set():
-                request, _, _ = recv(conn)
-                if request["op"] == "range":
-                    self._ask_range(conn, lock, request)
-                else:
-                    self._pool.submit(self._answer_log, conn, lock, request)
-        except (HubLost, OSError, ValueError, RuntimeError):
-            pass  # the rank closed or died (RuntimeError: the pool is shutting down)
+            if self._greet(peer):
+                while self._room(peer):
+                    self._dispatch(peer, self._next_request(peer))
+        except (HubLost, OSError, RuntimeError):
+            pass  # the rank closed or died (RuntimeError: a pool is shutting down)
+        except BadRequest as exc:
+            self._warn_once("request", "node hub %s: process %d: %s; dropped", self._identity[:8], peer.pid, exc)
+            peer.reply(-1, {"refused": str(exc)})
         finally:
             with self._cond:
-                self._connections.discard(conn)
-                self._log.leave(id(conn))
+                peer.closed = True
+                self._peers.discard(peer)
+                self._connections -= 1
+                self._log.leave(peer.ident)
                 self._cond.notify_all()
-            conn.close()
+            peer.replies.put(None)  # the writer sends what is queued (if it can), then closes
 
-    def _answer_log(self, conn: socket.socket, lock: threading.Lock, request: dict[str, Any]) -> None:
-        try:
-            reply, payload = self._log_reply(id(conn), request)
-        except Exception as exc:  # answered, never dropped: the rank would wait forever
-            reply, payload = error_reply(exc), b""
-        _reply(conn, lock, request["id"], reply, payload)
+    def _greet(self, peer: _Peer) -> bool:
+        """The handshake: the same protocol and hub identity, and room for one more."""
+        head, _, fds = recv(peer.sock, REQUEST_LIMITS, idle=lambda: False)  # within IO_S of connecting
+        _close_all(fds)
+        hello = parse_request(head)
+        refused = ""
+        if not isinstance(hello, Hello) or hello.protocol != PROTOCOL or hello.identity != self._identity:
+            refused = "another protocol, job or store: this hub serves none of them"
+        with self._cond:
+            if not refused and len(self._peers) >= MAX_PEERS:
+                refused = f"this hub serves {MAX_PEERS} connections already"
+            if not refused:
+                self._peers.add(peer)
+        if refused:
+            peer.reply(-1, {"refused": refused})
+            return False
+        peer.reply(-1, {"op": "hello", "protocol": PROTOCOL, "identity": self._identity})
+        return True
+
+    def _room(self, peer: _Peer) -> bool:
+        """Wait until the peer has fewer than MAX_OUTSTANDING requests unanswered; False
+        when the hub or the connection is closing."""
+        with self._cond:
+            self._cond.wait_for(lambda: peer.outstanding < MAX_OUTSTANDING or not self._serving() or peer.closed)
+            return self._serving() and not peer.closed
+
+    def _serving(self) -> bool:
+        return not self._stop.is_set()
+
+    def _next_request(self, peer: _Peer) -> LogRequest | RangeRequest:
+        head, _, fds = recv(peer.sock, REQUEST_LIMITS, idle=lambda: self._serving() and not peer.closed)
+        _close_all(fds)  # a request carries no descriptor
+        request = parse_request(head)
+        if isinstance(request, Hello):
+            raise BadRequest("a second handshake")
+        return request
+
+    def _dispatch(self, peer: _Peer, request: LogRequest | RangeRequest) -> None:
+        with self._cond:
+            if isinstance(request, LogRequest) and peer.log_busy:
+                raise BadRequest("a log request while another is being answered")
+            peer.outstanding += 1
+            if isinstance(request, LogRequest):
+                peer.log_busy = True
+        if isinstance(request, LogRequest):
+            self._logs.submit(self._answer_log, peer, request)
+        else:
+            self._ask_range(peer, request)
+
+    def _write(self, peer: _Peer) -> None:
+        """The peer's replies, in order; a reply not taken within IO_S drops the
+        connection, and every reply still queued is released unsent."""
+        while (item := peer.replies.get()) is not None:
+            header, payload, fds, done = item
+            try:
+                if not peer.closed:
+                    send(peer.sock, header, payload, fds)
+            except OSError:
+                with self._cond:
+                    peer.closed = True
+                    self._cond.notify_all()
+                _shut(peer.sock)  # the reader sees it too and cleans up
+            finally:
+                self._answered(peer, header, done)
+        for header, _, _, done in peer.finish():  # queued behind the reader's end: released unsent
+            self._answered(peer, header, done)
+        peer.sock.close()
+
+    def _answered(self, peer: _Peer, header: dict[str, Any], done: Callable[[], None] | None) -> None:
+        if done is not None:
+            done()
+        if header.get("id", -1) >= 0:
+            with self._cond:
+                peer.outstanding -= 1
+                self._cond.notify_all()
 
     # -- the log -------------------------------------------------------------------------
 
-    def _log_reply(self, conn: int, request: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
-        first = request["from"]
+    def _answer_log(self, peer: _Peer, request: LogRequest) -> None:
+        try:
+            reply, payload = self._log_reply(peer, request.first)
+        except Exception as exc:  # of any type: this rank reads on its own, the others go on
+            reply, payload = {"alone": f"the node hub failed: {type(exc).__name__}: {exc}"}, b""
         with self._cond:
-            answer = self._log.ask(conn, first)
-            if answer == BEHIND:
-                return {"behind": True}, b""
+            peer.log_busy = False
+        peer.reply(request.id, reply, payload)
+
+    def _log_reply(self, peer: _Peer, first: int) -> tuple[dict[str, Any], bytes]:
+        with self._cond:
+            if peer.closed:
+                return {"alone": "closed"}, b""  # asked, then gone: it must leave no place behind
+            answer = self._log.ask(peer.ident, first)
+            if answer == ALONE:
+                return {"alone": "far from the node's follower"}, b""
             if answer == RESTART:
-                self._start_follower(first, request.get("anchor"), request.get("present_through", 0))
+                self._start_follower(first)
             self._cond.notify_all()  # the follower may read on: this rank moved
             deadline = time.monotonic() + LOG_WAIT_S
             while (parts := self._log.versions_from(first, LOG_REPLY_BYTES)) is None:
-                if self._log.failure is not None:
-                    return dict(self._log.failure), b""
+                if self._log.failed:
+                    return {"alone": "the node's follower failed"}, b""
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or self._stop.is_set():
-                    return {"sizes": []}, b""
+                if remaining <= 0 or self._stop.is_set() or peer.closed:
+                    return {"sizes": [], "head": self._log.at_head}, b""
                 self._cond.wait(remaining)
         return {"sizes": [len(p) for p in parts]}, b"".join(parts)
 
-    def _start_follower(self, first: int, anchor: list[Any] | None, present_through: int) -> None:
-        """Follow from ``first`` (the first rank, or one behind what the hub keeps)."""
-        args = (self._log.generation, first, anchor, present_through)
+    def _start_follower(self, first: int) -> None:
+        """Follow from ``first``: the node's own follower, proving its own view (no rank's
+        anchor or claims: nothing a request says can make it fail)."""
+        args = (self._log.generation, first)
         threading.Thread(target=self._follow, args=args, name="batchweave-node-follow", daemon=True).start()
 
-    def _follow(self, generation: int, first: int, anchor: list[Any] | None, present_through: int) -> None:
+    def _follow(self, generation: int, first: int) -> None:
         retry.stop_retrying_when(self._stop)
         journal = Journal(self._store, read_only=True)
-        if anchor:
-            journal.anchor_on(anchor[0], anchor[1])
         reader = LogReadAhead(journal, first, DEFAULT_LOG_READ_AHEAD, stop=self._stop)
         if first == 1:
             reader.beside(journal.learn_namespace)
-        proven = ProvenLog(journal, reader, self._polling, lambda: 0, self._store.url, present_through)
+        proven = ProvenLog(journal, reader, self._polling, lambda: 0, self._store.url)
         try:
             for item in proven:
                 if generation != self._log.generation:
-                    return  # replaced by a follower started lower: not one more request
+                    return  # replaced by a follower started elsewhere: not one more request
                 assert not isinstance(item, Unproven)  # early=False: proven versions only, in lists
                 if isinstance(item, list):
                     if not self._publish(generation, item):
                         return
-                elif self._stop.wait(item) if item else self._stop.is_set():
+                    continue
+                if item:
+                    with self._cond:
+                        self._log.missed(generation)
+                        self._cond.notify_all()
+                if self._stop.wait(item) if item else self._stop.is_set():
                     return
-        except Exception as exc:  # of any type: every rank hears it, after the versions before it
+        except Exception as exc:  # of any type: its ranks read on their own, and find out themselves
+            _logger.info("node hub %s: the log follower from version %d stopped: %s", self._identity[:8], first, exc)
             with self._cond:
-                self._log.fail(generation, error_reply(exc))
+                self._log.fail(generation, exc)
                 self._cond.notify_all()
         finally:
             reader.close()
@@ -198,31 +429,38 @@ class _Hub:
 
     # -- ranges --------------------------------------------------------------------------
 
-    def _ask_range(self, conn: socket.socket, lock: threading.Lock, request: dict[str, Any]) -> None:
+    def _ask_range(self, peer: _Peer, request: RangeRequest) -> None:
         """Answer with the range's shared memory: at once when it was read already, else
         once the one read of it for the node (started by the first rank asking) is done."""
-        key = (request["key"], request["start"], request["length"])
+        try:
+            keys.check_data_key(request.key, "node hub request")
+        except CorruptDataError as exc:
+            raise BadRequest(str(exc)) from None
+        key = (request.key, request.start, request.length)
         with self._cond:
             shared = self._ranges.get(key)
             fetch = shared is None
             if shared is None:
-                shared = self._ranges[key] = _Range(key, sharers=max(1, request["sharers"]))
+                shared = self._ranges[key] = _Range(key, sharers=request.sharers)
             shared.in_flight += 1  # its descriptor stays open until this reply is sent
             ready = shared.done
             if not ready:
-                shared.waiters.append((conn, lock, request["id"]))
+                shared.waiters.append((peer, request.id))
         if fetch:
-            self._pool.submit(self._fill, shared)
+            self._reads.submit(self._fill, shared)
         if ready:
-            self._hand(shared, conn, lock, request["id"])
+            self._hand(shared, peer, request.id)
 
     def _fill(self, shared: _Range) -> None:
         """Read the range once, into shared memory, and answer every rank waiting for it."""
         try:
             data = self._store.get_range(*shared.key)
-            shared.fd, shared.length = shared_memory(data), len(data)
-        except Exception as exc:
-            shared.error = error_reply(exc)
+        except StoreError as exc:
+            shared.error = error_reply(exc)  # the rank raises it as it would reading itself
+        except Exception as exc:  # the hub's own failure: the rank reads it itself
+            shared.error = {"direct": f"the hub's read failed: {type(exc).__name__}: {exc}"}
+        else:
+            self._share(shared, data)
         with self._cond:
             if shared.error is None:
                 self._range_bytes += shared.length
@@ -230,34 +468,60 @@ class _Hub:
                 del self._ranges[shared.key]  # a later request reads again
             shared.done = True
             waiters, shared.waiters = shared.waiters, []
-        for conn, lock, ident in waiters:
-            self._hand(shared, conn, lock, ident)
+        for peer, ident in waiters:
+            self._hand(shared, peer, ident)
 
-    def _hand(self, shared: _Range, conn: socket.socket, lock: threading.Lock, ident: int) -> None:
+    def _share(self, shared: _Range, data: memoryview) -> None:
+        """Put a range read into shared memory, within the descriptor budget; past it (or
+        when the kernel refuses), its ranks read it themselves."""
+        with self._cond:
+            self._evict(lambda: self._memfds >= self._fd_budget)
+            over = self._memfds >= self._fd_budget
+            if not over:
+                self._memfds += 1  # taken now: two fills never both take the last one
+        if over:
+            shared.error = {"direct": f"the hub's {self._fd_budget} shared-memory descriptors are in use"}
+            self._warn_once(
+                "fds", "node hub %s: %s; ranks read such ranges themselves", self._identity[:8], shared.error["direct"]
+            )
+            return
         try:
-            if shared.error is not None:
-                _reply(conn, lock, ident, dict(shared.error))
-            else:
-                _reply(conn, lock, ident, {"length": shared.length}, fds=[shared.fd])
-        finally:
+            shared.fd, shared.length = shared_memory(data), len(data)
+        except OSError as exc:
+            with self._cond:
+                self._memfds -= 1
+            shared.error = {"direct": f"no shared memory: {exc}"}
+            self._warn_once("memfd", "node hub %s: %s; ranks read such ranges themselves", self._identity[:8], exc)
+
+    def _hand(self, shared: _Range, peer: _Peer, ident: int) -> None:
+        def done() -> None:
             self._handed(shared)
 
+        if shared.error is not None:
+            peer.reply(ident, dict(shared.error), done=done)
+        else:
+            peer.reply(ident, {"length": shared.length}, fds=[shared.fd], done=done)
+
     def _handed(self, shared: _Range) -> None:
-        """One more reply sent: drop the range once every sharer has it, or old ones past
-        the cache's size (a rank that asks later reads again). A descriptor is closed only
-        when no reply is being sent with it."""
+        """One more reply sent (or dropped): drop the range once every sharer has it, or
+        old ones past the cache's size. A descriptor is closed only when no reply is
+        being sent with it."""
         with self._cond:
             shared.in_flight -= 1
             shared.handed += 1
             if shared.handed >= shared.sharers or self._stop.is_set():
                 self._drop(shared)
-            for oldest in list(self._ranges.values()):
-                if self._range_bytes <= CACHE_BYTES:
-                    break
-                if oldest.done:
-                    self._drop(oldest)
+            self._evict(lambda: self._range_bytes > CACHE_BYTES)
             if self._ranges.get(shared.key) is not shared and shared.in_flight == 0:
-                _close_fd(shared)  # dropped while this reply was on its way
+                self._close_fd(shared)  # dropped while this reply was on its way
+
+    def _evict(self, over: Callable[[], bool]) -> None:
+        """Drop the oldest ranges read while ``over()`` (a rank that asks later reads again)."""
+        for oldest in list(self._ranges.values()):
+            if not over():
+                return
+            if oldest.done:
+                self._drop(oldest)
 
     def _drop(self, shared: _Range) -> None:
         """Out of the cache now; its descriptor closed once no reply uses it."""
@@ -265,30 +529,23 @@ class _Hub:
             del self._ranges[shared.key]
             self._range_bytes -= shared.length
         if shared.in_flight == 0:
-            _close_fd(shared)
+            self._close_fd(shared)
+
+    def _close_fd(self, shared: _Range) -> None:
+        if shared.fd >= 0:
+            os.close(shared.fd)
+            shared.fd = -1
+            self._memfds -= 1
 
 
-def _reply(
-    conn: socket.socket,
-    lock: threading.Lock,
-    ident: int,
-    reply: dict[str, Any],
-    payload: bytes = b"",
-    fds: Sequence[int] = (),
-) -> None:
-    """Send one reply on a rank's connection (one at a time)."""
-    reply["id"] = ident
-    try:
-        with lock:
-            send(conn, reply, payload, fds)
-    except OSError:
-        pass  # the rank went away; its connection thread cleans up
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
 
 
-def _close_fd(shared: _Range) -> None:
-    if shared.fd >= 0:
-        os.close(shared.fd)
-        shared.fd = -1
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 # -- hubs of this process ------------------------------------------------------------------
@@ -297,32 +554,57 @@ _hubs: dict[str, _Hub] = {}
 _hubs_lock = threading.Lock()
 
 
-def start_hub(address: str, store: Store, polling: HeadPolling) -> bool:
-    """Serve ``address`` from this process if no process does; True when this one does."""
+def start_hub(address: HubAddress, store: Store, polling: HeadPolling) -> bool:
+    """Serve ``address`` from this process if no process does; True when this one does.
+    The hub is whoever holds the lock beside the socket: the kernel releases it when
+    its process dies, whatever was left behind. HubRefused when the directory cannot be
+    trusted."""
+    path, lock_path = address.paths()
     with _hubs_lock:
-        hub = _hubs.get(address)
-        if hub is not None:
+        if address.identity in _hubs:
             return True
+        lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(lock_fd)
+            return False  # another process serves it (or is about to)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            listener.bind(address)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)  # a dead hub's socket
+            listener.bind(path)
+            listener.listen(MAX_PEERS)
         except OSError:
             listener.close()
-            return False  # another process serves it (or is about to)
-        listener.listen(256)
-        _hubs[address] = _Hub(listener, store, polling)
-        _logger.info("serving node hub %r from process %d", address[1:], os.getpid())
+            os.close(lock_fd)
+            raise
+        _hubs[address.identity] = _Hub(listener, lock_fd, path, address, store, polling)
+        _logger.info("serving node hub %s from process %d", address.identity[:8], os.getpid())
         return True
 
 
-def use_hub(address: str, delta: int) -> None:
+def use_hub(address: HubAddress, delta: int) -> None:
     """Count this process's ranks using its hub; the last one out closes it (the others
     on the node take over)."""
     with _hubs_lock:
-        hub = _hubs.get(address)
+        hub = _hubs.get(address.identity)
         if hub is None:
             return
         hub.users += delta
         if hub.users <= 0:
-            del _hubs[address]
+            del _hubs[address.identity]
             hub.close()
+
+
+def _forget_hubs_in_child() -> None:
+    """A forked child (a DataLoader worker) holds none of its parent's hubs."""
+    global _hubs_lock
+    _hubs_lock = threading.Lock()  # another thread may have held it at the fork
+    for hub in _hubs.values():
+        hub.forget_in_child()
+    _hubs.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_hubs_in_child)

@@ -5,6 +5,13 @@ pickled, with a range's descriptor attached to its reply (SCM_RIGHTS): an anonym
 sealed shared-memory file (``memfd``) that the rank maps read-only. A store error
 travels as a header the rank raises again as the same error; a log reply's payload is
 its versions back to back, cut at the header's ``sizes``.
+
+Every message is read within limits the reader sets (``Limits``): a peer announcing a
+gigabyte costs nothing until it sends it, and the bytes are taken as they arrive. A
+request is parsed strictly (``parse_request``): the hub acts on nothing it did not
+validate. Both ends give every socket ``IO_S``: a peer may idle between messages for as
+long as it likes, but a message started must arrive, and a reply sent must be taken,
+within it, or the connection is dropped (its owner's loss alone).
 """
 
 from __future__ import annotations
@@ -15,7 +22,10 @@ import os
 import socket
 import struct
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import msgspec
 
 from batchweave.errors import (
     CorruptDataError,
@@ -28,30 +38,105 @@ from batchweave.log import ReadVersion
 from batchweave.reading.sharedlog import decode_versions
 
 __all__ = [
+    "IO_S",
+    "PROTOCOL",
+    "REPLY_LIMITS",
+    "REQUEST_LIMITS",
+    "BadRequest",
+    "Hello",
     "HubLost",
+    "Limits",
+    "LogRequest",
+    "RangeRequest",
     "error_reply",
     "log_versions",
+    "parse_request",
     "raise_reply",
     "recv",
     "send",
     "shared_memory",
 ]
 
+PROTOCOL = 2  # a hub and a rank of other protocols refuse each other at the handshake
+IO_S = 10.0  # a started message must arrive, and a sent one be taken, within this
 _PREFIX = struct.Struct("<II")  # header length, payload length
-_MAX_HEADER = 1 << 20
+_CHUNK = 1 << 20  # a payload is read in pieces of at most this: memory follows the bytes sent
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The largest message a reader accepts."""
+
+    header: int
+    payload: int
+
+
+REQUEST_LIMITS = Limits(header=4096, payload=0)  # requests are small headers, nothing more
+REPLY_LIMITS = Limits(header=1 << 20, payload=256 << 20)  # a log reply: 8 MiB of versions, one may be large
 
 
 class HubLost(Exception):
-    """The connection to the hub broke (its process died or closed): ask again."""
+    """The connection broke, stalled or spoke another protocol: its owner asks again elsewhere."""
+
+
+class BadRequest(ValueError):
+    """A request the hub refuses to act on; the message says why."""
+
+
+_Id = Annotated[int, msgspec.Meta(ge=0, le=2**62)]
+_Version = Annotated[int, msgspec.Meta(ge=1, le=2**62)]
+_Bytes = Annotated[int, msgspec.Meta(ge=0, le=2**40)]
+
+
+class Hello(msgspec.Struct, tag="hello", tag_field="op", frozen=True, forbid_unknown_fields=True):
+    """A connection's first message, both ways: the protocol and the hub identity."""
+
+    protocol: int
+    identity: Annotated[str, msgspec.Meta(max_length=64)]
+
+
+class LogRequest(msgspec.Struct, tag="log", tag_field="op", frozen=True, forbid_unknown_fields=True):
+    """Proven log versions from ``first`` on."""
+
+    id: _Id
+    first: _Version = msgspec.field(name="from")
+
+
+class RangeRequest(msgspec.Struct, tag="range", tag_field="op", frozen=True, forbid_unknown_fields=True):
+    """``length`` bytes of object ``key`` from ``start``, for ``sharers`` ranks of the node."""
+
+    id: _Id
+    key: Annotated[str, msgspec.Meta(max_length=1024)]
+    start: _Bytes
+    length: _Bytes
+    sharers: Annotated[int, msgspec.Meta(ge=1, le=1024)]
+
+
+_requests = msgspec.json.Decoder(Hello | LogRequest | RangeRequest)
+
+
+def parse_request(header: bytes) -> Hello | LogRequest | RangeRequest:
+    """A request's header, validated; BadRequest for anything else."""
+    try:
+        return _requests.decode(header)
+    except msgspec.ValidationError as exc:
+        raise BadRequest(f"invalid request: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise BadRequest(f"not a request: {exc}") from None
+
+
+def encode_request(request: Hello | LogRequest | RangeRequest) -> bytes:
+    return msgspec.json.encode(request)
 
 
 def send(
     sock: socket.socket,
-    header: dict[str, Any],
+    header: dict[str, Any] | bytes,
     payload: bytes | memoryview = b"",
     fds: Sequence[int] = (),
 ) -> None:
-    head = json.dumps(header, separators=(",", ":")).encode()
+    """One message (the socket's timeout bounds it: ``IO_S``)."""
+    head = header if isinstance(header, bytes) else json.dumps(header, separators=(",", ":")).encode()
     first = _PREFIX.pack(len(head), len(payload)) + head
     sent = socket.send_fds(sock, [first], list(fds)) if fds else sock.send(first)
     if sent < len(first):
@@ -60,33 +145,64 @@ def send(
         sock.sendall(payload)
 
 
-def recv(sock: socket.socket) -> tuple[dict[str, Any], bytes, list[int]]:
-    """One message; raises HubLost at the end of the stream."""
-    prefix, fds, _, _ = socket.recv_fds(sock, _PREFIX.size, 1)
-    if not prefix:
-        raise HubLost
-    prefix += _recv_exactly(sock, _PREFIX.size - len(prefix))
-    head_length, payload_length = _PREFIX.unpack(prefix)
-    if head_length > _MAX_HEADER:
-        raise HubLost  # not our protocol
-    header = json.loads(_recv_exactly(sock, head_length))
-    return header, _recv_exactly(sock, payload_length), fds
+def recv(
+    sock: socket.socket, limits: Limits, *, idle: Callable[[], bool] = lambda: True
+) -> tuple[bytes, bytes, list[int]]:
+    """One message's header (raw), payload and descriptors (at most one). Raises HubLost at
+    the end of the stream, past ``limits``, or when a started message stalls for the
+    socket's timeout; between messages, a timeout waits on while ``idle()`` says so."""
+    prefix, fds = _first_bytes(sock, idle)
+    try:
+        prefix += _recv_exactly(sock, _PREFIX.size - len(prefix))
+        head_length, payload_length = _PREFIX.unpack(prefix)
+        if head_length > limits.header or payload_length > limits.payload:
+            raise HubLost(f"a message of {head_length} + {payload_length} bytes, over the limit")
+        return _recv_exactly(sock, head_length), _recv_exactly(sock, payload_length), fds
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+def _first_bytes(sock: socket.socket, idle: Callable[[], bool]) -> tuple[bytes, list[int]]:
+    while True:
+        try:
+            prefix, fds, flags, _ = socket.recv_fds(sock, _PREFIX.size, 1)
+        except TimeoutError:
+            if idle():
+                continue
+            raise HubLost("closing") from None
+        except OSError as exc:
+            raise HubLost(str(exc)) from None
+        if flags & socket.MSG_CTRUNC:  # more descriptors than one: the kernel closed the rest
+            for fd in fds:
+                os.close(fd)
+            raise HubLost("a message with more than one descriptor")
+        if not prefix:
+            for fd in fds:
+                os.close(fd)
+            raise HubLost("closed")
+        return prefix, fds
 
 
 def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view = memoryview(buf)
+    """``n`` bytes, taken as they arrive (never allocated ahead of them)."""
+    parts: list[bytes] = []
     got = 0
     while got < n:
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            raise HubLost
-        got += k
-    return bytes(buf)
+        try:
+            part = sock.recv(min(n - got, _CHUNK))
+        except OSError as exc:  # TimeoutError included: a started message stalled
+            raise HubLost(str(exc) or type(exc).__name__) from None
+        if not part:
+            raise HubLost("closed mid-message")
+        parts.append(part)
+        got += len(part)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def error_reply(exc: BaseException) -> dict[str, Any]:
-    """What a rank needs to raise the same error itself."""
+    """What a rank needs to raise the same store error itself."""
     if isinstance(exc, DataReclaimedError):
         return {"error": "reclaimed", "oldest": exc.oldest}
     if isinstance(exc, CorruptDataError):
@@ -105,14 +221,14 @@ def raise_reply(reply: dict[str, Any], url: str, next_step: Callable[[], int]) -
     if kind is None:
         return
     if kind == "reclaimed":
-        raise DataReclaimedError(url, next_step(), reply["oldest"])
+        raise DataReclaimedError(url, next_step(), int(reply["oldest"]))
     if kind == "corrupt":
-        raise CorruptDataError(reply["key"], reply["problem"])
+        raise CorruptDataError(str(reply["key"]), str(reply["problem"]))
     if kind == "missing":
-        raise ObjectNotFoundError(reply["key"], reply["problem"])
+        raise ObjectNotFoundError(str(reply["key"]), str(reply["problem"]))
     if kind == "transient":
-        raise TransientStoreError(reply["key"], reply["problem"])
-    raise StoreError(reply["key"], reply["problem"])
+        raise TransientStoreError(str(reply["key"]), str(reply["problem"]))
+    raise StoreError(str(reply["key"]), str(reply["problem"]))
 
 
 def shared_memory(data: memoryview | bytes) -> int:
@@ -125,7 +241,8 @@ def shared_memory(data: memoryview | bytes) -> int:
             written += os.write(fd, view[written:])
         import fcntl  # Linux only, like memfd
 
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE)
+        seals = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
     except BaseException:
         os.close(fd)
         raise
@@ -134,6 +251,8 @@ def shared_memory(data: memoryview | bytes) -> int:
 
 def log_versions(payload: bytes, sizes: list[int], first: int) -> list[ReadVersion]:
     """The versions of a log reply: ``payload`` cut at ``sizes``, numbered from ``first``."""
+    if any(not isinstance(n, int) or n <= 0 for n in sizes) or sum(sizes) != len(payload):
+        raise HubLost(f"a log reply whose sizes do not cut its {len(payload)} bytes")
     view = memoryview(payload)
     ends = list(itertools.accumulate(sizes))
     return decode_versions([view[end - n : end] for end, n in zip(ends, sizes, strict=True)], first)

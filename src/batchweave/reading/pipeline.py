@@ -246,7 +246,9 @@ class Pipeline:
     def _follow_log(self) -> Generator[float, None, None]:
         """Queue every step as the log shows it; yield the pause before the next probe."""
         self._open()
-        source = self._own_log(max(self._cursor.version, 1)) if self._node is None else self._shared_log()
+        source: Generator[FollowItem, None, Any] = (
+            self._own_log(max(self._cursor.version, 1)) if self._node is None else self._shared_log()
+        )
         try:
             for item in source:
                 if isinstance(item, Unproven):
@@ -270,37 +272,52 @@ class Pipeline:
             source.close()
 
     def _shared_log(self) -> Generator[FollowItem, None, None]:
-        """The node's follower (``batchweave.reading.node``), or this rank's own from where it
-        stood if no hub can be reached or it fell far behind the node's other ranks."""
+        """The node's follower (``batchweave.reading.node``); this rank's own from where it
+        stood while the node cannot serve it: for good once no hub can be had, until it
+        has caught up with the head when it is far from the node's other ranks (or its
+        own check of what the node handed it failed)."""
         assert self._node is not None
+        version = max(self._cursor.version, 1)
         anchor = (self._cursor.version, self._cursor.digest) if self._cursor.digest else None
-        last: ReadVersion | None = None  # the newest version the hub proved for this rank
-        try:
-            for item in self._node.log(
-                max(self._cursor.version, 1), anchor, self._cursor.version, self._first_needed, self._url, self._stop
-            ):
-                if isinstance(item, list):
-                    last = item[-1]
-                yield item
-        except (NodeUnavailableError, NodeBehind) as exc:  # an unreachable hub is logged by the client
-            if isinstance(exc, NodeBehind):
-                _logger.info("%s rank %d: %s; following the log on its own", self._url, self._rank, exc)
-            if last is not None:  # proven by the hub: this rank's own proofs go on from there (I10)
-                self._journal.anchor_on(last.delta.version, log.digest(last.data))
-            yield from self._own_log(exc.next_version)
+        present_through = self._cursor.version
+        while True:
+            last: ReadVersion | None = None  # the newest version the hub proved for this rank
+            caught_up: int | None = None
+            try:
+                for item in self._node.log(version, anchor, present_through, self._first_needed, self._url, self._stop):
+                    if isinstance(item, list):
+                        last = item[-1]
+                    yield item
+                return
+            except (NodeUnavailableError, NodeBehind) as exc:  # an unreachable hub is logged by the client
+                rejoin = isinstance(exc, NodeBehind)
+                if rejoin:
+                    _logger.info("%s rank %d: %s; following the log on its own", self._url, self._rank, exc)
+                if last is not None:  # proven by the hub: this rank's own proofs go on from there (I10)
+                    self._journal.anchor_on(last.delta.version, log.digest(last.data))
+                caught_up = yield from self._own_log(exc.next_version, until_head=rejoin)
+            if caught_up is None:
+                return
+            version, anchor, present_through = caught_up, None, 0  # the node's again, from the head
 
-    def _own_log(self, first: int) -> Generator[FollowItem, None, None]:
-        """This rank's own follower: reads ahead, proves every batch (I10), paces probes."""
+    def _own_log(self, first: int, *, until_head: bool = False) -> Generator[FollowItem, None, int | None]:
+        """This rank's own follower: reads ahead, proves every batch (I10), paces probes.
+        With ``until_head``, it stops at the first miss past ``first`` and returns the next
+        version (the rank asks its node again from there)."""
         depth = DEFAULT_LOG_READ_AHEAD if self._store.remote else 1  # local reads are too quick to overlap
         reader = LogReadAhead(self._journal, first, depth, stop=self._stop)
         if first == 1 and depth > 1:
             reader.beside(self._journal.learn_namespace)  # for the first proof, while reading
         try:
-            yield from ProvenLog(
+            for item in ProvenLog(
                 self._journal, reader, self._polling, self._first_needed, self._url, self._cursor.version, early=True
-            )
+            ):
+                if until_head and isinstance(item, float) and item > 0:
+                    return reader.next_version  # at the head: what was read is handed out (its proof runs)
+                yield item
         finally:
             reader.close()
+        return None
 
     def _first_needed(self) -> int:
         return self._plan.first_needed

@@ -2,27 +2,31 @@
 
 A node's hub (``node``) runs one ``follower.ProvenLog`` for all its ranks. ``SharedLog``
 is what the hub keeps between that follower and the ranks: the versions proven so far
-(as bytes, as read), where each rank asks from, and when the follower must start again
-lower (a rank asks for a version the hub has forgotten or never had). Every version it
-hands out was proven by the follower (I10); a rank never gets a version from a follower
-started after the one that proved it was replaced, since a restart keeps only versions
-proven before (they stay genuine: a version, once proven, is the log's forever).
+(as bytes, as read), where each rank asks from, and when the follower must start again.
+Every version it hands out was proven by the follower (I10); a rank never gets a version
+from a follower started after the one that proved it was replaced.
+
+**No rank can harm another through it (I11).** The follower is the node's, not a
+requester's: it is started from a rank's place, but never with a rank's claims (an
+anchor, versions said to exist): it proves its own view, so no request can make it
+fail. What one rank asks never pulls it back once it serves others: a rank asking below
+what is kept (an evaluation reader from step 0 beside training, a rank that came late
+after a hub was replaced), or far beyond what is proven, is told to read ALONE: it
+follows the log on its own (its reads are still shared) and asks again once it has
+caught up with the head. A follower that failed (its start was reclaimed, the store
+failed past its retries) tells its ranks ALONE too, never its error: each rank's own
+follower then finds out what is true for that rank. The follower starts again only
+where that harms nobody: when it serves no other rank, when it failed, or when it has
+proven nothing yet (ranks of a node ask from nearby places in any order at a start).
 
 The follower reads at most ``read_ahead`` versions beyond the furthest rank's request
 (ranks ask as their own read-ahead needs). Each hub draws that margin at random from
 ``NODE_READ_AHEAD``: the nodes of a job consume in lockstep, and with one margin they
 would all read each log segment in the same second (1,250 nodes: 1,250 requests a
 second on one key); with margins spread over 64 to 1,024 versions, each segment's reads
-spread over the time the job takes to consume 960 versions.
-
-A rank far behind the others (an evaluation reader from step 0 beside training at the
-head) must not hold the follower back, nor pull it back: a rank asking more than
-``RESTART_WINDOW`` versions below what is kept is told it is *behind* and follows the
-log on its own (its reads are still shared), and when the kept versions outgrow
-``retain_bytes`` while the slowest rank is that far behind the fastest, it is let go
-the same way (otherwise the follower waits for it). Within the window, the follower
-starts again lower: after a hub is replaced, the ranks ask from nearby places in any
-order, and re-reading a few versions costs the others a moment.
+spread over the time the job takes to consume 960 versions. When the kept versions
+outgrow ``retain_bytes`` while the slowest rank is more than ``restart_window`` versions
+behind the fastest, the slowest is let go (it hears ALONE when it asks next).
 
 No threads and no I/O: the hub calls it under its lock, and the deterministic
 simulation drives it inline (``InlineNode``).
@@ -34,12 +38,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from batchweave import keys, log
-from batchweave.errors import DataReclaimedError
 from batchweave.log import ReadVersion
 from batchweave.reading.polling import MIN_PAUSE_S
 
 __all__ = [
-    "BEHIND",
+    "ALONE",
     "NODE_READ_AHEAD",
     "RESTART",
     "RESTART_WINDOW",
@@ -48,12 +51,13 @@ __all__ = [
     "InlineNode",
     "NodeBehind",
     "SharedLog",
+    "check_first",
 ]
 
 RETAIN_BYTES = 64 << 20  # proven versions the hub keeps ahead of its slowest rank
-RESTART_WINDOW = 1024  # versions a rank may ask below what is kept and still be served (by a restart)
+RESTART_WINDOW = 1024  # versions a rank may ask beyond what is proven and still be served
 NODE_READ_AHEAD = (64, 1024)  # versions a hub's follower reads beyond its furthest rank: drawn per hub
-SERVE, RESTART, BEHIND = "serve", "restart", "behind"  # what ``ask`` answers
+SERVE, RESTART, ALONE = "serve", "restart", "alone"  # what ``ask`` answers
 
 
 class SharedLog:
@@ -75,25 +79,38 @@ class SharedLog:
         self._base: int | None = None  # the lowest version that can still be handed out
         self._failure: Any = None  # what the follower raised: final for this generation
         self._positions: dict[object, int] = {}  # rank -> the version it asked for last
+        self._published = False  # this generation published a batch
+        self.at_head = False  # the follower found no version past the newest published
 
     def ask(self, rank: object, first: int) -> str:
         """``rank`` wants versions from ``first`` on: SERVE (from what is kept or will be),
-        RESTART (the follower must start again at ``first``: nothing is followed yet, or
-        ``first`` is a little below what is kept) or BEHIND (far below: the rank follows
-        on its own)."""
-        if self._base is not None and first < self._base:
-            if self._base - first > self.restart_window and any(r != rank for r in self._positions):
-                self._positions.pop(rank, None)
-                return BEHIND
-        if self._base is None or first < self._base:
-            self.generation += 1
-            self._base = first
-            self._failure = None
+        RESTART (the follower must start again at ``first``) or ALONE (the rank follows on
+        its own until it has caught up with the head)."""
+        base = self._base
+        kept = base is not None and base <= first < self._head
+        ahead = base is not None and self._failure is None and self._head <= first <= self._head + self.restart_window
+        if kept or ahead:
             self._positions[rank] = first
-            return RESTART
+            self._prune()
+            return SERVE
+        others = any(r != rank for r in self._positions)
+        if base is None or self._failure is not None or not others or (not self._published and first < base):
+            return self._restart(rank, first)  # nothing proven yet: restarting lower costs nobody anything
+        self._positions.pop(rank, None)
+        return ALONE
+
+    def _restart(self, rank: object, first: int) -> str:
+        self.generation += 1
+        self._base = self._head = first
+        self._versions.clear()
+        self._retained = 0
+        self._failure = None
+        self._published = False
+        self.at_head = False
+        # A place far above the new start would drive the follower ahead of everyone.
+        self._positions = {r: p for r, p in self._positions.items() if r != rank and p <= first + self.restart_window}
         self._positions[rank] = first
-        self._prune()
-        return SERVE
+        return RESTART
 
     def leave(self, rank: object) -> None:
         self._positions.pop(rank, None)
@@ -112,10 +129,10 @@ class SharedLog:
         return out or None
 
     @property
-    def failure(self) -> Any:
-        """What the follower raised (None if nothing): for a rank that has every version
-        proven before it (``versions_from`` gave None)."""
-        return self._failure
+    def failed(self) -> bool:
+        """Whether the follower failed: a rank with every version proven before (``versions_from``
+        gave None) reads ALONE."""
+        return self._failure is not None
 
     def publish(self, generation: int, batch: list[ReadVersion]) -> bool:
         """Keep a proven batch of follower ``generation``; False if that follower was
@@ -127,7 +144,14 @@ class SharedLog:
                 self._versions[read.delta.version] = bytes(read.data)
                 self._retained += len(read.data)
         self._head = max(self._head, batch[-1].delta.version + 1)
+        self._published = True
+        self.at_head = False
         return True
+
+    def missed(self, generation: int) -> None:
+        """Follower ``generation`` found no version past the newest it published."""
+        if generation == self.generation:
+            self.at_head = True
 
     def wants_more(self) -> bool:
         """Whether the follower should read on now: a rank is asking, fewer than
@@ -144,7 +168,7 @@ class SharedLog:
 
     def trim(self, *, force: bool) -> bool:
         """Forget what every rank is past; then, over ``retain_bytes``, let the slowest
-        rank go (it hears BEHIND when it asks below what is kept) while it is more than
+        rank go (it hears ALONE when it asks below what is kept) while it is more than
         ``restart_window`` versions behind the fastest, or always with ``force``. True
         when the kept versions are still over the budget (the follower should wait)."""
         self._prune()
@@ -171,12 +195,23 @@ class SharedLog:
 
 
 class NodeBehind(Exception):
-    """This rank asked far below what its node's follower keeps: it follows on its own
-    from ``next_version``."""
+    """This rank reads on its own from ``next_version`` (the node told it ALONE, or its
+    own check of what the node handed it failed); it asks the node again once it has
+    caught up with the head."""
 
-    def __init__(self, next_version: int) -> None:
-        super().__init__(f"far behind the node's follower at version {next_version}")
+    def __init__(self, next_version: int, why: str = "far from the node's follower") -> None:
+        super().__init__(f"{why}, at log version {next_version}")
         self.next_version = next_version
+
+
+def check_first(batch: list[ReadVersion], anchor: tuple[int, str] | None) -> None:
+    """A rank's own check of the first versions its node handed it: the version of its
+    cursor must have the digest the cursor saved. The node's follower proves the log,
+    not the rank's cursor; alone, the rank's follower says what is wrong."""
+    if anchor is None or not batch or batch[0].delta.version != anchor[0]:
+        return
+    if log.digest(batch[0].data) != anchor[1]:
+        raise NodeBehind(anchor[0], "its cursor's log version differs from the one the node read")
 
 
 def decode_versions(parts: list[bytes] | list[memoryview], first: int) -> list[ReadVersion]:
@@ -191,10 +226,10 @@ class InlineNode:
     """Node sharing without threads or sockets: the ranks of one process share one
     ``SharedLog`` and drive its follower themselves when they ask for a version not
     proven yet. For the deterministic simulation, where every actor runs inline; the
-    same interface as ``nodeclient.NodeClient``.
+    same interface and the same answers as ``nodeclient.NodeClient``.
 
     Args:
-        start_follower: ``(first, anchor, present_through) -> ProvenLog`` iterator.
+        start_follower: ``first -> ProvenLog`` iterator (the node's: no rank's anchor).
         read_range: the store's ``get_range``.
         shared: the kept versions (a simulation makes the budgets small, so ranks fall
             behind and are let go within a short run).
@@ -202,7 +237,7 @@ class InlineNode:
 
     def __init__(
         self,
-        start_follower: Callable[[int, tuple[int, str] | None, int], Iterator[Any]],
+        start_follower: Callable[[int], Iterator[Any]],
         read_range: Callable[[str, int, int], memoryview],
         shared: SharedLog | None = None,
     ) -> None:
@@ -226,25 +261,26 @@ class InlineNode:
         try:
             while not stop.is_set():
                 answer = self._shared.ask(rank, version)
-                if answer == BEHIND:
+                if answer == ALONE:
                     raise NodeBehind(version)
                 if answer == RESTART or self._follower is None:
-                    self._follower = self._start_follower(version, anchor, present_through)
+                    self._follower = self._start_follower(version)
                 parts = self._shared.versions_from(version, 8 << 20)
-                failure = self._shared.failure
-                if parts is None and isinstance(failure, DataReclaimedError):  # said with this rank's step
-                    raise DataReclaimedError(url, next_step(), failure.oldest)
-                if parts is None and failure is not None:
-                    raise failure
+                if parts is None and self._shared.failed:
+                    raise NodeBehind(version, "the node's follower failed")
                 if parts is None and self._advancing:
                     yield MIN_PAUSE_S  # another rank of the node is reading the log for both
                     continue
                 if parts is None:
                     pause = self._advance()
+                    if pause and version <= present_through:
+                        raise NodeBehind(version, "its cursor's log version is not in the node's view")
                     if pause is not None:
                         yield pause
                     continue
                 batch = decode_versions(parts, version)
+                if version == first:
+                    check_first(batch, anchor)
                 version += len(batch)
                 yield batch
         finally:
@@ -267,6 +303,8 @@ class InlineNode:
             self._shared.publish(generation, item)
             self._shared.trim(force=True)  # inline, a rank that waited for another could wait forever
             return None
+        if item:
+            self._shared.missed(generation)
         return item
 
     def read(self, key: str, start: int, length: int) -> memoryview:

@@ -212,13 +212,11 @@ def _node(world: World) -> InlineNode | None:
     if not world.config.node_sharing:
         return None
 
-    def start_follower(first: int, anchor: tuple[int, str] | None, present_through: int) -> Any:
-        journal = Journal(world.store, read_only=True)
-        if anchor is not None:
-            journal.anchor_on(*anchor)
+    def start_follower(first: int) -> Any:
+        journal = Journal(world.store, read_only=True)  # the node's own view: no rank's anchor
         reader = LogReadAhead(journal, first, 1)
         polling = HeadPolling(1, max_poll_s=5.0)
-        return iter(ProvenLog(journal, reader, polling, lambda: 0, world.store.url, present_through))
+        return iter(ProvenLog(journal, reader, polling, lambda: 0, world.store.url))
 
     # Small budgets, so that within a short run ranks fall far behind (and follow on their
     # own) and are let go when the kept versions outgrow the budget.
