@@ -41,6 +41,7 @@ __all__ = [
     "HubRefused",
     "check_memory",
     "check_peer",
+    "check_uid",
     "hub_directory",
     "hub_identity",
     "job_identity",
@@ -117,9 +118,15 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
 def check_peer(sock: socket.socket, what: str) -> int:
     """The pid of ``sock``'s peer; HubRefused unless it runs as this process's user."""
     pid, uid, _ = peer_credentials(sock)
+    check_uid(pid, uid, what)
+    return pid
+
+
+def check_uid(pid: int, uid: int, what: str) -> None:
+    """HubRefused unless the peer ``pid`` runs as this process's user (the rule alone: the
+    simulation's hub channel applies it to the credentials it draws)."""
     if uid != os.getuid():
         raise HubRefused(f"the {what} (process {pid}) runs as uid {uid}, not {os.getuid()}: refused")
-    return pid
 
 
 def check_memory(fd: int, length: int) -> None:
