@@ -257,7 +257,10 @@ class NodeClient:
             for fd in fds:
                 os.close(fd)
             hello = _json(head)
-        except (HubRefused, ValueError):
+        except HubRefused:
+            sock.close()
+            raise
+        except ValueError:
             sock.close()
             raise HubRefused("the process serving the hub's socket is not a hub of this job") from None
         except (HubLost, OSError):
