@@ -549,3 +549,51 @@ def test_a_rank_that_dies_while_its_request_is_queued_leaves_no_place_behind(mon
             rank.kill()
             rank.wait()
         close_hub(address)
+
+
+FORKING_HUB = """
+import os, sys
+sys.path.insert(0, {tests!r})
+import batchweave as bw
+from test_node import CountingStore
+store = CountingStore("memory://forked")
+from batchweave.mesh import Mesh
+from batchweave.reading import node, nodehub
+from batchweave.reading.polling import HeadPolling
+address = node.node_address(store, Mesh(dp=1, tp=2), 0)
+assert nodehub.start_hub(address, store, HeadPolling(1))
+child = os.fork()  # a DataLoader worker of the hub's process
+if child == 0:
+    os.read(0, 1)  # lives until the test closes its standard input, or kills it
+    os._exit(0)
+print(child, address.paths()[0], flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_forked_child_of_the_hubs_process_does_not_keep_the_hub_alive():
+    """The hub's process forks (DataLoader workers) and dies: the child holds no copy of
+    the hub's lock or socket, so another rank takes over at once."""
+    script = FORKING_HUB.format(tests=str(HERE))
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    child = 0
+    try:
+        child_pid, path = proc.stdout.readline().split()
+        child = int(child_pid)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        address = node.node_address(CountingStore("memory://forked"), Mesh(dp=1, tp=2), 0)
+        assert address.paths()[0] == path
+        store = CountingStore("memory://forked")
+        assert nodehub.start_hub(address, store, HeadPolling(1))  # the lock went with the parent
+        nodehub.use_hub(address, +1)
+        probe = RawClient(address)  # and the name answers: the new hub's
+        probe.close()
+        nodehub.use_hub(address, -1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if child:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
