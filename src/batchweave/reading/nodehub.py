@@ -108,7 +108,8 @@ class _Peer:
     pid: int
     outstanding: int = 0  # requests not answered yet (guarded by the hub's condition)
     log_busy: bool = False  # a log request is being answered
-    closed: bool = False
+    closed: bool = False  # no more requests: its place in the shared log is gone
+    broken: bool = False  # a reply could not be sent: the rest are dropped unsent
     replies: queue.SimpleQueue[Any] = field(default_factory=queue.SimpleQueue)
     finished: bool = False  # the writer is gone: a reply now is released at once
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -329,11 +330,11 @@ class _Hub:
         while (item := peer.replies.get()) is not None:
             header, payload, fds, done = item
             try:
-                if not peer.closed:
+                if not peer.broken:  # a refusal still goes out after the reader stopped
                     send(peer.sock, header, payload, fds)
             except OSError:
                 with self._cond:
-                    peer.closed = True
+                    peer.closed = peer.broken = True
                     self._cond.notify_all()
                 _shut(peer.sock)  # the reader sees it too and cleans up
             finally:
