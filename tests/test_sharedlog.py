@@ -3,12 +3,22 @@ and its rules one by one."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchweave import log
 from batchweave.log import LogVersion, ReadVersion
-from batchweave.reading.sharedlog import ALONE, RESTART, RESTART_WINDOW, SERVE, SharedLog, decode_versions
+from batchweave.reading.sharedlog import (
+    ALONE,
+    RESTART,
+    RESTART_WINDOW,
+    SERVE,
+    NodeBehind,
+    SharedLog,
+    check_first,
+    decode_versions,
+)
 
 
 def version(n: int) -> ReadVersion:
@@ -138,3 +148,17 @@ def test_a_rank_far_behind_is_let_go_when_the_budget_runs_out():
     shared.trim(force=False)  # the slow rank is over a window behind: let go
     assert shared.versions_from(1, 1 << 20) is None and shared.versions_from(far + 1, 1 << 20) is not None
     assert shared.ask("slow", 2) == ALONE
+
+
+def test_a_rank_checks_its_cursors_version_itself_and_reads_alone_when_it_differs():
+    """The node's follower proves the log, not a rank's cursor: the rank compares the first
+    version it is handed with the digest its checkpoint saved."""
+    cursor = version(5)
+    anchor = (5, log.digest(cursor.data))
+    check_first([cursor, version(6)], anchor)  # the same bytes: fine
+    check_first([version(6)], anchor)  # not the cursor's version: nothing to compare
+    check_first([cursor], None)  # a start has no anchor
+    other = LogVersion(format=log.LOG_FORMAT, version=5, first_step=99, tgbs=[], producers={})
+    with pytest.raises(NodeBehind) as behind:
+        check_first([ReadVersion(other, log.encode(other))], anchor)
+    assert behind.value.next_version == 5  # alone from the cursor: its own proof says what is wrong
