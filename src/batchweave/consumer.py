@@ -51,7 +51,9 @@ class Consumer:
             or memory, none: the iterating thread reads each step itself, since a local
             read costs less than handing it between threads. Set it for a network file
             system mounted as a directory.
-        timeout_s: raise StepTimeoutError when no step arrives for this long (None: wait).
+        timeout_s: raise StepTimeoutError when one ``next()`` waits this long for its step,
+            whatever it waits for: the log, the step's read or the proof of its log versions
+            (None: wait). Not final: the next call waits for the same step again.
         max_poll_interval_s: longest pause between log probes while idle.
         sequence_axis: the axis along which slices are joined when CP shrank and split
             when CP grew relative to the TGBs' layout (default: the last axis).
@@ -200,9 +202,11 @@ class Consumer:
         self.close()
 
     def __del__(self) -> None:
+        # Stop only: a garbage collection may run this on any thread, even one of the
+        # pipeline's own, so it must not wait; the threads wind down on their own.
         pipeline = getattr(self, "_pipeline", None)
         if pipeline is not None:
-            pipeline.close()
+            pipeline.stop()
 
     # -- checkpointing (torch.distributed.checkpoint Stateful) -----------------------
 

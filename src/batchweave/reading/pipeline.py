@@ -17,6 +17,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Generator
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor, wait
 from fractions import Fraction
@@ -53,6 +54,10 @@ MAX_AUTO_PREFETCH = 64
 # coming steps live (and finds the end of a backlog) while the fetch slots are all taken.
 # Descriptors only, a few KB each.
 LOG_LOOKAHEAD_TGBS = 256
+
+# Seconds close() waits for the threads: a read hung longer ends on its own (the threads
+# stop retrying once the reader is closing), and a consumer may start reading again meanwhile.
+CLOSE_WAIT_S = 10.0
 
 _END = object()
 Fetched = tuple[Batch, Fraction | int]
@@ -99,6 +104,9 @@ class Pipeline:
         self._plan = StepPlan(mesh, rank, mesh.slice_index(rank), cursor, store.url)
         self._polling = HeadPolling(node.nodes if node is not None else mesh.world_size, max_poll_s=max_poll_interval_s)
         self._ready: queue.SimpleQueue[Any] = queue.SimpleQueue()  # C-implemented: no lock hand-offs
+        # The step taken from the queue whose proof or fetch was not done when next() timed
+        # out: the next call waits for it again (a timeout never skips nor repeats a step).
+        self._late: _Gated | _Deferred | None = None
         self.depth = prefetch  # None: chosen from the first step's bytes
         self._inline = prefetch is None and not store.remote
         self._window: FetchWindow | None = None  # background mode: the steps fetched ahead
@@ -123,10 +131,12 @@ class Pipeline:
         )
         self._steps = self._follow_log()
         self._pool: ThreadPoolExecutor | None = None  # the fetch threads, made with the window
+        self._fetch_threads: list[threading.Thread] = []  # the pool's, for close() to wait for
         self._thread: threading.Thread | None = None
         if self._inline:
             self.depth = 1
             return
+        _live.add(self)
         self._thread = threading.Thread(target=self._follow, name="batchweave-follow", daemon=True)
         self._thread.start()
 
@@ -146,11 +156,64 @@ class Pipeline:
         return self._plan.namespace
 
     def next(self, timeout_s: float | None) -> Fetched:
-        """The next step and the position after it; StepTimeoutError after ``timeout_s``."""
+        """The next step and the position after it; StepTimeoutError once the call has
+        waited ``timeout_s`` in all (for the log, the step's proof and its read). A timeout
+        is not final: the next call waits for the same step."""
         if self._broken is not None:
             raise self._broken  # never skip past a step that failed
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        item = self._late if self._late is not None else self._take(deadline, timeout_s)
+        self._late = None
         try:
-            item = self._pull(timeout_s) if self._inline else self._ready.get(timeout=timeout_s)
+            batch, position = item.result(deadline)
+        except _Late as late:
+            self._late = item
+            raise StepTimeoutError(
+                f"{self._url}: step {self._next_delivered} not delivered within {timeout_s}s: {late} "
+                f"is still in flight (log seen up to version {self.head_version}); "
+                f"{self._likely_cause('the store is slow to answer or does not answer')}"
+            ) from None
+        except Exception as exc:  # a failed fetch or proof is final: never skip past a step
+            self._broken = exc
+            raise
+        self._next_delivered = batch.step + 1
+        return batch, position
+
+    def stop(self) -> None:
+        """Stop without waiting: fetch threads waiting for a turn return, reads in flight
+        stop retrying, the log reader stops at its next step. Never blocks: it is what a
+        consumer garbage collected and the interpreter's exit do."""
+        self._stop.set()
+        if self._window is not None:
+            self._window.close()
+
+    def close(self) -> None:
+        """Stop the threads and the log reader's; wait for them at most ``CLOSE_WAIT_S``."""
+        self.stop()
+        _live.discard(self)
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        if self._thread is not None:
+            self._thread.join(CLOSE_WAIT_S)  # it closes the log reader and releases the rest (``_follow``)
+        else:
+            self._steps.close()  # inline: the log reader is the iterating thread's
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            for thread in self._fetch_threads:
+                thread.join(max(0.0, deadline - time.monotonic()))
+        if self._thread is None or not self._thread.is_alive():
+            self._release()  # else the follow thread does once its read ends (not both at once)
+
+    def _release(self) -> None:
+        """Let the idle fetch threads end and the node's hub go (again: no harm)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._node is not None:
+            self._node.close()
+
+    def _take(self, deadline: float | None, timeout_s: float | None) -> _Gated | _Deferred:
+        """The next step from the queue, waiting until ``deadline``; StopIteration at the end."""
+        try:
+            item = self._pull(deadline) if self._inline else self._ready.get(timeout=_left_s(deadline))
         except queue.Empty:
             raise StepTimeoutError(
                 f"{self._url}: no step {self._next_delivered} within {timeout_s}s "
@@ -164,43 +227,23 @@ class Pipeline:
             raise item
         if self._window is not None:
             self._window.handed()
-        try:
-            batch, position = item.result()
-        except Exception as exc:  # a failed fetch is final: never skip past a step
-            self._broken = exc
-            raise
-        self._next_delivered = batch.step + 1
-        return batch, position
+        return item
 
-    def close(self) -> None:
-        """Stop the threads and the log reader's; wait for them."""
-        self._stop.set()
-        if self._window is not None:
-            self._window.close()
-        if self._thread is not None:
-            self._thread.join()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-        self._steps.close()  # the log reader's threads, if it has any
-        if self._node is not None:
-            self._node.close()
-
-    def _likely_cause(self) -> str:
+    def _likely_cause(self, otherwise: str = "are producers running?") -> str:
         stalled_s = self._store.stalled_now_s
         if stalled_s > 0:
             return (
                 f"the store has been throttled or unavailable for {stalled_s:.0f} s and is being retried "
                 "(WARNING lines of logger batchweave.store)"
             )
-        return "are producers running?"
+        return otherwise
 
-    def _pull(self, timeout_s: float | None) -> Any:
-        """Inline mode: advance the log until a step is queued (or the deadline passes)."""
+    def _pull(self, deadline: float | None) -> Any:
+        """Inline mode: advance the log until a step is queued (or ``deadline`` passes)."""
         try:
             return self._ready.get_nowait()  # usually a version holds several steps
         except queue.Empty:
             pass
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while self._ready.empty():
             try:
                 pause = next(self._steps)
@@ -228,6 +271,10 @@ class Pipeline:
                     return
         except Exception as exc:  # of any type: next() raises it instead of waiting forever
             self._ready.put(exc)
+        finally:
+            self._steps.close()  # the log reader's threads, closed by the thread that drives it
+            if self._stop.is_set():  # closing, or stopped without close(): nothing else may release them
+                self._release()
 
     def _open(self) -> None:
         """Check the cursor against the namespace before reading from it (one load).
@@ -383,7 +430,8 @@ class Pipeline:
                 return False
         assert self._pool is not None
         fetched = self._pool.submit(self._fetch_in_turn, window, window.queue(), fetch)
-        self._ready.put(fetched if gate is None or (gate.done() and not gate.exception()) else _Gated(gate, fetched))
+        proven = gate is None or (gate.done() and not gate.exception())
+        self._ready.put(_Gated(None if proven else gate, fetched))
         return True
 
     def _fetch_window(self, planned: PlannedStep) -> FetchWindow:
@@ -395,8 +443,8 @@ class Pipeline:
             self._pool = ThreadPoolExecutor(
                 max_workers=self.depth,
                 thread_name_prefix="batchweave-fetch",
-                initializer=retry.stop_retrying_when,  # close() during a storm does not wait it out
-                initargs=(self._stop,),
+                initializer=_fetch_thread,  # close() during a storm does not wait it out
+                initargs=(self._stop, self._fetch_threads),
             )
             self._window = FetchWindow(self.depth, self._stop)
         return self._window
@@ -409,9 +457,13 @@ class Pipeline:
         return fetch()
 
 
+class _Late(Exception):
+    """A step's proof or read was not done by ``next()``'s deadline (says which)."""
+
+
 class _Deferred:
     """A fetch the iterating thread performs itself when it reaches the step, once the
-    proof of what it reads is done (``result`` as for the Future of a background fetch)."""
+    proof of what it reads is done (``result`` as for ``_Gated``)."""
 
     __slots__ = ("_fetch", "_proof")
 
@@ -419,25 +471,66 @@ class _Deferred:
         self._fetch = fetch
         self._proof = proof
 
-    def result(self) -> Fetched:
+    def result(self, deadline: float | None) -> Fetched:
         if self._proof is not None:
-            self._proof.result()
+            _settled(self._proof, deadline, "the proof of its log versions")
+        # The deadline does not bound the read itself: the iterating thread makes it, and a
+        # local read cannot be interrupted (nor does it hang as a request can).
         return self._fetch()
 
 
 class _Gated:
-    """A step read while the proof of its log versions ran: delivered once the proof is
-    done, or the proof's error instead (``result`` as for the fetch's Future)."""
+    """A step fetched on the pool, delivered once the proof of its log versions is done
+    (None: proven when the step was queued), or the proof's error instead."""
 
     __slots__ = ("_fetched", "_proof")
 
-    def __init__(self, proof: Future[None], fetched: Future[Fetched]) -> None:
+    def __init__(self, proof: Future[None] | None, fetched: Future[Fetched]) -> None:
         self._proof = proof
         self._fetched = fetched
 
-    def result(self) -> Fetched:
-        self._proof.result()
-        return self._fetched.result()
+    def result(self, deadline: float | None) -> Fetched:
+        """The step, waiting until ``deadline`` (monotonic seconds; None: no bound) for
+        the proof and the fetch; _Late if either is not done by then."""
+        if self._proof is not None:
+            _settled(self._proof, deadline, "the proof of its log versions")
+        return _settled(self._fetched, deadline, "the read of its slices")
+
+
+def _settled(future: Future[Any], deadline: float | None, what: str) -> Any:
+    """``future``'s result, or _Late naming ``what`` if it is not done by ``deadline``.
+    (Not ``future.result(timeout)``: its TimeoutError could be the work's own error.)"""
+    if not future.done() and not wait([future], timeout=_left_s(deadline)).done:
+        raise _Late(what)
+    return future.result()
+
+
+def _left_s(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def _fetch_thread(stop: threading.Event, threads: list[threading.Thread]) -> None:
+    """A fetch thread's start: it stops retrying once the reader is closing, and is
+    counted for close() to wait for (the pool's own list is private)."""
+    retry.stop_retrying_when(stop)
+    threads.append(threading.current_thread())
+
+
+# The pipelines not closed yet, stopped before the interpreter's exit joins their fetch
+# threads: a fetch thread waiting for a turn that no step will open (the script left its
+# loop without close()) would otherwise keep the process alive for ever.
+_live: weakref.WeakSet[Pipeline] = weakref.WeakSet()
+
+
+def _stop_live_pipelines() -> None:
+    for pipeline in list(_live):
+        pipeline.stop()
+
+
+# concurrent.futures joins its pool threads at exit with a hook of this kind, registered
+# when ThreadPoolExecutor was imported above; the hooks run in reverse order (CPython's
+# threading._shutdown), so this one runs first.
+threading._register_atexit(_stop_live_pipelines)  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def _auto_depth(step_bytes: int) -> int:
