@@ -21,6 +21,7 @@ is checked after every step (docs/invariants.md, I1-I10). Here:
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -36,6 +37,8 @@ import batchweave.logrules
 import batchweave.reading.fetch
 import batchweave.reading.follower
 from batchweave.commit.shared import SharedState
+from batchweave.reading import nodeclient, nodetrust
+from batchweave.reading.sharedlog import SharedLog
 from batchweave.testing.simulation import SHAPES, Choices, simulate
 from batchweave.testing.simulation.shrink import format_trace, shrink
 
@@ -164,6 +167,56 @@ def test_a_node_follower_that_skips_its_proofs_is_caught(monkeypatch):
     assert {"wrong-step", "waits-forever"} <= kinds
 
 
+def _trusts_any_user(check_uid):
+    return lambda pid, uid, what: None
+
+
+def _waits_forever(bound_s):
+    return math.inf
+
+
+def _old_ask(ask):
+    """The node's follower before I11: a lower ask restarts it (for everyone), and a rank
+    with nothing proven left hears the follower's failure as its own error."""
+
+    def restart_lower_and_relay(self, rank, first):
+        if self._failure is not None:
+            raise self._failure
+        if self._base is not None and first < self._base:
+            return self._restart(rank, first)
+        return ask(self, rank, first)
+
+    return restart_lower_and_relay
+
+
+HUB_SABOTAGES = {
+    # (module, attribute, wrapper, the kind the model must report): the guard of each fault
+    # of the hub shape's channels (hubchannel.FAULTS). Found on hub seeds 0-79 by, first:
+    # forge 4 (17 seeds), stall 1 (23), drop 2 (14), poison 14 (5: 14, 31, 36, 53, 75).
+    "forge: a hub of another user is trusted": (nodetrust, "check_uid", _trusts_any_user, "wrong-step"),
+    "stall: a silent hub is waited for without bound": (nodeclient, "HUB_REPLY_S", _waits_forever, "waits-forever"),
+    "drop: a lost hub is waited for without bound": (nodeclient, "TAKEOVER_S", _waits_forever, "waits-forever"),
+    "poison: a nonsense request pulls the node's follower back and fails its ranks": (
+        SharedLog,
+        "ask",
+        _old_ask,
+        "deleted-reachable",
+    ),
+}
+
+
+@pytest.mark.parametrize("sabotage", sorted(HUB_SABOTAGES))
+def test_every_fault_of_a_hub_channel_is_caught_once_its_guard_is_sabotaged(sabotage, monkeypatch):
+    """The hub shape's ranks reach their node's follower over channels that may be forged
+    (another user's process), stall, drop or carry another requester's nonsense (I11). Each
+    guard, sabotaged in the real code, is reported on some seed the exploration runs clean."""
+    owner, name, wrap, kind = HUB_SABOTAGES[sabotage]
+    monkeypatch.setattr(owner, name, wrap(getattr(owner, name)))
+    assert any(kind in simulate(Choices(seed=seed), SHAPES["hub"]).kinds for seed in range(SEEDS_PER_SHAPE)), (
+        f"{sabotage}: not reported on any of hub seeds 0-{SEEDS_PER_SHAPE - 1}"
+    )
+
+
 # -- the violations found, pinned -----------------------------------------------------
 
 
@@ -272,7 +325,7 @@ SIMULATED = (
 NONDETERMINISTIC = ("time", "random", "uuid", "secrets")
 # Modules of those packages that use one of them although no simulated actor runs them.
 NOT_RUN_BY_ACTORS = {
-    "batchweave.reading.nodeclient": "ranks share a node through the in-process InlineNode, not a hub's socket",
+    "batchweave.reading.nodeclient": "ranks share a node through InlineNode (behind a HubChannel), not a socket",
     "batchweave.reading.nodehub": "likewise: the hub is a real server, tested with real processes in test_node",
     "batchweave.store.backends": "the simulated store never builds an obstore backend",
     "batchweave.store.credentials": "nor resolves credentials",

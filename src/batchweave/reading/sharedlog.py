@@ -34,7 +34,7 @@ simulation drives it inline (``InlineNode``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 from batchweave import keys, log
@@ -255,7 +255,7 @@ class InlineNode:
         next_step: Callable[[], int],
         url: str,
         stop: Any,
-    ) -> Iterator[Any]:
+    ) -> Generator[Any, None, None]:
         rank = object()
         version = first
         try:

@@ -39,6 +39,7 @@ from batchweave.reading.polling import HeadPolling
 from batchweave.reading.readahead import LogReadAhead
 from batchweave.reading.sharedlog import InlineNode, SharedLog
 from batchweave.testing.simulation.group_driver import GroupProducerDriver
+from batchweave.testing.simulation.hubchannel import HubChannel
 from batchweave.testing.simulation.model import payload
 from batchweave.testing.simulation.scheduler import Actor
 from batchweave.testing.simulation.world import ALIGNED, World
@@ -202,7 +203,10 @@ def group_producer(world: World, actor: Actor, pid: str) -> None:
 def _consumer(world: World, rank: int, node: InlineNode | None = None) -> Consumer:
     # prefetch=None on a store that is not remote: the pipeline runs inline, no thread.
     consumer = Consumer(world.store, dp=world.config.dp, rank=rank, max_poll_interval_s=5.0)
-    consumer._node_override = node  # the follower of its node, as the hub's would be
+    # The follower of its node, as the hub's would be; with hub faults, through its own
+    # channel to the hub (a connection that may be forged, stall, drop or be poisoned).
+    channel = HubChannel(node, world, f"rank {rank}") if node is not None and world.config.hub_faults else None
+    consumer._node_override = channel or node
     return consumer
 
 

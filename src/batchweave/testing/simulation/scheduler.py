@@ -16,6 +16,7 @@ refuses a dead actor (``Dead`` unwinds it when the run is torn down).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -173,8 +174,10 @@ class Scheduler:
         """Schedule until ``until()``, the virtual time ``deadline()``, or ``max_ops`` operations."""
         while not until() and self.ops < max_ops:
             candidates = [a for a in self.actors if a.state == "op"]
-            # Past the deadline nobody wakes up any more; operations under way complete.
-            sleepers = [a for a in self.actors if a.state == "sleeping" and a.wake_at <= deadline()]
+            # Past the deadline nobody wakes up any more; operations under way complete. A
+            # sleep without end (a wait with no bound) never ends: the run judges it at the end.
+            end = deadline()
+            sleepers = [a for a in self.actors if a.state == "sleeping" and a.wake_at <= end and a.wake_at != math.inf]
             if sleepers:  # the next to wake, all of them if several wake at the same moment
                 first = min(a.wake_at for a in sleepers)
                 candidates.extend(a for a in sleepers if a.wake_at == first)

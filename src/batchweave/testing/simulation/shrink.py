@@ -108,10 +108,10 @@ def _short_key(key: str) -> str:
 
 
 def _in_story(entry: tuple[float, str, str, str], culprits: set[str]) -> bool:
-    """Log writes and deletes, claims of checkpoints, crashes, exits, and whatever the
-    violating actors did: the part of a trace that tells what happened."""
+    """Log writes and deletes, claims of checkpoints, crashes, exits, what hub channels
+    did, and whatever the violating actors did: the part of a trace that tells what happened."""
     _, actor, op, key = entry
-    if actor in culprits or op in ("CRASH", "exit"):
+    if actor in culprits or op in ("CRASH", "exit", "HUB"):
         return True
     return op != "get" and op != "list" and op != "size" and (key.startswith(("_log/0", "_checkpoints/")))
 

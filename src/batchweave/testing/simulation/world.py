@@ -39,6 +39,7 @@ class Config:
     drain_s: float = 3600.0  # after the end, how long consumers get to reach it
     max_ops: int = 30_000
     node_sharing: bool = False  # a trainer's ranks share one node follower, and so do the lagging readers
+    hub_faults: bool = False  # with node_sharing: each rank reaches it through a HubChannel (hubchannel.FAULTS)
 
 
 ALIGNED = -1.0  # a pause option: until the next multiple of ALIGN_S
@@ -51,6 +52,7 @@ SHAPES = {
     "direct": Config(direct_producers=3, group_producers=0, lagging_readers=2),
     "ambiguous": Config(ambiguous_odds=2),  # mixed, and half the producers see a commit's answer lost
     "node": Config(node_sharing=True, lagging_readers=2),  # readers through shared node followers
+    "hub": Config(node_sharing=True, lagging_readers=2, hub_faults=True),  # node, over faulty hub channels
 }
 
 
