@@ -396,3 +396,12 @@ def test_the_retry_loop_of_a_store_draws_from_the_simulated_clock_and_dice():
     expected = random.Random(7)
     assert draws == [expected.random() for _ in range(3)]
     assert now == clock.now - 1_600_000_000.0  # the simulated monotonic clock
+
+
+@pytest.mark.parametrize(("shape", "seed"), [("node", 10080), ("hub", 10065), ("hub", 10140)])
+def test_ranks_of_a_node_whose_follower_fails_at_a_reclaimed_start_read_alone_instead_of_spinning(shape, seed):
+    """The node's follower, started at a version GC had reclaimed, failed; the rank that
+    asked restarted it at the same place at once, for ever (the run hit max_ops without a
+    pause). The rank now reads alone and hears its own error."""
+    result = simulate(Choices(seed=seed), SHAPES[shape])
+    assert result.finished and not result.violations, _explain(result, seed, shape)

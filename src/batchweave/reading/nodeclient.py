@@ -203,8 +203,8 @@ class NodeClient:
             except (HubLost, OSError):
                 self._lost(sock)  # the hub died or closed: reach (or become) the next one
                 continue
-            if "refused" in reply:
-                raise self._give_up(f"the hub refused a request: {reply['refused']}")
+            if "refused" in reply[0]:
+                raise self._give_up(f"the hub refused a request: {reply[0]['refused']}")
             self._lost_at = None  # the hub works: a later loss gets a whole takeover deadline
             return reply
 

@@ -265,7 +265,7 @@ class _Hub:
             pass  # the rank closed or died (RuntimeError: a pool is shutting down)
         except BadRequest as exc:
             self._warn_once("request", "node hub %s: process %d: %s; dropped", self._identity[:8], peer.pid, exc)
-            peer.reply(-1, {"refused": str(exc)})
+            peer.reply(exc.ident, {"refused": str(exc)})
         finally:
             with self._cond:
                 peer.closed = True
@@ -314,9 +314,9 @@ class _Hub:
 
     def _dispatch(self, peer: _Peer, request: LogRequest | RangeRequest) -> None:
         with self._cond:
+            peer.outstanding += 1  # answered from here on, if only by a refusal
             if isinstance(request, LogRequest) and peer.log_busy:
-                raise BadRequest("a log request while another is being answered")
-            peer.outstanding += 1
+                raise BadRequest("a log request while another is being answered", request.id)
             if isinstance(request, LogRequest):
                 peer.log_busy = True
         if isinstance(request, LogRequest):
@@ -436,7 +436,7 @@ class _Hub:
         try:
             keys.check_data_key(request.key, "node hub request")
         except CorruptDataError as exc:
-            raise BadRequest(str(exc)) from None
+            raise BadRequest(str(exc), request.id) from None
         key = (request.key, request.start, request.length)
         with self._cond:
             shared = self._ranges.get(key)

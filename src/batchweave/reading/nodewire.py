@@ -80,7 +80,12 @@ class HubLost(Exception):
 
 
 class BadRequest(ValueError):
-    """A request the hub refuses to act on; the message says why."""
+    """A request the hub refuses to act on; the message says why, ``ident`` which request
+    (-1: none could be read)."""
+
+    def __init__(self, problem: str, ident: int = -1) -> None:
+        super().__init__(problem)
+        self.ident = ident
 
 
 _Id = Annotated[int, msgspec.Meta(ge=0, le=2**62)]

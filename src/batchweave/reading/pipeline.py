@@ -41,7 +41,14 @@ from batchweave.reading.steps import PlannedStep, StepPlan
 from batchweave.reading.window import FetchWindow
 from batchweave.store import Store
 
-__all__ = ["AUTO_PREFETCH_BYTES", "LOG_LOOKAHEAD_TGBS", "MAX_AUTO_PREFETCH", "MIN_AUTO_PREFETCH", "Pipeline"]
+__all__ = [
+    "AUTO_PREFETCH_BYTES",
+    "LOG_LOOKAHEAD_TGBS",
+    "MAX_AUTO_PREFETCH",
+    "MIN_AUTO_PREFETCH",
+    "REJOIN_S",
+    "Pipeline",
+]
 
 _logger = logging.getLogger("batchweave.consumer")
 # prefetch=None: as many steps ahead as fit in this budget, within these bounds. A
@@ -58,6 +65,10 @@ LOG_LOOKAHEAD_TGBS = 256
 # Seconds close() waits for the threads: a read hung longer ends on its own (the threads
 # stop retrying once the reader is closing), and a consumer may start reading again meanwhile.
 CLOSE_WAIT_S = 10.0
+# A rank its node sent to read alone asks the node again once it is at the head, at most
+# this often: from the first second, doubling up to the second while the node keeps
+# sending it away (a rank far ahead of the node's follower, say), so it never spins.
+REJOIN_S = (1.0, 64.0)
 
 _END = object()
 Fetched = tuple[Batch, Fraction | int]
@@ -320,13 +331,15 @@ class Pipeline:
 
     def _shared_log(self) -> Generator[FollowItem, None, None]:
         """The node's follower (``batchweave.reading.node``); this rank's own from where it
-        stood while the node cannot serve it: for good once no hub can be had, until it
+        stood while the node cannot serve it: for good once no hub can be had; until it
         has caught up with the head when it is far from the node's other ranks (or its
-        own check of what the node handed it failed)."""
+        own check of what the node handed it failed), asking the node again at most every
+        ``REJOIN_S`` seconds (doubling while the node keeps sending it away)."""
         assert self._node is not None
         version = max(self._cursor.version, 1)
         anchor = (self._cursor.version, self._cursor.digest) if self._cursor.digest else None
         present_through = self._cursor.version
+        rejoin_after_s = REJOIN_S[0]
         while True:
             last: ReadVersion | None = None  # the newest version the hub proved for this rank
             caught_up: int | None = None
@@ -334,6 +347,7 @@ class Pipeline:
                 for item in self._node.log(version, anchor, present_through, self._first_needed, self._url, self._stop):
                     if isinstance(item, list):
                         last = item[-1]
+                        rejoin_after_s = REJOIN_S[0]  # served again: a later parting starts afresh
                     yield item
                 return
             except (NodeUnavailableError, NodeBehind) as exc:  # an unreachable hub is logged by the client
@@ -342,25 +356,30 @@ class Pipeline:
                     _logger.info("%s rank %d: %s; following the log on its own", self._url, self._rank, exc)
                 if last is not None:  # proven by the hub: this rank's own proofs go on from there (I10)
                     self._journal.anchor_on(last.delta.version, log.digest(last.data))
-                caught_up = yield from self._own_log(exc.next_version, until_head=rejoin)
+                caught_up = yield from self._own_log(
+                    exc.next_version, rejoin_after_s=rejoin_after_s if rejoin else None
+                )
             if caught_up is None:
                 return
+            rejoin_after_s = min(2 * rejoin_after_s, REJOIN_S[1])
             version, anchor, present_through = caught_up, None, 0  # the node's again, from the head
 
-    def _own_log(self, first: int, *, until_head: bool = False) -> Generator[FollowItem, None, int | None]:
+    def _own_log(self, first: int, *, rejoin_after_s: float | None = None) -> Generator[FollowItem, None, int | None]:
         """This rank's own follower: reads ahead, proves every batch (I10), paces probes.
-        With ``until_head``, it stops at the first miss past ``first`` and returns the next
-        version (the rank asks its node again from there)."""
+        With ``rejoin_after_s``, it stops at the first miss (the head) once that long has
+        passed, and returns the next version (the rank asks its node again from there)."""
         depth = DEFAULT_LOG_READ_AHEAD if self._store.remote else 1  # local reads are too quick to overlap
         reader = LogReadAhead(self._journal, first, depth, stop=self._stop)
         if first == 1 and depth > 1:
             reader.beside(self._journal.learn_namespace)  # for the first proof, while reading
+        started = time.monotonic()
         try:
             for item in ProvenLog(
                 self._journal, reader, self._polling, self._first_needed, self._url, self._cursor.version, early=True
             ):
-                if until_head and isinstance(item, float) and item > 0:
-                    return reader.next_version  # at the head: what was read is handed out (its proof runs)
+                at_head = isinstance(item, float) and item > 0
+                if at_head and rejoin_after_s is not None and time.monotonic() - started >= rejoin_after_s:
+                    return reader.next_version  # what was read is handed out (its proof runs)
                 yield item
         finally:
             reader.close()

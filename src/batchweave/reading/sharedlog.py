@@ -273,6 +273,8 @@ class InlineNode:
                     continue
                 if parts is None:
                     pause = self._advance()
+                    if self._shared.failed:  # what it failed at is this rank's to find out, alone
+                        raise NodeBehind(version, "the node's follower failed")
                     if pause and version <= present_through:
                         raise NodeBehind(version, "its cursor's log version is not in the node's view")
                     if pause is not None:
