@@ -44,6 +44,7 @@ from batchweave.reading.nodewire import (
     HubLost,
     LogRequest,
     RangeRequest,
+    bound,
     encode_request,
     log_versions,
     raise_reply,
@@ -248,7 +249,7 @@ class NodeClient:
         """A connection to the hub at ``path``, checked (its user, then the handshake); None
         when nothing listens there. HubRefused when something does that must not be trusted."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(IO_S)
+        bound(sock, IO_S)
         try:
             sock.connect(path)
             check_peer(sock, "node hub")

@@ -12,9 +12,11 @@ Every peer is a stranger until checked (``nodetrust``: same user, same hub ident
 and then still costs the hub only what it bounds:
 
 - **connections**: at most ``MAX_PEERS``, each with a thread that reads its requests and
-  one that writes its replies, so a peer that stops reading holds no thread of the
-  hub's readers or followers: its replies wait in its own queue, and once one is not
-  taken within ``nodewire.IO_S`` the connection is dropped;
+  an outbox (``nodeoutbox``): a reply goes out at once from the thread that has it when
+  the socket takes it without waiting, else through the connection's own writer
+  thread, so a peer that stops reading holds no thread of the hub's readers or
+  followers; once a reply is not taken within ``nodewire.IO_S`` the connection is
+  dropped;
 - **requests**: validated before anything acts on them (``nodewire.parse_request``); at
   most ``MAX_OUTSTANDING`` unanswered per connection (then the hub stops reading it until
   replies are taken), and one log request at a time;
@@ -33,7 +35,6 @@ import fcntl
 import itertools
 import logging
 import os
-import queue
 import random
 import resource
 import socket
@@ -51,6 +52,7 @@ from batchweave.journal import Journal
 from batchweave.log import ReadVersion
 from batchweave.reading.follower import ProvenLog, Unproven
 from batchweave.reading.node import HubAddress
+from batchweave.reading.nodeoutbox import Outbox, Reply
 from batchweave.reading.nodetrust import HubRefused, check_peer
 from batchweave.reading.nodewire import (
     IO_S,
@@ -61,10 +63,10 @@ from batchweave.reading.nodewire import (
     HubLost,
     LogRequest,
     RangeRequest,
+    bound,
     error_reply,
     parse_request,
     recv,
-    send,
     shared_memory,
 )
 from batchweave.reading.polling import HeadPolling
@@ -101,18 +103,25 @@ def fd_budget() -> int:
 
 @dataclass(eq=False)
 class _Peer:
-    """One connection: its requests are read on one thread, its replies sent on another."""
+    """One connection: its requests are read on one thread, its replies sent by the
+    thread that has one, or by its writer (``nodeoutbox``)."""
 
     sock: socket.socket
     ident: int  # never reused, unlike id(): a new peer must not inherit a dead one's place
     pid: int
-    outstanding: int = 0  # requests not answered yet (guarded by the hub's condition)
-    log_busy: bool = False  # a log request is being answered
+    outbox: Outbox
+    # Its own condition, not the hub's: a reply sent must not wake every thread waiting
+    # on the hub (the follower, log requests waiting for a version).
+    room: threading.Condition = field(default_factory=threading.Condition)
+    outstanding: int = 0  # requests not answered yet (guarded by ``room``)
+    log_busy: bool = False  # a log request is being answered (guarded by ``room``)
     closed: bool = False  # no more requests: its place in the shared log is gone
-    broken: bool = False  # a reply could not be sent: the rest are dropped unsent
-    replies: queue.SimpleQueue[Any] = field(default_factory=queue.SimpleQueue)
-    finished: bool = False  # the writer is gone: a reply now is released at once
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def close(self) -> None:
+        """No more requests from it: the reader stops waiting for room."""
+        with self.room:
+            self.closed = True
+            self.room.notify_all()
 
     def reply(
         self,
@@ -121,27 +130,11 @@ class _Peer:
         payload: bytes = b"",
         fds: Sequence[int] = (),
         done: Callable[[], None] | None = None,
-    ) -> bool:
-        """Queue one reply for the writer thread (never blocks the caller); ``done`` runs
-        once it was sent or dropped. False when the writer is gone (``done`` ran)."""
+    ) -> None:
+        """Send one reply, or queue it (never waits for the peer); ``done`` runs once it
+        was sent or dropped."""
         header["id"] = ident
-        with self._lock:
-            if not self.finished:
-                self.replies.put((header, payload, fds, done))
-                return True
-        if done is not None:
-            done()
-        return False
-
-    def finish(self) -> list[Any]:
-        """The writer stops: the replies still queued, to release (none come after)."""
-        with self._lock:
-            self.finished = True
-        left = []
-        with contextlib.suppress(queue.Empty):
-            while True:
-                left.append(self.replies.get_nowait())
-        return [item for item in left if item is not None]
+        self.outbox.put(header, payload, fds, done)
 
 
 @dataclass(eq=False)
@@ -204,9 +197,11 @@ class _Hub:
             os.unlink(self._path)  # before the lock goes: a new hub's socket is never ours to remove
         os.close(self._lock_fd)
         with self._cond:
-            for peer in list(self._peers):
-                _shut(peer.sock)
+            peers = list(self._peers)
             self._cond.notify_all()
+        for peer in peers:
+            _shut(peer.sock)
+            peer.close()
         self._reads.shutdown(wait=False, cancel_futures=True)
         self._logs.shutdown(wait=False, cancel_futures=True)
         with self._cond:
@@ -247,15 +242,26 @@ class _Hub:
             if crowded:
                 conn.close()
                 continue
-            conn.settimeout(IO_S)
-            peer = _Peer(conn, next(self._idents), pid)
+            bound(conn, IO_S)
+            peer = self._peer(conn, pid)
             threading.Thread(target=self._serve, args=(peer,), name="batchweave-node-conn", daemon=True).start()
+
+    def _peer(self, conn: socket.socket, pid: int) -> _Peer:
+        def sent(reply: Reply) -> None:
+            self._answered(peer, reply.header, reply.done)
+
+        def broken() -> None:
+            peer.close()
+            _shut(conn)  # the reader sees it too and cleans up
+
+        peer = _Peer(conn, next(self._idents), pid, Outbox(conn, sent, broken))
+        return peer
 
     def _serve(self, peer: _Peer) -> None:
         """One peer's requests, read once it proved itself, as fast as its replies are
         taken: ranges are answered from here (a range read already, or being read, needs
         no thread of its own), log requests on the log pool (they wait)."""
-        writer = threading.Thread(target=self._write, args=(peer,), name="batchweave-node-send", daemon=True)
+        writer = threading.Thread(target=peer.outbox.run, name="batchweave-node-send", daemon=True)
         writer.start()
         try:
             if self._greet(peer):
@@ -267,13 +273,13 @@ class _Hub:
             self._warn_once("request", "node hub %s: process %d: %s; dropped", self._identity[:8], peer.pid, exc)
             peer.reply(exc.ident, {"refused": str(exc)})
         finally:
-            with self._cond:
-                peer.closed = True
+            with self._cond:  # closed under the hub's lock too: a log request checks it there
+                peer.close()
                 self._peers.discard(peer)
                 self._connections -= 1
                 self._log.leave(peer.ident)
                 self._cond.notify_all()
-            peer.replies.put(None)  # the writer sends what is queued (if it can), then closes
+            peer.outbox.end()  # the writer sends what is owed (if it can), then closes
 
     def _greet(self, peer: _Peer) -> bool:
         """The handshake: the same protocol and hub identity, and room for one more."""
@@ -297,8 +303,8 @@ class _Hub:
     def _room(self, peer: _Peer) -> bool:
         """Wait until the peer has fewer than MAX_OUTSTANDING requests unanswered; False
         when the hub or the connection is closing."""
-        with self._cond:
-            self._cond.wait_for(lambda: peer.outstanding < MAX_OUTSTANDING or not self._serving() or peer.closed)
+        with peer.room:
+            peer.room.wait_for(lambda: peer.outstanding < MAX_OUTSTANDING or not self._serving() or peer.closed)
             return self._serving() and not peer.closed
 
     def _serving(self) -> bool:
@@ -313,7 +319,7 @@ class _Hub:
         return request
 
     def _dispatch(self, peer: _Peer, request: LogRequest | RangeRequest) -> None:
-        with self._cond:
+        with peer.room:
             peer.outstanding += 1  # answered from here on, if only by a refusal
             if isinstance(request, LogRequest) and peer.log_busy:
                 raise BadRequest("a log request while another is being answered", request.id)
@@ -324,32 +330,13 @@ class _Hub:
         else:
             self._ask_range(peer, request)
 
-    def _write(self, peer: _Peer) -> None:
-        """The peer's replies, in order; a reply not taken within IO_S drops the
-        connection, and every reply still queued is released unsent."""
-        while (item := peer.replies.get()) is not None:
-            header, payload, fds, done = item
-            try:
-                if not peer.broken:  # a refusal still goes out after the reader stopped
-                    send(peer.sock, header, payload, fds)
-            except OSError:
-                with self._cond:
-                    peer.closed = peer.broken = True
-                    self._cond.notify_all()
-                _shut(peer.sock)  # the reader sees it too and cleans up
-            finally:
-                self._answered(peer, header, done)
-        for header, _, _, done in peer.finish():  # queued behind the reader's end: released unsent
-            self._answered(peer, header, done)
-        peer.sock.close()
-
     def _answered(self, peer: _Peer, header: dict[str, Any], done: Callable[[], None] | None) -> None:
         if done is not None:
             done()
         if header.get("id", -1) >= 0:
-            with self._cond:
+            with peer.room:
                 peer.outstanding -= 1
-                self._cond.notify_all()
+                peer.room.notify_all()
 
     # -- the log -------------------------------------------------------------------------
 
@@ -358,7 +345,7 @@ class _Hub:
             reply, payload = self._log_reply(peer, request.first)
         except Exception as exc:  # of any type: this rank reads on its own, the others go on
             reply, payload = {"alone": f"the node hub failed: {type(exc).__name__}: {exc}"}, b""
-        with self._cond:
+        with peer.room:
             peer.log_busy = False
         peer.reply(request.id, reply, payload)
 

@@ -9,7 +9,7 @@ its versions back to back, cut at the header's ``sizes``.
 Every message is read within limits the reader sets (``Limits``): a peer announcing a
 gigabyte costs nothing until it sends it, and the bytes are taken as they arrive. A
 request is parsed strictly (``parse_request``): the hub acts on nothing it did not
-validate. Both ends give every socket ``IO_S``: a peer may idle between messages for as
+validate. Both ends bound every socket to ``IO_S`` (``bound``): a peer may idle between messages for as
 long as it likes, but a message started must arrive, and a reply sent must be taken,
 within it, or the connection is dropped (its owner's loss alone).
 """
@@ -48,7 +48,9 @@ __all__ = [
     "Limits",
     "LogRequest",
     "RangeRequest",
+    "bound",
     "error_reply",
+    "frame",
     "log_versions",
     "parse_request",
     "raise_reply",
@@ -134,20 +136,36 @@ def encode_request(request: Hello | LogRequest | RangeRequest) -> bytes:
     return msgspec.json.encode(request)
 
 
+def bound(sock: socket.socket, seconds: float) -> None:
+    """Bound every send and receive on ``sock`` to ``seconds``, in the kernel
+    (SO_SNDTIMEO, SO_RCVTIMEO): the socket stays blocking, so a message costs no poll
+    before each call (Python's own timeouts poll first), and a call that waits longer
+    fails with EAGAIN."""
+    whole = int(seconds)
+    timeval = struct.pack("ll", whole, int((seconds - whole) * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+
+
 def send(
     sock: socket.socket,
     header: dict[str, Any] | bytes,
     payload: bytes | memoryview = b"",
     fds: Sequence[int] = (),
 ) -> None:
-    """One message (the socket's timeout bounds it: ``IO_S``)."""
-    head = header if isinstance(header, bytes) else json.dumps(header, separators=(",", ":")).encode()
-    first = _PREFIX.pack(len(head), len(payload)) + head
+    """One message (the socket's bound limits it: ``IO_S``)."""
+    first = frame(header, len(payload))
     sent = socket.send_fds(sock, [first], list(fds)) if fds else sock.send(first)
     if sent < len(first):
         sock.sendall(first[sent:])
     if payload:
         sock.sendall(payload)
+
+
+def frame(header: dict[str, Any] | bytes, payload_length: int) -> bytes:
+    """A message's prefix and header, ready to send before its payload."""
+    head = header if isinstance(header, bytes) else json.dumps(header, separators=(",", ":")).encode()
+    return _PREFIX.pack(len(head), payload_length) + head
 
 
 def recv(
@@ -173,7 +191,7 @@ def _first_bytes(sock: socket.socket, idle: Callable[[], bool]) -> tuple[bytes, 
     while True:
         try:
             prefix, fds, flags, _ = socket.recv_fds(sock, _PREFIX.size, 1)
-        except TimeoutError:
+        except (TimeoutError, BlockingIOError):  # a timeout: Python's, or the kernel's (``bound``)
             if idle():
                 continue
             raise HubLost("closing") from None
@@ -197,7 +215,7 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
     while got < n:
         try:
             part = sock.recv(min(n - got, _CHUNK))
-        except OSError as exc:  # TimeoutError included: a started message stalled
+        except OSError as exc:  # timeouts included (BlockingIOError from ``bound``): a started message stalled
             raise HubLost(str(exc) or type(exc).__name__) from None
         if not part:
             raise HubLost("closed mid-message")
