@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -279,27 +280,37 @@ def test_sigkilled_hub_process_is_replaced_and_no_rank_loses_or_repeats_a_step(t
     probe.close()
 
 
-def test_a_rank_that_reaches_no_hub_reads_on_its_own_and_says_so_once(monkeypatch, caplog):
-    store = CountingStore("memory://b/nohub")
-    steps = 8
-    fill(store, steps, 2)
-    path, lock_path = node.node_address(store, Mesh(dp=2), 0).paths()
+@contextlib.contextmanager
+def squatting(address: node.HubAddress) -> Iterator[socket.socket]:
+    """A process of the same user holding the hub's election lock and name: the ranks
+    cannot become the hub, and only the squatter answers (or not) at its name."""
+    path, lock_path = address.paths()
     lock = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-    fcntl.flock(lock, fcntl.LOCK_EX)  # holds the election ...
+    fcntl.flock(lock, fcntl.LOCK_EX)
     squatter = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     squatter.bind(path)
-    squatter.listen(8)  # ... and the name, and never answers
-    monkeypatch.setattr(nodeclient, "TAKEOVER_S", 0.2)
-    monkeypatch.setattr(nodeclient, "IO_S", 0.2)
+    squatter.listen(64)
     try:
-        with caplog.at_level("WARNING", logger="batchweave.reading.nodeclient"):
-            seen = read_node(store, range(2), dp=2, tp=1, sharing=True)
+        yield squatter
     finally:
         squatter.close()
         os.unlink(path)
         os.close(lock)
+
+
+def test_a_rank_that_reaches_no_hub_reads_on_its_own_and_says_so_once(monkeypatch, caplog):
+    store = CountingStore("memory://b/nohub")
+    steps = 8
+    fill(store, steps, 2)
+    monkeypatch.setattr(nodeclient, "TAKEOVER_S", 0.2)
+    monkeypatch.setattr(nodeclient, "IO_S", 0.2)
+    with (
+        squatting(node.node_address(store, Mesh(dp=2), 0)),
+        caplog.at_level("WARNING", "batchweave.reading.nodeclient"),
+    ):
+        seen = read_node(store, range(2), dp=2, tp=1, sharing=True)  # the squatter never answers
     assert_each_rank_read_its_slice(seen, steps, 2, 1)
     unreachable = [r for r in caplog.records if "reads without it" in r.getMessage()]
     assert 1 <= len(unreachable) <= 2  # once per rank at most, not once per read

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_node import CountingStore, assert_each_rank_read_its_slice, fill, read_node
+from test_node import CountingStore, assert_each_rank_read_its_slice, fill, read_node, squatting
 
 import batchweave as bw
 from batchweave import keys
@@ -474,35 +474,20 @@ def test_a_hub_that_cannot_share_memory_makes_its_ranks_read_directly_with_one_w
 def test_an_accept_and_close_squatter_keeps_no_rank_trying_for_longer_than_the_takeover_deadline(monkeypatch, caplog):
     store = CountingStore("memory://trust/squatter")
     fill(store, 8, 1)
-    address = node.node_address(store, Mesh(dp=1, tp=2), 0)
-    path, lock_path = address.paths()
-    lock = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-    import fcntl
-
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    squatter = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    squatter.bind(path)
-    squatter.listen(64)
     accepted = [0]
 
-    def accept_and_close() -> None:
+    def accept_and_close(squatter: socket.socket) -> None:
         with contextlib.suppress(OSError):
             while True:
                 conn, _ = squatter.accept()
                 accepted[0] += 1
                 conn.close()
 
-    threading.Thread(target=accept_and_close, daemon=True).start()
     monkeypatch.setattr(nodeclient, "TAKEOVER_S", 0.5)
-    try:
+    with squatting(node.node_address(store, Mesh(dp=1, tp=2), 0)) as squatter:
+        threading.Thread(target=accept_and_close, args=(squatter,), daemon=True).start()
         with caplog.at_level("WARNING", logger="batchweave.reading.nodeclient"):
             seen = read_node(store, range(2), dp=1, tp=2, sharing=True)
-    finally:
-        squatter.close()
-        os.unlink(path)
-        os.close(lock)
     assert_each_rank_read_its_slice(seen, 8, 1, 2)
     assert any("unreachable" in r.getMessage() for r in caplog.records)
     assert accepted[0] < 200  # tried within the deadline, then read alone: not forever
