@@ -82,11 +82,12 @@ class Outbox:
             self._break()
         owed = sent < len(reply.head) and not self.broken
         with self._cond:
+            self._sending = False
             if owed:  # the rest goes first, by the writer (the descriptors went with a first byte sent)
                 rest = Reply(reply.head[sent:], b"", () if sent else reply.fds, reply.header, reply.done)
                 self._queue.appendleft(rest)
-            self._sending = False
-            self._cond.notify_all()
+            if self._queue:  # only then: a thread woken for nothing costs the others the GIL
+                self._cond.notify_all()
         if not owed:
             self._on_sent(reply)  # sent, or released unsent
 
@@ -107,8 +108,7 @@ class Outbox:
                 self._break()
             finally:
                 with self._cond:
-                    self._sending = False
-                    self._cond.notify_all()
+                    self._sending = False  # the writer is the only thread that waits on the condition
                 self._on_sent(reply)
         self._sock.close()
 
