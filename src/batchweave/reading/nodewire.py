@@ -49,6 +49,7 @@ __all__ = [
     "LogRequest",
     "RangeRequest",
     "bound",
+    "encode_request",
     "error_reply",
     "frame",
     "log_versions",
@@ -133,6 +134,7 @@ def parse_request(header: bytes) -> Hello | LogRequest | RangeRequest:
 
 
 def encode_request(request: Hello | LogRequest | RangeRequest) -> bytes:
+    """A request's header, as ``parse_request`` reads it."""
     return msgspec.json.encode(request)
 
 
