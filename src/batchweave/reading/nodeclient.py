@@ -50,6 +50,7 @@ from batchweave.reading.nodewire import (
     raise_reply,
     recv,
     send,
+    shut,
 )
 from batchweave.reading.polling import HeadPolling
 from batchweave.reading.sharedlog import NodeBehind, check_first
@@ -116,7 +117,7 @@ class NodeClient:
             sock, self._sock = self._sock, None
             self._fail_pending()
         if sock is not None:
-            _shut(sock)
+            shut(sock)
             sock.close()
         if self._hosting:
             self._hosting = False
@@ -293,7 +294,7 @@ class NodeClient:
                 self._sock = None
                 self._fail_pending()
         if sock is not None:
-            _shut(sock)
+            shut(sock)
             sock.close()
 
     def _give_up(self, why: str, next_version: int = 0) -> NodeUnavailableError:
@@ -306,7 +307,7 @@ class NodeClient:
             sock, self._sock = self._sock, None
             self._fail_pending()
         if sock is not None:
-            _shut(sock)
+            shut(sock)
             sock.close()
         return NodeUnavailableError(why, next_version)
 
@@ -343,11 +344,6 @@ def _json(head: bytes) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError("a reply that is not an object")
     return value
-
-
-def _shut(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
 
 
 _clients: weakref.WeakSet[NodeClient] = weakref.WeakSet()

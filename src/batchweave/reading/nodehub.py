@@ -68,6 +68,7 @@ from batchweave.reading.nodewire import (
     parse_request,
     recv,
     shared_memory,
+    shut,
 )
 from batchweave.reading.polling import HeadPolling
 from batchweave.reading.readahead import DEFAULT_LOG_READ_AHEAD, LogReadAhead
@@ -200,7 +201,7 @@ class _Hub:
             peers = list(self._peers)
             self._cond.notify_all()
         for peer in peers:
-            _shut(peer.sock)
+            shut(peer.sock)
             peer.close()
         self._reads.shutdown(wait=False, cancel_futures=True)
         self._logs.shutdown(wait=False, cancel_futures=True)
@@ -252,7 +253,7 @@ class _Hub:
 
         def broken() -> None:
             peer.close()
-            _shut(conn)  # the reader sees it too and cleans up
+            shut(conn)  # the reader sees it too and cleans up
 
         peer = _Peer(conn, next(self._idents), pid, Outbox(conn, sent, broken))
         return peer
@@ -524,11 +525,6 @@ class _Hub:
             os.close(shared.fd)
             shared.fd = -1
             self._memfds -= 1
-
-
-def _shut(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
 
 
 def _close_all(fds: list[int]) -> None:

@@ -16,6 +16,7 @@ within it, or the connection is dropped (its owner's loss alone).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -58,6 +59,7 @@ __all__ = [
     "recv",
     "send",
     "shared_memory",
+    "shut",
 ]
 
 PROTOCOL = 2  # a hub and a rank of other protocols refuse each other at the handshake
@@ -147,6 +149,12 @@ def bound(sock: socket.socket, seconds: float) -> None:
     timeval = struct.pack("ll", whole, int((seconds - whole) * 1e6))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+
+
+def shut(sock: socket.socket) -> None:
+    """End both directions of a connection now (its threads see the end), whoever holds it."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 def send(
