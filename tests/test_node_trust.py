@@ -558,10 +558,13 @@ from batchweave.reading import node, nodehub
 from batchweave.reading.polling import HeadPolling
 address = node.node_address(store, Mesh(dp=1, tp=2), 0)
 assert nodehub.start_hub(address, store, HeadPolling(1))
+forked, ready = os.pipe()
 child = os.fork()  # a DataLoader worker of the hub's process
 if child == 0:
+    os.write(ready, b"x")  # its at-fork hooks have run (before fork() returned here)
     os.read(0, 1)  # lives until the test closes its standard input, or kills it
     os._exit(0)
+os.read(forked, 1)  # the parent dies only once the child holds what it kept
 print(child, address.paths()[0], flush=True)
 sys.stdin.read()
 """

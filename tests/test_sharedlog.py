@@ -57,7 +57,12 @@ def test_no_request_pulls_the_follower_back_or_drives_it_ahead_of_the_others():
 
 
 def test_versions_every_rank_is_past_are_forgotten_and_the_slowest_rank_is_let_go_past_the_budget():
-    shared = SharedLog(retain_bytes=10_000)
+    kept = SharedLog(retain_bytes=10_000, restart_window=2)
+    kept.ask("a", 1)
+    kept.publish(1, [version(1), version(2), version(3)])
+    kept.ask("a", 3)
+    assert kept.ask("late", 1) == SERVE  # within the window behind the slowest: served, not sent alone
+    shared = SharedLog(retain_bytes=10_000, restart_window=0)
     shared.ask("a", 1)
     shared.ask("b", 1)
     shared.publish(1, [version(1), version(2), version(3)])

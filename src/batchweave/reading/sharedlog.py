@@ -55,7 +55,7 @@ __all__ = [
 ]
 
 RETAIN_BYTES = 64 << 20  # proven versions the hub keeps ahead of its slowest rank
-RESTART_WINDOW = 1024  # versions a rank may ask beyond what is proven and still be served
+RESTART_WINDOW = 1024  # versions kept behind the slowest rank, and a rank may ask beyond what is proven
 NODE_READ_AHEAD = (64, 1024)  # versions a hub's follower reads beyond its furthest rank: drawn per hub
 SERVE, RESTART, ALONE = "serve", "restart", "alone"  # what ``ask`` answers
 
@@ -172,22 +172,26 @@ class SharedLog:
         ``restart_window`` versions behind the fastest, or always with ``force``. True
         when the kept versions are still over the budget (the follower should wait)."""
         self._prune()
+        if self._retained > self.retain_bytes:
+            self._prune(keep=0)  # the versions kept for late ranks go first
         while self._retained > self.retain_bytes and len(self._positions) > 1:
             slowest = min(self._positions, key=self._positions.__getitem__)
             fastest = max(self._positions.values())
             if not force and fastest - self._positions[slowest] <= self.restart_window:
                 return True
             del self._positions[slowest]
-            self._prune()
+            self._prune(keep=0)
         return self._retained > self.retain_bytes
 
-    def _prune(self) -> bool:
-        """Forget versions every rank is past; True when any was forgotten."""
+    def _prune(self, keep: int | None = None) -> bool:
+        """Forget versions every rank is past by more than ``keep`` (``restart_window``: a
+        rank that starts late, as the ranks of a node do in any order, is served from what
+        is kept rather than sent to read alone); True when any was forgotten."""
         if not self._positions or self._base is None:
             return False
-        slowest = min(self._positions.values())
+        floor = min(self._positions.values()) - (self.restart_window if keep is None else keep)
         forgotten = False
-        while self._base < slowest and self._base in self._versions:
+        while self._base < floor and self._base in self._versions:
             self._retained -= len(self._versions.pop(self._base))
             self._base += 1
             forgotten = True
