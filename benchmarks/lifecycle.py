@@ -4,7 +4,8 @@
 One producer (``max_lag`` backpressure) and the ranks of a dp=2 job run as threads on a
 local directory, so the bytes are real files. After each checkpoint every rank marks it,
 checkpoints older than the last ``KEEP_LIVE`` are released, and with deletion on a
-collector runs; stored bytes are sampled at every checkpoint boundary.
+collector runs; stored bytes are sampled at every checkpoint boundary. The run checks its
+own bound: the peak of stored TGBs with deletion against ``max_lag`` (``verdict``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ MAX_LAG = 80
 KEEP_LIVE = 3
 DP = 2
 TGB_BYTES = 100_000
+# Invariant I12: the TGBs at or above W_global, committed or only uploaded, stay within
+# max_lag; the collector runs at every checkpoint, so none below W_global stays stored
+# past the checkpoint that moved it (each sample is taken right after the collection).
+BOUND = MAX_LAG
 
 
 def run(options: BenchOptions, progress: Any) -> BenchResult:
@@ -41,6 +46,7 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
         "steps": steps,
         "checkpoint_every": INTERVAL,
         "max_lag": MAX_LAG,
+        "bound_tgbs": BOUND,
         "live_checkpoints": KEEP_LIVE,
         "dp": DP,
         "tgb_bytes": TGB_BYTES,
@@ -54,11 +60,11 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
 def verdict(results: list[dict[str, Any]]) -> list[str]:
     peak = {d: max(r["bytes_stored"] for r in results if r["deletion"] == d) for d in (False, True)}
     peak_tgbs = max(r["tgbs_stored"] for r in results if r["deletion"])
-    bound = MAX_LAG + INTERVAL * KEEP_LIVE
+    held = "held" if peak_tgbs <= BOUND else "BROKEN"
     return [
         f"peak stored: {peak[True] / 1e6:.1f} MB with deletion vs {peak[False] / 1e6:.1f} MB without "
         f"({1 - peak[True] / peak[False]:.1%} reduction; paper 72.0%)",
-        f"peak TGBs stored with deletion: {peak_tgbs} (bound max_lag + interval x live = {bound})",
+        f"peak TGBs stored with deletion: {peak_tgbs} (bound max_lag = {BOUND}: {held})",
     ]
 
 

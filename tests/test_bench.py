@@ -107,6 +107,9 @@ def test_quick_benchmark_writes_its_three_files(name, workload, tmp_path):
         }
         assert all(r["batchweave_s"] > 0 and r["plain_s"] > 0 for r in result["results"])
         assert "consumer.py" in result["config"]["profiles"]["consumer"]  # a profile of our reading code
+    if name == "lifecycle":  # I12: the stored TGBs never pass max_lag, uploaded ones included
+        peak = max(r["tgbs_stored"] for r in result["results"] if r["deletion"])
+        assert peak <= result["config"]["bound_tgbs"] == result["config"]["max_lag"], peak
     if name == "node-sharing":  # one read per distinct slice per node, one follower's log requests
         shared = {r["mesh"]: r for r in result["results"] if r["sharing"] == "on"}
         assert shared["dp 2 x tp 4"]["range_reads_per_step"] == 2 and shared["dp 8 x tp 1"]["reads_ratio"] == 1

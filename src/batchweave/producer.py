@@ -35,6 +35,7 @@ from batchweave.errors import ConfigError, LayoutError, ObjectExistsError, Sourc
 from batchweave.journal import DEFAULT_SNAPSHOT_EVERY, Journal
 from batchweave.keys import check_producer_id, data_key
 from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES, Piece, encode_tgb
+from batchweave.lifecycle.backpressure import may_upload
 from batchweave.lifecycle.watermarks import global_watermark, read_watermarks
 from batchweave.log import LogState, ProducerState, TGBDescriptor
 from batchweave.mesh import Mesh
@@ -59,9 +60,12 @@ class Producer:
             the paper's single-loop producer (used by the policy benchmarks).
         publish_metrics: record this producer's counters in the log with every commit,
             so ``batchweave inspect`` shows them (about 200 bytes per commit).
-        max_lag: backpressure: ``append`` blocks while the newest committed step is this
-            many steps or more ahead of ``W_global`` (the oldest live checkpoint), so
-            storage stays bounded even when checkpoints stall. None: never block.
+        max_lag: backpressure: ``append`` blocks while the TGBs above ``W_global`` (the
+            oldest live checkpoint), committed or only uploaded, would pass this many, so
+            storage stays bounded even when checkpoints stall; a pool of producers splits
+            the room (``batchweave.lifecycle.backpressure``). Set it above the steps between
+            two checkpoints plus the producers, or training waits for data a checkpoint
+            would release. None: never block.
         storage_options: obstore options for the store (see ``batchweave.store.check_storage_options``):
             config keys such as ``region`` or ``endpoint``, ``client_options``, ``retry_config``;
             for a local directory only ``{"fsync": False}``, which skips the flushes that make
@@ -107,6 +111,8 @@ class Producer:
         claim_window_s = without_stall(self._store, claim_window_s, stalled_before_s)
         # What this producer and its commit thread share, under shared.cond.
         self._shared = SharedState(self.producer_id, threading.Condition(), threading.Event(), state, me)
+        if max_lag is not None:
+            self._shared.committed_spans = []
         if self._group is not None:
             # The claim's successful attempt was a probe and a put, as a commit's is; it
             # seeds how long a put takes, and how late turns come until the log shows it.
@@ -328,20 +334,34 @@ class Producer:
         return result.state, result.state.producers[self.producer_id], result.fragile_window_s
 
     def _wait_for_checkpoints(self, max_lag: int) -> None:
-        """Backpressure: hold ``append`` while the log is ``max_lag`` steps past ``W_global``."""
+        """Backpressure: hold ``append`` while this producer's share of the room above
+        ``W_global`` is taken by its committed and uploaded TGBs (``lifecycle.backpressure``).
+        Woken by our own commits (they free room in a pool: the share is of the committed
+        steps, ours of what we uploaded); the watermarks are read again with backoff, and
+        only while held: a new checkpoint mark releases us."""
         pause = 0.05
+        poll_at = 0.0  # the cached W_global goes first: no request while there is room
         while True:
             with self._shared.cond:
                 self._raise_if_unusable()
-                steps = self._shared.state.steps
-            if steps - self._w_global_steps < max_lag:
-                return
-            live = global_watermark(read_watermarks(self._store))
-            self._w_global_steps = 0 if live is None else int(live.position)
-            if steps - self._w_global_steps < max_lag:
-                return
-            time.sleep(random.uniform(pause / 2, pause))  # a new checkpoint mark releases us
-            pause = min(2.0, pause * 2)
+                if self._may_upload(max_lag):
+                    return
+                if poll_at:
+                    self._shared.cond.wait(max(0.0, poll_at - time.monotonic()))
+                    if self._may_upload(max_lag):
+                        return
+            if time.monotonic() >= poll_at:
+                live = global_watermark(read_watermarks(self._store))
+                self._w_global_steps = 0 if live is None else int(live.position)
+                poll_at = time.monotonic() + random.uniform(pause / 2, pause)
+                pause = min(2.0, pause * 2)
+
+    def _may_upload(self, max_lag: int) -> bool:
+        """Under ``shared.cond``."""
+        shared = self._shared
+        w_global = self._w_global_steps
+        spans = shared.committed_spans = [s for s in shared.committed_spans or () if s.end > w_global]
+        return may_upload(shared.state, self.producer_id, len(shared.pending), spans, w_global, max_lag)
 
     def _put_object(self, key: str, pieces: list[Piece], size: int) -> None:
         try:

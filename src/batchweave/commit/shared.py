@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from batchweave.lifecycle.backpressure import CommittedSpan
 from batchweave.log import LogState, ProducerState, TGBDescriptor
 
 if TYPE_CHECKING:
@@ -48,6 +49,9 @@ class SharedState:
     flush_waiters: int = 0
     store_failures: int = 0  # consecutive failed commit attempts (commit loop only)
     metrics: dict[str, float] = field(default_factory=_counters)
+    # Where our TGBs were committed, for backpressure (``lifecycle.backpressure``); None
+    # when the producer has no max_lag (nothing would ever prune it).
+    committed_spans: list[CommittedSpan] | None = None
 
     def committed_offset(self) -> int:
         return self.state.producers[self.producer_id].offset
@@ -65,11 +69,14 @@ class SharedState:
     def take(self, state: LogState) -> int:
         """Under ``cond``: take ``state`` as the newest and drop the TGBs it commits;
         returns our committed offset."""
-        before = len(self.pending)
+        before, steps_before = len(self.pending), self.state.steps
         self.state = state
         offset = self.committed_offset()
         self.pending = [t for t in self.pending if t.source_offset >= offset]
-        self.metrics["tgbs_committed"] += before - len(self.pending)
+        committed = before - len(self.pending)
+        self.metrics["tgbs_committed"] += committed
+        if committed and self.committed_spans is not None:
+            self.committed_spans.append(CommittedSpan(steps_before, state.steps, committed))
         return offset
 
     def fail(self, exc: Exception) -> None:

@@ -506,6 +506,8 @@ class _Hub:
 
     def _evict(self, over: Callable[[], bool]) -> None:
         """Drop the oldest ranges read while ``over()`` (a rank that asks later reads again)."""
+        if not over():
+            return  # the usual case, on every reply: no copy of the cache's index
         for oldest in list(self._ranges.values()):
             if not over():
                 return

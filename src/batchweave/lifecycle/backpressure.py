@@ -1,0 +1,83 @@
+"""Backpressure (``Producer(max_lag=...)``): whether a producer may upload one more TGB.
+
+Invariant I12: the TGBs stored at or above ``W_global`` (the oldest live checkpoint's
+watermark), committed or only uploaded, never exceed ``max_lag``. Counting committed
+steps alone is not enough: a producer appends far faster than it commits (an append is
+one put; a commit waits its turn), so hundreds of uploaded TGBs would pile up between
+two commits with nothing holding them back.
+
+Each producer answers for its own TGBs: it takes a fixed share of ``max_lag`` and holds
+``append`` while its own TGBs above ``W_global`` (committed, and uploaded but not
+committed) fill it. The shares of the producers active in the log add up to ``max_lag``
+exactly, so the bound holds for the pool without any producer knowing what the others
+uploaded, and a stale view of the others' commits cannot break it: a producer counts
+only what it knows for certain, its own TGBs. It does not learn the exact step of each
+of its committed TGBs (another producer's group commit may fold them), only that ``count``
+of them landed among the steps a state change added (``CommittedSpan``): at most
+``end - max(W_global, first)`` of those are at or above ``W_global``, exact when no
+other producer committed in between. Besides, the committed steps it sees above
+``W_global`` plus its own uploads stay within ``max_lag`` (a producer that left the pool
+answers for nothing, but its steps still count there).
+
+A producer counts as active when a log version among the last ``ACTIVE_VERSIONS``
+recorded it (a commit or a claim); one that left the pool stops taking a share once its
+last record is that far behind. Pure: values in, values out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from batchweave.log import LogState
+
+__all__ = ["ACTIVE_VERSIONS", "CommittedSpan", "active_producers", "may_upload", "share"]
+
+# Versions after which a producer that recorded nothing no longer takes a share. A held
+# producer commits nothing either, but it still counts itself, and its share comes back
+# as soon as it commits again: a short overshoot of at most its share, never a stall.
+ACTIVE_VERSIONS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedSpan:
+    """``count`` of one producer's TGBs were committed at steps in ``[first, end)``."""
+
+    first: int
+    end: int
+    count: int
+
+    def at_or_above(self, w_global_steps: int) -> int:
+        """How many of them may be at or above step ``w_global_steps`` (at most)."""
+        return min(self.count, max(0, self.end - max(w_global_steps, self.first)))
+
+
+def active_producers(state: LogState, me: str) -> list[str]:
+    """The producers sharing ``max_lag``, in a fixed order every producer agrees on."""
+    recent = state.version - ACTIVE_VERSIONS
+    return sorted({me} | {p for p, s in state.producers.items() if s.last_version >= recent})
+
+
+def share(total: int, producers: int, index: int) -> int:
+    """Producer ``index``'s part of ``total``: the parts of ``producers`` add up to it exactly."""
+    if total <= 0:
+        return 0
+    return total * (index + 1) // producers - total * index // producers
+
+
+def may_upload(
+    state: LogState,
+    me: str,
+    own_pending: int,
+    own_committed: Iterable[CommittedSpan],
+    w_global_steps: int,
+    max_lag: int,
+) -> bool:
+    """True when producer ``me``, with ``own_pending`` TGBs uploaded and not committed yet
+    and ``own_committed`` since it started, may upload one more without the pool passing
+    ``max_lag`` stored TGBs at or above ``W_global``."""
+    if max(0, state.steps - w_global_steps) + own_pending >= max_lag:
+        return False
+    producers = active_producers(state, me)
+    mine = own_pending + sum(span.at_or_above(w_global_steps) for span in own_committed)
+    return mine < share(max_lag, len(producers), producers.index(me))

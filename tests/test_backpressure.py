@@ -1,0 +1,118 @@
+"""Backpressure (I12): ``max_lag`` bounds the TGBs stored above W_global, committed or
+only uploaded, for one producer and for a pool (``batchweave.lifecycle.backpressure``)."""
+
+from __future__ import annotations
+
+import threading
+
+from hypothesis import given
+from hypothesis import strategies as st
+from worker import tgb
+
+import batchweave as bw
+from batchweave.lifecycle.backpressure import ACTIVE_VERSIONS, CommittedSpan, active_producers, may_upload, share
+from batchweave.log import LogState, ProducerState
+from batchweave.store import open_store
+
+
+def state(version: int, steps: int, **last_versions: int) -> LogState:
+    producers = {p: ProducerState(offset=0, epoch=1, incarnation="i", last_version=v) for p, v in last_versions.items()}
+    return LogState(version=version, steps=steps, producers=producers)
+
+
+@given(room=st.integers(-5, 500), producers=st.integers(1, 64))
+def test_the_shares_add_up_to_the_bound_exactly(room, producers):
+    parts = [share(room, producers, i) for i in range(producers)]
+    assert sum(parts) == max(0, room)
+    assert max(parts) - min(parts) <= 1  # fair: nobody holds more than one over another
+
+
+def test_a_producer_counts_its_uploaded_tgbs_against_its_share():
+    log = state(10, steps=6, me=10)
+    mine = [CommittedSpan(0, 6, 6)]
+    assert may_upload(log, "me", 3, mine, w_global_steps=0, max_lag=10)  # 6 + 3 < 10
+    assert not may_upload(log, "me", 4, mine, w_global_steps=0, max_lag=10)  # 6 + 4 = 10
+    assert may_upload(log, "me", 4, mine, w_global_steps=2, max_lag=10)  # a checkpoint made room
+
+
+def test_a_producer_counts_at_most_the_steps_its_commits_could_hold_above_w_global():
+    span = CommittedSpan(first=10, end=20, count=4)  # four of ours among steps 10-19
+    assert [span.at_or_above(w) for w in (0, 10, 16, 17, 19, 20, 30)] == [4, 4, 4, 3, 1, 0, 0]
+
+
+def test_in_a_pool_each_producer_answers_for_its_own_share():
+    log = state(10, steps=6, me=10, other=10)  # five max_lag each
+    assert may_upload(log, "me", 2, [CommittedSpan(0, 6, 2)], w_global_steps=0, max_lag=10)
+    assert not may_upload(log, "me", 3, [CommittedSpan(0, 6, 2)], w_global_steps=0, max_lag=10)
+    # The steps it sees above W_global bound it too: a departed producer's steps still count.
+    assert not may_upload(state(10, steps=9, me=10, other=10), "me", 1, [], w_global_steps=0, max_lag=10)
+
+
+def test_producers_idle_for_a_while_take_no_share():
+    log = state(100, steps=0, a=100, b=100 - ACTIVE_VERSIONS, gone=100 - ACTIVE_VERSIONS - 1)
+    assert active_producers(log, "me") == ["a", "b", "me"]
+    assert [share(9, 3, i) for i in range(3)] == [3, 3, 3]
+    assert may_upload(log, "me", 2, [], w_global_steps=0, max_lag=9)
+    assert not may_upload(log, "me", 3, [], w_global_steps=0, max_lag=9)
+
+
+def data_objects(url) -> int:
+    return sum(1 for _ in open_store(url).list("data/"))
+
+
+def append_forever(producer, errors):
+    def run():
+        try:
+            for offset in range(producer.resume_offset, 10_000):
+                producer.append(tgb(producer.producer_id, offset, 2))
+        except bw.BatchWeaveError as exc:  # closed while held: the end of the test
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def wait_committed(url, steps, timeout_s=30.0):
+    with bw.Consumer(url, dp=2, rank=0, timeout_s=timeout_s) as consumer:
+        for _ in range(steps):
+            next(consumer)
+
+
+def test_fast_appends_stop_at_max_lag_uploaded_not_committed(tmp_path):
+    """Appends are far faster than commits: counting committed steps only, a producer
+    with max_lag=20 uploaded hundreds before it was held (229 at max_lag=80)."""
+    url = str(tmp_path / "ns")
+    producer = bw.Producer(url, "p", dp=2, max_lag=20)
+    errors: list[Exception] = []
+    thread = append_forever(producer, errors)
+    wait_committed(url, 20)  # all 20 committed: the producer is held now, nothing in flight
+    assert data_objects(url) == 20
+    assert thread.is_alive()
+    with bw.Consumer(url, dp=2, rank=0) as c0, bw.Consumer(url, dp=2, rank=1) as c1:
+        for _ in range(5):
+            next(c0), next(c1)
+        c0.mark_checkpoint("ckpt-5")
+        c1.mark_checkpoint("ckpt-5")
+    wait_committed(url, 25)  # W_global = 5: room for five more
+    assert data_objects(url) == 25
+    producer.close(flush=False)
+    thread.join(30)
+    assert not thread.is_alive()
+
+
+def test_a_pool_of_producers_stays_within_max_lag_together(tmp_path):
+    url = str(tmp_path / "ns")
+    producers = [bw.Producer(url, f"p{i}", dp=2, max_lag=30) for i in range(3)]
+    for producer in producers:  # each has seen the others' claims once it committed one
+        producer.append(tgb(producer.producer_id, 0, 2))
+        producer.flush()
+    errors: list[Exception] = []
+    threads = [append_forever(producer, errors) for producer in producers]
+    wait_committed(url, 30)
+    assert data_objects(url) == 30  # ten each, however fast each appends
+    assert all(thread.is_alive() for thread in threads)
+    for producer in producers:
+        producer.close(flush=False)
+    for thread in threads:
+        thread.join(30)
