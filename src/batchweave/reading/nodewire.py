@@ -197,6 +197,9 @@ def recv(
         raise
 
 
+_MSG_CTRUNC = int(socket.MSG_CTRUNC)  # an int: the enum's & costs a microsecond a message
+
+
 def _first_bytes(sock: socket.socket, idle: Callable[[], bool]) -> tuple[bytes, list[int]]:
     while True:
         try:
@@ -207,7 +210,7 @@ def _first_bytes(sock: socket.socket, idle: Callable[[], bool]) -> tuple[bytes, 
             raise HubLost("closing") from None
         except OSError as exc:
             raise HubLost(str(exc)) from None
-        if flags & socket.MSG_CTRUNC:  # more descriptors than one: the kernel closed the rest
+        if flags & _MSG_CTRUNC:  # more descriptors than one: the kernel closed the rest
             for fd in fds:
                 os.close(fd)
             raise HubLost("a message with more than one descriptor")

@@ -518,9 +518,14 @@ class _Gated:
 
 def _settled(future: Future[Any], deadline: float | None, what: str) -> Any:
     """``future``'s result, or _Late naming ``what`` if it is not done by ``deadline``.
-    (Not ``future.result(timeout)``: its TimeoutError could be the work's own error.)"""
-    if not future.done() and not wait([future], timeout=_left_s(deadline)).done:
-        raise _Late(what)
+    (Not ``future.result(timeout)``: its TimeoutError could be the work's own error;
+    ``exception`` returns that one, and raises TimeoutError only for its own wait. Not
+    ``wait([future])`` either: it builds a waiter per call, on every step's every slice.)"""
+    if not future.done():
+        try:
+            future.exception(_left_s(deadline))
+        except TimeoutError:
+            raise _Late(what) from None
     return future.result()
 
 
