@@ -266,8 +266,8 @@ class _Hub:
         writer.start()
         try:
             if self._greet(peer):
-                while self._room(peer):
-                    self._dispatch(peer, self._next_request(peer))
+                while self._dispatch(peer, self._next_request(peer)):
+                    pass
         except (HubLost, OSError, RuntimeError):
             pass  # the rank closed or died (RuntimeError: a pool is shutting down)
         except BadRequest as exc:
@@ -301,13 +301,6 @@ class _Hub:
         peer.reply(-1, {"op": "hello", "protocol": PROTOCOL, "identity": self._identity})
         return True
 
-    def _room(self, peer: _Peer) -> bool:
-        """Wait until the peer has fewer than MAX_OUTSTANDING requests unanswered; False
-        when the hub or the connection is closing."""
-        with peer.room:
-            peer.room.wait_for(lambda: peer.outstanding < MAX_OUTSTANDING or not self._serving() or peer.closed)
-            return self._serving() and not peer.closed
-
     def _serving(self) -> bool:
         return not self._stop.is_set()
 
@@ -319,8 +312,14 @@ class _Hub:
             raise BadRequest("a second handshake")
         return request
 
-    def _dispatch(self, peer: _Peer, request: LogRequest | RangeRequest) -> None:
+    def _dispatch(self, peer: _Peer, request: LogRequest | RangeRequest) -> bool:
+        """Answer ``request`` once the peer has fewer than MAX_OUTSTANDING unanswered (the
+        one request read meanwhile is all it can cost); False when the hub or the
+        connection is closing. One acquisition of the peer's lock per request."""
         with peer.room:
+            peer.room.wait_for(lambda: peer.outstanding < MAX_OUTSTANDING or not self._serving() or peer.closed)
+            if not self._serving() or peer.closed:
+                return False
             peer.outstanding += 1  # answered from here on, if only by a refusal
             if isinstance(request, LogRequest) and peer.log_busy:
                 raise BadRequest("a log request while another is being answered", request.id)
@@ -330,6 +329,7 @@ class _Hub:
             self._logs.submit(self._answer_log, peer, request)
         else:
             self._ask_range(peer, request)
+        return True
 
     def _answered(self, peer: _Peer, header: dict[str, Any], done: Callable[[], None] | None) -> None:
         if done is not None:
@@ -337,7 +337,8 @@ class _Hub:
         if header.get("id", -1) >= 0:
             with peer.room:
                 peer.outstanding -= 1
-                peer.room.notify_all()
+                if peer.outstanding == MAX_OUTSTANDING - 1:  # only then may its reader wait
+                    peer.room.notify_all()
 
     # -- the log -------------------------------------------------------------------------
 

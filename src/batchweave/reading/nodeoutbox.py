@@ -62,34 +62,34 @@ class Outbox:
         reply = Reply(frame(header, len(payload)), payload, fds, header, done)
         with self._cond:
             if self._finished or self.broken:
-                now = None
+                outcome = "released"
             elif self._sending or self._queue or payload:  # a payload may be megabytes: the writer's
                 self._queue.append(reply)
                 self._cond.notify_all()
                 return
             else:
-                self._sending = now = True
-        if now is None:
-            self._on_sent(reply)  # released unsent
-            return
-        self._send_now(reply)
+                # Under the lock: the send never waits (MSG_DONTWAIT), and one acquisition
+                # a reply keeps the threads answering ranks from queueing on this one.
+                outcome = self._send_now(reply)
+        if outcome == "failed":
+            self._break()
+        if outcome != "queued":
+            self._on_sent(reply)  # sent, or released unsent
 
-    def _send_now(self, reply: Reply) -> None:
-        sent = 0
+    def _send_now(self, reply: Reply) -> str:
+        """Under ``_cond``: send what the socket takes at once and queue the rest for the
+        writer (only then is the writer woken: a thread woken for nothing costs the
+        others the GIL). "sent", "queued" or "failed"."""
         try:
             sent = _send_without_waiting(self._sock, reply)
         except OSError:
-            self._break()
-        owed = sent < len(reply.head) and not self.broken
-        with self._cond:
-            self._sending = False
-            if owed:  # the rest goes first, by the writer (the descriptors went with a first byte sent)
-                rest = Reply(reply.head[sent:], b"", () if sent else reply.fds, reply.header, reply.done)
-                self._queue.appendleft(rest)
-            if self._queue:  # only then: a thread woken for nothing costs the others the GIL
-                self._cond.notify_all()
-        if not owed:
-            self._on_sent(reply)  # sent, or released unsent
+            return "failed"
+        if sent == len(reply.head):
+            return "sent"
+        # The rest goes first, by the writer (the descriptors went with a first byte sent).
+        self._queue.appendleft(Reply(reply.head[sent:], b"", () if sent else reply.fds, reply.header, reply.done))
+        self._cond.notify_all()
+        return "queued"
 
     def end(self) -> None:
         """No more replies will be put: the writer sends what is owed and stops."""
