@@ -37,8 +37,12 @@ DATA = "data"
 INTENTS = "intents"
 WATERMARKS = "watermarks"
 PROBE = "probe"
+GC_SUMMARY = "gc summary"
 OTHER = "other"
-KEY_CLASSES = (LOG_NEXT, LOG_VERSION, LOG_LIST, SEGMENT, SNAPSHOT, HINT, DATA, INTENTS, WATERMARKS, PROBE, OTHER)
+KEY_CLASSES = (
+    *(LOG_NEXT, LOG_VERSION, LOG_LIST, SEGMENT, SNAPSHOT, HINT),
+    *(DATA, INTENTS, WATERMARKS, PROBE, GC_SUMMARY, OTHER),
+)
 LOG_CLASSES = frozenset({LOG_NEXT, LOG_VERSION, LOG_LIST, SEGMENT, SNAPSHOT, HINT})
 _VERSION_KEY = re.compile(r"_log/\d{20}\.json")
 
@@ -48,9 +52,13 @@ def key_class(request: str, key: str, found: bool) -> str:
     if request == "list":
         if key.startswith("_log/"):
             return LOG_LIST
-        return {"_intents/": INTENTS, "_checkpoints/": WATERMARKS, "data/": DATA, "_probe/": PROBE}.get(
-            _top(key), OTHER
-        )
+        return {
+            "_intents/": INTENTS,
+            "_checkpoints/": WATERMARKS,
+            "data/": DATA,
+            "_probe/": PROBE,
+            "_gc/": GC_SUMMARY,
+        }.get(_top(key), OTHER)
     if _VERSION_KEY.fullmatch(key):
         return LOG_VERSION if found or request != "get" else LOG_NEXT
     for prefix, name in (
@@ -61,6 +69,7 @@ def key_class(request: str, key: str, found: bool) -> str:
         ("_intents/", INTENTS),
         ("_checkpoints/", WATERMARKS),
         ("_probe/", PROBE),
+        ("_gc/", GC_SUMMARY),
     ):
         if key.startswith(prefix):
             return name

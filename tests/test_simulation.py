@@ -37,6 +37,7 @@ import batchweave.logrules
 import batchweave.reading.fetch
 import batchweave.reading.follower
 from batchweave.commit.shared import SharedState
+from batchweave.lifecycle.gcsummary import GCSummary
 from batchweave.reading import nodeclient, nodetrust
 from batchweave.reading.sharedlog import SharedLog
 from batchweave.testing.simulation import SHAPES, Choices, simulate
@@ -118,6 +119,13 @@ def _takes_one_more(take):
     return take_one_more
 
 
+def _unchecked_summary(decode):
+    def decode_summary(data, key):  # the digest line ignored
+        return msgspec.json.decode(bytes(data).rpartition(b"\n")[0], type=GCSummary)
+
+    return decode_summary
+
+
 SABOTAGES = {
     # (module, attribute, wrapper, the kind the model must report)
     "a consumer hands out other bytes": (batchweave.reading.fetch, "decode_slice", _wrong_bytes, "wrong-step"),
@@ -125,6 +133,12 @@ SABOTAGES = {
         batchweave.lifecycle.gc,
         "_plan_reclaim",
         _one_step_too_far,
+        "deleted-reachable",
+    ),
+    "collection believes a summary whose digest does not match": (
+        batchweave.lifecycle.gc,
+        "decode_summary",
+        _unchecked_summary,
         "deleted-reachable",
     ),
     "end_stream writes no marker": (batchweave.logrules, "build_end_of_stream", _no_end_marker, "waits-forever"),

@@ -15,8 +15,9 @@ Roles, from the least privileged:
   and ``_probe/``. Never needs to delete: what it would tidy up (committed intents, the
   create-only probe's key) the collector deletes.
 - ``collector``: garbage collection (``collect_garbage``) and releasing checkpoints: also
-  creates log versions (the reclaim record), release markers and the probe's key, and
-  deletes anything in the namespace. The only role that deletes.
+  creates log versions (the reclaim record), release markers, the probe's key and its
+  summary for the next collection (``_gc/``), and deletes anything in the namespace.
+  The only role that deletes.
 
 ``batchweave policy ROLE s3://bucket/prefix`` prints the policy for a namespace.
 """
@@ -36,7 +37,7 @@ _PUTS = {
     "consumer": (),
     "trainer": ("_checkpoints/",),
     "producer": ("data/", "_log/", "_intents/", "_probe/"),
-    "collector": ("_log/", "_checkpoints/", "_probe/"),
+    "collector": ("_log/", "_checkpoints/", "_probe/", "_gc/"),
 }
 
 

@@ -18,15 +18,26 @@ planning again whenever another writer moved the log; ``collect_garbage`` delete
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from batchweave import keys, log, logrules
 from batchweave.commit.group import INTENT_PREFIX, decode_intent, parse_intent_key
-from batchweave.errors import CorruptDataError, ObjectNotFoundError, StoreError
+from batchweave.errors import CorruptDataError, ObjectExistsError, ObjectNotFoundError, StoreError
 from batchweave.journal import Journal
 from batchweave.keys import parse_data_key
+from batchweave.lifecycle.gcsummary import (
+    GC_PREFIX,
+    SUMMARY_FORMAT,
+    GCSummary,
+    StepObjects,
+    decode_summary,
+    encode_summary,
+    summary_key,
+    summary_version,
+)
 from batchweave.lifecycle.watermarks import (
     Checkpoint,
     global_watermark,
@@ -39,6 +50,8 @@ from batchweave.segment import SEGMENT_PREFIX
 from batchweave.store import PROBE_PREFIX, ObjectInfo, Store, open_store
 
 __all__ = ["GCReport", "collect_garbage", "dead_intents"]
+
+_logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -72,6 +85,7 @@ class _Plan:
     target: Reclaim
     doomed: list[tuple[str, int]]  # TGB objects of reclaimed steps, with their share of bytes
     orphans: set[str]
+    summary: GCSummary | None  # what the next collection may start from (None: steps read with gaps)
 
 
 class _Replan(Exception):
@@ -109,7 +123,8 @@ def collect_garbage(
     checkpoints = read_watermarks(store)
     w_global = global_watermark(checkpoints)
     report = GCReport(w_global_step=None if w_global is None else int(w_global.position), dry_run=dry_run)
-    state, plan = _settle(journal, listed, w_global, grace_s, now, dry_run)
+    summaries = _Summaries(store, journal)
+    state, plan = _settle(journal, listed, w_global, grace_s, now, dry_run, summaries)
     require_namespace(store, state, has_checkpoints=bool(checkpoints))
     report.reclaimed_steps = plan.target.steps
     report.orphans = sorted(plan.orphans)
@@ -133,6 +148,7 @@ def collect_garbage(
     for key in sorted(plan.orphans):
         store.delete(key)
         report.deleted_objects.append(key)
+    summaries.write(plan.summary)  # after the deletes: it names only objects still stored
     # Ascending and one at a time: while a version is present, none above it is gone.
     for key in _old_versions(store, state.reclaimed.versions):
         store.delete(key)
@@ -204,13 +220,14 @@ def _settle(
     grace_s: float,
     now: float,
     dry_run: bool,
+    summaries: _Summaries,
 ) -> tuple[LogState, _Plan]:
     """Plan from the newest state and commit the reclaim; replan whenever the log moves
     under us. Returns a state whose view is verified (nothing it read came from a key
     collection had freed) and the plan to carry out."""
     for _ in range(_PLAN_ATTEMPTS):
         state = journal.load_state()
-        plan = _plan(journal, state, w_global, listed, grace_s, now)
+        plan = _plan(journal, state, w_global, listed, grace_s, now, summaries.usable(state))
         if dry_run:
             return state, plan
         # I10: the plan read versions from the reclaim on, below the journal's anchor. They
@@ -246,12 +263,20 @@ def _plan(
     listed: list[ObjectInfo],
     grace_s: float,
     now: float,
+    summary: GCSummary | None,
 ) -> _Plan:
     target = _plan_reclaim(journal, state, w_global)
-    doomed, kept_keys = _scan_versions(journal, state, target)
+    tgbs = _unreclaimed_tgbs(journal, state, summary)
+    doomed = [
+        (key, tgb.nbytes // len(tgb.objects))
+        for step, tgb in tgbs.items()
+        if step < target.steps
+        for key in tgb.objects
+    ]
+    kept = {key for step, tgb in tgbs.items() if step >= target.steps for key in tgb.objects}
     target = Reclaim(target.steps, target.versions, state.reclaimed.bytes + sum(size for _, size in doomed))
-    orphans = _orphans(listed, state, kept_keys | {k for k, _ in doomed}, grace_s, now)
-    return _Plan(state.reclaimed, target, doomed, orphans)
+    orphans = _orphans(listed, state, kept | {k for k, _ in doomed}, grace_s, now)
+    return _Plan(state.reclaimed, target, doomed, orphans, _next_summary(state, target, tgbs))
 
 
 def _plan_reclaim(journal: Journal[LogVersion], state: LogState, w_global: Checkpoint | None) -> Reclaim:
@@ -265,23 +290,84 @@ def _plan_reclaim(journal: Journal[LogVersion], state: LogState, w_global: Check
     return Reclaim(steps=steps, versions=versions, bytes=state.reclaimed.bytes)
 
 
-def _scan_versions(
-    journal: Journal[LogVersion], state: LogState, target: Reclaim
-) -> tuple[list[tuple[str, int]], set[str]]:
-    """Objects of steps below ``target.steps`` (with sizes), and the keys still referenced."""
-    doomed: list[tuple[str, int]] = []
-    kept: set[str] = set()
-    for version in range(max(1, state.reclaimed.versions), state.version + 1):
+def _unreclaimed_tgbs(
+    journal: Journal[LogVersion], state: LogState, summary: GCSummary | None
+) -> dict[int, StepObjects]:
+    """The TGB of every step not reclaimed in ``state``, by step: from the last
+    collection's summary and the versions committed since, or else from every version
+    from the reclaim point on."""
+    first = state.reclaimed.steps
+    tgbs: dict[int, StepObjects] = {}
+    after = max(1, state.reclaimed.versions) - 1
+    if summary is not None:
+        tgbs = {summary.first_step + i: tgb for i, tgb in enumerate(summary.tgbs) if summary.first_step + i >= first}
+        after = summary.version
+    for version in range(after + 1, state.version + 1):
         delta = journal.read_version(version)
         if delta is None:
             continue  # deleted by an earlier collection that stopped half-way
         for step, tgb in zip(delta.steps(), delta.tgbs, strict=True):
-            if state.reclaimed.steps <= step < target.steps:
-                share = tgb.nbytes // len(tgb.objects)
-                doomed.extend((key, share) for key in tgb.objects)
-            elif step >= target.steps:
-                kept.update(tgb.objects)
-    return doomed, kept
+            if step >= first:
+                tgbs[step] = StepObjects(tgb.nbytes, list(tgb.objects))
+    return tgbs
+
+
+def _next_summary(state: LogState, target: Reclaim, tgbs: dict[int, StepObjects]) -> GCSummary | None:
+    """What the next collection may start from once this one reclaimed ``target``: the
+    TGBs past it, as of ``state``; None when they have gaps (versions another collection
+    deleted under us: this plan will not be carried out anyway)."""
+    kept = sorted(step for step in tgbs if step >= target.steps)
+    if kept != list(range(target.steps, state.steps)):
+        return None
+    return GCSummary(
+        SUMMARY_FORMAT, state.namespace, state.version, state.digest, target.steps, [tgbs[step] for step in kept]
+    )
+
+
+class _Summaries:
+    """The summaries under ``_gc/``: the newest one read (one listing, one GET) and
+    checked against the log (one GET of the version it names) before a plan uses it."""
+
+    def __init__(self, store: Store, journal: Journal[LogVersion]) -> None:
+        self._store = store
+        self._journal = journal
+        self._keys = sorted(
+            (number, info.key) for info in store.list(GC_PREFIX) if (number := summary_version(info.key)) is not None
+        )
+        self._newest: GCSummary | None = None
+        self._checked: dict[int, bool] = {}  # version -> the log still holds it with the summary's digest
+        if self._keys:
+            key = self._keys[-1][1]
+            try:
+                self._newest = decode_summary(store.get(key), key)
+            except (ObjectNotFoundError, CorruptDataError) as exc:
+                _logger.warning("garbage collection: %s; reading the log's versions instead", exc)
+
+    def usable(self, state: LogState) -> GCSummary | None:
+        """The newest summary if ``state``'s collection may start from it."""
+        summary = self._newest
+        if summary is None or summary.namespace != state.namespace:
+            return None
+        if not state.reclaimed.versions <= summary.version <= state.version:
+            return None  # the version it was read through is gone (or from a future we do not see)
+        if summary.first_step > state.reclaimed.steps:
+            return None  # it starts past steps this state still holds
+        if summary.version not in self._checked:
+            read = self._journal.read_version_data(summary.version)
+            self._checked[summary.version] = read is not None and log.digest(read.data) == summary.digest
+        return summary if self._checked[summary.version] else None
+
+    def write(self, summary: GCSummary | None) -> None:
+        """Write ``summary`` (create-only) and delete the older ones."""
+        if summary is None:
+            return
+        try:
+            self._store.put_if_absent(summary_key(summary.version), encode_summary(summary))
+        except ObjectExistsError:
+            pass  # another collection planned from the same version: the same TGBs
+        for number, key in self._keys:
+            if number < summary.version:
+                self._store.delete(key)
 
 
 def _orphans(listed: list[ObjectInfo], state: LogState, referenced: set[str], grace_s: float, now: float) -> set[str]:

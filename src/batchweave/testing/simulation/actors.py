@@ -10,6 +10,7 @@ actor; anything else is a violation naming it.
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Any
 
@@ -31,6 +32,7 @@ from batchweave.errors import (
 from batchweave.journal import Journal
 from batchweave.keys import version_key
 from batchweave.lifecycle.gc import collect_garbage
+from batchweave.lifecycle.gcsummary import GC_PREFIX
 from batchweave.lifecycle.watermarks import release_checkpoint
 from batchweave.log import ProducerState
 from batchweave.producer import Producer, end_stream
@@ -366,13 +368,15 @@ def collector(world: World, actor: Actor) -> None:
 
 
 def damager(world: World, actor: Actor) -> None:
-    """Damages what readers must survive, and re-creates freed log versions as a stale
-    writer would (then deletes them again, as its anchor check makes it do)."""
+    """Damages what readers and collectors must survive, and re-creates freed log versions
+    as a stale writer would (then deletes them again, as its anchor check makes it do)."""
     store = world.store
     for _ in range(8):
         world.pause((60.0, 10.0, 200.0, ALIGNED))  # aligned: as paused writers wake up
-        what = world.choose(5)
-        if what == 0:
+        what = world.choose(6)
+        if what == 5:
+            _forge_summary(world)
+        elif what == 0:
             store.put("_log/_last_snapshot.json", b'{"version": [')
         elif what == 1:
             _damage_one(world, "_log/_segments/", b"\x78\x9c garbage")
@@ -395,6 +399,24 @@ def _damage_one(world: World, prefix: str, garbage: bytes, suffix: str = "") -> 
     original = world.store.peek(key)
     world.store.put(key, garbage)
     return key, original
+
+
+def _forge_summary(world: World) -> None:
+    """A collection summary that decodes and lies: it names no TGB at all, under its old
+    digest line. Believed, it would make every stored TGB an orphan; the next collection
+    must see that the digest does not match, read the log instead, and delete nothing
+    the log references."""
+    keys = [info.key for info in world.store.list(GC_PREFIX)]
+    if not keys:
+        return
+    key = keys[world.choose(len(keys))]
+    original = world.store.peek(key)
+    if original is None:
+        return
+    body, _, check = bytes(original).rpartition(b"\n")
+    forged = json.loads(body)
+    forged["tgbs"] = []
+    world.store.put(key, json.dumps(forged).encode() + b"\n" + check)
 
 
 def _recreate_freed_version(world: World) -> None:
