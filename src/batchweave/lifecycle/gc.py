@@ -358,8 +358,9 @@ class _Summaries:
         return summary if self._checked[summary.version] else None
 
     def write(self, summary: GCSummary | None) -> None:
-        """Write ``summary`` (create-only) and delete the older ones."""
-        if summary is None:
+        """Write ``summary`` (create-only) and delete the older ones; nothing for a log
+        with no version yet, or when the newest summary is of the same version."""
+        if summary is None or summary.version == 0 or (self._keys and self._keys[-1][0] == summary.version):
             return
         try:
             self._store.put_if_absent(summary_key(summary.version), encode_summary(summary))
