@@ -28,7 +28,7 @@ from batchweave import log, logrules
 from batchweave.commit.group import GroupCommit
 from batchweave.commit.intents import IntentBoard
 from batchweave.commit.loop import CommitLoop, without_stall
-from batchweave.commit.policies import CommitPolicy, RecentCommitters, resolve_policy
+from batchweave.commit.policies import ClaimBackoff, CommitPolicy, RecentCommitters, resolve_policy
 from batchweave.commit.shared import SharedState
 from batchweave.commit.turns import GroupTurns
 from batchweave.errors import ConfigError, LayoutError, ObjectExistsError, SourceOffsetError, StreamEndedError
@@ -330,7 +330,12 @@ class Producer:
                 )
             return logrules.build_claim(state, self.producer_id, incarnation, time.time(), layout)
 
-        result = self._journal.commit(self._journal.load_state(), claim)
+        # A lost race is most likely another claim of a pool starting together: back off
+        # instead of racing every rival again at once.
+        backoff = ClaimBackoff()
+        result = self._journal.commit(
+            self._journal.load_state(), claim, after_conflict=lambda window_s: time.sleep(backoff.pause_s(window_s))
+        )
         return result.state, result.state.producers[self.producer_id], result.fragile_window_s
 
     def _wait_for_checkpoints(self, max_lag: int) -> None:

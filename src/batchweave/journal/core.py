@@ -232,7 +232,14 @@ class Journal(Generic[VersionT]):
 
     # -- the one commit loop ---------------------------------------------------------
 
-    def commit(self, state: LogState, build: Build, *, max_attempts: int | None = None) -> Committed:
+    def commit(
+        self,
+        state: LogState,
+        build: Build,
+        *,
+        max_attempts: int | None = None,
+        after_conflict: Callable[[float], None] | None = None,
+    ) -> Committed:
         """Commit ``build(newest state)`` as the next version; see the module doc.
 
         ``build`` is called with the newest state before every attempt and must be
@@ -240,7 +247,9 @@ class Journal(Generic[VersionT]):
         (an ambiguous earlier attempt that landed), and may raise to give up (fenced,
         ended, wrong layout). The version is validated against the state before it is
         put, so nothing the log would reject is ever written. On a lost race the loop
-        catches up and builds again, at most ``max_attempts`` times (None: until done).
+        catches up and builds again, at most ``max_attempts`` times (None: until done),
+        after calling ``after_conflict`` (if given) with the lost attempt's fragile window
+        (seconds): a writer racing many rivals backs off there rather than at once.
         """
         if self.read_only:
             raise ConfigError(f"{self.store.url}: this journal only reads the log (a reader's); it cannot commit")
@@ -269,6 +278,8 @@ class Journal(Generic[VersionT]):
                 if max_attempts is not None and conflicts >= max_attempts:
                     state, _ = self._proven(state)  # the caller adopts it: never an unproven view
                     return Committed("conflict", state, None, window_s, conflicts)
+                if after_conflict is not None:
+                    after_conflict(window_s)
                 continue
             window_s = self._window_s()
             self._recent.keep(delta.version, data)
