@@ -35,7 +35,6 @@ from batchweave.errors import ConfigError, CorruptDataError
 from batchweave.log import LogState, LogVersion, ProducerState, TGBDescriptor
 
 __all__ = [
-    "FOLLOW_BUDGET_PER_S",
     "INTENT_FORMAT",
     "INTENT_PREFIX",
     "GroupCommit",
@@ -55,13 +54,6 @@ INTENT_PREFIX = "_intents/"
 _MIN_STAGGER_S = 0.05
 _MAX_STAGGER_S = 2.0  # the least cap of a learned stagger; see GroupCommit.max_stagger_s
 _DEFAULT_COMMIT_S = 0.25  # before any commit was timed: a few cloud round trips
-# Requests a second a pool's producers together send to the head of the log while they
-# follow it between turns, on average (readers have their own budget, HEAD_BUDGET_PER_S
-# of ``reading.polling``: both together stay under 100 a second on the busiest key).
-FOLLOW_BUDGET_PER_S = 20.0
-# A producer this many versions or fewer from its turn follows the log at the turn clock's
-# pace (it, or a stand-in for it, commits next); the others at the budget's.
-NEAR_TURN_VERSIONS = 1
 
 
 class Intent(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -348,25 +340,6 @@ class GroupCommit:
     def publish_after_version_s(self) -> float:
         """Seconds after a new version is seen until intents are written for the next."""
         return self.interval_s - self.intent_lead_s
-
-    def follow_pause_s(self, producers: int, rank: int) -> float:
-        """Seconds until a producer at ``rank`` for the next version, one of ``producers``
-        in the log, reads the log again while it waits for its turn.
-
-        Following at the turn clock's pace (a quarter interval), 1,000 producers sent 5,100
-        GETs a second to the log and 2,750 to its head. Only the producers next in turn
-        need the newest version to commit on time; the others need it for nothing but
-        their own turn (a commit reads on to the newest version first anyway, and a
-        producer that reads a version late still counts its turn from the version's
-        build time), so they pace their reads by ``FOLLOW_BUDGET_PER_S`` on the head for
-        the whole pool, but never sleep past the versions before their turn (each takes
-        at least an interval). Jittered uniformly over [p/2, 3p/2], as readers are, but
-        never past the versions before the turn."""
-        pace = until_near_s = self.interval_s / 4
-        if rank > NEAR_TURN_VERSIONS:
-            until_near_s = max(pace, (rank - NEAR_TURN_VERSIONS) * self.interval_s)
-            pace = max(pace, min(producers / FOLLOW_BUDGET_PER_S, until_near_s))
-        return min(until_near_s, self.rng.uniform(pace / 2, pace * 1.5))
 
     def wait_after_version_s(self, rank: int) -> float:
         """Seconds after a new version is seen until this producer (at ``rank``) commits,

@@ -52,7 +52,6 @@ class GroupTurns:
         self._turn = (-1, 0, 0.0)  # (version, our rank after it, when our turn comes)
         self._flush_since: float | None = None  # when the current flush began
         self._published_for = -1  # the version after which we last wrote an intent
-        self._published_at = -math.inf  # when
         self._follow_after = 0.0  # when the loop reads the log again
         self._prefetched_for = -1  # the version after which we last read intents ahead
 
@@ -88,17 +87,13 @@ class GroupTurns:
         shared = self._shared
         self._publish_intents(forced)
         now = time.monotonic()
-        followed = forced or now >= self._follow_after
-        if followed:
+        if forced or now >= self._follow_after:
             # Not on every wake-up: appends wake this loop, and a producer appending
-            # hundreds of TGBs a second would read the log as often.
+            # hundreds of TGBs a second would read the log as often. A quarter interval
+            # keeps the turn clock; a commit reads on to the newest version anyway.
             self._follow_log()
+            self._follow_after = now + self._group.interval_s / 4
         due = self._turn_due(forced)
-        if followed:
-            # Paced by how far our turn is (``GroupCommit.follow_pause_s``): a pool of
-            # 1,000 following at the turn clock's pace sent 2,750 GETs a second to the head.
-            producers = len(self._shared.state.producers)
-            self._follow_after = now + self._group.follow_pause_s(producers, self._turn[1])
         if time.monotonic() < due:
             self._prefetch_intents()
             # Wake for the turn, to look at the log again, or to publish what lingered.
@@ -142,11 +137,8 @@ class GroupTurns:
         TGBs appended after it wait for the next version's intent."""
         shared = self._shared
         with shared.cond:
-            version, now = self._version_seen[0], time.monotonic()
-            # Once per version, or once per interval while we do not follow the log closely
-            # (``follow_pause_s``): our view may be many versions old.
-            again = self._published_for != version or now >= self._published_at + self._group.interval_s
-            if not forced and (not again or now < self._publish_from()):
+            version = self._version_seen[0]
+            if not forced and (self._published_for == version or time.monotonic() < self._publish_from()):
                 return
             batch = [t for t in shared.pending if t.source_offset >= self._published_to]
         if not batch:
@@ -156,7 +148,6 @@ class GroupTurns:
             self._published.append((intent_key(shared.producer_id, shared.me.epoch, batch[0].source_offset), end))
             self._published_to = max(self._published_to, end)
             self._published_for = version
-            self._published_at = time.monotonic()
 
     def _follow_log(self) -> None:
         """Read the versions committed since we last looked (one GET when there are none)."""
