@@ -36,7 +36,7 @@ from batchweave.journal import DEFAULT_SNAPSHOT_EVERY, Journal
 from batchweave.keys import check_producer_id, data_key
 from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES, Piece, encode_tgb
 from batchweave.lifecycle.backpressure import may_upload
-from batchweave.lifecycle.watermarks import global_watermark, read_watermarks
+from batchweave.lifecycle.watermarks import MarkCache, global_watermark, read_watermarks
 from batchweave.log import LogState, ProducerState, TGBDescriptor
 from batchweave.mesh import Mesh
 from batchweave.store import Store, open_store
@@ -97,6 +97,7 @@ class Producer:
             raise ConfigError(f"max_lag must be a positive number of steps or None, got {max_lag!r}")
         self.max_lag = max_lag
         self._w_global_steps = 0  # cached; refreshed only while append is held back
+        self._marks: MarkCache = {}  # the watermarks read while held: each is read once
         self.policy = resolve_policy(commit_policy)
         self._group = self.policy if isinstance(self.policy, GroupCommit) else None
         if self._group is not None and not background_commit:
@@ -356,7 +357,7 @@ class Producer:
                     if self._may_upload(max_lag):
                         return
             if time.monotonic() >= poll_at:
-                live = global_watermark(read_watermarks(self._store))
+                live = global_watermark(read_watermarks(self._store, self._marks))
                 self._w_global_steps = 0 if live is None else int(live.position)
                 poll_at = time.monotonic() + random.uniform(pause / 2, pause)
                 pause = min(2.0, pause * 2)

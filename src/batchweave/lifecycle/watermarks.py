@@ -30,12 +30,13 @@ from batchweave import keys
 from batchweave.errors import ConfigError, CorruptDataError, ObjectExistsError, ObjectNotFoundError
 from batchweave.journal import Journal
 from batchweave.log import LogState
-from batchweave.store import Store, open_store
+from batchweave.store import ObjectInfo, Store, open_store
 
 __all__ = [
     "CHECKPOINT_PREFIX",
     "WATERMARK_FORMAT",
     "Checkpoint",
+    "MarkCache",
     "Watermark",
     "check_checkpoint_id",
     "global_watermark",
@@ -210,25 +211,50 @@ class Checkpoint:
         return min(m.version for m in self.marks)
 
 
-def read_watermarks(store: Store) -> list[Checkpoint]:
-    """Every checkpoint recorded in the namespace (one listing plus one read per watermark)."""
+# A watermark already read, by its key: valid while the listing shows the same object
+# (size and time), since marks are written create-only and never changed.
+MarkCache = dict[str, tuple[tuple[int, float], Watermark]]
+
+
+def read_watermarks(store: Store, cache: MarkCache | None = None) -> list[Checkpoint]:
+    """Every checkpoint recorded in the namespace: one listing plus one read per watermark,
+    or, with ``cache`` (kept by the caller between calls, as a producer held by
+    ``max_lag`` does), one read per watermark not read before: a poll of a namespace whose
+    marks did not change is one listing, however many ranks marked."""
     marks: dict[str, list[Watermark]] = {}
     released: set[str] = set()
+    listed: set[str] = set()
     for info in store.list(CHECKPOINT_PREFIX):
         checkpoint, _, name = info.key[len(CHECKPOINT_PREFIX) :].partition("/")
         if name == _RELEASED:
             released.add(checkpoint)
         elif name.endswith(".json"):
-            try:
-                data = store.get(info.key)
-            except ObjectNotFoundError:
+            listed.add(info.key)
+            mark = _read_mark(store, info, cache)
+            if mark is None:
                 # Listed, then deleted by a concurrent collector, which deletes the marks of
                 # released checkpoints only: this one protects nothing.
                 released.add(checkpoint)
                 continue
-            marks.setdefault(checkpoint, []).append(Watermark.from_json(data, info.key))
+            marks.setdefault(checkpoint, []).append(mark)
+    if cache is not None:
+        for gone in cache.keys() - listed:
+            del cache[gone]  # the cache holds only what the namespace still holds
     ids = sorted(marks.keys() | released)
     return [Checkpoint(i, tuple(marks.get(i, ())), i in released) for i in ids]
+
+
+def _read_mark(store: Store, info: ObjectInfo, cache: MarkCache | None) -> Watermark | None:
+    seen = (info.size, info.modified_s)
+    if cache is not None and info.key in cache and cache[info.key][0] == seen:
+        return cache[info.key][1]
+    try:
+        mark = Watermark.from_json(store.get(info.key), info.key)
+    except ObjectNotFoundError:
+        return None
+    if cache is not None:
+        cache[info.key] = (seen, mark)
+    return mark
 
 
 def global_watermark(checkpoints: Iterable[Checkpoint]) -> Checkpoint | None:
