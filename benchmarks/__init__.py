@@ -33,6 +33,7 @@ BENCHMARKS: dict[str, tuple[str, tuple[str, ...]]] = {
     "commit-cost": ("commit_cost", ()),
     "exactly-once": ("exactly_once", ()),
     "lifecycle": ("lifecycle", ()),
+    "gc-history": ("gc_history", ()),
     "pool-shrink": ("pool_shrink", ()),
     "consumers": ("consumers", ("streaming", "litdata", "webdataset", "torch", "weed")),
     "e2e": ("e2e", ("torch", "PIL")),

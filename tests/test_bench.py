@@ -39,6 +39,7 @@ REQUIRED = {
         "anchor_check_cost",
     },
     "lifecycle": {"deletion", "step", "bytes_stored"},
+    "gc-history": {"versions", "run", "requests", "log_version_reads"},
     "pool-shrink": INGESTION | {"counting", "stay", "producers_counted", "after_visibility_wait_s"},
     "consumers": {
         *("system", "store", "world_size", "payload_bytes", "steps", "throughput_mb_s", "step_p50_s"),
@@ -107,6 +108,9 @@ def test_quick_benchmark_writes_its_three_files(name, workload, tmp_path):
         }
         assert all(r["batchweave_s"] > 0 and r["plain_s"] > 0 for r in result["results"])
         assert "consumer.py" in result["config"]["profiles"]["consumer"]  # a profile of our reading code
+    if name == "gc-history":  # a run with nothing new costs the same at every history length
+        repeat = {r["versions"]: r["requests"] for r in result["results"] if r["run"].startswith("repeat")}
+        assert len(set(repeat.values())) == 1 and max(repeat) > min(repeat), repeat
     if name == "lifecycle":  # I12: the stored TGBs never pass max_lag, uploaded ones included
         peak = max(r["tgbs_stored"] for r in result["results"] if r["deletion"])
         assert peak <= result["config"]["bound_tgbs"] == result["config"]["max_lag"], peak
