@@ -23,8 +23,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import msgspec
-
 from batchweave import keys, log, logrules
 from batchweave.commit.group import INTENT_PREFIX, decode_intent, parse_intent_key
 from batchweave.errors import CorruptDataError, ObjectExistsError, ObjectNotFoundError, StoreError
@@ -150,22 +148,17 @@ def collect_garbage(
     for key in sorted(plan.orphans):
         store.delete(key)
         report.deleted_objects.append(key)
-    # The listing of _log/ holds every version, snapshot and segment still stored (on S3,
-    # a page per 1,000): skipped when the last run left nothing below the reclaim point.
-    cleared = summaries.cleared(state) >= state.reclaimed.versions
+    summaries.write(plan.summary)  # after the deletes: it names only objects still stored
     # Ascending and one at a time: while a version is present, none above it is gone.
-    for key in [] if cleared else _old_versions(store, state.reclaimed.versions):
+    for key in _old_versions(store, state.reclaimed.versions):
         store.delete(key)
         report.deleted_versions += 1
     for key in _old_snapshots(store, journal, state.reclaimed.versions):
         store.delete(key)
         report.deleted_snapshots += 1
-    for key in [] if cleared else _old_segments(store, state.reclaimed.versions):
+    for key in _old_segments(store, state.reclaimed.versions):
         store.delete(key)
         report.deleted_segments += 1
-    # After the deletes: it names only objects still stored, and what it says was cleared is.
-    if plan.summary is not None:
-        summaries.write(msgspec.structs.replace(plan.summary, cleared_versions=state.reclaimed.versions))
     report.deleted_watermarks = _delete_released(store, released)
     for key in dead_intents(store, state):
         store.delete(key)
@@ -363,12 +356,6 @@ class _Summaries:
             read = self._journal.read_version_data(summary.version)
             self._checked[summary.version] = read is not None and log.digest(read.data) == summary.digest
         return summary if self._checked[summary.version] else None
-
-    def cleared(self, state: LogState) -> int:
-        """Versions below this were deleted, with their segments, by the run that wrote
-        the newest summary (0 when ``state``'s collection may not use it)."""
-        summary = self.usable(state)
-        return 0 if summary is None else summary.cleared_versions
 
     def write(self, summary: GCSummary | None) -> None:
         """Write ``summary`` (create-only) and delete the older ones; nothing for a log

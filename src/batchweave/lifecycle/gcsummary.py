@@ -58,9 +58,6 @@ class GCSummary(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     digest: str  # that version's digest (``log.digest`` of its bytes)
     first_step: int
     tgbs: list[StepObjects]
-    # Versions below this were deleted (with their segments) when the summary was written:
-    # the next run need not list _log/ to look for them unless the reclaim moved on.
-    cleared_versions: int = 0
 
     def from_step(self, step: int) -> list[StepObjects]:
         """The TGBs of steps ``step`` on (``step`` at or past ``first_step``)."""
