@@ -51,7 +51,6 @@ __all__ = [
     "SHARED",
     "MeasureConfig",
     "claims",
-    "group_following",
     "measure_all",
     "node_sharing_available",
 ]
@@ -550,46 +549,3 @@ def claims(producers: int, model: LatencyModel = INSTANT) -> dict[str, Any]:
     _close_all(pool)
     rates = _log_rates(requests, seconds)
     return {"state": "claiming at start", "producers": producers, "seconds": seconds, **rates}
-
-
-def group_following(
-    producers: int, model: LatencyModel = INSTANT, seconds: float = 6.0, settle_s: float = 2.0, tgb_every_s: float = 0.5
-) -> dict[str, Any]:
-    """``producers`` group-commit producers appending a TGB every ``tgb_every_s`` each:
-    their log requests over ``seconds`` once their claims are done and turns settled."""
-    url = f"memory://scale-follow-{uuid.uuid4().hex}"
-    tally = Tally()
-    pool = _start_pool(url, tally, model, producers, "group")
-    config = MeasureConfig(dp=2, slice_bytes=64)
-    stop = threading.Event()
-
-    def append(producer: Producer) -> None:
-        offset = 0
-        while not stop.is_set():
-            producer.append(_slices(config), source_offset=offset)
-            offset += 1
-            stop.wait(tgb_every_s)
-
-    threads = [threading.Thread(target=append, args=(p,)) for p in pool]
-    for thread in threads:
-        thread.start()
-    time.sleep(settle_s)  # past the claims, into the turns
-    start = time.monotonic()
-    versions_before = max(p.metrics()["log_version"] for p in pool)
-    time.sleep(seconds)
-    end = time.monotonic()
-    versions = max(p.metrics()["log_version"] for p in pool) - versions_before
-    stop.set()
-    for thread in threads:
-        thread.join()
-    requests = tally.between(start, end)
-    _close_all(pool)
-    rates = _log_rates(requests, end - start)
-    return {
-        "state": "group producers following the log",
-        "producers": producers,
-        "seconds": end - start,
-        "versions_per_s": versions / (end - start),
-        "log_gets_per_producer_s": rates["log_gets"] / producers / (end - start),
-        **rates,
-    }

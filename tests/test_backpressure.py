@@ -13,7 +13,14 @@ from hypothesis import strategies as st
 from worker import tgb
 
 import batchweave as bw
-from batchweave.lifecycle.backpressure import ACTIVE_VERSIONS, CommittedSpan, active_producers, may_upload, share
+from batchweave.lifecycle.backpressure import (
+    ACTIVE_VERSIONS,
+    CommittedSpan,
+    active_producers,
+    may_upload,
+    own_share,
+    share,
+)
 from batchweave.lifecycle.watermarks import CHECKPOINT_PREFIX, Watermark, write_watermark
 from batchweave.log import LogState, ProducerState
 from batchweave.store import open_store
@@ -26,6 +33,11 @@ def state(version: int, steps: int, **last_versions: int) -> LogState:
     return LogState(version=version, steps=steps, producers=producers)
 
 
+def allowed(log: LogState, own_pending: int, spans, w_global_steps: int, max_lag: int) -> bool:
+    """``may_upload`` for producer "me", with its share worked out from ``log``."""
+    return may_upload(log, own_share(log, "me", max_lag), own_pending, spans, w_global_steps, max_lag)
+
+
 @given(room=st.integers(-5, 500), producers=st.integers(1, 64))
 def test_the_shares_add_up_to_the_bound_exactly(room, producers):
     parts = [share(room, producers, i) for i in range(producers)]
@@ -36,9 +48,9 @@ def test_the_shares_add_up_to_the_bound_exactly(room, producers):
 def test_a_producer_counts_its_uploaded_tgbs_against_its_share():
     log = state(10, steps=6, me=10)
     mine = [CommittedSpan(0, 6, 6)]
-    assert may_upload(log, "me", 3, mine, w_global_steps=0, max_lag=10)  # 6 + 3 < 10
-    assert not may_upload(log, "me", 4, mine, w_global_steps=0, max_lag=10)  # 6 + 4 = 10
-    assert may_upload(log, "me", 4, mine, w_global_steps=2, max_lag=10)  # a checkpoint made room
+    assert allowed(log, 3, mine, w_global_steps=0, max_lag=10)  # 6 + 3 < 10
+    assert not allowed(log, 4, mine, w_global_steps=0, max_lag=10)  # 6 + 4 = 10
+    assert allowed(log, 4, mine, w_global_steps=2, max_lag=10)  # a checkpoint made room
 
 
 def test_a_producer_counts_at_most_the_steps_its_commits_could_hold_above_w_global():
@@ -48,18 +60,18 @@ def test_a_producer_counts_at_most_the_steps_its_commits_could_hold_above_w_glob
 
 def test_in_a_pool_each_producer_answers_for_its_own_share():
     log = state(10, steps=6, me=10, other=10)  # five max_lag each
-    assert may_upload(log, "me", 2, [CommittedSpan(0, 6, 2)], w_global_steps=0, max_lag=10)
-    assert not may_upload(log, "me", 3, [CommittedSpan(0, 6, 2)], w_global_steps=0, max_lag=10)
+    assert allowed(log, 2, [CommittedSpan(0, 6, 2)], w_global_steps=0, max_lag=10)
+    assert not allowed(log, 3, [CommittedSpan(0, 6, 2)], w_global_steps=0, max_lag=10)
     # The steps it sees above W_global bound it too: a departed producer's steps still count.
-    assert not may_upload(state(10, steps=9, me=10, other=10), "me", 1, [], w_global_steps=0, max_lag=10)
+    assert not allowed(state(10, steps=9, me=10, other=10), 1, [], w_global_steps=0, max_lag=10)
 
 
 def test_producers_idle_for_a_while_take_no_share():
     log = state(100, steps=0, a=100, b=100 - ACTIVE_VERSIONS, gone=100 - ACTIVE_VERSIONS - 1)
     assert active_producers(log, "me") == ["a", "b", "me"]
     assert [share(9, 3, i) for i in range(3)] == [3, 3, 3]
-    assert may_upload(log, "me", 2, [], w_global_steps=0, max_lag=9)
-    assert not may_upload(log, "me", 3, [], w_global_steps=0, max_lag=9)
+    assert allowed(log, 2, [], w_global_steps=0, max_lag=9)
+    assert not allowed(log, 3, [], w_global_steps=0, max_lag=9)
 
 
 def data_objects(url) -> int:

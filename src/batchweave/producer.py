@@ -35,7 +35,7 @@ from batchweave.errors import ConfigError, LayoutError, ObjectExistsError, Sourc
 from batchweave.journal import DEFAULT_SNAPSHOT_EVERY, Journal
 from batchweave.keys import check_producer_id, data_key
 from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES, Piece, encode_tgb
-from batchweave.lifecycle.backpressure import may_upload
+from batchweave.lifecycle.backpressure import may_upload, own_share
 from batchweave.lifecycle.watermarks import MarkCache, global_watermark, read_watermarks
 from batchweave.log import LogState, ProducerState, TGBDescriptor
 from batchweave.mesh import Mesh
@@ -98,6 +98,7 @@ class Producer:
         self.max_lag = max_lag
         self._w_global_steps = 0  # cached; refreshed only while append is held back
         self._marks: MarkCache = {}  # the watermarks read while held: each is read once
+        self._share = (-1, 0)  # (log version, this producer's share of max_lag then)
         self.policy = resolve_policy(commit_policy)
         self._group = self.policy if isinstance(self.policy, GroupCommit) else None
         if self._group is not None and not background_commit:
@@ -340,11 +341,11 @@ class Producer:
         return result.state, result.state.producers[self.producer_id], result.fragile_window_s
 
     def _wait_for_checkpoints(self, max_lag: int) -> None:
-        """Backpressure: hold ``append`` while this producer's share of the room above
-        ``W_global`` is taken by its committed and uploaded TGBs (``lifecycle.backpressure``).
-        Woken by our own commits (they free room in a pool: the share is of the committed
-        steps, ours of what we uploaded); the watermarks are read again with backoff, and
-        only while held: a new checkpoint mark releases us."""
+        """Backpressure: hold ``append`` while this producer's share of ``max_lag`` is
+        taken by its own TGBs at or past ``W_global``, committed or only uploaded, or the
+        committed steps it sees leave no room (``lifecycle.backpressure``). Woken by our own
+        commits; the watermarks are read again with backoff, and only while held: a new
+        checkpoint mark releases us."""
         pause = 0.05
         poll_at = 0.0  # the cached W_global goes first: no request while there is room
         while True:
@@ -363,11 +364,16 @@ class Producer:
                 pause = min(2.0, pause * 2)
 
     def _may_upload(self, max_lag: int) -> bool:
-        """Under ``shared.cond``."""
+        """Under ``shared.cond``. On every append: the share (O(producers) to work out) is
+        kept per log version, and spans are pruned only when W_global moved."""
         shared = self._shared
+        if self._share[0] != shared.state.version:
+            self._share = (shared.state.version, own_share(shared.state, self.producer_id, max_lag))
         w_global = self._w_global_steps
-        spans = shared.committed_spans = [s for s in shared.committed_spans or () if s.end > w_global]
-        return may_upload(shared.state, self.producer_id, len(shared.pending), spans, w_global, max_lag)
+        spans = shared.committed_spans or []
+        if spans and spans[0].end <= w_global:
+            spans = shared.committed_spans = [s for s in spans if s.end > w_global]
+        return may_upload(shared.state, self._share[1], len(shared.pending), spans, w_global, max_lag)
 
     def _put_object(self, key: str, pieces: list[Piece], size: int) -> None:
         try:

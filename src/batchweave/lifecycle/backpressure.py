@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from batchweave.log import LogState
 
-__all__ = ["ACTIVE_VERSIONS", "CommittedSpan", "active_producers", "may_upload", "share"]
+__all__ = ["ACTIVE_VERSIONS", "CommittedSpan", "active_producers", "may_upload", "own_share", "share"]
 
 # Versions after which a producer that recorded nothing no longer takes a share. A held
 # producer commits nothing either, but it still counts itself, and its share comes back
@@ -65,19 +65,26 @@ def share(total: int, producers: int, index: int) -> int:
     return total * (index + 1) // producers - total * index // producers
 
 
+def own_share(state: LogState, me: str, max_lag: int) -> int:
+    """Producer ``me``'s share of ``max_lag`` among the producers active in ``state``
+    (O(producers): callers keep it for as long as they hold the same state)."""
+    producers = active_producers(state, me)
+    return share(max_lag, len(producers), producers.index(me))
+
+
 def may_upload(
     state: LogState,
-    me: str,
+    own_share: int,
     own_pending: int,
     own_committed: Iterable[CommittedSpan],
     w_global_steps: int,
     max_lag: int,
 ) -> bool:
-    """True when producer ``me``, with ``own_pending`` TGBs uploaded and not committed yet
-    and ``own_committed`` since it started, may upload one more without the pool passing
-    ``max_lag`` stored TGBs at or above ``W_global``."""
+    """True when a producer whose share of ``max_lag`` is ``own_share``,
+    with ``own_pending`` TGBs uploaded and not committed yet and ``own_committed`` since
+    it started, may upload one more without the pool passing ``max_lag`` stored TGBs at
+    or above ``W_global``."""
     if max(0, state.steps - w_global_steps) + own_pending >= max_lag:
         return False
-    producers = active_producers(state, me)
     mine = own_pending + sum(span.at_or_above(w_global_steps) for span in own_committed)
-    return mine < share(max_lag, len(producers), producers.index(me))
+    return mine < own_share

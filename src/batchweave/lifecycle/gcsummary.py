@@ -59,10 +59,6 @@ class GCSummary(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     first_step: int
     tgbs: list[StepObjects]
 
-    def from_step(self, step: int) -> list[StepObjects]:
-        """The TGBs of steps ``step`` on (``step`` at or past ``first_step``)."""
-        return self.tgbs[max(0, step - self.first_step) :]
-
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(GCSummary)
