@@ -596,3 +596,31 @@ def test_a_forked_child_of_the_hubs_process_does_not_keep_the_hub_alive():
         if child:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signal.SIGKILL)
+
+
+def test_a_reply_on_another_thread_during_a_reconnect_does_not_break_the_takeover_deadline(monkeypatch):
+    """Regression (CI, stop 34): one thread reconnected after a loss while another thread's
+    reply on the old connection cleared the loss time; the deadline check then subtracted
+    None and the rank's reading thread died with a TypeError."""
+    store = CountingStore("memory://trust/reply-race")
+    address = node.node_address(store, Mesh(dp=1, tp=2), 0)
+    client = nodeclient.NodeClient(address, store, HeadPolling(1), sharers=2)
+    client._hosting = True  # no hub of its own: only _greet decides
+    answered = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    greetings = [0]
+
+    def greet(path: str) -> socket.socket | None:
+        greetings[0] += 1
+        if greetings[0] == 1:
+            client._lost_at = None  # what another thread's reply does, between the two reads
+            return None
+        return answered
+
+    monkeypatch.setattr(client, "_greet", greet)
+    try:
+        assert client._connect() is answered
+        assert greetings[0] == 2
+    finally:
+        answered.close()
+        client._hosting = False
+        client.close()

@@ -228,8 +228,11 @@ class NodeClient:
         while True:
             if self._closed or self._unavailable is not None:
                 raise NodeUnavailableError(self._unavailable or "closed")
-            if self._lost_at is None:
-                self._lost_at = time.monotonic()  # cleared by the first reply
+            # Read once: another thread's reply on the old connection clears it at any time
+            # (its hub works); this attempt then keeps the deadline it started with.
+            lost_at = self._lost_at
+            if lost_at is None:
+                lost_at = self._lost_at = time.monotonic()  # cleared by the first reply
             try:
                 path, _ = self._address.paths()
                 sock = self._greet(path)
@@ -241,7 +244,7 @@ class NodeClient:
                     continue
             except HubRefused as exc:
                 raise self._give_up(str(exc)) from None
-            if time.monotonic() - self._lost_at > TAKEOVER_S:
+            if time.monotonic() - lost_at > TAKEOVER_S:
                 raise self._give_up(f"unreachable for {TAKEOVER_S:.0f} s")
             time.sleep(pause)  # a hub takes its lock before it listens: a moment
             pause = min(0.1, pause * 2)
