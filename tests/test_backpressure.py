@@ -19,8 +19,10 @@ from batchweave.lifecycle.backpressure import (
     active_producers,
     may_upload,
     own_share,
+    poll_pause_s,
     share,
 )
+from batchweave.reading.polling import HEAD_BUDGET_PER_S
 from batchweave.lifecycle.watermarks import CHECKPOINT_PREFIX, Watermark, write_watermark
 from batchweave.log import LogState, ProducerState
 from batchweave.store import open_store
@@ -35,7 +37,7 @@ def state(version: int, steps: int, **last_versions: int) -> LogState:
 
 def allowed(log: LogState, own_pending: int, spans, w_global_steps: int, max_lag: int) -> bool:
     """``may_upload`` for producer "me", with its share worked out from ``log``."""
-    return may_upload(log, own_share(log, "me", max_lag), own_pending, spans, w_global_steps, max_lag)
+    return may_upload(log, own_share(log, "me", max_lag)[0], own_pending, spans, w_global_steps, max_lag)
 
 
 @given(room=st.integers(-5, 500), producers=st.integers(1, 64))
@@ -163,3 +165,39 @@ def test_a_held_producer_reads_each_watermark_once_however_often_it_polls():
     assert thread.is_alive() and data_objects(url) == 4
     producer.close(flush=False)
     thread.join(30)
+
+
+@given(backoff=st.floats(0.05, 2.0), producers=st.integers(1, 5_000), draw=st.floats(0.0, 0.999))
+def test_held_producers_poll_within_the_pools_budget(backoff, producers, draw):
+    """1,000 held producers polling every 2 s listed _checkpoints/ 500 times a second."""
+    mean = max(backoff, producers / HEAD_BUDGET_PER_S)  # never shorter than its own backoff
+    assert mean / 2 <= poll_pause_s(backoff, producers, draw) < mean * 1.5
+    # Pauses average to the mean (draws are uniform), so the pool's rate keeps the budget.
+    mean_pause = (poll_pause_s(backoff, producers, 0.0) + poll_pause_s(backoff, producers, 0.999999)) / 2
+    assert producers / mean_pause <= HEAD_BUDGET_PER_S * 1.001
+
+
+def test_a_held_producer_paces_its_polls_by_the_pool_it_sees(tmp_path, monkeypatch):
+    from batchweave import producer as producer_module
+
+    seen: list[int] = []
+
+    def recorded(backoff_s: float, producers: int, draw: float) -> float:
+        seen.append(producers)
+        return poll_pause_s(backoff_s, producers, draw)
+
+    monkeypatch.setattr(producer_module, "poll_pause_s", recorded)
+    url = str(tmp_path / "ns")
+    others = [bw.Producer(url, f"other{i}", dp=2) for i in range(2)]  # their claims are in the log
+    producer = bw.Producer(url, "p", dp=2, max_lag=4)
+    errors: list[Exception] = []
+    thread = append_forever(producer, errors)
+    deadline = time.monotonic() + 30
+    while 3 not in seen:
+        assert time.monotonic() < deadline, f"the held producer never paced by the pool of 3 it sees: {seen}"
+        time.sleep(0.01)
+    assert set(seen) <= {1, 2, 3}
+    producer.close(flush=False)
+    thread.join(30)
+    for other in others:
+        other.close()

@@ -35,7 +35,7 @@ from batchweave.errors import ConfigError, LayoutError, ObjectExistsError, Sourc
 from batchweave.journal import DEFAULT_SNAPSHOT_EVERY, Journal
 from batchweave.keys import check_producer_id, data_key
 from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES, Piece, encode_tgb
-from batchweave.lifecycle.backpressure import may_upload, own_share
+from batchweave.lifecycle.backpressure import MAX_BACKOFF_S, may_upload, own_share, poll_pause_s
 from batchweave.lifecycle.watermarks import MarkCache, global_watermark, read_watermarks
 from batchweave.log import LogState, ProducerState, TGBDescriptor
 from batchweave.mesh import Mesh
@@ -98,7 +98,7 @@ class Producer:
         self.max_lag = max_lag
         self._w_global_steps = 0  # cached; refreshed only while append is held back
         self._marks: MarkCache = {}  # the watermarks read while held: each is read once
-        self._share = (-1, 0)  # (log version, this producer's share of max_lag then)
+        self._share = (-1, 0, 1)  # (log version, this producer's share of max_lag then, the pool then)
         self.policy = resolve_policy(commit_policy)
         self._group = self.policy if isinstance(self.policy, GroupCommit) else None
         if self._group is not None and not background_commit:
@@ -344,8 +344,9 @@ class Producer:
         """Backpressure: hold ``append`` while this producer's share of ``max_lag`` is
         taken by its own TGBs at or past ``W_global``, committed or only uploaded, or the
         committed steps it sees leave no room (``lifecycle.backpressure``). Woken by our own
-        commits; the watermarks are read again with backoff, and only while held: a new
-        checkpoint mark releases us."""
+        commits; the watermarks are read again with backoff, within the pool's budget
+        (``backpressure.poll_pause_s``), and only while held: a new checkpoint mark
+        releases us."""
         pause = 0.05
         poll_at = 0.0  # the cached W_global goes first: no request while there is room
         while True:
@@ -360,15 +361,15 @@ class Producer:
             if time.monotonic() >= poll_at:
                 live = global_watermark(read_watermarks(self._store, self._marks))
                 self._w_global_steps = 0 if live is None else int(live.position)
-                poll_at = time.monotonic() + random.uniform(pause / 2, pause)
-                pause = min(2.0, pause * 2)
+                poll_at = time.monotonic() + poll_pause_s(pause, self._share[2], random.random())
+                pause = min(MAX_BACKOFF_S, pause * 2)
 
     def _may_upload(self, max_lag: int) -> bool:
         """Under ``shared.cond``. On every append: the share (O(producers) to work out) is
         kept per log version, and spans are pruned only when W_global moved."""
         shared = self._shared
         if self._share[0] != shared.state.version:
-            self._share = (shared.state.version, own_share(shared.state, self.producer_id, max_lag))
+            self._share = (shared.state.version, *own_share(shared.state, self.producer_id, max_lag))
         w_global = self._w_global_steps
         spans = shared.committed_spans or []
         if spans and spans[0].end <= w_global:

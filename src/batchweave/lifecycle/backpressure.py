@@ -21,7 +21,14 @@ answers for nothing, but its steps still count there).
 
 A producer counts as active when a log version among the last ``ACTIVE_VERSIONS``
 recorded it (a commit or a claim); one that left the pool stops taking a share once its
-last record is that far behind. Pure: values in, values out.
+last record is that far behind.
+
+A held producer reads the watermarks again after a pause (``poll_pause_s``). Every held
+producer of the pool lists the same prefix and reads each new mark once, so the pauses
+carry a floor from a request budget, as the log's followers do (``reading.polling``):
+1,000 held producers list ``_checkpoints/`` about every 14 s each, 70 a second in all,
+not 500. Being released a few seconds late costs a held producer nothing it was not
+already waiting for: a checkpoint. Pure: values in, values out.
 """
 
 from __future__ import annotations
@@ -30,13 +37,26 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from batchweave.log import LogState
+from batchweave.reading.polling import HEAD_BUDGET_PER_S
 
-__all__ = ["ACTIVE_VERSIONS", "CommittedSpan", "active_producers", "may_upload", "own_share", "share"]
+__all__ = [
+    "ACTIVE_VERSIONS",
+    "MAX_BACKOFF_S",
+    "CommittedSpan",
+    "active_producers",
+    "may_upload",
+    "own_share",
+    "poll_pause_s",
+    "share",
+]
 
 # Versions after which a producer that recorded nothing no longer takes a share. A held
 # producer commits nothing either, but it still counts itself, and its share comes back
 # as soon as it commits again: a short overshoot of at most its share, never a stall.
 ACTIVE_VERSIONS = 64
+# A held producer's own backoff between two reads of the watermarks tops out here; the
+# pool's budget (``poll_pause_s``) may make the pause longer.
+MAX_BACKOFF_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,11 +85,21 @@ def share(total: int, producers: int, index: int) -> int:
     return total * (index + 1) // producers - total * index // producers
 
 
-def own_share(state: LogState, me: str, max_lag: int) -> int:
-    """Producer ``me``'s share of ``max_lag`` among the producers active in ``state``
-    (O(producers): callers keep it for as long as they hold the same state)."""
+def own_share(state: LogState, me: str, max_lag: int) -> tuple[int, int]:
+    """Producer ``me``'s share of ``max_lag`` among the producers active in ``state``, and
+    how many they are (O(producers): callers keep it for as long as they hold the same
+    state)."""
     producers = active_producers(state, me)
-    return share(max_lag, len(producers), producers.index(me))
+    return share(max_lag, len(producers), producers.index(me)), len(producers)
+
+
+def poll_pause_s(backoff_s: float, producers: int, draw: float) -> float:
+    """The pause before a held producer reads the watermarks again: its own backoff, or
+    the pool's budget floor (``producers / HEAD_BUDGET_PER_S``) when that is longer,
+    jittered by ``draw`` in [0, 1) over [mean/2, 3 mean/2] so the pool does not poll in
+    step."""
+    mean = max(backoff_s, producers / HEAD_BUDGET_PER_S)
+    return mean * (0.5 + draw)
 
 
 def may_upload(
