@@ -22,9 +22,9 @@ from batchweave.lifecycle.backpressure import (
     poll_pause_s,
     share,
 )
-from batchweave.reading.polling import HEAD_BUDGET_PER_S
 from batchweave.lifecycle.watermarks import CHECKPOINT_PREFIX, Watermark, write_watermark
 from batchweave.log import LogState, ProducerState
+from batchweave.reading.polling import HEAD_BUDGET_PER_S
 from batchweave.store import open_store
 from benchmarks.scale_count import CountingStore, Tally
 from benchmarks.scale_measure import INSTANT
