@@ -579,3 +579,37 @@ def test_folding_any_intents_continues_every_producer_exactly_and_as_far_as_it_c
     assert set(folded) <= set(state.producers)
     if version is not None:
         logrules.apply_version(state, version, keys.version_key(version.version))
+
+
+@given(
+    rank=st.integers(0, 2_000),
+    producers=st.integers(1, 2_000),
+    since_s=st.floats(0.0, 5.0),
+    draw=st.floats(0.0, 0.999),
+)
+def test_producers_far_from_their_turn_follow_within_the_pools_budget(rank, producers, since_s, draw):
+    """Every group producer read the log every quarter interval: 1,000 producers probed
+    the head key ~5,000 times a second. Far from its turn, a producer now looks within
+    the pool's budget, and still comes back half an interval before it stands in."""
+    interval = 0.4
+    pause = group.follow_pause_s(rank, producers, interval, since_s, draw)
+    quick = interval / 4
+    assert pause >= quick  # never more often than before
+    if rank <= 1:
+        assert pause == quick  # the next committer and its stand-in keep the turn clock
+        return
+    near_turn = (rank - 1.5) * interval - since_s
+    assert pause <= max(quick, near_turn) + 1e-9  # back before the turn comes near
+    if near_turn >= 1.5 * producers / 70:  # the turn is far: the budget alone decides
+        mean = max(quick, producers / 70)
+        assert mean / 2 <= pause < mean * 1.5
+
+
+def test_the_rotation_is_the_producers_recorded_lately():
+    producers = {
+        name: ProducerState(offset=0, epoch=1, incarnation="i", last_version=v)
+        for name, v in {"a": 100, "b": 93, "old": 92}.items()
+    }
+    state = LogState(version=100, producers=producers)
+    assert group.rotation(state, 8) == ["a", "b"]
+    assert group.turn_rank(state, "old", 8) == 2  # after every active one

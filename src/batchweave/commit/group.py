@@ -33,6 +33,7 @@ import msgspec
 from batchweave import log, logrules
 from batchweave.errors import ConfigError, CorruptDataError
 from batchweave.log import LogState, LogVersion, ProducerState, TGBDescriptor
+from batchweave.reading.polling import HEAD_BUDGET_PER_S
 
 __all__ = [
     "INTENT_FORMAT",
@@ -44,8 +45,10 @@ __all__ = [
     "decode_intent",
     "encode_intent",
     "fold_intents",
+    "follow_pause_s",
     "intent_key",
     "parse_intent_key",
+    "rotation",
     "turn_rank",
 ]
 
@@ -188,12 +191,36 @@ def turn_rank(state: LogState, producer_id: str, active_versions: int) -> int:
     0: every producer computes the same order from the same version. (Counting oneself
     into the rotation instead gave every producer outside it a rotation of its own, and
     at 128 producers a dozen rank 0s, each reading every intent.)"""
-    horizon = state.version - active_versions
-    active = sorted(p for p, s in state.producers.items() if s.last_version > horizon)
+    active = rotation(state, active_versions)
     if producer_id in active:
         return (active.index(producer_id) - state.version) % len(active)
     rest = sorted(({p for p in state.producers if p not in active}) | {producer_id})
     return len(active) + (rest.index(producer_id) - state.version) % len(rest)
+
+
+def rotation(state: LogState, active_versions: int) -> list[str]:
+    """The producers taking turns after ``state.version``: those the log recorded within
+    the last ``active_versions`` versions, in id order."""
+    horizon = state.version - active_versions
+    return sorted(p for p, s in state.producers.items() if s.last_version > horizon)
+
+
+def follow_pause_s(rank: int, producers: int, interval_s: float, since_version_s: float, draw: float) -> float:
+    """How long a producer waits before it reads the log again (probing the head key every
+    producer probes). The next committer and its stand-in (ranks 0 and 1) look every
+    quarter interval: their turn clock starts at each new version. The others are
+    ``rank`` turns away and act only on a schedule (intents go out once per interval on
+    their own clock), so they look within the pool's budget on that key, as readers do
+    (``reading.polling``: a mean of ``producers / HEAD_BUDGET_PER_S``, jittered by
+    ``draw`` in [0, 1)), and again half an interval before the version after which they
+    become the stand-in. 1,000 producers then probe the head ~70 times a second, not
+    5,000, and a pool of up to 17 looks as often as before."""
+    quick = interval_s / 4
+    if rank <= 1:
+        return quick
+    budget = max(quick, producers / HEAD_BUDGET_PER_S) * (0.5 + draw)
+    near_turn = (rank - 1.5) * interval_s - since_version_s
+    return max(quick, min(budget, near_turn))
 
 
 class TurnDelay:

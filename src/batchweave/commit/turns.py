@@ -13,7 +13,15 @@ import random
 import time
 
 from batchweave import log, logrules, retry
-from batchweave.commit.group import GroupCommit, Intent, build_group_commit, intent_key, turn_rank
+from batchweave.commit.group import (
+    GroupCommit,
+    Intent,
+    build_group_commit,
+    follow_pause_s,
+    intent_key,
+    rotation,
+    turn_rank,
+)
 from batchweave.commit.intents import IntentBoard
 from batchweave.commit.loop import PublishedMetrics, note_store_failure, without_stall
 from batchweave.commit.shared import SharedState
@@ -51,7 +59,7 @@ class GroupTurns:
         self._noticed_at = time.monotonic()  # when we first saw the newest version
         self._turn = (-1, 0, 0.0)  # (version, our rank after it, when our turn comes)
         self._flush_since: float | None = None  # when the current flush began
-        self._published_for = -1  # the version after which we last wrote an intent
+        self._published_for = (-1, 0)  # (the newest version seen, the interval after it) of our last intent
         self._follow_after = 0.0  # when the loop reads the log again
         self._prefetched_for = -1  # the version after which we last read intents ahead
 
@@ -89,10 +97,11 @@ class GroupTurns:
         now = time.monotonic()
         if forced or now >= self._follow_after:
             # Not on every wake-up: appends wake this loop, and a producer appending
-            # hundreds of TGBs a second would read the log as often. A quarter interval
-            # keeps the turn clock; a commit reads on to the newest version anyway.
+            # hundreds of TGBs a second would read the log as often. Near its turn a
+            # quarter interval keeps the turn clock; far from it, the pool's budget on
+            # the head key (``follow_pause_s``); a commit reads on to the newest version.
             self._follow_log()
-            self._follow_after = now + self._group.interval_s / 4
+            self._follow_after = time.monotonic() + self._follow_pause_s(forced)
         due = self._turn_due(forced)
         if time.monotonic() < due:
             self._prefetch_intents()
@@ -114,13 +123,22 @@ class GroupTurns:
         self._conflict_streak += 1
         time.sleep(random.uniform(0, min(2.0, self._group.stagger() * 2**self._conflict_streak)))
 
+    def _follow_pause_s(self, forced: bool) -> float:
+        if forced:
+            return self._group.interval_s / 4
+        seen = self._version_seen[1]
+        state = self._shared.state
+        rank = turn_rank(state, self._shared.producer_id, self._group.active_versions)
+        producers = len(rotation(state, self._group.active_versions))
+        return follow_pause_s(rank, producers, self._group.interval_s, time.monotonic() - seen, random.random())
+
     def _prefetch_from(self) -> float:
         """When the next committer (rank 0) reads the intents written for its turn (a
         quarter lead after they were due, time for their puts): at the turn it folds these, with no request on its
         critical path but the version's probe and put."""
         if self._turn[1] != 0 or self._prefetched_for == self._version_seen[0]:
             return math.inf
-        return self._publish_from() + self._group.intent_lead_s / 4
+        return self._first_publish_at() + self._group.intent_lead_s / 4
 
     def _prefetch_intents(self) -> None:
         if time.monotonic() >= self._prefetch_from():
@@ -128,8 +146,24 @@ class GroupTurns:
             self._intents.others()
             self._prefetched_for = version
 
-    def _publish_from(self) -> float:
+    def _first_publish_at(self) -> float:
         return self._version_seen[1] + self._group.publish_after_version_s()
+
+    def _publish_slot(self) -> tuple[int, float]:
+        """Which interval after the newest version we know of this is, and when its
+        intent is due. Intents go out once an interval on our own clock, whether or not
+        we have seen the versions since (a producer far from its turn reads the log
+        seldom): the committer of each turn then finds what was appended before it."""
+        first, interval = self._first_publish_at(), self._group.interval_s
+        slot = max(0, math.floor((time.monotonic() - first) / interval))
+        return slot, first + slot * interval
+
+    def _publish_from(self) -> float:
+        """When the next intent is due."""
+        slot, due = self._publish_slot()
+        if self._published_for == (self._version_seen[0], slot):
+            return due + self._group.interval_s
+        return due
 
     def _publish_intents(self, forced: bool) -> None:
         """Write the TGBs that have no intent yet as one intent, once per version, shortly
@@ -138,7 +172,8 @@ class GroupTurns:
         shared = self._shared
         with shared.cond:
             version = self._version_seen[0]
-            if not forced and (self._published_for == version or time.monotonic() < self._publish_from()):
+            slot, due = self._publish_slot()
+            if not forced and (self._published_for == (version, slot) or time.monotonic() < due):
                 return
             batch = [t for t in shared.pending if t.source_offset >= self._published_to]
         if not batch:
@@ -147,7 +182,7 @@ class GroupTurns:
         with shared.cond:
             self._published.append((intent_key(shared.producer_id, shared.me.epoch, batch[0].source_offset), end))
             self._published_to = max(self._published_to, end)
-            self._published_for = version
+            self._published_for = (version, slot)
 
     def _follow_log(self) -> None:
         """Read the versions committed since we last looked (one GET when there are none)."""
