@@ -416,6 +416,15 @@ def test_offset_going_backwards():
         apply_version(state, version(3, 2, [], {"a": ProducerState(2, 0, "old")}), K)
 
 
+def test_an_epoch_never_passes_to_another_incarnation():
+    """I3: an epoch is one incarnation's. A version that re-gives epoch 1 to another (a
+    claim ticket the log had passed, folded by mistake) would let both commit."""
+    state, a = _state_with_a()
+    with pytest.raises(CorruptDataError, match="passes from ia to other"):
+        apply_version(state, version(3, 2, [], {"a": ProducerState(2, 1, "other")}), K)
+    assert apply_version(state, version(3, 2, [], {"a": ProducerState(2, 2, "other")}), K).producers["a"].epoch == 2
+
+
 def test_repeated_offset():
     state, a = _state_with_a()
     # Same offset as an already committed TGB.

@@ -1,8 +1,8 @@
 """Producers at scale obey the request budget (issue 29, "producers linear in the pool"):
-a pool that starts together claims its epochs in about P log P create-only PUTs, not P**2.
-Counted on the counting store of ``bench scale``, never timed. (Group producers following
-the log within a budget on its head is not here yet: pacing the ones far from their turn
-cost visibility, P95 1.2 s -> 3.0 s at 128 paced producers; see the issue 29 note.)"""
+a pool that starts together claims its epochs in at most about P create-only PUTs on the
+log (tickets folded by whoever commits: ``commit.claims``), not P**2 or P log P.
+Counted on the counting store of ``bench scale``, never timed. Group producers' following
+within the budget on the head key is ``test_group``'s."""
 
 from __future__ import annotations
 
@@ -28,8 +28,7 @@ def test_a_lost_claim_backs_off_with_full_jitter_doubling_to_a_cap():
 
 def test_sixty_four_producers_starting_together_claim_without_racing_each_other_p_times():
     """Retried at once, 64 claims took about 23 PUTs each on this latency (1,495 in all);
-    with backoff about 5 (log2 64 doublings)."""
+    with backoff about 5 (342); with tickets at most one each, and far fewer versions."""
     producers = 64
     record = claims(producers, FAST)
-    assert record["log_puts"] <= 8 * producers, record
-    assert record["log_puts"] >= producers  # every claim is a version
+    assert record["log_puts"] <= 1.25 * producers, record

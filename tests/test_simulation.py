@@ -31,6 +31,7 @@ import msgspec
 import pytest
 from soak import FACTOR
 
+import batchweave.commit.claims
 import batchweave.lifecycle.gc
 import batchweave.log
 import batchweave.logrules
@@ -126,6 +127,13 @@ def _unchecked_summary(decode):
     return decode_summary
 
 
+def _any_ticket(foldable):
+    def folds_every_ticket(state, tickets, layout):
+        return list({t.producer: t for t in sorted(tickets, key=lambda t: t.key, reverse=True)}.values())
+
+    return folds_every_ticket
+
+
 SABOTAGES = {
     # (module, attribute, wrapper, the kind the model must report)
     "a consumer hands out other bytes": (batchweave.reading.fetch, "decode_slice", _wrong_bytes, "wrong-step"),
@@ -143,6 +151,12 @@ SABOTAGES = {
     ),
     "end_stream writes no marker": (batchweave.logrules, "build_end_of_stream", _no_end_marker, "waits-forever"),
     "a producer counts one TGB too many": (SharedState, "take", _takes_one_more, "producer-ahead"),
+    "a claim folds a ticket whose epoch the log has passed": (
+        batchweave.commit.claims,
+        "foldable",
+        _any_ticket,
+        "unexpected-error",
+    ),
 }
 
 

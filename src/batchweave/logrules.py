@@ -61,6 +61,11 @@ def apply_version(state: LogState, delta: LogVersion | LogVersionHead, key: str,
         old = producers.get(producer_id)
         if old is not None and (new.epoch < old.epoch or new.offset < old.offset):
             raise CorruptDataError(key, f"producer {producer_id!r} goes back from {old} to {new}")
+        if old is not None and new.epoch == old.epoch and new.incarnation != old.incarnation:
+            # An epoch is one incarnation's (I3): giving it to another would let both commit.
+            raise CorruptDataError(
+                key, f"producer {producer_id!r} epoch {new.epoch} passes from {old.incarnation} to {new.incarnation}"
+            )
     _check_offsets(state, delta, key)
     producers.update(
         {pid: msgspec.structs.replace(new, last_version=delta.version) for pid, new in delta.producers.items()}

@@ -11,9 +11,9 @@ Roles, from the least privileged:
 - ``trainer``: a consumer that marks checkpoints (``mark_checkpoint``) and releases them
   (``release_checkpoint``): also creates objects under ``_checkpoints/``.
 - ``producer``: writes TGBs and commits them, directly or by group commit, and ends the
-  stream (``end_stream``): also creates objects under ``data/``, ``_log/``, ``_intents/``
-  and ``_probe/``. Never needs to delete: what it would tidy up (committed intents, the
-  create-only probe's key) the collector deletes.
+  stream (``end_stream``): also creates objects under ``data/``, ``_log/``, ``_intents/``,
+  ``_claims/`` and ``_probe/``. Never needs to delete: what it would tidy up (committed
+  intents, its folded epoch-claim ticket, the create-only probe's key) the collector deletes.
 - ``collector``: garbage collection (``collect_garbage``) and releasing checkpoints: also
   creates log versions (the reclaim record), release markers, the probe's key and its
   summary for the next collection (``_gc/``), and deletes anything in the namespace.
@@ -36,7 +36,7 @@ ROLES = ("consumer", "trainer", "producer", "collector")
 _PUTS = {
     "consumer": (),
     "trainer": ("_checkpoints/",),
-    "producer": ("data/", "_log/", "_intents/", "_probe/"),
+    "producer": ("data/", "_log/", "_intents/", "_claims/", "_probe/"),
     "collector": ("_log/", "_checkpoints/", "_probe/", "_gc/"),
 }
 

@@ -15,6 +15,7 @@ with the producer.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import secrets
@@ -25,13 +26,21 @@ from collections.abc import Sequence
 from typing import Any
 
 from batchweave import log, logrules
+from batchweave.commit.claims import CLAIM_PREFIX, CLAIM_TICKET, Ticket, build_claims, next_epoch, parse_claim_key
 from batchweave.commit.group import GroupCommit
 from batchweave.commit.intents import IntentBoard
 from batchweave.commit.loop import CommitLoop, without_stall
 from batchweave.commit.policies import ClaimBackoff, CommitPolicy, RecentCommitters, resolve_policy
 from batchweave.commit.shared import SharedState
 from batchweave.commit.turns import GroupTurns
-from batchweave.errors import ConfigError, LayoutError, ObjectExistsError, SourceOffsetError, StreamEndedError
+from batchweave.errors import (
+    ConfigError,
+    LayoutError,
+    ObjectExistsError,
+    SourceOffsetError,
+    StoreError,
+    StreamEndedError,
+)
 from batchweave.journal import DEFAULT_SNAPSHOT_EVERY, Journal
 from batchweave.keys import check_producer_id, data_key
 from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES, Piece, encode_tgb
@@ -314,31 +323,56 @@ class Producer:
             )
 
     def _claim_epoch(self, incarnation: str) -> tuple[LogState, ProducerState, float]:
-        """Commit a version that gives this incarnation the next epoch of producer_id.
+        """Commit a version that gives this incarnation the next epoch of producer_id: by a
+        ticket that whoever claims next folds (``commit.claims``), or by a claim of its
+        own when another incarnation holds the ticket for that epoch.
 
         Returns the new state, this incarnation's producer state, and the fragile window
-        (seconds) of the successful attempt. Refuses a namespace of another layout (I9).
+        (seconds) of the last attempt. Refuses a namespace of another layout (I9).
         """
         layout = log.Layout(self.mesh.dp, self.mesh.cp)
+        state = self._journal.load_state()
+        ticket = self._write_ticket(state, layout, incarnation)
 
         def claim(state: LogState) -> log.LogVersion | None:
             mine = state.producers.get(self.producer_id)
             if mine is not None and mine.incarnation == incarnation:
-                return None  # the claim landed although the store reported a conflict
+                return None  # our ticket was folded, or our claim landed although the store reported a conflict
             if state.end_of_stream:
                 raise StreamEndedError(
                     f"namespace {self._store.url} was ended at log version {state.version}; "
                     f"producer {self.producer_id!r} cannot start (use a fresh namespace)"
                 )
+            if ticket is not None and ticket.epoch == next_epoch(state, self.producer_id):
+                listed = [parse_claim_key(info.key) for info in self._store.list(CLAIM_PREFIX)]
+                tickets = [t for t in listed if t is not None and t != ticket] + [ticket]
+                version = build_claims(state, tickets, time.time(), layout)
+                if version is not None and self.producer_id in version.producers:
+                    return version
             return logrules.build_claim(state, self.producer_id, incarnation, time.time(), layout)
 
-        # A lost race is most likely another claim of a pool starting together: back off
-        # instead of racing every rival again at once.
+        # A lost race is most likely another claim of a pool starting together, which
+        # folded our ticket: back off, then look, instead of racing every rival at once.
         backoff = ClaimBackoff()
         result = self._journal.commit(
-            self._journal.load_state(), claim, after_conflict=lambda window_s: time.sleep(backoff.pause_s(window_s))
+            state, claim, after_conflict=lambda window_s: time.sleep(backoff.pause_s(window_s))
         )
+        if ticket is not None:
+            # Folded or passed: dead either way. A producer that may not delete (or a
+            # failing delete) leaves it to the collector.
+            with contextlib.suppress(StoreError):
+                self._store.delete_if_allowed(ticket.key)
         return result.state, result.state.producers[self.producer_id], result.fragile_window_s
+
+    def _write_ticket(self, state: LogState, layout: log.Layout, incarnation: str) -> Ticket | None:
+        """Our ticket for the epoch after ``state``'s; None when another incarnation of
+        this producer holds that epoch's ticket (we then claim on our own)."""
+        ticket = Ticket(self.producer_id, next_epoch(state, self.producer_id), layout, incarnation)
+        try:
+            self._store.put_if_absent(ticket.key, CLAIM_TICKET)
+        except ObjectExistsError:
+            return None
+        return ticket
 
     def _wait_for_checkpoints(self, max_lag: int) -> None:
         """Backpressure: hold ``append`` while this producer's share of ``max_lag`` is

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from batchweave import keys, log, logrules
+from batchweave.commit.claims import CLAIM_PREFIX, dead_tickets
 from batchweave.commit.group import INTENT_PREFIX, decode_intent, parse_intent_key
 from batchweave.errors import CorruptDataError, ObjectExistsError, ObjectNotFoundError, StoreError
 from batchweave.journal import Journal
@@ -70,6 +71,7 @@ class GCReport:
     deleted_staging: int = 0  # local directories: files of puts killed mid-write, past the grace
     deleted_staging_bytes: int = 0
     deleted_probes: int = 0  # create-only probe objects that writers without delete permission left
+    deleted_tickets: int = 0  # epoch-claim tickets the log folded or passed (``commit.claims``)
     orphans: list[str] = field(default_factory=list)
     dry_run: bool = False
 
@@ -140,6 +142,7 @@ def collect_garbage(
         stale = _stale_staging(store, grace_s, now)
         report.deleted_staging, report.deleted_staging_bytes = len(stale), sum(info.size for info in stale)
         report.deleted_probes = len(_stale_probes(store, grace_s, now))
+        report.deleted_tickets = len(_dead_tickets(store, state))
         return report
     for key, size in plan.doomed:
         store.delete(key)
@@ -173,6 +176,9 @@ def collect_garbage(
     for key in _stale_probes(store, grace_s, now):
         store.delete(key)
         report.deleted_probes += 1
+    for key in _dead_tickets(store, state):
+        store.delete(key)
+        report.deleted_tickets += 1
     return report
 
 
@@ -180,6 +186,13 @@ def _stale_staging(store: Store, grace_s: float, now: float) -> list[ObjectInfo]
     """Staging files of local puts older than the grace: their put was killed (a live put
     whose file goes anyway writes it again, see ``store.localfs.write_durably``)."""
     return [info for info in store.staging_files() if now - info.modified_s >= grace_s]
+
+
+def _dead_tickets(store: Store, state: LogState) -> list[str]:
+    """Epoch-claim tickets the log has folded or passed: their producers delete them as
+    they start, unless they may not delete (the producer role) or crashed first. A
+    ticket the log has not passed may still be folded: it stays."""
+    return dead_tickets(state, (info.key for info in store.list(CLAIM_PREFIX)))
 
 
 def _stale_probes(store: Store, grace_s: float, now: float) -> list[str]:

@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from batchweave import log
+from batchweave.commit.claims import CLAIM_PREFIX, CLAIM_TICKET, claim_key
 from batchweave.commit.group import INTENT_PREFIX, GroupCommit, build_group_commit, decode_intent
 from batchweave.commit.policies import DAC, Manual
 from batchweave.consumer import Consumer
@@ -34,7 +35,7 @@ from batchweave.keys import version_key
 from batchweave.lifecycle.gc import collect_garbage
 from batchweave.lifecycle.gcsummary import GC_PREFIX
 from batchweave.lifecycle.watermarks import release_checkpoint
-from batchweave.log import ProducerState
+from batchweave.log import Layout, ProducerState
 from batchweave.producer import Producer, end_stream
 from batchweave.reading.follower import ProvenLog
 from batchweave.reading.polling import HeadPolling
@@ -373,8 +374,10 @@ def damager(world: World, actor: Actor) -> None:
     store = world.store
     for _ in range(8):
         world.pause((60.0, 10.0, 200.0, ALIGNED))  # aligned: as paused writers wake up
-        what = world.choose(6)
-        if what == 5:
+        what = world.choose(7)
+        if what == 6:
+            _stale_ticket(world)
+        elif what == 5:
             _forge_summary(world)
         elif what == 0:
             store.put("_log/_last_snapshot.json", b'{"version": [')
@@ -399,6 +402,19 @@ def _damage_one(world: World, prefix: str, garbage: bytes, suffix: str = "") -> 
     original = world.store.peek(key)
     world.store.put(key, garbage)
     return key, original
+
+
+def _stale_ticket(world: World) -> None:
+    """An epoch-claim ticket the log has passed (a crashed start's, or one that lost its
+    epoch to a claim of its own), and a stray key beside the tickets. Folded, the stale
+    one would give a live producer's epoch to an incarnation that never ran."""
+    epochs = world.model.epochs
+    if not epochs:
+        return
+    producer = sorted(epochs)[world.choose(len(epochs))]
+    layout = Layout(world.config.dp, 1)
+    world.store.put(claim_key(producer, epochs[producer], layout, f"{world.choose(1 << 16):x}"), CLAIM_TICKET)
+    world.store.put(f"{CLAIM_PREFIX}{producer}/not-a-ticket", b"")
 
 
 def _forge_summary(world: World) -> None:
