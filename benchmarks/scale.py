@@ -357,7 +357,7 @@ def _pool_row(record: dict[str, Any]) -> dict[str, Any]:
 
 def _pool_checks(record: dict[str, Any]) -> list[tuple[str, float, float]]:
     """(what, peak per second, target) for each target a pool's record answers."""
-    checks = [("busiest key", record["hot_key_per_s"], KEY_TARGET_PER_S)]
+    checks = [("requests/s on the busiest key", record["hot_key_per_s"], KEY_TARGET_PER_S)]
     if "log_put_peak_per_s" in record:
         checks.append(("PUT/s on _log/", record["log_put_peak_per_s"], PUT_TARGET_PER_S))
         checks.append(("GET/s on _log/", record["log_get_peak_per_s"], GET_TARGET_PER_S))
