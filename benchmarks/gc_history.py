@@ -37,7 +37,7 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
     results: list[dict[str, Any]] = []
     for versions in sizes:
         progress.update(task, description=f"gc-history: {versions:,} versions")
-        results.extend(_collections(versions))
+        results.extend(collections_at(versions))
         progress.advance(task)
     config = {"quick": options.quick, "store": "memory, no latency, requests counted", "machine": machine()}
     return BenchResult(NAME, config, results, COLUMNS, verdict(results))
@@ -59,7 +59,7 @@ def verdict(results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _collections(versions: int) -> list[dict[str, Any]]:
+def collections_at(versions: int) -> list[dict[str, Any]]:
     url = f"memory://gc-history-{uuid.uuid4().hex}"
     _commit(url, versions)
     rows = [_collect(url, versions, "first"), _collect(url, versions, "repeat, nothing new")]

@@ -13,6 +13,11 @@ ranks and producers, against the request limits of S3, Azure and GCS.
 3. Simulated (``scale_model.simulate``): every follower of those jobs, jittered, probing
    the head while a committer commits at the step rate and then stops; the busiest key's
    requests per 1-s window (max and mean), against the projection.
+4. A producer pool at 16 -> 1,000 producers (``scale_pool``): real Producers claiming at
+   start, following the log (group and direct mode) and held by ``max_lag``, against the
+   targets at 1,000 (<= 100 requests/s on any key, <= 1,000 PUT/s and <= 3,000 GET/s on
+   ``_log/``); and a garbage collection at 1,000 -> 100,000 versions (``gc_history``),
+   whose cost should stay within 1.3x.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 
 from batchweave.reading.polling import HEAD_BUDGET_PER_S, HeadPolling
 from batchweave.reading.sharedlog import NODE_READ_AHEAD
+from benchmarks import gc_history
 from benchmarks.report import BenchOptions, BenchResult, machine
 from benchmarks.scale_count import LOG_CLASSES, LOG_NEXT, LOG_VERSION, SEGMENT
 from benchmarks.scale_measure import OWN, SHARED, MeasureConfig, measure_all
@@ -39,6 +45,14 @@ from benchmarks.scale_model import (
     project,
     simulate,
 )
+from benchmarks.scale_pool import (
+    GET_TARGET_PER_S,
+    KEY_TARGET_PER_S,
+    PUT_TARGET_PER_S,
+    PoolConfig,
+    gc_rows,
+    measure_pool,
+)
 
 NAME = "scale"
 SCALES = ((64, 16), (1024, 128), (10_000, 1024))
@@ -56,6 +70,11 @@ COLUMNS = (
     "total_per_s",
     "usd_per_hour",
     "first_limit",
+    "how",
+    "put_peak_per_s",
+    "get_peak_per_s",
+    "target",
+    "met",
 )
 Joint = dict[tuple[str, str], float]
 
@@ -63,7 +82,8 @@ Joint = dict[tuple[str, str], float]
 def run(options: BenchOptions, progress: Any) -> BenchResult:
     measure = MeasureConfig.quick() if options.quick else MeasureConfig()
     scales = QUICK_SCALES if options.quick else SCALES
-    task = progress.add_task("bench scale: measuring", total=5 + 2 * len(scales))
+    pool = PoolConfig.quick() if options.quick else PoolConfig()
+    task = progress.add_task("bench scale: measuring", total=5 + 2 * len(scales) + 4)
     measured = Measured(measure_all(measure, progress, task))
     other = _other_rates(measured)
     results: list[dict[str, Any]] = [_measured_row(r) for r in measured.records]
@@ -83,6 +103,12 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
                 comparisons.append(_comparison(scale, column, state, load, sim))
                 series[f"{column} {ranks} {state}"] = [{"window": i, "requests": n} for i, n in enumerate(sim.windows)]
         progress.advance(task, 2)
+    progress.update(task, description="bench scale: a producer pool")
+    pool_records = measure_pool(pool, lambda: progress.advance(task))
+    results.extend(_pool_row(r) for r in pool_records)
+    progress.update(task, description="bench scale: gc at growing history")
+    results.extend(_gc_rows(gc_rows(pool)))
+    progress.advance(task)
     checks = _model_checks(measured, measure)
     node_check = _per_node_check(measured, scales, measure)
     config = {
@@ -119,6 +145,30 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
         "limits": [
             {"name": lim.name, "per_s": lim.per_s, "hard": lim.hard, "document": lim.document} for lim in LIMITS
         ],
+        "pool": {
+            "sizes": list(pool.sizes),
+            "largest_measured": pool.largest_measured,
+            "above": "projected linearly in P from the largest measured size (each producer sends what it did there)",
+            "model": pool.model.to_dict(),
+            "mesh": "dp 2, one small TGB (2 x 64 bytes)",
+            "claims": "P Producers constructed together in threads on a fresh namespace (DAC), all counted",
+            "following": f"P Producers appending, paced so the pool makes {pool.pool_tgb_per_s} TGB/s in all, "
+            f"counted {pool.window_s} s after {pool.warmup_s} s (claims not counted); policies {list(pool.policies)}",
+            "held": f"P Producers with max_lag=1 on a log one step past a checkpoint complete at step 0 of "
+            f"{pool.marks:,} marks, each append held and polling _checkpoints/; counted {pool.window_s} s once "
+            "every producer read every mark (that first poll reported apart)",
+            "peaks": "the most requests in one 1-s window",
+            "targets_at_1000": {
+                "any_key_per_s": KEY_TARGET_PER_S,
+                "log_put_per_s": PUT_TARGET_PER_S,
+                "log_get_per_s": GET_TARGET_PER_S,
+            },
+        },
+        "gc": {
+            "versions": list(pool.gc_versions),
+            "how": "bench gc-history's collections: memory store, no latency, requests counted",
+            "target": f"a collection at the longest history within {gc_history.TARGET}x of the shortest",
+        },
         "comparisons": comparisons,
         "model_checks": checks,
         "per_node_log": node_check,
@@ -126,7 +176,7 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
         "store": "latency (counting), always",
         "machine": machine(),
     }
-    summary = verdict(results, comparisons, node_check, checks)
+    summary = verdict(results, comparisons, node_check, checks) + pool_verdict(results)
     return BenchResult(NAME, config, results, COLUMNS, summary=summary, series=series)
 
 
@@ -284,6 +334,63 @@ def _measured_row(record: dict[str, Any]) -> dict[str, Any]:
     return {**record, **row}
 
 
+def _pool_row(record: dict[str, Any]) -> dict[str, Any]:
+    """A producer pool's record as a row: peaks on ``_log/`` (``_checkpoints/`` when held),
+    the busiest key, and whether the targets are met."""
+    prefix = "checkpoints" if record["state"].startswith("held") else "log"
+    reads = "list" if prefix == "checkpoints" else "get"
+    checks = _pool_checks(record)
+    row = {
+        "kind": "pool",
+        "setup": record["policy"],
+        "ranks": None,
+        "producers": record["producers"],
+        "rate": record.get(f"{prefix}_{reads}_per_producer_s"),
+        "unit": f"{reads.upper()}s on _{prefix}/ per producer-s",
+        "put_peak_per_s": record.get(f"{prefix}_put_peak_per_s"),
+        "get_peak_per_s": record.get(f"{prefix}_get_peak_per_s"),
+        "target": "; ".join(f"{name} <= {target:,.0f}" for name, _, target in checks),
+        "met": all(value <= target for _, value, target in checks),
+    }
+    return {**record, **row}
+
+
+def _pool_checks(record: dict[str, Any]) -> list[tuple[str, float, float]]:
+    """(what, peak per second, target) for each target a pool's record answers."""
+    checks = [("requests/s on the busiest key", record["hot_key_per_s"], KEY_TARGET_PER_S)]
+    if "log_put_peak_per_s" in record:
+        checks.append(("PUT/s on _log/", record["log_put_peak_per_s"], PUT_TARGET_PER_S))
+        checks.append(("GET/s on _log/", record["log_get_peak_per_s"], GET_TARGET_PER_S))
+    return checks
+
+
+def _gc_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``bench gc-history``'s rows, each against the same run at the shortest history."""
+    shortest = min(r["versions"] for r in rows)
+    base = {r["run"]: r["requests"] for r in rows if r["versions"] == shortest}
+    out = []
+    for r in rows:
+        ratio = r["requests"] / base[r["run"]]
+        out.append(
+            {
+                **r,
+                "kind": "gc",
+                "setup": r["run"],
+                "ranks": None,
+                "producers": 1,
+                "hot_key_per_s": None,
+                "state": f"{r['versions']:,} versions",
+                "how": "measured",
+                "rate": r["requests"],
+                "unit": "requests per collection",
+                "ratio_to_shortest": ratio,
+                "target": f"<= {gc_history.TARGET}x of {shortest:,} versions",
+                "met": r["run"] == "first" or ratio <= gc_history.TARGET,
+            }
+        )
+    return out
+
+
 def _first_limit(load: Load, producers: int, steps_per_s: float) -> tuple[str, float]:
     limit, rate = load.limits(producers, steps_per_s)[0]
     return limit.name, rate / limit.per_s
@@ -420,6 +527,28 @@ def verdict(
             for c in checks
         )
     )
+    return lines
+
+
+def pool_verdict(results: list[dict[str, Any]]) -> list[str]:
+    """One line per target for each pool state at its largest size, and GC's."""
+    lines = []
+    pools = [r for r in results if r["kind"] == "pool"]
+    for state in dict.fromkeys(r["state"] for r in pools):
+        largest = max((r for r in pools if r["state"] == state), key=lambda r: r["producers"])
+        where = f"{state} at {largest['producers']:,} producers ({largest['how']})"
+        for name, value, target in _pool_checks(largest):
+            met = "met" if value <= target else "NOT met"
+            lines.append(f"{where}: peak {value:,.0f} {name} (target <= {target:,.0f}: {met})")
+        if state.startswith("held"):
+            lines.append(
+                f"{where}: {largest['checkpoints_list_per_s']:,.0f} LIST/s and {largest['checkpoints_get_per_s']:,.0f} "
+                f"GET/s on _checkpoints/ steady; first poll {largest['first_poll_gets_per_producer']:,.0f} GETs "
+                "per producer"
+            )
+    gc = [r for r in results if r["kind"] == "gc"]
+    if gc:
+        lines.extend(f"gc: {line}" for line in gc_history.verdict(gc))
     return lines
 
 

@@ -46,11 +46,9 @@ from benchmarks.scale_count import (
 )
 
 __all__ = [
-    "FAST",
     "OWN",
     "SHARED",
     "MeasureConfig",
-    "claims",
     "measure_all",
     "node_sharing_available",
 ]
@@ -478,74 +476,3 @@ def watch(config: MeasureConfig) -> dict[str, Any]:
         {"s": config.watch_refreshes * config.watch_interval_s, "refresh": config.watch_refreshes},
         interval_s=config.watch_interval_s,
     )
-
-
-# -- producers at scale: claims at start, group producers following the log --------------
-
-# A tenth of the cloud model's latencies: fast enough for 64 producers in a test, slow
-# enough that the requests of threads overlap as on a store.
-FAST = LatencyModel(put_s=0.004, first_byte_s=0.0025, head_s=0.0015, list_s=0.004, delete_s=0.002, jitter_sigma=0.3)
-
-
-def _log_rates(requests: list[Request], seconds: float) -> dict[str, float]:
-    """Peak 1-s PUTs and GETs on ``_log/``, their means, and the busiest key's peak and mean."""
-    log = [r for r in requests if r.key.startswith("_log/")]
-    out: dict[str, float] = {}
-    for op in ("put", "get"):
-        chosen = [r for r in log if r.request == op]
-        out[f"log_{op}s"] = len(chosen)
-        out[f"log_{op}_per_s"] = len(chosen) / seconds if seconds else float("nan")
-        out[f"log_{op}_peak_per_s"] = _peak_per_s(chosen)
-    hot_max, hot_mean, hot_key = hottest_key_windows(log)
-    out.update(hot_key_max_per_s=hot_max, hot_key_mean_per_s=hot_mean)
-    out["hot_key"] = hot_key  # type: ignore[assignment]
-    return out
-
-
-def _peak_per_s(requests: list[Request]) -> float:
-    if not requests:
-        return 0.0
-    start = min(r.at_s for r in requests)
-    return float(max(Counter(int(r.at_s - start) for r in requests).values()))
-
-
-def _start_pool(url: str, tally: Tally, model: LatencyModel, producers: int, policy: str) -> list[Producer]:
-    """``producers`` Producers constructed together in threads (each claims its epoch)."""
-    pool: list[Producer | None] = [None] * producers
-    ready = threading.Barrier(producers)
-
-    def start(i: int) -> None:
-        store = CountingStore(url, tally, "producer", model, seed=i)
-        ready.wait()
-        pool[i] = Producer(store, f"p{i:04d}", dp=2, commit_policy=policy)
-
-    threads = [threading.Thread(target=start, args=(i,)) for i in range(producers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if any(p is None for p in pool):
-        raise RuntimeError("a producer failed to start (see the thread's traceback above)")
-    return [p for p in pool if p is not None]
-
-
-def _close_all(pool: list[Producer]) -> None:
-    closing = [threading.Thread(target=p.close, kwargs={"flush": False}) for p in pool]
-    for thread in closing:
-        thread.start()
-    for thread in closing:
-        thread.join()
-
-
-def claims(producers: int, model: LatencyModel = INSTANT) -> dict[str, Any]:
-    """``producers`` producers starting together on an empty namespace: the requests of
-    their epoch claims (the create-only PUTs of log versions grow as P**2 without backoff)."""
-    url = f"memory://scale-claims-{uuid.uuid4().hex}"
-    tally = Tally()
-    started = time.monotonic()
-    pool = _start_pool(url, tally, model, producers, "dac")
-    seconds = time.monotonic() - started
-    requests = tally.between(started, time.monotonic())
-    _close_all(pool)
-    rates = _log_rates(requests, seconds)
-    return {"state": "claiming at start", "producers": producers, "seconds": seconds, **rates}

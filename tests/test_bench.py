@@ -111,6 +111,8 @@ def test_quick_benchmark_writes_its_three_files(name, workload, tmp_path):
     if name == "gc-history":  # a run with nothing new costs the same at every history length
         repeat = {r["versions"]: r["requests"] for r in result["results"] if r["run"].startswith("repeat")}
         assert len(set(repeat.values())) == 1 and max(repeat) > min(repeat), repeat
+    if name == "scale":  # a producer pool in every state, and GC at growing history
+        check_scale_pool_and_gc(result, (out / "scale.md").read_text())
     if name == "lifecycle":  # I12: the stored TGBs never pass max_lag, uploaded ones included
         peak = max(r["tgbs_stored"] for r in result["results"] if r["deletion"])
         assert peak <= result["config"]["bound_tgbs"] == result["config"]["max_lag"], peak
@@ -144,6 +146,46 @@ def test_quick_benchmark_writes_its_three_files(name, workload, tmp_path):
     table = (out / f"{stem}.md").read_text()
     assert table.startswith(f"# {stem}") and table.count("\n|") >= len(result["results"]) + 1
     assert str(out / f"{stem}.json") in done.stdout  # the paths are printed for scripts
+
+
+def check_scale_pool_and_gc(result: dict, table: str) -> None:
+    """``bench scale``'s pool rows: each state measured at the smallest size with
+    requests counted, projected above it, never a negative figure; GC's rows at each
+    history length, a repeat costing the same; a verdict line per target."""
+    rows = result["results"]
+    pools = [r for r in rows if r["kind"] == "pool"]
+    by_state = {r["state"].split(",")[0]: r for r in pools if r["how"] == "measured"}
+    assert by_state.keys() == {"claiming at start", "following the log", "held by max_lag"}, by_state.keys()
+    assert {r["policy"] for r in pools if r["state"].startswith("following")} == {"group", "dac"}
+    for row in pools + [r for r in rows if r["kind"] == "gc"]:
+        numbers = {k: v for k, v in row.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        assert all(v >= 0 for v in numbers.values()), (row["state"], numbers)  # (NaN fails too)
+        assert isinstance(row["met"], bool) and row["target"]
+    claims, held = by_state["claiming at start"], by_state["held by max_lag"]
+    assert claims["log_puts"] >= claims["producers"] and claims["seconds_to_claim_all"] > 0  # a version per claim
+    assert held["first_poll_gets_per_producer"] == held["marks"] > 0  # each mark read once, on the first poll
+    assert held["checkpoints_lists"] > 0 and held["checkpoints_gets"] == 0  # then listed only
+    for policy in ("group", "dac"):
+        (follow,) = [r for r in pools if r["policy"] == policy and r["how"] == "measured" and "following" in r["state"]]
+        assert follow["tgbs_committed"] > 0 and follow["log_puts"] > 0 and follow["log_gets"] > 0, follow
+        assert 0 < follow["visibility_p50_s"] <= follow["visibility_p95_s"], follow
+    largest = max(result["config"]["pool"]["sizes"])
+    projected = [r for r in pools if r["how"] == "projected"]
+    assert {r["producers"] for r in projected} == {largest}, projected
+    for row in projected:  # each producer sends what it did at the measured size
+        (base,) = [
+            r for r in pools if r["how"] == "measured" and (r["state"], r["policy"]) == (row["state"], row["policy"])
+        ]
+        factor = row["producers"] / base["producers"]
+        assert row["hot_key_per_s"] == pytest.approx(base["hot_key_per_s"] * factor)
+    gc = [r for r in rows if r["kind"] == "gc"]
+    assert {r["versions"] for r in gc} == set(result["config"]["gc"]["versions"]) and len(gc) == 3 * len(
+        result["config"]["gc"]["versions"]
+    )
+    assert all(r["met"] for r in gc if r["setup"].startswith("repeat")), gc
+    for target in ("(target <= 100:", "PUT/s on _log/ (target <= 1,000:", "GET/s on _log/ (target <= 3,000:"):
+        assert target in table, target
+    assert "gc: repeat, nothing new:" in table and "target <= 1.3x: met" in table
 
 
 def test_unknown_benchmark_lists_them(tmp_path):

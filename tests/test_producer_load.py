@@ -12,7 +12,7 @@ import pytest
 
 from batchweave.commit.policies import ClaimBackoff
 from batchweave.errors import ConfigError
-from benchmarks.scale_measure import FAST, claims
+from benchmarks.scale_pool import FAST, claims
 
 
 def test_a_lost_claim_backs_off_with_full_jitter_doubling_to_a_cap():
