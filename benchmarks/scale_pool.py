@@ -5,7 +5,7 @@ Real ``Producer`` objects in threads of one process, on the counting latency mod
 (``scale_count.CountingStore``), in three states:
 
 1. *claiming at start*: P producers constructed together on a fresh namespace, each
-   claiming its epoch with a create-only PUT of the next log version;
+   claiming its epoch by a ticket that whoever commits a claim folds (``commit.claims``);
 2. *following the log*: P producers appending small TGBs, paced so the pool makes
    ``pool_tgb_per_s`` TGBs a second in all (a training job's step rate), committing in
    group mode (taking turns, following the log while they have TGBs pending) or direct
@@ -37,10 +37,13 @@ from typing import Any
 
 import numpy as np
 
+from batchweave.commit.claims import CLAIM_PREFIX
 from batchweave.commit.policies import Manual
 from batchweave.errors import BatchWeaveError
+from batchweave.inspect import inspect_namespace
 from batchweave.latency import CLOUD_DEFAULTS, LatencyModel
 from batchweave.lifecycle.watermarks import CHECKPOINT_PREFIX, Watermark, write_watermark
+from batchweave.pooljob import start_delay_s
 from batchweave.producer import Producer
 from batchweave.store import open_store
 from benchmarks.gc_history import collections_at
@@ -100,8 +103,10 @@ class PoolConfig:
 def measure_pool(config: PoolConfig, advance: Callable[[], None] = lambda: None) -> list[dict[str, Any]]:
     """Every state at every size (measured up to ``largest_measured``, projected above)."""
     records: list[dict[str, Any]] = []
+    # Claims are measured at every size: with tickets a pool of 1,000 claims in seconds.
+    records.extend(claims(p, config.model, staggered=staggered) for staggered in (False, True) for p in config.sizes)
+    advance()
     for measure in (
-        lambda p: [claims(p, config.model)],
         lambda p: [following(p, policy, config) for policy in config.policies],
         lambda p: [held(p, config)],
     ):
@@ -170,17 +175,28 @@ def _peak_per_s(requests: list[Request]) -> float:
 
 
 def _start_pool(
-    url: str, tally: Tally, model: LatencyModel, producers: int, policy: str, *, counted: bool = True, **options: Any
+    url: str,
+    tally: Tally,
+    model: LatencyModel,
+    producers: int,
+    policy: str,
+    *,
+    counted: bool = True,
+    staggered: bool = False,
+    **options: Any,
 ) -> list[Producer]:
-    """``producers`` Producers constructed together in threads (each claims its epoch).
-    Not ``counted``: the claims take no modelled time and are not recorded (a pool of
-    1,000 takes minutes to claim on the cloud model; ``claims`` measures that apart)."""
+    """``producers`` Producers constructed together in threads (each claims its epoch),
+    or ``staggered`` as a producer pool starts its workers (``pooljob.start_delay_s``).
+    Not ``counted``: the claims take no modelled time and are not recorded (``claims``
+    measures them apart)."""
     pool: list[Producer | None] = [None] * producers
     ready = threading.Barrier(producers)
 
     def start(i: int) -> None:
         store = CountingStore(url, tally, "producer", model, seed=i)
         ready.wait()
+        if staggered:
+            time.sleep(start_delay_s(i))
         with store.paused() if not counted else contextlib.nullcontext():
             pool[i] = Producer(store, f"p{i:04d}", dp=2, commit_policy=policy, **options)
 
@@ -213,24 +229,29 @@ def _slices() -> list[dict[str, np.ndarray]]:
 # -- 1. claims at start --------------------------------------------------------------------
 
 
-def claims(producers: int, model: LatencyModel = INSTANT) -> dict[str, Any]:
+def claims(producers: int, model: LatencyModel = INSTANT, *, staggered: bool = False) -> dict[str, Any]:
     """``producers`` producers starting together on an empty namespace: the requests of
-    their epoch claims (the create-only PUTs of log versions grow as P**2 without backoff)."""
+    their epoch claims (the create-only PUTs of log versions grew as P**2 without backoff,
+    P log P with it; with tickets the first claims for all: a few). ``staggered``: as a
+    producer pool starts them, ``HEAD_BUDGET_PER_S`` a second, so no key sees more."""
     url = f"memory://scale-claims-{uuid.uuid4().hex}"
     tally = Tally()
     started = time.monotonic()
-    pool = _start_pool(url, tally, model, producers, "dac")
+    pool = _start_pool(url, tally, model, producers, "dac", staggered=staggered)
     seconds = time.monotonic() - started
     requests = tally.between(started, time.monotonic())
+    versions = inspect_namespace(url).latest_version  # before any commit: the claims' versions
     _close_all(pool)
     rates = _rates(requests, LOG, seconds, producers)
     return {
-        "state": "claiming at start",
+        "state": "claiming at start" + (", as a pool starts them" if staggered else ""),
         "policy": "dac",
         "producers": producers,
         "how": "measured",
         "seconds_to_claim_all": seconds,
+        "claim_versions": versions,
         "log_puts_per_producer": rates["log_puts"] / producers,
+        "ticket_requests": sum(1 for r in requests if r.key.startswith(CLAIM_PREFIX)),
         **rates,
     }
 

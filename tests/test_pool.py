@@ -261,3 +261,16 @@ def test_a_shard_of_an_unsupported_type_is_refused_before_any_producer_starts(tm
     with pytest.raises(bw.ConfigError, match=r"pool 'prep': shard 1 holds a builtins.set"):
         run_pool(url, "prep", [0, {1}], pool_work.tgb_of, producers=1, dp=pool_work.DP, max_restarts=0, progress=False)
     assert bw.inspect_namespace(url).producers == {}
+
+
+def test_a_pool_starts_its_producers_within_the_budget_on_the_logs_keys():
+    """Every producer's start reads the same few log keys (the snapshot hint and listing,
+    the head): 1,000 workers starting at once sent each of them 1,000 requests a second."""
+    from batchweave.pooljob import start_delay_s
+    from batchweave.reading.polling import HEAD_BUDGET_PER_S
+
+    starts = sorted(start_delay_s(i) for i in range(1_000))
+    assert starts[0] == 0.0 and starts == sorted(set(starts))
+    for second in range(int(starts[-1]) + 1):
+        assert sum(1 for t in starts if second <= t < second + 1) <= HEAD_BUDGET_PER_S
+    assert start_delay_s(7) < 0.11  # a pool of 8 starts within a tenth of a second

@@ -26,7 +26,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from batchweave import log, logrules
-from batchweave.commit.claims import CLAIM_PREFIX, CLAIM_TICKET, Ticket, build_claims, next_epoch, parse_claim_key
+from batchweave.commit.claims import (
+    CLAIM_PREFIX,
+    CLAIM_TICKET,
+    Ticket,
+    build_claims,
+    foldable,
+    next_epoch,
+    parse_claim_key,
+)
 from batchweave.commit.group import GroupCommit
 from batchweave.commit.intents import IntentBoard
 from batchweave.commit.loop import CommitLoop, without_stall
@@ -48,6 +56,7 @@ from batchweave.lifecycle.backpressure import MAX_BACKOFF_S, may_upload, own_sha
 from batchweave.lifecycle.watermarks import MarkCache, global_watermark, read_watermarks
 from batchweave.log import LogState, ProducerState, TGBDescriptor
 from batchweave.mesh import Mesh
+from batchweave.reading.polling import HEAD_BUDGET_PER_S
 from batchweave.store import Store, open_store
 
 __all__ = ["Producer", "end_stream"]
@@ -331,8 +340,11 @@ class Producer:
         (seconds) of the last attempt. Refuses a namespace of another layout (I9).
         """
         layout = log.Layout(self.mesh.dp, self.mesh.cp)
+        began = time.monotonic()
         state = self._journal.load_state()
         ticket = self._write_ticket(state, layout, incarnation)
+        if ticket is not None:
+            self._give_the_first_ticket_its_turn(state, ticket, layout, time.monotonic() - began)
 
         def claim(state: LogState) -> log.LogVersion | None:
             mine = state.producers.get(self.producer_id)
@@ -363,6 +375,21 @@ class Producer:
             with contextlib.suppress(StoreError):
                 self._store.delete_if_allowed(ticket.key)
         return result.state, result.state.producers[self.producer_id], result.fragile_window_s
+
+    def _give_the_first_ticket_its_turn(
+        self, state: LogState, ticket: Ticket, layout: log.Layout, attempt_s: float
+    ) -> None:
+        """A pool that starts together: the holder of the first foldable ticket (in key
+        order) claims for everybody, and the others let it. Each waits twice its own
+        start's time (the first's claim is about that much) plus a random part of the
+        pool's budget on the head key, ``rivals / HEAD_BUDGET_PER_S``, and then looks: no
+        PUT of theirs races the first's, and their reads of its version stay within the
+        budget. If the first died, the wait is all it costs: they then claim themselves."""
+        listed = [parse_claim_key(info.key) for info in self._store.list(CLAIM_PREFIX)]
+        rivals = foldable(state, [t for t in listed if t is not None and t != ticket] + [ticket], layout)
+        if len(rivals) < 2 or min(rivals, key=lambda t: t.key) == ticket:
+            return
+        time.sleep(2 * attempt_s + random.uniform(0, len(rivals) / HEAD_BUDGET_PER_S))
 
     def _write_ticket(self, state: LogState, layout: log.Layout, incarnation: str) -> Ticket | None:
         """Our ticket for the epoch after ``state``'s; None when another incarnation of
