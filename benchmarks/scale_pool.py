@@ -41,6 +41,7 @@ from batchweave.commit.claims import CLAIM_PREFIX
 from batchweave.commit.policies import Manual
 from batchweave.errors import BatchWeaveError
 from batchweave.inspect import inspect_namespace
+from batchweave.journal import Journal
 from batchweave.latency import CLOUD_DEFAULTS, LatencyModel
 from batchweave.lifecycle.watermarks import CHECKPOINT_PREFIX, Watermark, write_watermark
 from batchweave.pooljob import start_delay_s
@@ -269,7 +270,7 @@ def following(producers: int, policy: str, config: PoolConfig) -> dict[str, Any]
     every_s = producers / config.pool_tgb_per_s
     stop = threading.Event()
     errors: list[BaseException] = []
-    visibility = _Visibility(stop)
+    visibility = _Visibility()
     started = time.monotonic()
     appenders = [
         threading.Thread(
@@ -277,17 +278,17 @@ def following(producers: int, policy: str, config: PoolConfig) -> dict[str, Any]
         )
         for i, p in enumerate(pool)
     ]
-    for thread in [*appenders, visibility.thread]:
+    for thread in appenders:
         thread.start()
     count_from = started + config.warmup_s
     time.sleep(max(0.0, count_from - time.monotonic()))
-    before = _tgbs(pool)
+    wall_from = time.time()
     time.sleep(config.window_s)
-    count_to = time.monotonic()
-    after = _tgbs(pool)
+    count_to, wall_to = time.monotonic(), time.time()
     stop.set()
-    for thread in [*appenders, visibility.thread]:
+    for thread in appenders:
         thread.join()
+    seen = visibility.measure(url, wall_from, wall_to)
     _close_all(pool)
     if errors:
         raise RuntimeError(f"{len(errors)} producers failed: {errors[0]!r}") from errors[0]
@@ -299,48 +300,43 @@ def following(producers: int, policy: str, config: PoolConfig) -> dict[str, Any]
         "producers": producers,
         "how": "measured",
         "tgb_every_s": every_s,
-        "tgbs_committed": after - before,
-        "tgbs_committed_per_s": (after - before) / seconds,
-        **visibility.percentiles(count_from, count_to),
+        **seen,
+        "tgbs_committed_per_s": seen["tgbs_committed"] / seconds,
         **_rates(requests, LOG, seconds, producers),
     }
 
 
 class _Visibility:
-    """Seconds from each append to the commit that holds it, as its producer sees it
-    (``resume_offset`` passing the offset), looked at every 20 ms."""
+    """Seconds from each append to the ``committed_at`` of the version that holds it, read
+    from the log afterwards: what a consumer sees, whichever producer committed the TGB
+    and however late its own producer noticed (one far from its turn reads the log
+    seldom). A TGB appended in the window and not committed by its end counts as
+    visible at the end (a lower bound)."""
 
-    def __init__(self, stop: threading.Event) -> None:
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._waiting: list[tuple[Producer, int, float]] = []
-        self.seen: list[tuple[float, float]] = []  # (appended at, seconds to visible)
-        self._stop = stop
-        self.thread = threading.Thread(target=self._watch)
+        self.handed: list[tuple[str, int, float]] = []  # (producer, offset, appended at: wall clock)
 
     def appended(self, producer: Producer, offset: int, at_s: float) -> None:
         with self._lock:
-            self._waiting.append((producer, offset, at_s))
+            self.handed.append((producer.producer_id, offset, at_s))
 
-    def _watch(self) -> None:
-        while not self._stop.wait(0.02):
-            with self._lock:
-                waiting, self._waiting = self._waiting, []
-            now = time.monotonic()
-            still = []
-            for producer, offset, at_s in waiting:
-                if producer.resume_offset > offset:
-                    self.seen.append((at_s, now - at_s))
-                else:
-                    still.append((producer, offset, at_s))
-            with self._lock:
-                self._waiting.extend(still)
-
-    def percentiles(self, start_s: float, end_s: float) -> dict[str, float]:
-        chosen = [s for at, s in self.seen if start_s <= at < end_s]
+    def measure(self, url: str, start_s: float, end_s: float) -> dict[str, float]:
+        """Over appends in ``[start_s, end_s)`` (wall clock): TGBs committed in the window,
+        and the visibility percentiles."""
+        committed_at = {}
+        for delta in Journal(open_store(url), read_only=True).versions_after(0):
+            for tgb in delta.tgbs:
+                committed_at[(tgb.producer, tgb.source_offset)] = delta.committed_at
+        committed = sum(1 for at in committed_at.values() if start_s <= at < end_s)
+        with self._lock:
+            chosen = [
+                min(committed_at.get((p, o), end_s), end_s) - at for p, o, at in self.handed if start_s <= at < end_s
+            ]
         if not chosen:
-            return {"visibility_p50_s": float("nan"), "visibility_p95_s": float("nan")}
+            return {"tgbs_committed": committed, "visibility_p50_s": float("nan"), "visibility_p95_s": float("nan")}
         p50, p95 = np.percentile(chosen, [50, 95])
-        return {"visibility_p50_s": float(p50), "visibility_p95_s": float(p95)}
+        return {"tgbs_committed": committed, "visibility_p50_s": float(p50), "visibility_p95_s": float(p95)}
 
 
 def _append_paced(
@@ -354,17 +350,13 @@ def _append_paced(
     due = first_s
     try:
         while not stop.wait(max(0.0, due - time.monotonic())):
-            at_s = time.monotonic()
+            at_s = time.time()  # wall clock: compared with the versions' committed_at
             offset = producer.append(_slices())
             if visibility is not None:
                 visibility.appended(producer, offset, at_s)
             due += every_s
     except BatchWeaveError as exc:
         errors.append(exc)
-
-
-def _tgbs(pool: list[Producer]) -> int:
-    return int(sum(p.metrics()["tgbs_committed"] for p in pool))
 
 
 # -- 3. held by max_lag ----------------------------------------------------------------------

@@ -201,3 +201,49 @@ def test_a_held_producer_paces_its_polls_by_the_pool_it_sees(tmp_path, monkeypat
     thread.join(30)
     for other in others:
         other.close()
+
+
+def wait_steps(url: str, steps: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while bw.inspect_namespace(url).steps < steps:
+        assert time.monotonic() < deadline, f"never {steps} steps committed"
+        time.sleep(0.01)
+
+
+def test_once_collected_a_held_producer_reads_the_reclaim_point_not_the_watermarks():
+    """Reading every watermark cost each held producer a GET per mark and checkpoint
+    (1,250 x 1,000 producers: 1.25 million GETs a checkpoint). Once the namespace is
+    collected, the log's reclaim point bounds what is stored: a probe of the head."""
+    url = f"memory://held-reclaim-{uuid.uuid4().hex}"
+    tally = Tally()
+    producer = bw.Producer(CountingStore(url, tally, "producer", INSTANT), "p", dp=2, max_lag=10)
+    errors: list[Exception] = []
+    thread = append_forever(producer, errors)
+    ranks = [bw.Consumer(url, dp=2, rank=r) for r in range(2)]
+
+    def read_and_mark(steps: int, checkpoint: str) -> None:
+        for consumer in ranks:
+            for _ in range(steps):
+                next(consumer)
+            consumer.mark_checkpoint(checkpoint)
+
+    wait_steps(url, 10)  # held
+    read_and_mark(4, "ckpt-4")
+    bw.collect_garbage(url)  # reclaims the steps below 4: room for four more
+    wait_steps(url, 14)
+    polls_before = len(tally.requests)
+    read_and_mark(4, "ckpt-8")
+    bw.release_checkpoint(url, "ckpt-4")  # W_global moves to 8, but nothing more is reclaimed yet
+    deadline = time.monotonic() + 30
+    while sum(1 for r in tally.requests[polls_before:] if r.key.startswith("_log/")) < 3:
+        assert time.monotonic() < deadline, "the held producer never probed the log"
+        time.sleep(0.01)
+    assert bw.inspect_namespace(url).steps == 14  # still held: the log's reclaim point says 4
+    bw.collect_garbage(url)
+    wait_steps(url, 18)  # released by the collection: four more
+    checkpoint_reads = [r for r in tally.requests[polls_before:] if r.key.startswith(CHECKPOINT_PREFIX)]
+    assert checkpoint_reads == [], checkpoint_reads[:5]
+    for consumer in ranks:
+        consumer.close()
+    producer.close(flush=False)
+    thread.join(30)
