@@ -543,8 +543,8 @@ def pool_verdict(results: list[dict[str, Any]]) -> list[str]:
         if state.startswith("held"):
             lines.append(
                 f"{where}: {largest['checkpoints_list_per_s']:,.0f} LIST/s and {largest['checkpoints_get_per_s']:,.0f} "
-                f"GET/s on _checkpoints/ steady; first poll {largest['first_poll_gets_per_producer']:,.0f} GETs "
-                "per producer"
+                f"GET/s on _checkpoints/ and {largest['log_per_s']:,.0f}/s on _log/ steady; first poll "
+                f"{largest['first_poll_gets_per_producer']:,.0f} GETs per producer"
             )
     gc = [r for r in results if r["kind"] == "gc"]
     if gc:

@@ -43,6 +43,7 @@ from batchweave.errors import BatchWeaveError
 from batchweave.inspect import inspect_namespace
 from batchweave.journal import Journal
 from batchweave.latency import CLOUD_DEFAULTS, LatencyModel
+from batchweave.lifecycle.gc import collect_garbage
 from batchweave.lifecycle.watermarks import CHECKPOINT_PREFIX, Watermark, write_watermark
 from batchweave.pooljob import start_delay_s
 from batchweave.producer import Producer
@@ -109,7 +110,7 @@ def measure_pool(config: PoolConfig, advance: Callable[[], None] = lambda: None)
     advance()
     for measure in (
         lambda p: [following(p, policy, config) for policy in config.policies],
-        lambda p: [held(p, config)],
+        lambda p: [held(p, config, collected=collected) for collected in (False, True)],
     ):
         records.extend(_measured_or_projected(measure, config))
         advance()
@@ -151,7 +152,7 @@ def _rates(requests: list[Request], prefix: str, seconds: float, producers: int)
     out: dict[str, Any] = {}
     for op in ("put", "get", "list", "head", "delete"):
         ops = [r for r in chosen if r.request == op]
-        if not ops and op not in ("put", "get"):
+        if not ops and op not in ("put", "get", "list"):
             continue
         out[f"{name}_{op}s"] = len(ops)
         out[f"{name}_{op}_per_s"] = len(ops) / seconds
@@ -362,14 +363,15 @@ def _append_paced(
 # -- 3. held by max_lag ----------------------------------------------------------------------
 
 
-def held(producers: int, config: PoolConfig) -> dict[str, Any]:
-    """``producers`` producers with ``max_lag=1`` on a log one step past a checkpoint
-    complete at step 0 (``marks`` watermarks): every first ``append`` is held at once, and
-    polls ``_checkpoints/`` with backoff (50 ms doubling to 2 s) until closed. Counted
-    for ``window_s`` after ``warmup_s``; each producer's first poll reads every mark once,
-    counted apart."""
+def held(producers: int, config: PoolConfig, *, collected: bool = False) -> dict[str, Any]:
+    """``producers`` producers with ``max_lag=1`` on a log one step past a complete
+    checkpoint (``marks`` watermarks): every first ``append`` is held at once, and looks
+    again with backoff (50 ms doubling to 2 s, or the pool's budget) until closed. Before
+    any collection a look lists ``_checkpoints/`` and each producer's first look reads
+    every mark once (counted apart); once ``collected``, it probes the log's head for the
+    reclaim point. Counted for ``window_s`` after ``warmup_s``."""
     url = f"memory://scale-held-{uuid.uuid4().hex}"
-    _write_checkpoint(url, config.marks)
+    _write_checkpoint(url, config.marks, collected)
     tally = Tally()
     started = time.monotonic()
     pool = _start_pool(url, tally, config.model, producers, "dac", counted=False, max_lag=1)
@@ -378,7 +380,8 @@ def held(producers: int, config: PoolConfig) -> dict[str, Any]:
     appenders = [threading.Thread(target=_append_paced, args=(p, 0.0, 0.0, stop, errors)) for p in pool]
     for thread in appenders:
         thread.start()
-    count_from = _when_all_read_marks(tally, producers * config.marks, started + config.warmup_s)
+    marks_read = 0 if collected else producers * config.marks
+    count_from = _when_all_read_marks(tally, marks_read, started + config.warmup_s)
     time.sleep(config.window_s)
     count_to = time.monotonic()
     _close_all(pool)  # (each held append then raises: closed)
@@ -392,7 +395,7 @@ def held(producers: int, config: PoolConfig) -> dict[str, Any]:
     rates = _rates(requests, CHECKPOINT_PREFIX, seconds, producers)
     lists = rates.get("checkpoints_lists", 0)
     return {
-        "state": f"held by max_lag, {config.marks:,} marks",
+        "state": f"held by max_lag, {config.marks:,} marks, " + ("collected" if collected else "never collected"),
         "policy": "dac",
         "producers": producers,
         "how": "measured",
@@ -404,14 +407,19 @@ def held(producers: int, config: PoolConfig) -> dict[str, Any]:
     }
 
 
-def _write_checkpoint(url: str, marks: int) -> None:
-    """One TGB committed (step 1), and a checkpoint complete at step 0: W_global = 0."""
+def _write_checkpoint(url: str, marks: int, collected: bool) -> None:
+    """A checkpoint complete one step below the head: W_global = 0 with one TGB committed;
+    or, ``collected``, 1 with two, and step 0 reclaimed."""
     with Producer(open_store(url), "setup", dp=2, commit_policy=Manual()) as producer:
-        producer.append(_slices())
+        for _ in range(1 + collected):
+            producer.append(_slices())
         producer.flush()
     store = open_store(url)
     for d in range(marks):
-        write_watermark(store, Watermark("ck", dp=marks, cp=1, d=d, c=0, position=Fraction(0), version=1))
+        mark = Watermark("ck", dp=marks, cp=1, d=d, c=0, position=Fraction(int(collected)), version=1 + collected)
+        write_watermark(store, mark)
+    if collected:
+        collect_garbage(url, grace_s=0)
 
 
 def _is_mark_get(request: Request) -> bool:

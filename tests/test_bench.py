@@ -161,7 +161,12 @@ def check_scale_pool_and_gc(result: dict, table: str) -> None:
         numbers = {k: v for k, v in row.items() if isinstance(v, int | float) and not isinstance(v, bool)}
         assert all(v >= 0 for v in numbers.values()), (row["state"], numbers)  # (NaN fails too)
         assert isinstance(row["met"], bool) and row["target"]
-    held = by_state["held by max_lag"]
+    smallest = min(r["producers"] for r in pools)
+    (held,) = [r for r in pools if r["state"].endswith("never collected") and r["producers"] == smallest]
+    (reclaim,) = [r for r in pools if r["state"].endswith(", collected") and r["producers"] == smallest]
+    # Once collected, a held producer probes the log's reclaim point: no mark read, ever.
+    assert reclaim["first_poll_gets_per_producer"] == 0 and reclaim.get("checkpoints_gets", 0) == 0, reclaim
+    assert reclaim.get("checkpoints_lists", 0) == 0 and reclaim["log_per_s"] > 0, reclaim
     (claims,) = [
         r for r in pools if r["state"] == "claiming at start" and r["how"] == "measured" and r["producers"] == 16
     ]
