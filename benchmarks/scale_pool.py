@@ -47,6 +47,7 @@ from batchweave.lifecycle.gc import collect_garbage
 from batchweave.lifecycle.watermarks import CHECKPOINT_PREFIX, Watermark, write_watermark
 from batchweave.pooljob import start_delay_s
 from batchweave.producer import Producer
+from batchweave.reading.polling import HEAD_BUDGET_PER_S
 from batchweave.store import open_store
 from benchmarks.gc_history import collections_at
 from benchmarks.scale_count import CountingStore, Request, Tally, hottest_key_windows
@@ -79,7 +80,7 @@ FAST = LatencyModel(put_s=0.004, first_byte_s=0.0025, head_s=0.0015, list_s=0.00
 @dataclass(frozen=True, slots=True)
 class PoolConfig:
     sizes: tuple[int, ...] = (16, 64, 256, 1000)
-    largest_measured: int = 256  # larger sizes are projected (claims at 1,000 took 175 s, CPU-bound)
+    largest_measured: int = 256  # held before any collection: larger pools are projected (1.25 M first reads)
     model: LatencyModel = CLOUD_DEFAULTS
     pool_tgb_per_s: float = 3.0  # the whole pool's appends: a training job's step rate
     warmup_s: float = 4.0  # after the pool started, before counting
@@ -103,40 +104,45 @@ class PoolConfig:
 
 
 def measure_pool(config: PoolConfig, advance: Callable[[], None] = lambda: None) -> list[dict[str, Any]]:
-    """Every state at every size (measured up to ``largest_measured``, projected above)."""
+    """Every state at every size: measured, or projected above ``largest_measured`` where noted."""
     records: list[dict[str, Any]] = []
     # Claims are measured at every size: with tickets a pool of 1,000 claims in seconds.
     records.extend(claims(p, config.model, staggered=staggered) for staggered in (False, True) for p in config.sizes)
     advance()
-    for measure in (
-        lambda p: [following(p, policy, config) for policy in config.policies],
-        lambda p: [held(p, config, collected=collected) for collected in (False, True)],
+    # So are following and held polls after a collection (a few requests a producer); held
+    # polls before any collection read every mark at first (1.25 million GETs at 1,000):
+    # measured up to ``largest_measured``, projected above.
+    everywhere = max(config.sizes)
+    for measure, largest in (
+        (lambda p: [following(p, policy, config) for policy in config.policies], everywhere),
+        (lambda p: [held(p, config, collected=True)], everywhere),
+        (lambda p: [held(p, config)], config.largest_measured),
     ):
-        records.extend(_measured_or_projected(measure, config))
+        records.extend(_measured_or_projected(measure, config.sizes, largest))
         advance()
     return records
 
 
-def _measured_or_projected(measure: Callable[[int], list[dict[str, Any]]], config: PoolConfig) -> list[dict[str, Any]]:
-    measured = [r for p in config.sizes if p <= config.largest_measured for r in measure(p)]
+def _measured_or_projected(
+    measure: Callable[[int], list[dict[str, Any]]], sizes: tuple[int, ...], largest_measured: int
+) -> list[dict[str, Any]]:
+    measured = [r for p in sizes if p <= largest_measured for r in measure(p)]
     largest = max(r["producers"] for r in measured)
     base = [r for r in measured if r["producers"] == largest]
-    projected = [_project(r, p) for p in config.sizes if p > config.largest_measured for r in base]
+    projected = [_project(r, p) for p in sizes if p > largest_measured for r in base]
     return measured + projected
 
 
 def _project(record: dict[str, Any], producers: int) -> dict[str, Any]:
     """``record`` at ``producers``: every rate and count scaled linearly in the pool (each
     producer sends what it did at the measured size); the busiest key's too, as one key
-    (the next log version, a listed prefix) takes the requests of every producer; and
-    the time to claim, as claims pass through the log one version at a time (16 -> 1,000
-    measured: 1.7, 10, 40, 174 s)."""
+    (a listed prefix) takes the requests of every producer."""
     factor = producers / record["producers"]
     out = dict(record, producers=producers, how="projected", projected_from=record["producers"])
     for key, value in record.items():
         rate = key.endswith("_per_s") and not key.endswith("_per_producer_s")
         count = isinstance(value, int) and key not in ("producers", "marks")
-        if rate or count or key == "seconds_to_claim_all":
+        if rate or count:
             out[key] = value * factor
     return out
 
@@ -269,6 +275,9 @@ def following(producers: int, policy: str, config: PoolConfig) -> dict[str, Any]
     tally = Tally()
     pool = _start_pool(url, tally, config.model, producers, policy, counted=False)
     every_s = producers / config.pool_tgb_per_s
+    # Long enough for every producer to have followed the log once after the claims: a
+    # producer far from its turn looks about every producers / 70 s.
+    warmup_s = max(config.warmup_s, 2 * producers / HEAD_BUDGET_PER_S)
     stop = threading.Event()
     errors: list[BaseException] = []
     visibility = _Visibility()
@@ -281,7 +290,7 @@ def following(producers: int, policy: str, config: PoolConfig) -> dict[str, Any]
     ]
     for thread in appenders:
         thread.start()
-    count_from = started + config.warmup_s
+    count_from = started + warmup_s
     time.sleep(max(0.0, count_from - time.monotonic()))
     wall_from = time.time()
     time.sleep(config.window_s)

@@ -176,7 +176,9 @@ def check_scale_pool_and_gc(result: dict, table: str) -> None:
     assert held["first_poll_gets_per_producer"] == held["marks"] > 0  # each mark read once, on the first poll
     assert held["checkpoints_lists"] > 0 and held["checkpoints_gets"] == 0  # then listed only
     for policy in ("group", "dac"):
-        (follow,) = [r for r in pools if r["policy"] == policy and r["how"] == "measured" and "following" in r["state"]]
+        (follow,) = [
+            r for r in pools if r["policy"] == policy and r["producers"] == smallest and "following" in r["state"]
+        ]
         assert follow["tgbs_committed"] > 0 and follow["log_puts"] > 0 and follow["log_gets"] > 0, follow
         assert 0 < follow["visibility_p50_s"] <= follow["visibility_p95_s"], follow
     largest = max(result["config"]["pool"]["sizes"])
