@@ -27,6 +27,7 @@ from batchweave.errors import ConfigError
 from batchweave.latency import LatencyModel, LatencyStore
 from batchweave.mesh import Mesh
 from batchweave.reading import node, nodeclient, nodehub
+from batchweave.reading.polling import HeadPolling
 
 pytestmark = pytest.mark.skipif(not node.sharing_supported(), reason="node sharing needs Linux")
 
@@ -425,3 +426,20 @@ def test_a_rank_left_by_its_hub_proves_from_what_the_hub_gave_it_not_from_its_ol
         hub.gone = True
         assert [(b.step, int(b.data["x"][0])) for b in (next(rank) for _ in range(6))] == [(s, s) for s in range(6, 12)]
         rank.close()
+
+
+def test_a_nodes_first_follower_waits_its_start_pause_before_its_first_request(monkeypatch):
+    """1,250 nodes starting together read the snapshot hint and the first versions in the
+    same second (1,250 GETs a key): the hub's first follower spreads its start within the
+    budget's floor (``HeadPolling.start_pause_s``), and only its first."""
+    pauses: list[float] = []
+
+    def recorded(self):
+        pauses.append(self.floor_s)
+        return 0.0
+
+    monkeypatch.setattr(HeadPolling, "start_pause_s", recorded)
+    store = CountingStore("memory://b/start-pause")
+    fill(store, 6, 2)
+    assert_each_rank_read_its_slice(read_node(store, range(8), dp=2, tp=4, sharing=True), 6, 2, 4)
+    assert pauses == [pytest.approx(1 / 70)]  # one node of one: its floor is a 70th of a second

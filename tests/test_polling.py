@@ -80,3 +80,14 @@ def test_a_pause_is_never_shorter_than_half_the_floor_nor_longer_than_one_and_a_
         pause = polling.missed()
         assert pause >= max(MIN_PAUSE_S, polling.floor_s) / 2
         assert pause <= max(1.0, polling.floor_s) * 1.5
+
+
+@pytest.mark.parametrize("followers", [8, 1_250])
+def test_followers_starting_together_spread_their_first_requests_within_the_budget(followers):
+    """1,250 node followers starting within a second each read the snapshot hint and the
+    first versions: 1,250 GETs on each of those keys in that second, with no spread."""
+    rng = random.Random(5)
+    starts = sorted(rng.random() + HeadPolling(followers, rng=rng).start_pause_s() for _ in range(followers))
+    busiest = max(sum(1 for t in starts if s <= t < s + 1) for s in starts)
+    assert busiest <= 100  # the start-up target on any one key
+    assert starts[-1] <= 1 + followers / 70  # within the floor: 8 followers start within 1.12 s

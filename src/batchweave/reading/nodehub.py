@@ -379,6 +379,8 @@ class _Hub:
 
     def _follow(self, generation: int, first: int) -> None:
         retry.stop_retrying_when(self._stop)
+        if generation == 1 and self._stop.wait(self._polling.start_pause_s()):
+            return  # the node's first follower starts with the job's others: spread their first requests
         journal = Journal(self._store, read_only=True)
         reader = LogReadAhead(journal, first, DEFAULT_LOG_READ_AHEAD, stop=self._stop)
         if first == 1:

@@ -19,7 +19,8 @@ the commit cadence does not waste probes between commits:
   rather than arriving at once.
 
 The same floor bounds a follower's idle re-proof of its anchor (``idle_proof_s``): that
-GET goes to one key every follower of the job reads too.
+GET goes to one key every follower of the job reads too; and it spreads the followers'
+first requests when a job starts (``start_pause_s``).
 
 Pure: no I/O, no clock; the follower passes times in.
 """
@@ -106,6 +107,14 @@ class HeadPolling:
             self._pause = min(self.max_poll_s, self._pause * 2)
         mean = max(self._pause, self.floor_s)
         return (self._rng or random).uniform(mean / 2, mean * 1.5)
+
+    def start_pause_s(self) -> float:
+        """How long a follower that starts with the job waits before its first request.
+        Every follower's first requests go to the same few keys (the snapshot hint, the
+        versions and segments at the start), so followers that all start within a second
+        spread them over the budget's floor: 1,250 node followers over about 18 s, 8 over
+        a tenth of a second."""
+        return (self._rng or random).uniform(0, self.floor_s)
 
     def mean_rate_per_s(self) -> float:
         """Requests a second this follower sends to the head key while idle (for sizing)."""
