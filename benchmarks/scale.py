@@ -29,6 +29,7 @@ from batchweave.reading.sharedlog import NODE_READ_AHEAD
 from benchmarks import gc_history
 from benchmarks.report import BenchOptions, BenchResult, machine
 from benchmarks.scale_count import LOG_CLASSES, LOG_NEXT, LOG_VERSION, SEGMENT
+from benchmarks.scale_fresh import FRESH_TARGET_S, FreshConfig, freshness
 from benchmarks.scale_measure import OWN, SHARED, MeasureConfig, measure_all
 from benchmarks.scale_model import (
     LIMITS,
@@ -83,7 +84,7 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
     measure = MeasureConfig.quick() if options.quick else MeasureConfig()
     scales = QUICK_SCALES if options.quick else SCALES
     pool = PoolConfig.quick() if options.quick else PoolConfig()
-    task = progress.add_task("bench scale: measuring", total=5 + 2 * len(scales) + 4)
+    task = progress.add_task("bench scale: measuring", total=5 + 2 * len(scales) + 6)
     measured = Measured(measure_all(measure, progress, task))
     other = _other_rates(measured)
     results: list[dict[str, Any]] = [_measured_row(r) for r in measured.records]
@@ -106,6 +107,10 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
     progress.update(task, description="bench scale: a producer pool")
     pool_records = measure_pool(pool, lambda: progress.advance(task))
     results.extend(_pool_row(r) for r in pool_records)
+    progress.update(task, description="bench scale: freshness at the head")
+    fresh = FreshConfig.quick() if options.quick else FreshConfig()
+    results.extend(_fresh_row(freshness(ranks, fresh)) for ranks in fresh.sizes)
+    progress.advance(task)
     progress.update(task, description="bench scale: gc at growing history")
     results.extend(_gc_rows(gc_rows(pool)))
     progress.advance(task)
@@ -148,21 +153,32 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
         "pool": {
             "sizes": list(pool.sizes),
             "largest_measured": pool.largest_measured,
-            "above": "projected linearly in P from the largest measured size (each producer sends what it did there)",
+            "above": "held before any collection only: projected linearly in P from the largest measured size "
+            "(each producer sends what it did there); every other state is measured at every size",
             "model": pool.model.to_dict(),
             "mesh": "dp 2, one small TGB (2 x 64 bytes)",
-            "claims": "P Producers constructed together in threads on a fresh namespace (DAC), all counted",
+            "claims": "P Producers constructed in threads on a fresh namespace (DAC), all counted: all at once, "
+            "and as a producer pool starts them (worker i after i / 70 s)",
             "following": f"P Producers appending, paced so the pool makes {pool.pool_tgb_per_s} TGB/s in all, "
             f"counted {pool.window_s} s after {pool.warmup_s} s (claims not counted); policies {list(pool.policies)}",
-            "held": f"P Producers with max_lag=1 on a log one step past a checkpoint complete at step 0 of "
-            f"{pool.marks:,} marks, each append held and polling _checkpoints/; counted {pool.window_s} s once "
-            "every producer read every mark (that first poll reported apart)",
+            "held": f"P Producers with max_lag=1 on a log one step past a complete checkpoint of {pool.marks:,} "
+            "marks, each append held: before any collection polling _checkpoints/ (counted "
+            f"{pool.window_s} s once every producer read every mark, that first poll reported apart); once "
+            "collected, probing the log's reclaim point",
             "peaks": "the most requests in one 1-s window",
             "targets_at_1000": {
                 "any_key_per_s": KEY_TARGET_PER_S,
                 "log_put_per_s": PUT_TARGET_PER_S,
                 "log_get_per_s": GET_TARGET_PER_S,
             },
+        },
+        "fresh": {
+            "sizes": list(fresh.sizes),
+            "how": "one node's 8 real ranks (tp 8, dp = ranks / 8) of the job, node sharing on, on the counting "
+            f"latency model, a committer at {fresh.steps_per_s} steps/s; the node follows within the head budget "
+            "of a job of ranks / 8 nodes",
+            "window": f"{fresh.pauses} of the node's mean pauses at the head, at least {fresh.min_window_s} s",
+            "target_p95_s": FRESH_TARGET_S,
         },
         "gc": {
             "versions": list(pool.gc_versions),
@@ -176,7 +192,7 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
         "store": "latency (counting), always",
         "machine": machine(),
     }
-    summary = verdict(results, comparisons, node_check, checks) + pool_verdict(results)
+    summary = verdict(results, comparisons, node_check, checks) + pool_verdict(results) + fresh_verdict(results)
     return BenchResult(NAME, config, results, COLUMNS, summary=summary, series=series)
 
 
@@ -528,6 +544,31 @@ def verdict(
         )
     )
     return lines
+
+
+def _fresh_row(record: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **record,
+        "kind": "fresh",
+        "setup": "node sharing, one node of the job",
+        "producers": 1,
+        "rate": record["fresh_p95_s"],
+        "unit": "P95 s from commit to delivery",
+        "hot_key_per_s": record["node_hot_key_per_s"],
+        "hot_key_mean_per_s": record["job_hot_key_mean_per_s"],
+        "target": f"P95 <= {FRESH_TARGET_S:.0f} s",
+    }
+
+
+def fresh_verdict(results: list[dict[str, Any]]) -> list[str]:
+    return [
+        f"freshness at {r['ranks']:,} ranks ({r['nodes']:,} nodes): commit to delivery P50 {r['fresh_p50_s']:.2f} s, "
+        f"P95 {r['fresh_p95_s']:.2f} s over {r['steps']} steps (target <= {FRESH_TARGET_S:.0f} s: "
+        f"{'met' if r['met'] else 'NOT met'}); the node probes every {r['pause_s']:.1f} s on average; the job's "
+        f"busiest key ~{r['job_hot_key_mean_per_s']:.0f}/s (the node's mean x nodes)"
+        for r in results
+        if r["kind"] == "fresh"
+    ]
 
 
 def pool_verdict(results: list[dict[str, Any]]) -> list[str]:

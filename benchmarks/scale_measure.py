@@ -49,6 +49,7 @@ __all__ = [
     "OWN",
     "SHARED",
     "MeasureConfig",
+    "Ranks",
     "measure_all",
     "node_sharing_available",
 ]
@@ -164,17 +165,27 @@ def _commit(producer: Producer, config: MeasureConfig, offset: int) -> None:
 # -- consumers ---------------------------------------------------------------------------
 
 
-class _Ranks:
+class Ranks:
     """The ranks of a dp x tp mesh as Consumers in threads, each on its own counting store."""
 
     def __init__(
-        self, url: str, tally: Tally, config: MeasureConfig, *, sharing: bool, limit: int | None = None
+        self,
+        url: str,
+        tally: Tally,
+        config: MeasureConfig,
+        *,
+        sharing: bool,
+        limit: int | None = None,
+        started: int | None = None,
     ) -> None:
-        self.stores = [CountingStore(url, tally, "consumer", seed=config.seed + r) for r in range(config.ranks)]
+        """``started``: only the first this many ranks of the mesh run (one node of a larger
+        job); all of them by default."""
+        count = config.ranks if started is None else started
+        self.stores = [CountingStore(url, tally, "consumer", seed=config.seed + r) for r in range(count)]
         # Node sharing: the ranks are one node's (local ranks 0..7), the hub in this process.
-        node = {"node_sharing": sharing} if node_sharing_available() else {}
+        node: dict[str, Any] = {"node_sharing": sharing} if node_sharing_available() else {}
         if sharing:
-            node.update(local_world_size=config.ranks)
+            node.update(local_world_size=count)
         self.consumers = [
             Consumer(
                 store,
@@ -187,10 +198,11 @@ class _Ranks:
             )
             for rank, store in enumerate(self.stores)
         ]
-        self.steps = [0] * config.ranks
+        self.steps = [0] * count
+        self.delivered: dict[int, float] = {}  # step -> when rank 0 had it (wall clock)
         self.limit = limit
         self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._iterate, args=(r,), daemon=True) for r in range(config.ranks)]
+        self.threads = [threading.Thread(target=self._iterate, args=(r,), daemon=True) for r in range(count)]
 
     def start(self) -> None:
         for thread in self.threads:
@@ -207,6 +219,8 @@ class _Ranks:
                 continue
             except StopIteration:
                 return
+            if rank == 0:
+                self.delivered[self.steps[0]] = time.time()
             self.steps[rank] += 1
 
     def wait_for(self, steps: int, timeout_s: float = 120.0) -> None:
@@ -247,7 +261,7 @@ def consumer_behind(config: MeasureConfig, sharing: bool = False) -> dict[str, A
         for offset in range(config.behind_steps + 64):
             _commit(producer, config, offset)
     tally = Tally()
-    ranks = _Ranks(url, tally, config, sharing=sharing, limit=config.behind_steps)
+    ranks = Ranks(url, tally, config, sharing=sharing, limit=config.behind_steps)
     started = time.monotonic()
     ranks.start()
     ranks.wait_for(config.behind_steps)
@@ -303,7 +317,7 @@ def consumer_at_head(config: MeasureConfig, sharing: bool = False) -> list[dict[
     producer = Producer(CountingStore(url, tally, "committer"), "p0", dp=config.dp, commit_policy=Manual())
     for offset in range(3):
         _commit(producer, config, offset)
-    ranks = _Ranks(url, tally, config, sharing=sharing)
+    ranks = Ranks(url, tally, config, sharing=sharing)
     ranks.start()
     ranks.wait_for(3)
     stop = threading.Event()

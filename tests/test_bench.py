@@ -198,6 +198,12 @@ def check_scale_pool_and_gc(result: dict, table: str) -> None:
     for target in ("(target <= 100:", "PUT/s on _log/ (target <= 1,000:", "GET/s on _log/ (target <= 3,000:"):
         assert target in table, target
     assert "gc: repeat, nothing new:" in table and "target <= 1.3x: met" in table
+    fresh = [r for r in rows if r["kind"] == "fresh"]
+    assert [r["ranks"] for r in fresh] == result["config"]["fresh"]["sizes"], fresh
+    for row in fresh:  # a real node of the job delivered every step of the window
+        assert row["steps"] > 0 and 0 < row["fresh_p50_s"] <= row["fresh_p95_s"] <= row["fresh_max_s"], row
+        assert row["pause_s"] == pytest.approx(row["nodes"] / 70) and isinstance(row["met"], bool)
+    assert "freshness at 64 ranks (8 nodes): commit to delivery P50" in table
 
 
 def test_unknown_benchmark_lists_them(tmp_path):

@@ -1,0 +1,122 @@
+"""How fresh the data is at the head of a large job: real consumers of a full mesh, one
+node of them started (issue 29, "fresh data at 10,000 ranks").
+
+A job of R ranks is R / 8 nodes of 8 (tp = 8 within a node, dp = R / 8). Its node
+followers share the head budget (``reading.polling``: all of them together about 70
+probes a second of the next version's key), so each probes about every ``nodes / 70``
+seconds. One node's 8 ranks run here for real, with node sharing, as that node's
+share of the job: the same pauses, requests and proofs as in the job, on the counting
+latency model, while a committer commits one TGB a step at ``steps_per_s``. Recorded:
+
+- commit-to-delivery: seconds from a version's put until the node's rank 0 has the step
+  (P50, P95), for the steps committed in the window;
+- the node's requests per second, and on its busiest key; times ``nodes`` they are the
+  job's (every node follows alike, jittered): the projection ``bench scale`` makes;
+- every version is read once per node, and a node finds a version within about one
+  pause of its commit, so the job's reads of one version key are spread over that
+  pause: ``nodes / pause`` = about 70 a second, whatever the size.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from batchweave.commit.policies import Manual
+from batchweave.latency import CLOUD_DEFAULTS, LatencyModel
+from batchweave.producer import Producer
+from batchweave.reading.polling import HEAD_BUDGET_PER_S
+from benchmarks.scale_count import LOG_CLASSES, CountingStore, Tally, hottest_key_windows
+from benchmarks.scale_measure import MeasureConfig, Ranks
+
+__all__ = ["FRESH_TARGET_S", "FreshConfig", "freshness"]
+
+RANKS_PER_NODE = 8
+FRESH_TARGET_S = 3.0  # P95 commit-to-delivery (issue 29)
+
+
+@dataclass(frozen=True, slots=True)
+class FreshConfig:
+    sizes: tuple[int, ...] = (1_024, 10_000)
+    steps_per_s: float = 3.0
+    pauses: float = 4.0  # the window, in the node's mean pauses at the head (at least min_window_s)
+    min_window_s: float = 20.0
+    model: LatencyModel = CLOUD_DEFAULTS
+
+    @classmethod
+    def quick(cls) -> FreshConfig:
+        return cls(sizes=(64,), pauses=2.0, min_window_s=2.0)
+
+
+def freshness(ranks: int, config: FreshConfig) -> dict[str, Any]:
+    """One node's 8 ranks of a ``ranks``-rank job at the head while versions arrive."""
+    dp, nodes = ranks // RANKS_PER_NODE, ranks // RANKS_PER_NODE
+    url = f"memory://scale-fresh-{uuid.uuid4().hex}"
+    tally = Tally()
+    producer = Producer(CountingStore(url, tally, "committer", config.model), "p0", dp=dp, commit_policy=Manual())
+    slices = [{"x": np.full(8, d % 256, dtype=np.uint8)} for d in range(dp)]
+    committed_at: dict[int, float] = {}
+
+    def commit(step: int) -> None:
+        producer.append(slices, source_offset=step)
+        producer.flush()
+        committed_at[step] = time.time()  # the version's put has returned
+
+    commit(0)
+    node = Ranks(url, tally, MeasureConfig(dp=dp, tp=RANKS_PER_NODE), sharing=True, started=RANKS_PER_NODE)
+    node.start()
+    node.wait_for(1, timeout_s=60 + 2 * nodes / HEAD_BUDGET_PER_S)  # the node's start pause, then step 0
+    pause_s = max(0.01, nodes / HEAD_BUDGET_PER_S)
+    window_s = max(config.min_window_s, config.pauses * pause_s)
+    stop = threading.Event()
+    steps = [1]
+
+    def commit_steadily() -> None:
+        due = time.monotonic()
+        while not stop.wait(max(0.0, due - time.monotonic())):
+            commit(steps[0])
+            steps[0] += 1
+            due += 1.0 / config.steps_per_s
+
+    committer = threading.Thread(target=commit_steadily, daemon=True)
+    start, wall_start = time.monotonic(), time.time()
+    committer.start()
+    time.sleep(window_s)
+    stop.set()
+    committer.join()
+    end = time.monotonic()
+    last = steps[0] - 1
+    node.wait_for(last + 1, timeout_s=60 + 4 * pause_s)  # every step of the window delivered
+    node.close()
+    producer.close()
+    delays = [node.delivered[s] - committed_at[s] for s in range(1, last + 1) if committed_at[s] >= wall_start]
+    requests = tally.between(start, end, "consumer")
+    seconds = end - start
+    hot_max, hot_mean, hot_key = hottest_key_windows(requests)
+    log = [r for r in requests if r.key_class in LOG_CLASSES]
+    p50, p95 = np.percentile(delays, [50, 95]) if delays else (float("nan"), float("nan"))
+    return {
+        "state": "at the head, commits flowing",
+        "ranks": ranks,
+        "nodes": nodes,
+        "how": "measured (one node of the job)",
+        "pause_s": pause_s,
+        "window_s": seconds,
+        "steps": len(delays),
+        "fresh_p50_s": float(p50),
+        "fresh_p95_s": float(p95),
+        "fresh_max_s": max(delays, default=float("nan")),
+        "node_requests_per_s": len(requests) / seconds,
+        "node_log_per_s": len(log) / seconds,
+        "node_hot_key_per_s": hot_max,
+        "node_hot_key_mean_per_s": hot_mean,
+        "node_hot_key": hot_key,
+        "job_hot_key_mean_per_s": hot_mean * nodes,  # every node alike, spread by its jitter
+        "job_log_per_s": len(log) / seconds * nodes,
+        "met": bool(p95 <= FRESH_TARGET_S),
+    }
