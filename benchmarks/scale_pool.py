@@ -241,7 +241,8 @@ def claims(producers: int, model: LatencyModel = INSTANT, *, staggered: bool = F
     """``producers`` producers starting together on an empty namespace: the requests of
     their epoch claims (the create-only PUTs of log versions grew as P**2 without backoff,
     P log P with it; with tickets the first claims for all: a few). ``staggered``: as a
-    producer pool starts them, ``HEAD_BUDGET_PER_S`` a second, so no key sees more."""
+    producer pool starts them, ``pooljob.START_RATE_PER_S`` a second, so no key sees
+    more than the budget."""
     url = f"memory://scale-claims-{uuid.uuid4().hex}"
     tally = Tally()
     started = time.monotonic()

@@ -69,6 +69,14 @@ def test_an_old_ticket_never_fences_a_newer_incarnation():
     assert dead_tickets(log, [old, later]) == [old]
 
 
+def test_two_tickets_of_one_producer_for_one_epoch_are_not_folded():
+    """Which incarnation should win is not the folder's to say: each claims on its own."""
+    log = state(a=1)
+    tickets = [Ticket("a", 2, L, "0a"), Ticket("a", 2, L, "0b"), Ticket("b", 1, L, "0c")]
+    assert [t.producer for t in foldable(log, tickets, L)] == ["b"]
+    assert foldable(log, [Ticket("a", 2, L, "0a"), Ticket("a", 2, L, "0a")], L) == [Ticket("a", 2, L, "0a")]
+
+
 def test_a_ticket_of_another_layout_is_not_folded():
     log = state(a=1)
     assert foldable(log, [Ticket("b", 1, Layout(4, 1), "x")], L) == []
@@ -115,13 +123,13 @@ def test_a_producer_that_lost_the_race_finds_its_ticket_folded_by_the_winner(tmp
     assert log_version(url) >= 2  # both commit under the epochs the fold gave them
 
 
-def test_a_second_incarnation_racing_for_the_same_ticket_claims_on_its_own_and_the_later_claim_fences(tmp_path):
+def test_two_incarnations_with_tickets_for_one_epoch_each_claim_on_their_own_and_the_later_fences(tmp_path):
     url = str(tmp_path / "ns")
     held = PausingStore(url)
     gate = held.pause("put_if_absent", VERSION_PUT)
-    first = Background(bw.Producer, held, "x", dp=2)  # holds the ticket for epoch 1
+    first = Background(bw.Producer, held, "x", dp=2)  # its ticket for epoch 1 is written
     gate.wait_reached()
-    second = bw.Producer(url, "x", dp=2)  # the ticket key exists: a claim of its own, epoch 1
+    second = bw.Producer(url, "x", dp=2)  # two tickets for x's epoch 1: neither folded, a claim of its own
     assert second.epoch == 1
     gate.release()
     late = first.result()  # its ticket is passed, never folded: it claims epoch 2 itself

@@ -9,6 +9,7 @@ import fcntl
 import json
 import mmap
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -204,13 +205,18 @@ def test_env_turns_sharing_on_for_a_remote_store_only(monkeypatch, tmp_path):
     assert bw.Consumer(local.as_uri(), dp=2, rank=1).node is None
 
 
+# Made and removed by tests running beside this one in other pytest workers: the named
+# semaphores of multiprocessing (producer pools, process pools), and MosaicML Streaming's
+# shared state (``000024_locals``, ``000024_shard_states``: `bench consumers` runs it).
+_FOREIGN_SHM = re.compile(r"^(sem\.mp-|\d{6}_)")
+
+
 def shm_names() -> set[str]:
-    """Names in /dev/shm, but for multiprocessing's named semaphores (``sem.mp-*``): the
-    tests running beside this one in other pytest workers (producer pools, process pools)
-    make and remove those all the time. A hub that regressed to named shared memory would
-    show here as ``psm_*`` (multiprocessing.shared_memory) or a name of its own."""
+    """Names in /dev/shm, but for those other tests make (``_FOREIGN_SHM``). A hub that
+    regressed to named shared memory would show here as ``psm_*``
+    (multiprocessing.shared_memory) or a name of its own."""
     names = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-    return {name for name in names if not name.startswith("sem.mp-")}
+    return {name for name in names if not _FOREIGN_SHM.match(name)}
 
 
 @pytest.mark.s3

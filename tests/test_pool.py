@@ -271,6 +271,6 @@ def test_a_pool_starts_its_producers_within_the_budget_on_the_logs_keys():
 
     starts = sorted(start_delay_s(i) for i in range(1_000))
     assert starts[0] == 0.0 and starts == sorted(set(starts))
-    for second in range(int(starts[-1]) + 1):
-        assert sum(1 for t in starts if second <= t < second + 1) <= HEAD_BUDGET_PER_S
-    assert start_delay_s(7) < 0.11  # a pool of 8 starts within a tenth of a second
+    for second in range(int(starts[-1]) + 1):  # about three requests a start to the busiest key
+        assert 3 * sum(1 for t in starts if second <= t < second + 1) <= HEAD_BUDGET_PER_S + 3
+    assert start_delay_s(7) < 0.31  # a pool of 8 starts within a third of a second

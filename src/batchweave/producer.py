@@ -123,7 +123,7 @@ class Producer:
         self._w_global_steps = 0  # cached; refreshed only while append is held back
         self._marks: MarkCache = {}  # the watermarks read while held: each is read once
         self._reclaim_view: tuple[Journal[Any], LogState] | None = None  # the log as a held producer reads it
-        self._share = (-1, 0, 1)  # (log version, this producer's share of max_lag then, the pool then)
+        self._share = (-1, 0)  # (log version, this producer's share of max_lag then)
         self.policy = resolve_policy(commit_policy)
         self._group = self.policy if isinstance(self.policy, GroupCommit) else None
         if self._group is not None and not background_commit:
@@ -341,7 +341,8 @@ class Producer:
     def _claim_epoch(self, incarnation: str) -> tuple[LogState, ProducerState, float]:
         """Commit a version that gives this incarnation the next epoch of producer_id: by a
         ticket that whoever claims next folds (``commit.claims``), or by a claim of its
-        own when another incarnation holds the ticket for that epoch.
+        own when its ticket cannot be folded (another incarnation's ticket for the same
+        epoch, or the epoch passed).
 
         Returns the new state, this incarnation's producer state, and the fragile window
         (seconds) of the last attempt. Refuses a namespace of another layout (I9).
@@ -350,8 +351,7 @@ class Producer:
         began = time.monotonic()
         state = self._journal.load_state()
         ticket = self._write_ticket(state, layout, incarnation)
-        if ticket is not None:
-            self._give_the_first_ticket_its_turn(state, ticket, layout, time.monotonic() - began)
+        self._give_the_first_ticket_its_turn(state, ticket, layout, time.monotonic() - began)
 
         def claim(state: LogState) -> log.LogVersion | None:
             mine = state.producers.get(self.producer_id)
@@ -362,7 +362,7 @@ class Producer:
                     f"namespace {self._store.url} was ended at log version {state.version}; "
                     f"producer {self.producer_id!r} cannot start (use a fresh namespace)"
                 )
-            if ticket is not None and ticket.epoch == next_epoch(state, self.producer_id):
+            if ticket.epoch == next_epoch(state, self.producer_id):
                 listed = [parse_claim_key(info.key) for info in self._store.list(CLAIM_PREFIX)]
                 tickets = [t for t in listed if t is not None and t != ticket] + [ticket]
                 version = build_claims(state, tickets, time.time(), layout)
@@ -376,11 +376,10 @@ class Producer:
         result = self._journal.commit(
             state, claim, after_conflict=lambda window_s: time.sleep(backoff.pause_s(window_s))
         )
-        if ticket is not None:
-            # Folded or passed: dead either way. A producer that may not delete (or a
-            # failing delete) leaves it to the collector.
-            with contextlib.suppress(StoreError):
-                self._store.delete_if_allowed(ticket.key)
+        # Folded or passed: dead either way. A producer that may not delete (or a failing
+        # delete) leaves it to the collector.
+        with contextlib.suppress(StoreError):
+            self._store.delete_if_allowed(ticket.key)
         return result.state, result.state.producers[self.producer_id], result.fragile_window_s
 
     def _give_the_first_ticket_its_turn(
@@ -398,14 +397,11 @@ class Producer:
             return
         time.sleep(2 * attempt_s + random.uniform(0, len(rivals) / HEAD_BUDGET_PER_S))
 
-    def _write_ticket(self, state: LogState, layout: log.Layout, incarnation: str) -> Ticket | None:
-        """Our ticket for the epoch after ``state``'s; None when another incarnation of
-        this producer holds that epoch's ticket (we then claim on our own)."""
+    def _write_ticket(self, state: LogState, layout: log.Layout, incarnation: str) -> Ticket:
+        """Our ticket for the epoch after ``state``'s (its key names our incarnation:
+        nobody else writes it)."""
         ticket = Ticket(self.producer_id, next_epoch(state, self.producer_id), layout, incarnation)
-        try:
-            self._store.put_if_absent(ticket.key, CLAIM_TICKET)
-        except ObjectExistsError:
-            return None
+        self._store.put_if_absent(ticket.key, CLAIM_TICKET)
         return ticket
 
     def _wait_for_checkpoints(self, max_lag: int) -> None:
@@ -428,7 +424,10 @@ class Producer:
                         return
             if time.monotonic() >= poll_at:
                 self._w_global_steps, collected = self._read_w_global()
-                poll_at = time.monotonic() + poll_pause_s(pause, self._share[2], random.random())
+                # Every producer the log knows may be held and polling alike (a held
+                # producer commits nothing, so "active lately" would undercount them).
+                pool = len(self._shared.state.producers)
+                poll_at = time.monotonic() + poll_pause_s(pause, pool, random.random())
                 pause = min(MAX_BACKOFF_S, pause * 2)
                 if collected and not warned and time.monotonic() - held_since > HELD_WARNING_S:
                     warned = True
@@ -467,7 +466,7 @@ class Producer:
         kept per log version, and spans are pruned only when W_global moved."""
         shared = self._shared
         if self._share[0] != shared.state.version:
-            self._share = (shared.state.version, *own_share(shared.state, self.producer_id, max_lag))
+            self._share = (shared.state.version, own_share(shared.state, self.producer_id, max_lag))
         w_global = self._w_global_steps
         spans = shared.committed_spans or []
         if spans and spans[0].end <= w_global:

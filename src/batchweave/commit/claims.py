@@ -6,7 +6,7 @@ start together race for the same version over and over: about 0.4 P**2 create-on
 without backoff, P log P with it, and at best one claim per round trip, so 1,000
 producers took minutes to start. Instead:
 
-- A starting producer writes a *ticket*, create-only, at
+- A starting producer writes a *ticket* at
   ``_claims/<producer>/e<epoch>/<dp>x<cp>-<incarnation>``: the epoch it claims (one past
   the one the log records), its layout and its incarnation, all in the key, so a
   listing is enough to read every ticket.
@@ -14,12 +14,13 @@ producers took minutes to start. Instead:
   version: one version claims for the whole pool, and a producer that lost the race
   usually finds its own ticket folded by the winner and writes nothing more.
 
-Fencing holds as before: a ticket names the one epoch it claims, and the key is
-create-only, so two incarnations of one producer never hold tickets for the same epoch
-(the second falls back to a claim of its own); a ticket is folded only while its epoch
-is exactly one past the log's (an older ticket can never fence a newer incarnation);
-and a folded ticket's incarnation gets exactly what ``logrules.build_claim`` would have
-given it. A ticket of another layout than the namespace's is never folded (I9).
+Fencing holds as before: a ticket names the one epoch it claims and is folded only
+while that epoch is exactly one past the log's (an older ticket can never fence a newer
+incarnation); two incarnations of one producer with tickets for the same epoch are
+never folded, so both claim on their own and the later claim fences the other, as two
+racing claims always did; and a folded ticket's incarnation gets exactly what
+``logrules.build_claim`` would have given it. A ticket of another layout than the
+namespace's is never folded (I9).
 Pure: keys and states in, versions out.
 """
 
@@ -84,19 +85,20 @@ def next_epoch(state: LogState, producer: str) -> int:
 
 
 def foldable(state: LogState, tickets: Iterable[Ticket], layout: Layout | None) -> list[Ticket]:
-    """The tickets the version after ``state`` may fold: each claims the epoch after the
-    one ``state`` records for its producer, in the namespace's layout (``layout`` when the
-    namespace has none yet: the folder's own). At most one a producer (create-only keys
-    make it so; the first in key order otherwise)."""
+    """The tickets the version after ``state`` may fold, in key order: each claims the
+    epoch after the one ``state`` records for its producer, in the namespace's layout
+    (``layout`` when the namespace has none yet: the folder's own). A producer with two
+    such tickets (two incarnations starting at once) gets none folded: which one should
+    win is not the folder's to say, and each claims on its own."""
     expected = state.layout or layout
-    chosen: dict[str, Ticket] = {}
-    for ticket in sorted(tickets, key=lambda t: t.key):
-        if ticket.epoch != next_epoch(state, ticket.producer) or ticket.producer in chosen:
+    chosen: dict[str, list[Ticket]] = {}
+    for ticket in sorted(set(tickets), key=lambda t: t.key):
+        if ticket.epoch != next_epoch(state, ticket.producer):
             continue
         if expected is not None and (ticket.layout.dp, ticket.layout.cp) != (expected.dp, expected.cp):
             continue
-        chosen[ticket.producer] = ticket
-    return list(chosen.values())
+        chosen.setdefault(ticket.producer, []).append(ticket)
+    return [mine[0] for mine in chosen.values() if len(mine) == 1]
 
 
 def build_claims(state: LogState, tickets: Iterable[Ticket], committed_at: float, layout: Layout) -> LogVersion | None:

@@ -211,8 +211,9 @@ def follow_pause_s(rank: int, producers: int, interval_s: float, since_version_s
     quarter interval: their turn clock starts at each new version. The others are
     ``rank`` turns away and act only on a schedule (intents go out once per interval on
     their own clock), so they look within the pool's budget on that key, as readers do
-    (``reading.polling``: a mean of ``producers / HEAD_BUDGET_PER_S``, jittered by
-    ``draw`` in [0, 1)), and again half an interval before the version after which they
+    (``reading.polling``: a mean of ``producers / HEAD_BUDGET_PER_S``, ``producers``
+    being every one the log knows, jittered by ``draw`` in [0, 1)), and again half an
+    interval before the version after which they
     become the stand-in. 1,000 producers then probe the head ~70 times a second, not
     5,000, and a pool of up to 17 looks as often as before."""
     quick = interval_s / 4

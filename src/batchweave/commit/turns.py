@@ -19,7 +19,6 @@ from batchweave.commit.group import (
     build_group_commit,
     follow_pause_s,
     intent_key,
-    rotation,
     turn_rank,
 )
 from batchweave.commit.intents import IntentBoard
@@ -129,7 +128,8 @@ class GroupTurns:
         seen = self._version_seen[1]
         state = self._shared.state
         rank = turn_rank(state, self._shared.producer_id, self._group.active_versions)
-        producers = len(rotation(state, self._group.active_versions))
+        # Every producer the log knows follows alike, not only the rotation's few.
+        producers = len(state.producers)
         return follow_pause_s(rank, producers, self._group.interval_s, time.monotonic() - seen, random.random())
 
     def _prefetch_from(self) -> float:

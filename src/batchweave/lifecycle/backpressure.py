@@ -23,12 +23,14 @@ A producer counts as active when a log version among the last ``ACTIVE_VERSIONS`
 recorded it (a commit or a claim); one that left the pool stops taking a share once its
 last record is that far behind.
 
-A held producer reads the watermarks again after a pause (``poll_pause_s``). Every held
-producer of the pool lists the same prefix and reads each new mark once, so the pauses
+A held producer reads W_global again after a pause (``poll_pause_s``). Every held
+producer of the pool reads the same keys (the log's head, or the watermarks), so the pauses
 carry a floor from a request budget, as the log's followers do (``reading.polling``):
-1,000 held producers list ``_checkpoints/`` about every 14 s each, 70 a second in all,
-not 500. Being released a few seconds late costs a held producer nothing it was not
-already waiting for: a checkpoint. Pure: values in, values out.
+1,000 held producers look about every 14 s each, 70 a second in all, not 500. The
+pool is every producer the log knows: a held producer commits nothing, so counting the
+ones active lately would leave the held ones out. Being released a few seconds late
+costs a held producer nothing it was not already waiting for. Pure: values in, values
+out.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from batchweave.reading.polling import HEAD_BUDGET_PER_S
 __all__ = [
     "ACTIVE_VERSIONS",
     "MAX_BACKOFF_S",
+    "MAX_POLL_S",
     "CommittedSpan",
     "active_producers",
     "may_upload",
@@ -57,6 +60,9 @@ ACTIVE_VERSIONS = 64
 # A held producer's own backoff between two reads of the watermarks tops out here; the
 # pool's budget (``poll_pause_s``) may make the pause longer.
 MAX_BACKOFF_S = 2.0
+# The budget's pause never exceeds this: past about 4,200 producers in the log (ids that
+# ever claimed) a held producer still looks once a minute.
+MAX_POLL_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,12 +91,11 @@ def share(total: int, producers: int, index: int) -> int:
     return total * (index + 1) // producers - total * index // producers
 
 
-def own_share(state: LogState, me: str, max_lag: int) -> tuple[int, int]:
-    """Producer ``me``'s share of ``max_lag`` among the producers active in ``state``, and
-    how many they are (O(producers): callers keep it for as long as they hold the same
-    state)."""
+def own_share(state: LogState, me: str, max_lag: int) -> int:
+    """Producer ``me``'s share of ``max_lag`` among the producers active in ``state``
+    (O(producers): callers keep it for as long as they hold the same state)."""
     producers = active_producers(state, me)
-    return share(max_lag, len(producers), producers.index(me)), len(producers)
+    return share(max_lag, len(producers), producers.index(me))
 
 
 def poll_pause_s(backoff_s: float, producers: int, draw: float) -> float:
@@ -98,7 +103,7 @@ def poll_pause_s(backoff_s: float, producers: int, draw: float) -> float:
     the pool's budget floor (``producers / HEAD_BUDGET_PER_S``) when that is longer,
     jittered by ``draw`` in [0, 1) over [mean/2, 3 mean/2] so the pool does not poll in
     step."""
-    mean = max(backoff_s, producers / HEAD_BUDGET_PER_S)
+    mean = max(backoff_s, min(MAX_POLL_S, producers / HEAD_BUDGET_PER_S))
     return mean * (0.5 + draw)
 
 
