@@ -411,23 +411,21 @@ class Producer:
         commits; W_global is read again with backoff, within the pool's budget
         (``backpressure.poll_pause_s``), and only while held (``_read_w_global``)."""
         pause = 0.05
-        poll_at = 0.0  # the cached W_global goes first: no request while there is room
+        # The cached W_global goes first: no request while there is room. Then a first look
+        # at a random moment within the pool's budget: a pool is often held all at once.
         held_since, warned = time.monotonic(), False
+        poll_at = held_since + random.uniform(0, self._known_producers() / HEAD_BUDGET_PER_S)
         while True:
             with self._shared.cond:
                 self._raise_if_unusable()
                 if self._may_upload(max_lag):
                     return
-                if poll_at:
-                    self._shared.cond.wait(max(0.0, poll_at - time.monotonic()))
-                    if self._may_upload(max_lag):
-                        return
+                self._shared.cond.wait(max(0.0, poll_at - time.monotonic()))
+                if self._may_upload(max_lag):
+                    return
             if time.monotonic() >= poll_at:
                 self._w_global_steps, collected = self._read_w_global()
-                # Every producer the log knows may be held and polling alike (a held
-                # producer commits nothing, so "active lately" would undercount them).
-                pool = len(self._shared.state.producers)
-                poll_at = time.monotonic() + poll_pause_s(pause, pool, random.random())
+                poll_at = time.monotonic() + poll_pause_s(pause, self._known_producers(), random.random())
                 pause = min(MAX_BACKOFF_S, pause * 2)
                 if collected and not warned and time.monotonic() - held_since > HELD_WARNING_S:
                     warned = True
@@ -440,6 +438,16 @@ class Producer:
                         time.monotonic() - held_since,
                         self._w_global_steps,
                     )
+
+    def _known_producers(self) -> int:
+        """Every producer the log knows, in the newest state we hold: any may be held and
+        looking alike (a held producer commits nothing, so "active lately" would leave
+        the held ones out)."""
+        with self._shared.cond:
+            known = len(self._shared.state.producers)
+        if self._reclaim_view is not None:
+            known = max(known, len(self._reclaim_view[1].producers))
+        return max(1, known)
 
     def _read_w_global(self) -> tuple[int, bool]:
         """W_global in steps, as a held producer reads it, and whether it came from a
