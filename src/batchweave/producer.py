@@ -363,9 +363,7 @@ class Producer:
                     f"producer {self.producer_id!r} cannot start (use a fresh namespace)"
                 )
             if ticket.epoch == next_epoch(state, self.producer_id):
-                listed = [parse_claim_key(info.key) for info in self._store.list(CLAIM_PREFIX)]
-                tickets = [t for t in listed if t is not None and t != ticket] + [ticket]
-                version = build_claims(state, tickets, time.time(), layout)
+                version = build_claims(state, self._tickets_with(ticket), time.time(), layout)
                 if version is not None and self.producer_id in version.producers:
                     return version
             return logrules.build_claim(state, self.producer_id, incarnation, time.time(), layout)
@@ -391,11 +389,15 @@ class Producer:
         pool's budget on the head key, ``rivals / HEAD_BUDGET_PER_S``, and then looks: no
         PUT of theirs races the first's, and their reads of its version stay within the
         budget. If the first died, the wait is all it costs: they then claim themselves."""
-        listed = [parse_claim_key(info.key) for info in self._store.list(CLAIM_PREFIX)]
-        rivals = foldable(state, [t for t in listed if t is not None and t != ticket] + [ticket], layout)
+        rivals = foldable(state, self._tickets_with(ticket), layout)
         if len(rivals) < 2 or min(rivals, key=lambda t: t.key) == ticket:
             return
         time.sleep(2 * attempt_s + random.uniform(0, len(rivals) / HEAD_BUDGET_PER_S))
+
+    def _tickets_with(self, ticket: Ticket) -> list[Ticket]:
+        """Every ticket listed under ``_claims/``, and ours (a listing may lag our put)."""
+        listed = (parse_claim_key(info.key) for info in self._store.list(CLAIM_PREFIX))
+        return [t for t in listed if t is not None and t != ticket] + [ticket]
 
     def _write_ticket(self, state: LogState, layout: log.Layout, incarnation: str) -> Ticket:
         """Our ticket for the epoch after ``state``'s (its key names our incarnation:
