@@ -3,6 +3,8 @@ claims its epochs in a few log versions, and no ticket can fence a newer incarna
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -20,7 +22,7 @@ from batchweave.commit.claims import (
 )
 from batchweave.errors import ProducerFencedError
 from batchweave.log import Layout, LogState, ProducerState
-from batchweave.store import open_store
+from batchweave.store import Store, open_store
 from batchweave.testing.interleave import Background, PausingStore
 
 L = Layout(2, 1)
@@ -154,3 +156,27 @@ def test_the_collector_deletes_the_tickets_a_producer_could_not(tmp_path):
     assert bw.collect_garbage(url).deleted_tickets == 1
     assert [info.key for info in store.list(CLAIM_PREFIX)] == [claim_key("b", 1, L, "0live")]
     producer.close()
+
+
+def test_a_start_that_failed_leaves_no_ticket_for_another_to_fold(tmp_path, monkeypatch):
+    """Regression (test_model, CI): a start whose claim put was lost raised, but its ticket
+    stayed, and the next producer's claim folded it: the log then held an epoch for an
+    incarnation that never ran."""
+    url = str(tmp_path / "ns")
+    real = Store.put_if_absent
+    lost: list[str] = []
+
+    def loses_the_first_version(store, key, data):
+        if not lost and re.fullmatch(r"_log/\d{20}\.json", key):
+            lost.append(key)
+            raise bw.TransientStoreError(key, "simulated: the put never landed")
+        return real(store, key, data)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Store, "put_if_absent", loses_the_first_version)
+        with pytest.raises(bw.TransientStoreError):
+            bw.Producer(url, "a", dp=2, background_commit=False)
+    assert lost and list(open_store(url).list(CLAIM_PREFIX)) == []
+    other = bw.Producer(url, "b", dp=2)
+    assert set(bw.inspect_namespace(url).producers) == {"b"}
+    other.close()

@@ -17,6 +17,7 @@ from worker import origin_of, tgb
 
 import batchweave as bw
 from batchweave import keys, log
+from batchweave.commit.claims import CLAIM_PREFIX
 from batchweave.commit.group import GroupCommit
 from batchweave.commit.policies import Manual
 from batchweave.journal import Journal
@@ -229,20 +230,27 @@ def test_versions_read_before_a_miss_are_proven_and_delivered(url, monkeypatch):
         assert [next(reader).step for _ in range(10)] == list(range(10))
 
 
-def test_a_producer_starts_on_a_fresh_namespace_in_seven_sequential_requests(url):
+def test_a_producer_starts_on_a_fresh_namespace_in_ten_sequential_requests(url):
     """Every request of a producer's start is a round trip before its first append (40 ms
     on S3): the empty log is proven by one listing after version 1's miss, as a verify
     would prove it, not by reading version 1 and listing again; and a listing is not
-    followed by a probe for a newer snapshot (it is as recent as the probe would be)."""
+    followed by a probe for a newer snapshot (it is as recent as the probe would be). The
+    claim's ticket costs three (its put, one listing of the tickets, its delete): what a
+    pool starting together saves is a version per producer raced over and over."""
     store = RecordingStore(url)
     bw.Producer(store, "p", dp=1).close(flush=False)
     v1, snapshots = keys.version_key(1), keys.SNAPSHOT_PREFIX
-    assert store.calls[:7] == [
+    ticket = [key for op, key in store.calls if op == "put" and key.startswith(CLAIM_PREFIX)]
+    assert len(ticket) == 1, store.calls
+    assert store.calls[:10] == [
         ("get", keys.HINT_KEY),  # no hint: a fresh namespace
         ("list", snapshots),  # no snapshot
         ("get", v1),  # no version 1 ...
         ("list", snapshots),  # ... and still no snapshot after that miss: the empty log, proven
+        ("put", ticket[0]),  # the ticket
+        ("list", CLAIM_PREFIX),  # nobody else's: this producer claims, with this listing
         ("get", v1),  # the claim reads on from it
         ("put", v1),  # the claim
         ("list", snapshots),  # its check: still no snapshot, so nothing was ever deleted
+        ("delete", ticket[0]),  # folded: dead
     ]

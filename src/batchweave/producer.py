@@ -351,9 +351,22 @@ class Producer:
         began = time.monotonic()
         state = self._journal.load_state()
         ticket = self._write_ticket(state, layout, incarnation)
-        self._give_the_first_ticket_its_turn(state, ticket, layout, time.monotonic() - began)
+        try:
+            return self._claim_by_ticket(ticket, state, layout, incarnation, time.monotonic() - began)
+        finally:
+            # Folded or passed: dead either way; and a start that failed must not have its
+            # ticket folded later for an incarnation that never ran. One that may not delete
+            # (or a failing delete) leaves it to the collector.
+            with contextlib.suppress(StoreError):
+                self._store.delete_if_allowed(ticket.key)
+
+    def _claim_by_ticket(
+        self, ticket: Ticket, state: LogState, layout: log.Layout, incarnation: str, start_s: float
+    ) -> tuple[LogState, ProducerState, float]:
+        fresh = self._give_the_first_ticket_its_turn(state, ticket, layout, start_s)
 
         def claim(state: LogState) -> log.LogVersion | None:
+            nonlocal fresh  # the listing just made serves the first attempt
             mine = state.producers.get(self.producer_id)
             if mine is not None and mine.incarnation == incarnation:
                 return None  # our ticket was folded, or our claim landed although the store reported a conflict
@@ -363,7 +376,8 @@ class Producer:
                     f"producer {self.producer_id!r} cannot start (use a fresh namespace)"
                 )
             if ticket.epoch == next_epoch(state, self.producer_id):
-                version = build_claims(state, self._tickets_with(ticket), time.time(), layout)
+                tickets, fresh = fresh or self._tickets_with(ticket), None
+                version = build_claims(state, tickets, time.time(), layout)
                 if version is not None and self.producer_id in version.producers:
                     return version
             return logrules.build_claim(state, self.producer_id, incarnation, time.time(), layout)
@@ -374,25 +388,24 @@ class Producer:
         result = self._journal.commit(
             state, claim, after_conflict=lambda window_s: time.sleep(backoff.pause_s(window_s))
         )
-        # Folded or passed: dead either way. A producer that may not delete (or a failing
-        # delete) leaves it to the collector.
-        with contextlib.suppress(StoreError):
-            self._store.delete_if_allowed(ticket.key)
         return result.state, result.state.producers[self.producer_id], result.fragile_window_s
 
     def _give_the_first_ticket_its_turn(
         self, state: LogState, ticket: Ticket, layout: log.Layout, attempt_s: float
-    ) -> None:
+    ) -> list[Ticket] | None:
         """A pool that starts together: the holder of the first foldable ticket (in key
         order) claims for everybody, and the others let it. Each waits twice its own
         start's time (the first's claim is about that much) plus a random part of the
         pool's budget on the head key, ``rivals / HEAD_BUDGET_PER_S``, and then looks: no
         PUT of theirs races the first's, and their reads of its version stay within the
-        budget. If the first died, the wait is all it costs: they then claim themselves."""
-        rivals = foldable(state, self._tickets_with(ticket), layout)
+        budget. If the first died, the wait is all it costs: they then claim themselves.
+        Returns the tickets listed when there was no wait (still fresh), else None."""
+        listed = self._tickets_with(ticket)
+        rivals = foldable(state, listed, layout)
         if len(rivals) < 2 or min(rivals, key=lambda t: t.key) == ticket:
-            return
+            return listed
         time.sleep(2 * attempt_s + random.uniform(0, len(rivals) / HEAD_BUDGET_PER_S))
+        return None
 
     def _tickets_with(self, ticket: Ticket) -> list[Ticket]:
         """Every ticket listed under ``_claims/``, and ours (a listing may lag our put)."""
