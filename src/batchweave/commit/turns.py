@@ -123,7 +123,13 @@ class GroupTurns:
         time.sleep(random.uniform(0, min(2.0, self._group.stagger() * 2**self._conflict_streak)))
 
     def _follow_pause_s(self, forced: bool) -> float:
-        if forced:
+        """A quarter interval while this producer has TGBs no intent covers yet: its intent
+        must land just before the next turn's committer reads them, and that moment is
+        counted from the newest version (budgeting it cost 128 paced producers a P95 of
+        2.0 s instead of 1.2 s). Otherwise, waiting for a fold, ``follow_pause_s``."""
+        with self._shared.cond:
+            unpublished = any(t.source_offset >= self._published_to for t in self._shared.pending)
+        if forced or unpublished:
             return self._group.interval_s / 4
         seen = self._version_seen[1]
         state = self._shared.state
