@@ -90,4 +90,4 @@ def test_followers_starting_together_spread_their_first_requests_within_the_budg
     starts = sorted(rng.random() + HeadPolling(followers, rng=rng).start_pause_s() for _ in range(followers))
     busiest = max(sum(1 for t in starts if s <= t < s + 1) for s in starts)
     assert busiest <= 100  # the start-up target on any one key
-    assert starts[-1] <= 1 + followers / 70  # within the floor: 8 followers start within 1.12 s
+    assert starts[-1] <= 1 + (followers / 70 if followers > 70 else 0)  # a small job starts at once

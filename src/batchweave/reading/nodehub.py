@@ -381,6 +381,8 @@ class _Hub:
         retry.stop_retrying_when(self._stop)
         if generation == 1 and self._stop.wait(self._polling.start_pause_s()):
             return  # the node's first follower starts with the job's others: spread their first requests
+        if generation != self._log.generation:
+            return  # replaced while it paused (a rank asked from lower down): not one request
         journal = Journal(self._store, read_only=True)
         reader = LogReadAhead(journal, first, DEFAULT_LOG_READ_AHEAD, stop=self._stop)
         if first == 1:

@@ -112,8 +112,10 @@ class HeadPolling:
         """How long a follower that starts with the job waits before its first request.
         Every follower's first requests go to the same few keys (the snapshot hint, the
         versions and segments at the start), so followers that all start within a second
-        spread them over the budget's floor: 1,250 node followers over about 18 s, 8 over
-        a tenth of a second."""
+        spread them over the budget's floor: 1,250 node followers over about 18 s. Up to
+        ``budget_per_s`` followers start at once: within the budget as they are."""
+        if self.floor_s <= 1.0:
+            return 0.0
         return (self._rng or random).uniform(0, self.floor_s)
 
     def mean_rate_per_s(self) -> float:
