@@ -36,6 +36,7 @@ __all__ = [
     "build_reclaim",
     "check_continuity",
     "layout_mismatch",
+    "next_epoch",
     "next_version",
     "pending_after_rebase",
 ]
@@ -204,6 +205,12 @@ def build_commit(
     return next_version(state, committed_at, tgbs=pending, producers={producer_id: mine})
 
 
+def next_epoch(state: LogState, producer_id: str) -> int:
+    """The epoch ``producer_id``'s next claim takes: one past the log's, 1 for a new id."""
+    recorded = state.producers.get(producer_id)
+    return recorded.epoch + 1 if recorded else 1
+
+
 def build_claim(
     state: LogState, producer_id: str, incarnation: str, committed_at: float, layout: Layout | None = None
 ) -> LogVersion:
@@ -218,7 +225,9 @@ def build_claim(
             "use the namespace's dp and cp, or a new namespace"
         )
     old = state.producers.get(producer_id)
-    claimed = ProducerState(offset=old.offset if old else 0, epoch=old.epoch + 1 if old else 1, incarnation=incarnation)
+    claimed = ProducerState(
+        offset=old.offset if old else 0, epoch=next_epoch(state, producer_id), incarnation=incarnation
+    )
     new_layout = Layout(layout.dp, layout.cp) if layout is not None and state.layout is None else None
     return next_version(state, committed_at, producers={producer_id: claimed}, layout=new_layout)
 

@@ -480,7 +480,9 @@ class Producer:
         state, _ = journal.catch_up(state)
         self._reclaim_view = (journal, state)
         if state.reclaimed.steps > 0:
-            return max(self._w_global_steps, state.reclaimed.steps), True
+            # The reclaim point alone: it only moves up, where a W_global read from the
+            # marks before may have been above it (a checkpoint marked lower since).
+            return state.reclaimed.steps, True
         live = global_watermark(read_watermarks(self._store, self._marks))
         return (0 if live is None else int(live.position)), False
 

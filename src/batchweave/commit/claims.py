@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from batchweave import logrules
 from batchweave.log import Layout, LogState, LogVersion, ProducerState
+from batchweave.logrules import next_epoch
 
 __all__ = [
     "CLAIM_PREFIX",
@@ -77,11 +78,6 @@ def parse_claim_key(key: str) -> Ticket | None:
         return None
     layout = Layout(int(match["dp"]), int(match["cp"]))
     return Ticket(match["producer"], int(match["epoch"]), layout, match["incarnation"])
-
-
-def next_epoch(state: LogState, producer: str) -> int:
-    recorded = state.producers.get(producer)
-    return recorded.epoch + 1 if recorded else 1
 
 
 def foldable(state: LogState, tickets: Iterable[Ticket], layout: Layout | None) -> list[Ticket]:

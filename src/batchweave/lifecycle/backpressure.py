@@ -57,7 +57,7 @@ __all__ = [
 # producer commits nothing either, but it still counts itself, and its share comes back
 # as soon as it commits again: a short overshoot of at most its share, never a stall.
 ACTIVE_VERSIONS = 64
-# A held producer's own backoff between two reads of the watermarks tops out here; the
+# A held producer's own backoff between two reads of W_global tops out here; the
 # pool's budget (``poll_pause_s``) may make the pause longer.
 MAX_BACKOFF_S = 2.0
 # The budget's pause never exceeds this: past about 4,200 producers in the log (ids that
@@ -99,7 +99,7 @@ def own_share(state: LogState, me: str, max_lag: int) -> int:
 
 
 def poll_pause_s(backoff_s: float, producers: int, draw: float) -> float:
-    """The pause before a held producer reads the watermarks again: its own backoff, or
+    """The pause before a held producer reads W_global again: its own backoff, or
     the pool's budget floor (``producers / HEAD_BUDGET_PER_S``) when that is longer,
     jittered by ``draw`` in [0, 1) over [mean/2, 3 mean/2] so the pool does not poll in
     step."""
