@@ -21,8 +21,8 @@ from batchweave.reading.sharedlog import (
 )
 
 
-def version(n: int) -> ReadVersion:
-    delta = LogVersion(format=log.LOG_FORMAT, version=n, first_step=n - 1, tgbs=[], producers={})
+def version(n: int, *, end: bool = False) -> ReadVersion:
+    delta = LogVersion(format=log.LOG_FORMAT, version=n, first_step=n - 1, tgbs=[], producers={}, end_of_stream=end)
     return ReadVersion(delta, log.encode(delta))
 
 
@@ -141,6 +141,18 @@ def test_the_follower_reads_at_most_read_ahead_versions_beyond_the_furthest_rank
     assert not shared.wants_more()  # 3 ahead of the request for 1
     shared.ask("a", 2)
     assert shared.wants_more()
+
+
+def test_the_follower_reads_nothing_past_the_end_of_the_stream_until_it_is_started_again():
+    """Ranks stop at the end; their hub kept probing the head until the last one closed
+    (CI at 5873bd9: 28 log requests for a node against 22 for one rank alone)."""
+    shared = SharedLog()
+    shared.ask("a", 1)
+    shared.publish(1, [version(1), version(2, end=True)])
+    assert shared.ask("a", 3) == SERVE  # a rank's read-ahead asks past it: answered from what is kept ...
+    assert not shared.wants_more() and shared.at_head  # ... and the follower reads nothing more
+    assert shared.ask("a", 0) == RESTART  # below what is kept, nobody else served: it starts again
+    assert shared.wants_more()  # a new follower reads (to the end again)
 
 
 def test_a_rank_far_behind_is_let_go_when_the_budget_runs_out():

@@ -81,6 +81,7 @@ class SharedLog:
         self._positions: dict[object, int] = {}  # rank -> the version it asked for last
         self._published = False  # this generation published a batch
         self.at_head = False  # the follower found no version past the newest published
+        self.ended = False  # this generation published the end of the stream: nothing to follow after it
 
     def ask(self, rank: object, first: int) -> str:
         """``rank`` wants versions from ``first`` on: SERVE (from what is kept or will be),
@@ -107,6 +108,7 @@ class SharedLog:
         self._failure = None
         self._published = False
         self.at_head = False
+        self.ended = False
         # A place far above the new start would drive the follower ahead of everyone.
         self._positions = {r: p for r, p in self._positions.items() if r != rank and p <= first + self.restart_window}
         self._positions[rank] = first
@@ -145,7 +147,8 @@ class SharedLog:
                 self._retained += len(read.data)
         self._head = max(self._head, batch[-1].delta.version + 1)
         self._published = True
-        self.at_head = False
+        self.ended = self.ended or any(read.delta.end_of_stream for read in batch)
+        self.at_head = self.ended
         return True
 
     def missed(self, generation: int) -> None:
@@ -155,9 +158,11 @@ class SharedLog:
 
     def wants_more(self) -> bool:
         """Whether the follower should read on now: a rank is asking, fewer than
-        ``read_ahead`` versions are proven beyond the furthest request, and the kept
-        versions fit the budget (after letting a rank far behind go, if need be)."""
-        if not self._positions or self._head - max(self._positions.values()) >= self.read_ahead:
+        ``read_ahead`` versions are proven beyond the furthest request, the stream has not
+        ended (every rank stops at its end: probing past it until the last rank closes
+        would cost requests for nothing), and the kept versions fit the budget (after
+        letting a rank far behind go, if need be)."""
+        if self.ended or not self._positions or self._head - max(self._positions.values()) >= self.read_ahead:
             return False
         return not self.trim(force=False)
 
