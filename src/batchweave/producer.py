@@ -416,7 +416,10 @@ class Producer:
         """Our ticket for the epoch after ``state``'s (its key names our incarnation:
         nobody else writes it)."""
         ticket = Ticket(self.producer_id, next_epoch(state, self.producer_id), layout, incarnation)
-        self._store.put_if_absent(ticket.key, CLAIM_TICKET)
+        try:
+            self._store.put_if_absent(ticket.key, CLAIM_TICKET)
+        except ObjectExistsError:
+            pass  # an attempt whose answer was lost landed: the key is ours alone
         return ticket
 
     def _wait_for_checkpoints(self, max_lag: int) -> None:
