@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from batchweave.errors import ObjectNotFoundError
 from batchweave.latency import CLOUD_DEFAULTS, LatencyModel, LatencyStore
 
-__all__ = ["CountingStore", "Request", "Tally", "key_class", "prefix_of"]
+__all__ = ["HEAD_COPY", "CountingStore", "Request", "Tally", "key_class", "prefix_of"]
 
 T = TypeVar("T")
 
@@ -30,6 +30,7 @@ T = TypeVar("T")
 LOG_NEXT = "log next (miss)"
 LOG_VERSION = "log version"
 LOG_LIST = "log listing"
+HEAD_COPY = "head copy"  # a copy of a version near the head (journal.headcopies)
 SEGMENT = "segment"
 SNAPSHOT = "snapshot"
 HINT = "snapshot hint"
@@ -40,10 +41,10 @@ PROBE = "probe"
 GC_SUMMARY = "gc summary"
 OTHER = "other"
 KEY_CLASSES = (
-    *(LOG_NEXT, LOG_VERSION, LOG_LIST, SEGMENT, SNAPSHOT, HINT),
+    *(LOG_NEXT, LOG_VERSION, LOG_LIST, HEAD_COPY, SEGMENT, SNAPSHOT, HINT),
     *(DATA, INTENTS, WATERMARKS, PROBE, GC_SUMMARY, OTHER),
 )
-LOG_CLASSES = frozenset({LOG_NEXT, LOG_VERSION, LOG_LIST, SEGMENT, SNAPSHOT, HINT})
+LOG_CLASSES = frozenset({LOG_NEXT, LOG_VERSION, LOG_LIST, HEAD_COPY, SEGMENT, SNAPSHOT, HINT})
 _VERSION_KEY = re.compile(r"_log/\d{20}\.json")
 
 
@@ -62,6 +63,7 @@ def key_class(request: str, key: str, found: bool) -> str:
     if _VERSION_KEY.fullmatch(key):
         return LOG_VERSION if found or request != "get" else LOG_NEXT
     for prefix, name in (
+        ("_head/", HEAD_COPY),
         ("_log/_segments/", SEGMENT),
         ("_log/_snapshots/", SNAPSHOT),
         ("_log/_last_snapshot", HINT),

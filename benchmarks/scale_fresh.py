@@ -2,19 +2,21 @@
 node of them started (issue 29, "fresh data at 10,000 ranks").
 
 A job of R ranks is R / 8 nodes of 8 (tp = 8 within a node, dp = R / 8). Its node
-followers share the head budget (``reading.polling``: all of them together about 70
-probes a second of the next version's key), so each probes about every ``nodes / 70``
-seconds. One node's 8 ranks run here for real, with node sharing, as that node's
-share of the job: the same pauses, requests and proofs as in the job, on the counting
-latency model, while a committer commits one TGB a step at ``steps_per_s``. Recorded:
+followers share the head budget (``reading.polling``: about 70 requests a second on
+each of a version's keys, its own and its ``HEAD_COPIES`` copies, ``journal.headcopies``),
+so each probes about every ``nodes / 70 / (copies + 1)`` seconds. One node's 8 ranks run
+here for real, with node sharing, as that node's share of the job: the same pauses,
+requests and proofs as in the job, on the counting latency model (whose store keeps
+copies, as an object store does), while a committer commits one TGB a step at
+``steps_per_s``. Recorded:
 
 - commit-to-delivery: seconds from a version's put until the node's rank 0 has the step
   (P50, P95), for the steps committed in the window;
-- the node's requests per second, and per version key (its probes before the version
-  exists, its read, its proofs);
-- the job's requests on one version key: every node does the same within about one
-  pause of the commit, so ``per key x nodes / pause`` (``nodes / pause`` is about 70 a
-  second, whatever the size; at least one second for small jobs).
+- the node's requests per second, and per version key and copy (its probes before the
+  version exists, its read, its proofs);
+- the job's requests on one of those keys: every node does the same within about one
+  pause of the commit, so ``per key x nodes / pause`` (``nodes / pause`` is about 70
+  times the keys a version has, whatever the size; at least one second for small jobs).
 """
 
 from __future__ import annotations
@@ -31,8 +33,16 @@ import numpy as np
 from batchweave.commit.policies import Manual
 from batchweave.latency import CLOUD_DEFAULTS, LatencyModel
 from batchweave.producer import Producer
-from batchweave.reading.polling import HEAD_BUDGET_PER_S
-from benchmarks.scale_count import LOG_CLASSES, LOG_NEXT, LOG_VERSION, CountingStore, Tally, hottest_key_windows
+from batchweave.reading.polling import HEAD_BUDGET_PER_S, HeadPolling
+from benchmarks.scale_count import (
+    HEAD_COPY,
+    LOG_CLASSES,
+    LOG_NEXT,
+    LOG_VERSION,
+    CountingStore,
+    Tally,
+    hottest_key_windows,
+)
 from benchmarks.scale_measure import MeasureConfig, Ranks
 
 __all__ = ["FRESH_TARGET_S", "FreshConfig", "freshness"]
@@ -59,7 +69,8 @@ def freshness(ranks: int, config: FreshConfig) -> dict[str, Any]:
     dp, nodes = ranks // RANKS_PER_NODE, ranks // RANKS_PER_NODE
     url = f"memory://scale-fresh-{uuid.uuid4().hex}"
     tally = Tally()
-    producer = Producer(CountingStore(url, tally, "committer", config.model), "p0", dp=dp, commit_policy=Manual())
+    store = CountingStore(url, tally, "committer", config.model)  # an object store's model: it keeps copies
+    producer = Producer(store, "p0", dp=dp, commit_policy=Manual())
     slices = [{"x": np.full(8, d % 256, dtype=np.uint8)} for d in range(dp)]
     committed_at: dict[int, float] = {}
 
@@ -72,7 +83,8 @@ def freshness(ranks: int, config: FreshConfig) -> dict[str, Any]:
     node = Ranks(url, tally, MeasureConfig(dp=dp, tp=RANKS_PER_NODE), sharing=True, started=RANKS_PER_NODE)
     node.start()
     node.wait_for(1, timeout_s=60 + 2 * nodes / HEAD_BUDGET_PER_S)  # the node's start pause, then step 0
-    pause_s = max(0.01, nodes / HEAD_BUDGET_PER_S)
+    polling = HeadPolling(nodes, copies=store.head_copies)  # as the node's pipeline makes it
+    pause_s = max(0.01, polling.probe_floor_s)
     window_s = max(config.min_window_s, config.pauses * pause_s)
     stop = threading.Event()
     steps = [1]
@@ -100,9 +112,12 @@ def freshness(ranks: int, config: FreshConfig) -> dict[str, Any]:
     seconds = end - start
     hot_max, hot_mean, hot_key = hottest_key_windows(requests)
     log = [r for r in requests if r.key_class in LOG_CLASSES]
-    # Requests of the node on each version key (its probes before the version exists, its
-    # read, its proofs): every node does the same within about one pause of the commit.
-    per_version_key = Counter(r.key for r in requests if r.key_class in (LOG_VERSION, LOG_NEXT))
+    # Requests of the node on the keys of each version (its own and its copies: probes
+    # before the version exists, reads, proofs): every node does as much within about one
+    # pause of the commit, each to one of the version's keys at random.
+    on_version_keys = [r for r in requests if r.key_class in (LOG_VERSION, LOG_NEXT, HEAD_COPY)]
+    per_version = len(on_version_keys) / max(1, len(delays))
+    per_version_key = Counter(r.key for r in on_version_keys)
     per_key = sum(per_version_key.values()) / len(per_version_key) if per_version_key else 0.0
     spread_s = max(1.0, pause_s)
     p50, p95 = np.percentile(delays, [50, 95]) if delays else (float("nan"), float("nan"))
@@ -112,6 +127,8 @@ def freshness(ranks: int, config: FreshConfig) -> dict[str, Any]:
         "nodes": nodes,
         "how": "measured (one node of the job)",
         "pause_s": pause_s,
+        "copies": polling.copies,
+        "node_copy_reads_per_s": sum(r.key_class == HEAD_COPY for r in requests) / seconds,
         "window_s": seconds,
         "steps": len(delays),
         "fresh_p50_s": float(p50),
@@ -123,7 +140,9 @@ def freshness(ranks: int, config: FreshConfig) -> dict[str, Any]:
         "node_hot_key_mean_per_s": hot_mean,
         "node_hot_key": hot_key,
         "node_requests_per_version_key": per_key,
-        "job_version_key_per_s": per_key * nodes / spread_s,  # every node alike, spread over its pause
+        "node_requests_per_version": per_version,
+        # every node alike, over the version's keys, spread over its pause
+        "job_version_key_per_s": per_version * nodes / (polling.copies + 1) / spread_s,
         "job_log_per_s": len(log) / seconds * nodes,
         "met": bool(p95 <= FRESH_TARGET_S),
     }

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES
+from batchweave.reading.follower import ANCHOR_SPREAD
 from batchweave.reading.polling import IDLE_PROOF_S, MIN_PAUSE_S
 from batchweave.segment import segment_last
 
@@ -122,6 +123,8 @@ class MidpointRng:
 # -- the discrete-event model -------------------------------------------------------------
 
 NEXT, ANCHOR, READ, SEGMENT_READ = "next version (miss)", "anchor (proof)", "version (read)", "segment (read)"
+# A key of the model: a version (a segment as minus its last version), or (version, copy).
+Key = int | tuple[int, int]
 
 
 def catch_up_keys(first: int, head: int) -> list[int]:
@@ -152,6 +155,14 @@ class SimResult:
     per_follower_per_s: dict[str, float]  # requests by kind
     versions_per_s: float
     windows: list[float] = field(default_factory=list)  # the busiest key's count, window by window
+    delays: list[float] = field(default_factory=list)  # commit to a follower's read, each version and follower
+
+    def delay_percentile(self, q: float) -> float:
+        """The ``q``-th percentile of ``delays`` (nan when none)."""
+        if not self.delays:
+            return float("nan")
+        ordered = sorted(self.delays)
+        return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
 
     @property
     def requests_per_follower_per_s(self) -> float:
@@ -177,10 +188,16 @@ def simulate(
     else the windows of the idle stretch after ``warmup_s``. A follower that probes a
     committed version reads every version up to the head (``catch_up_keys``: one GET a
     version, or a segment), proves the batch with one GET of its anchor (the newest version it had), and probes the next
-    version at once; a probe that misses pauses as the policy says; a follower waiting
+    version at once (after the end, as long as it takes each to read the last version); a probe that misses pauses as the policy says; a follower waiting
     re-proves its anchor every ``idle_proof_s``. Each probe takes ``request_s`` (the
     latency model's GET) before the pause starts. Followers start spread over one
     pause of the budget's floor (at least 1 s), as a job that has run a while is.
+
+    With a policy that reads head copies (``copies`` > 0, ``journal.headcopies``), each
+    probe and each read goes to one of the version's ``copies + 1`` keys at random (no
+    segments near the head), and each proof's anchor is one of the last ``ANCHOR_SPREAD``
+    versions read, as ``reading.follower.log_reader`` sets a follower up. ``delays`` records, for each
+    version committed in the counted stretch, the seconds until each follower read it.
     """
     rng = random.Random(seed)
     make_rng = rng_factory or (lambda i: random.Random(seed * 1_000_003 + i))
@@ -197,19 +214,36 @@ def simulate(
         return max(0.0, (version - base) * commit_interval_s)
 
     policies = [make_policy(make_rng(i)) for i in range(followers)]
+    copies = getattr(policies[0], "copies", 0)
+    # Followers go on after the end (nothing counted) until each has read every version
+    # committed: a delay is recorded when its version is read, however long after.
+    drain_s = 2.0 * max(1.0, getattr(policies[0], "floor_s", 0.0))
+    picks = random.Random(seed + 1)  # which of a version's keys a probe reads, which anchor a proof
     nxt = [base + 1] * followers
+    proven: list[list[int]] = [[base] for _ in range(followers)]  # the newest versions read: anchors
     anchor = [base] * followers
     last_proof = [0.0] * followers
-    windows: dict[int, Counter[int]] = {}
-    kinds: dict[tuple[int, int], str] = {}
+    windows: dict[int, Counter[Key]] = {}
+    kinds: dict[tuple[int, Key], str] = {}
     by_kind: Counter[str] = Counter()
+    delays: list[float] = []
 
-    def count(t: float, key: int, kind: str) -> None:
+    def count(t: float, key: Key, kind: str) -> None:
         if counted_from <= t < counted_to:
             window = int(t - counted_from)
             windows.setdefault(window, Counter())[key] += 1
             kinds[window, key] = kind
             by_kind[kind] += 1
+
+    def head_key(version: int) -> Key:
+        """The key a probe (or the read it makes) goes to: with copies, one of ``copies + 1``."""
+        which = picks.randrange(copies + 1) if copies else 0
+        return version if which == copies else (version, which)
+
+    def prove(i: int, t: float, newest: int) -> None:
+        count(t, anchor[i], ANCHOR)
+        proven[i] = ([*proven[i], newest])[-ANCHOR_SPREAD:] if copies else [newest]
+        anchor[i] = proven[i][picks.randrange(len(proven[i]))] if copies else newest
 
     events = [(rng.uniform(0.0, max(1.0, getattr(p, "floor_s", 0.0))), i) for i, p in enumerate(policies)]
     for policy in policies:
@@ -217,28 +251,37 @@ def simulate(
     heapq.heapify(events)
     while events:
         t, i = heapq.heappop(events)
-        if t >= end:
+        if t >= end + drain_s:
             continue
         policy = policies[i]
         head = head_at(t)
         if nxt[i] <= head:
-            for key in catch_up_keys(nxt[i], head):
-                count(t, key, READ if key > 0 else SEGMENT_READ)
-            count(t, anchor[i], ANCHOR)
-            anchor[i], nxt[i], last_proof[i] = head, head + 1, t
+            if copies:  # near the head: each version from one of its keys at random, no segments
+                for version in range(nxt[i], head + 1):
+                    count(t, head_key(version), READ)
+            else:
+                for key in catch_up_keys(nxt[i], head):
+                    count(t, key, READ if key > 0 else SEGMENT_READ)
+            for version in range(nxt[i], head + 1):
+                if counted_from <= committed_at(version) < counted_to:
+                    delays.append(t + request_s - committed_at(version))
+            prove(i, t, head)
+            nxt[i], last_proof[i] = head + 1, t
             policy.found(committed_at(head))
-        count(t, nxt[i], NEXT)  # the probe past the head (at once after reading)
+        count(t, head_key(nxt[i]), NEXT)  # the probe past the head (at once after reading)
         if t - last_proof[i] >= policy.idle_proof_s:
             count(t, anchor[i], ANCHOR)
             last_proof[i] = t
         heapq.heappush(events, (t + request_s + policy.missed(), i))
-    return _result(followers, windows, kinds, by_kind, counted_to - counted_from, versions / max(flowing_s, 1e-9))
+    result = _result(followers, windows, kinds, by_kind, counted_to - counted_from, versions / max(flowing_s, 1e-9))
+    result.delays = delays
+    return result
 
 
 def _result(
     followers: int,
-    windows: dict[int, Counter[int]],
-    kinds: dict[tuple[int, int], str],
+    windows: dict[int, Counter[Key]],
+    kinds: dict[tuple[int, Key], str],
     by_kind: Counter[str],
     seconds: float,
     versions_per_s: float,

@@ -31,6 +31,26 @@ def test_the_job_stays_within_the_budget_on_the_head_key(followers):
     assert job_rate == pytest.approx(100, rel=0.05)
 
 
+@pytest.mark.parametrize("followers", [1_250, 10_000])
+def test_with_copies_each_key_keeps_room_for_reads_and_each_follower_probes_about_copies_plus_one_times_as_often(
+    followers,
+):
+    alone = HeadPolling(followers, budget_per_s=100, rng=random.Random(2))
+    spread = HeadPolling(followers, budget_per_s=100, rng=random.Random(2), copies=8)
+    assert spread.copies == 8
+    # Each probe picks one of 9 keys; a fifth of each key's budget is left for the reads.
+    assert mean_idle_pause(alone) / mean_idle_pause(spread) == pytest.approx(9 / 1.2, rel=0.05)
+    per_key = followers / mean_idle_pause(spread) / (spread.copies + 1)
+    assert per_key == pytest.approx(100 / 1.2, rel=0.05)
+    assert spread.idle_proof_s == alone.idle_proof_s  # the anchors' keys are not copied
+    assert spread.start_pause_s() <= alone.floor_s  # nor the keys a start reads
+
+
+def test_copies_are_not_read_where_the_budget_does_not_bind():
+    assert HeadPolling(70, copies=8).copies == 0  # one probe a second each keeps the key within budget
+    assert HeadPolling(71, copies=8).copies == 8
+
+
 def test_the_first_probe_after_a_version_waits_a_quarter_of_the_commit_interval():
     polling = HeadPolling(1, rng=random.Random(3), max_poll_s=5.0)
     for t in (100.0, 102.0, 104.0, 106.0):

@@ -78,7 +78,7 @@ def test_versions_come_in_order_and_the_head_is_probed_once(url):
         assert 1 <= len(overshoot) <= 8  # at most one window of probes past the head
         issued = []
         submit = reader._pool.submit
-        reader._pool.submit = lambda fn, version: issued.append(version) or submit(fn, version)
+        reader._pool.submit = lambda fn, version, *rest: issued.append(version) or submit(fn, version, *rest)
         assert reader.next() is None  # at the head: one probe, not a window
         assert issued == [head + 1]
     finally:

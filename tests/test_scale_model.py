@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from batchweave.keys import HEAD_COPIES
 from batchweave.reading.polling import HEAD_BUDGET_PER_S, HeadPolling
 from benchmarks.scale_count import LOG_NEXT, LOG_VERSION, SEGMENT, key_class, prefix_of
 from benchmarks.scale_model import (
@@ -140,6 +141,24 @@ def test_the_budget_holds_the_busiest_key_at_the_budget_whatever_the_followers()
         # segments as one request: fewer reads than the 3 versions a second committed
         reads = result.per_follower_per_s[READ] + result.per_follower_per_s.get(SEGMENT_READ, 0.0)
         assert 0.5 < reads < 3.0, followers
+
+
+def test_with_head_copies_1250_node_followers_read_each_version_within_3_s_and_no_key_takes_100_a_second():
+    """Issue 29's freshness target at 10,000 ranks (1,250 nodes), every follower simulated."""
+    make = lambda rng: HeadPolling(1250, rng=rng, copies=HEAD_COPIES)  # noqa: E731
+    settle = 2 * make(None).floor_s
+    with_copies = simulate(1250, make, commit_interval_s=1 / 3, flowing_s=settle + 8, warmup_s=settle, seed=3)
+    assert with_copies.delay_percentile(95) <= 3.0
+    assert with_copies.hot_key_max_per_s <= 100
+    alone = simulate(
+        1250,
+        lambda rng: HeadPolling(1250, rng=rng),
+        commit_interval_s=1 / 3,
+        flowing_s=settle + 8,
+        warmup_s=settle,
+        seed=3,
+    )
+    assert alone.delay_percentile(95) > 3 * with_copies.delay_percentile(95)  # one key each: a probe every 18 s
 
 
 def test_a_catch_up_reads_whole_segments_after_two_versions_in_a_row():

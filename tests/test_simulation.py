@@ -20,9 +20,11 @@ is checked after every step (docs/invariants.md, I1-I10). Here:
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,12 +39,15 @@ import batchweave.log
 import batchweave.logrules
 import batchweave.reading.fetch
 import batchweave.reading.follower
+from batchweave import keys
 from batchweave.commit.shared import SharedState
+from batchweave.journal.objects import LogObjects
 from batchweave.lifecycle.gcsummary import GCSummary
 from batchweave.reading import nodeclient, nodetrust
 from batchweave.reading.sharedlog import SharedLog
 from batchweave.testing.simulation import SHAPES, Choices, simulate
 from batchweave.testing.simulation.shrink import format_trace, shrink
+from batchweave.testing.simulation.store import SimStore
 
 SCHEDULES = Path(__file__).parent / "simulation"
 SEEDS_PER_SHAPE = 80  # about 5 s per shape on one free core
@@ -193,6 +198,34 @@ def test_a_node_follower_that_skips_its_proofs_is_caught(monkeypatch):
         if {"wrong-step", "waits-forever"} <= kinds:
             break
     assert {"wrong-step", "waits-forever"} <= kinds
+
+
+def test_head_copies_written_before_the_put_is_known_to_have_won_are_caught(monkeypatch):
+    """The copies shape's committers write head copies (``journal.headcopies``) and its node
+    followers read them at the head. A committer that copied its version before its
+    create-only put won hands the followers versions that lost their race."""
+    reads = collections.Counter()
+    original_get = SimStore.get
+
+    def counting_get(self, key):
+        reads[key.startswith(keys.HEAD_PREFIX)] += 1
+        return original_get(self, key)
+
+    monkeypatch.setattr(SimStore, "get", counting_get)
+    assert not simulate(Choices(seed=0), SHAPES["copies"]).violations
+    assert reads[True] > 0  # the followers read copies
+
+    original_put = LogObjects.put_if_absent
+
+    def copy_first(self, key, data):
+        if (match := re.fullmatch(r"_log/(\d{20})\.json", key)) is not None:
+            for copy in range(self.store.head_copies):
+                self.store.put(keys.head_copy_key(int(match[1]), copy), data)
+        return original_put(self, key, data)
+
+    monkeypatch.setattr(LogObjects, "put_if_absent", copy_first)
+    # Seeds 0-79 catch it in 58 (seed 0 first).
+    assert any("wrong-step" in simulate(Choices(seed=seed), SHAPES["copies"]).kinds for seed in range(20))
 
 
 def _trusts_any_user(check_uid):

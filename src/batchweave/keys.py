@@ -5,8 +5,11 @@ Keys, relative to the namespace root:
     _log/_snapshots/00000000000000000100.json   LogState after version 100
     _log/_last_snapshot.json                advisory hint: newest snapshot version, namespace id
     data/<producer>/e<epoch>/<offset>-<token>.<part>.bwb    TGB objects
-The hint is the one object that is ever overwritten. It is never trusted: readers
-probe forward from it, so a stale or missing hint only costs extra reads.
+    _head/03/0007.json                      copy 3 of the newest versions' ring, slot 7
+                                            (``journal.headcopies``: version 7, 71, ...)
+The hint is never trusted: readers probe forward from it, so a stale or missing hint
+only costs extra reads. The head copies' slots are overwritten as the log grows; a
+copy counts only for the version number it holds, and is proven like the version.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ from batchweave.errors import ConfigError, CorruptDataError
 
 __all__ = [
     "DATA_PREFIX",
+    "HEAD_COPIES",
+    "HEAD_PREFIX",
+    "HEAD_RING",
     "HINT_KEY",
     "LOG_PREFIX",
     "SNAPSHOT_PREFIX",
@@ -26,6 +32,7 @@ __all__ = [
     "check_name",
     "check_producer_id",
     "data_key",
+    "head_copy_key",
     "parse_data_key",
     "snapshot_key",
     "version_key",
@@ -35,6 +42,13 @@ LOG_PREFIX = "_log/"
 SNAPSHOT_PREFIX = "_log/_snapshots/"
 HINT_KEY = "_log/_last_snapshot.json"
 DATA_PREFIX = "data/"
+HEAD_PREFIX = "_head/"
+# Slots of each copy's ring: the newest 64 versions (seconds of commits) have copies;
+# readers use them only at the head, and the ring bounds what they cost to keep.
+HEAD_RING = 64
+# Copies of each version near the head on an object store (``journal.headcopies``):
+# writers and readers agree on it; ``BATCHWEAVE_HEAD_COPIES`` overrides it for both.
+HEAD_COPIES = 10
 _PRODUCER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _DATA_KEY = re.compile(r"^data/[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)+$")
 _TGB_KEY = re.compile(r"data/(?P<producer>[^/]+)/e(?P<epoch>\d+)/(?P<offset>\d+)-[0-9a-f]+\.\d+\.bwb")
@@ -42,6 +56,11 @@ _TGB_KEY = re.compile(r"data/(?P<producer>[^/]+)/e(?P<epoch>\d+)/(?P<offset>\d+)
 
 def version_key(version: int) -> str:
     return f"{LOG_PREFIX}{version:020d}.json"
+
+
+def head_copy_key(version: int, copy: int) -> str:
+    """Where copy ``copy`` of version ``version`` is kept while it is near the head."""
+    return f"{HEAD_PREFIX}{copy:02d}/{version % HEAD_RING:04d}.json"
 
 
 def snapshot_key(version: int) -> str:

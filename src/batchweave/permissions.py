@@ -11,12 +11,14 @@ Roles, from the least privileged:
 - ``trainer``: a consumer that marks checkpoints (``mark_checkpoint``) and releases them
   (``release_checkpoint``): also creates objects under ``_checkpoints/``.
 - ``producer``: writes TGBs and commits them, directly or by group commit, and ends the
-  stream (``end_stream``): also creates objects under ``data/``, ``_log/``, ``_intents/``,
-  ``_claims/`` and ``_probe/``. Never needs to delete: what it would tidy up (committed
-  intents, its folded epoch-claim ticket, the create-only probe's key) the collector deletes.
+  stream (``end_stream``): also creates objects under ``data/``, ``_log/``, ``_head/``
+  (copies of the newest versions), ``_intents/``, ``_claims/`` and ``_probe/``. Never
+  needs to delete: what it would tidy up (committed intents, its folded epoch-claim
+  ticket, the create-only probe's key) the collector deletes.
 - ``collector``: garbage collection (``collect_garbage``) and releasing checkpoints: also
-  creates log versions (the reclaim record), release markers, the probe's key and its
-  summary for the next collection (``_gc/``), and deletes anything in the namespace.
+  creates log versions (the reclaim record, and its copies under ``_head/``), release
+  markers, the probe's key and its summary for the next collection (``_gc/``), and
+  deletes anything in the namespace.
   The only role that deletes.
 
 ``batchweave policy ROLE s3://bucket/prefix`` prints the policy for a namespace.
@@ -36,8 +38,8 @@ ROLES = ("consumer", "trainer", "producer", "collector")
 _PUTS = {
     "consumer": (),
     "trainer": ("_checkpoints/",),
-    "producer": ("data/", "_log/", "_intents/", "_claims/", "_probe/"),
-    "collector": ("_log/", "_checkpoints/", "_probe/", "_gc/"),
+    "producer": ("data/", "_log/", "_head/", "_intents/", "_claims/", "_probe/"),
+    "collector": ("_log/", "_head/", "_checkpoints/", "_probe/", "_gc/"),
 }
 
 

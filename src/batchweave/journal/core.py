@@ -26,7 +26,7 @@ one loop is where invariant I8 (a version number is never used twice) is enforce
 
 Every state a journal returns is proven, and what it *reads* is proven by the same
 anchor before anyone acts on it (invariant I10): ``proof`` holds the anchor and that
-argument, ``snapshots`` and ``segments`` what is written beside the log.
+argument, ``snapshots``, ``segments`` and ``headcopies`` what is written beside the log.
 
 See docs/invariants.md for the whole argument.
 """
@@ -41,6 +41,7 @@ from typing import Generic, Literal, TypeVar, cast, overload
 
 from batchweave import keys, log, logrules
 from batchweave.errors import ConfigError, CorruptDataError, StoreError
+from batchweave.journal.headcopies import CopyWriter, read_copy
 from batchweave.journal.objects import LogObjects
 from batchweave.journal.proof import Proof
 from batchweave.journal.segments import RecentVersions, read_segment
@@ -134,6 +135,9 @@ class Journal(Generic[VersionT]):
         # The newest versions' bytes this writer read or wrote: the committer of a segment's
         # last version writes the segment from them.
         self._recent = RecentVersions()
+        self._copies = CopyWriter(store)
+        # Copies of each version near the head (``headcopies``) a follower reads: 0, none.
+        self.head_copies = self._copies.copies
 
     @property
     def requests(self) -> int:
@@ -162,6 +166,18 @@ class Journal(Generic[VersionT]):
         delta = cast(LogVersion, self._decode(data, keys.version_key(version), version))
         self._proof.saw(version, data)
         return ReadVersion(delta, data)
+
+    def read_head_copy(self, version: int, copy: int) -> ReadVersion | None:
+        """``read_version_data`` from copy ``copy`` of ``version`` (``headcopies``), or from
+        the version's own key when the copy cannot tell; None also when the copy is not
+        written yet. Proven like a read of the version's own key."""
+        read = read_copy(self._objects, version, copy)
+        if read is True:
+            return self.read_version_data(version)
+        if isinstance(read, ReadVersion):
+            self._proof.saw(version, read.data)
+            return read
+        return None
 
     def _read(self, version: int) -> tuple[VersionT, str] | None:
         """The version and its digest (writers anchor on it; readers skip the hashing)."""
@@ -285,6 +301,7 @@ class Journal(Generic[VersionT]):
             self._recent.keep(delta.version, data)
             if self.verify():
                 self._proof.advance(after)
+                self._copies.write(delta.version, data)  # only now: a proven put's bytes (headcopies)
                 self.after_commit(after)
                 return Committed("committed", after, delta, window_s, conflicts)
             state = self._recover_from_stale_view()
@@ -362,6 +379,11 @@ class Journal(Generic[VersionT]):
         overtook it (see ``reclaimed``). Costs one GET of the anchor; a reader without an
         anchor at or below ``lowest`` (a start) proves by the snapshots instead."""
         return self._proof.prove_reads(lowest, newest, self.load_state)
+
+    def spread_anchors(self, versions: int) -> None:
+        """Draw each next anchor from the last ``versions`` proven versions (a follower of a
+        large job at the head: its proofs then spread over that many keys; ``proof``)."""
+        self._proof.spread = versions
 
     def learn_namespace(self) -> None:
         """Read the namespace's id from the newest snapshot, ahead of a start's first proof

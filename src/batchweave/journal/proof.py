@@ -21,12 +21,23 @@ journal returns is proven. Readers prove a batch of versions with one check befo
 use it (``prove_reads``): one small request per batch, nothing per step. An unprovable
 view means reload (writers) or ``DataReclaimedError`` (readers), never a guess.
 
+P1 holds for *any* proven anchor at or below what was read, not only the newest. A
+large job's followers at the head all prove after each version they read: anchored on
+the newest, 1,250 node followers would re-read one key within a second. With
+``spread`` (set by such a follower), each proof moves the anchor to one of the last
+``spread`` proven versions at random, so their proofs spread over that many keys. An
+anchor that old may be reclaimed while what was read since is not: then the state,
+loaded after the reads, proves them (P3) when it shows the reclaim past the anchor
+and not past the reads.
+
 See docs/invariants.md for the whole argument.
 """
 
 from __future__ import annotations
 
+import random
 import threading
+from collections import deque
 from collections.abc import Callable
 
 from batchweave import keys, log
@@ -50,6 +61,16 @@ class Proof:
         self._version_one: bytes | None = None  # version 1's bytes as a reader first read them
         self._snapshot_namespace: str | None = None  # the id a snapshot records (learn_namespace)
         self._learning = threading.Lock()  # a start's proof waits for the learning beside its reads
+        self._proven: deque[tuple[int, str]] = deque(maxlen=1)  # the newest proven reads: anchors to draw from
+
+    @property
+    def spread(self) -> int:
+        """How many of the newest proven versions a reader's next anchor is drawn from."""
+        return self._proven.maxlen or 1
+
+    @spread.setter
+    def spread(self, versions: int) -> None:
+        self._proven = deque(self._proven, maxlen=max(1, versions))
 
     @property
     def pending(self) -> bool:
@@ -86,12 +107,20 @@ class Proof:
         """``Journal.prove_reads``; ``load_state`` loads the newest proven state (P3)."""
         anchor = self.anchor
         if anchor is not None and 0 < anchor[0] <= lowest:
-            proven = self.verify()
+            proven = self.verify() or (self.spread > 1 and self._reclaimed_between(anchor[0], lowest, load_state))
         else:
             proven = self._proven_without_anchor(lowest, load_state)
         if proven and newest is not None:
-            self.anchor = (newest.delta.version, log.digest(newest.data))
+            self._proven.append((newest.delta.version, log.digest(newest.data)))
+            drawn = random.randrange(len(self._proven)) if len(self._proven) > 1 else 0
+            self.anchor = self._proven[drawn]
         return proven
+
+    @staticmethod
+    def _reclaimed_between(anchor: int, lowest: int, load_state: Callable[[], LogState]) -> bool:
+        """P3 for a spread anchor GC passed: the state, loaded now, shows the reclaim past
+        the anchor (its absence explained) and not past the reads."""
+        return anchor < load_state().reclaimed.versions <= lowest
 
     def learn_namespace(self) -> None:
         """``Journal.learn_namespace``: best effort. The hint repeats the id every snapshot

@@ -18,6 +18,7 @@ follower going on.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -30,12 +31,26 @@ from batchweave.log import LogVersion, ReadVersion
 from batchweave.reading.polling import HeadPolling
 from batchweave.reading.readahead import LogReadAhead
 
-__all__ = ["PROOF_BATCH_VERSIONS", "FollowItem", "ProvenLog", "Unproven"]
+__all__ = ["ANCHOR_SPREAD", "PROOF_BATCH_VERSIONS", "FollowItem", "ProvenLog", "Unproven", "log_reader"]
 
 # I10: log versions are used only once proven genuine, one proof (a GET of the anchor) per
 # batch of versions: those read without waiting, or while the previous batch's proof was in
 # flight, at most this many.
 PROOF_BATCH_VERSIONS = 128
+# A large job's followers at the head draw each anchor from this many of the newest
+# versions (``journal.proof``): 1,250 node followers proving 3 versions a second put about
+# 15 GETs a second on each key rather than 1,250 on one within a second.
+ANCHOR_SPREAD = 256
+
+
+def log_reader(
+    journal: Journal[LogVersion], first: int, depth: int, polling: HeadPolling, stop: threading.Event | None
+) -> LogReadAhead:
+    """The read-ahead of a follower paced by ``polling``: at the head of a large job, its
+    probes spread over the versions' copies and its proofs over recent anchors."""
+    if polling.copies:
+        journal.spread_anchors(ANCHOR_SPREAD)
+    return LogReadAhead(journal, first, depth, stop=stop, copies=polling.copies)
 
 
 class Unproven(NamedTuple):

@@ -50,7 +50,7 @@ from batchweave import keys, retry
 from batchweave.errors import CorruptDataError, StoreError
 from batchweave.journal import Journal
 from batchweave.log import ReadVersion
-from batchweave.reading.follower import ProvenLog, Unproven
+from batchweave.reading.follower import ProvenLog, Unproven, log_reader
 from batchweave.reading.node import HubAddress
 from batchweave.reading.nodeoutbox import Outbox, Reply
 from batchweave.reading.nodetrust import HubRefused, check_peer
@@ -71,7 +71,7 @@ from batchweave.reading.nodewire import (
     shut,
 )
 from batchweave.reading.polling import HeadPolling
-from batchweave.reading.readahead import DEFAULT_LOG_READ_AHEAD, LogReadAhead
+from batchweave.reading.readahead import DEFAULT_LOG_READ_AHEAD
 from batchweave.reading.sharedlog import ALONE, NODE_READ_AHEAD, RESTART, SharedLog
 from batchweave.store import Store
 
@@ -384,7 +384,7 @@ class _Hub:
         if generation != self._log.generation:
             return  # replaced while it paused (a rank asked from lower down): not one request
         journal = Journal(self._store, read_only=True)
-        reader = LogReadAhead(journal, first, DEFAULT_LOG_READ_AHEAD, stop=self._stop)
+        reader = log_reader(journal, first, DEFAULT_LOG_READ_AHEAD, self._polling, self._stop)
         if first == 1:
             reader.beside(journal.learn_namespace)
         proven = ProvenLog(journal, reader, self._polling, lambda: 0, self._store.url)

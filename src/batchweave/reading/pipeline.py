@@ -31,11 +31,11 @@ from batchweave.mesh import Mesh
 from batchweave.metrics import FetchRecorder
 from batchweave.reading.cursor import Cursor, checked_cursor
 from batchweave.reading.fetch import Batch, SliceFetcher, step_bytes
-from batchweave.reading.follower import FollowItem, ProvenLog, Unproven
+from batchweave.reading.follower import FollowItem, ProvenLog, Unproven, log_reader
 from batchweave.reading.node import NodePlan
 from batchweave.reading.nodeclient import NodeClient, NodeUnavailableError
 from batchweave.reading.polling import HeadPolling
-from batchweave.reading.readahead import DEFAULT_LOG_READ_AHEAD, LogReadAhead
+from batchweave.reading.readahead import DEFAULT_LOG_READ_AHEAD
 from batchweave.reading.sharedlog import InlineNode, NodeBehind
 from batchweave.reading.steps import PlannedStep, StepPlan
 from batchweave.reading.window import FetchWindow
@@ -113,7 +113,8 @@ class Pipeline:
         self._cursor = cursor  # where this pipeline started
         self._next_delivered = cursor.step  # for messages
         self._plan = StepPlan(mesh, rank, mesh.slice_index(rank), cursor, store.url)
-        self._polling = HeadPolling(node.nodes if node is not None else mesh.world_size, max_poll_s=max_poll_interval_s)
+        followers = node.nodes if node is not None else mesh.world_size
+        self._polling = HeadPolling(followers, max_poll_s=max_poll_interval_s, copies=store.head_copies)
         self._ready: queue.SimpleQueue[Any] = queue.SimpleQueue()  # C-implemented: no lock hand-offs
         # The step taken from the queue whose proof or fetch was not done when next() timed
         # out: the next call waits for it again (a timeout never skips nor repeats a step).
@@ -369,7 +370,7 @@ class Pipeline:
         With ``rejoin_after_s``, it stops at the first miss (the head) once that long has
         passed, and returns the next version (the rank asks its node again from there)."""
         depth = DEFAULT_LOG_READ_AHEAD if self._store.remote else 1  # local reads are too quick to overlap
-        reader = LogReadAhead(self._journal, first, depth, stop=self._stop)
+        reader = log_reader(self._journal, first, depth, self._polling, self._stop)
         if first == 1 and depth > 1:
             reader.beside(self._journal.learn_namespace)  # for the first proof, while reading
         started = time.monotonic()

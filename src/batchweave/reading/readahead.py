@@ -11,6 +11,7 @@ so a miss discards every speculative read beyond it and the next call probes aga
 
 from __future__ import annotations
 
+import random
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -18,6 +19,7 @@ from typing import Any
 
 from batchweave import retry
 from batchweave.journal import Journal
+from batchweave.keys import HEAD_RING
 from batchweave.log import LogVersion, ReadVersion
 from batchweave.segment import SEGMENT_VERSIONS, segment_last
 
@@ -41,6 +43,14 @@ class LogReadAhead:
     While versions keep being found (a backlog), the window is read by segments; single
     probes cover the versions of a segment found missing. ``depth`` 1 reads in the caller's thread (a local directory:
     nothing to overlap), one segment or version at a time.
+
+    With ``copies`` (``journal.headcopies``; a follower of a large job, whose head budget
+    allows a probe only every few seconds per key), the versions near the head (fewer
+    than ``HEAD_RING`` past where the reader last missed) are read one by one, each from
+    one of its ``copies + 1`` keys at random (its own, or a copy), never from segments:
+    all the job's followers read them within a few seconds, and spread over the keys so.
+    Elsewhere (a start, a backlog) only a version's own key and segments are read:
+    copies hold only the newest versions.
     """
 
     def __init__(
@@ -50,12 +60,15 @@ class LogReadAhead:
         depth: int = DEFAULT_LOG_READ_AHEAD,
         *,
         stop: threading.Event | None = None,
+        copies: int = 0,
     ) -> None:
         self._journal = journal
         self._next = first_version
         self._depth = depth
+        self._copies = copies
         self._window = min(FIRST_WINDOW, depth)
         self._hits = FIRST_WINDOW  # versions found since the last miss (a start counts as a run)
+        self._missed_at: int | None = None  # the version of the last miss: the head then
         self._reads: dict[int, Future[ReadVersion | None]] = {}
         self._segment_reads: dict[int, Future[list[ReadVersion] | None]] = {}  # by the segment's last version
         self._absent_segment = 0  # the last version of the newest segment found missing
@@ -99,6 +112,7 @@ class LogReadAhead:
         if delta is None:
             self._window = 1
             self._hits = 0
+            self._missed_at = self._next
             self._reads.clear()  # misses beyond this one are stale; hits are re-read cheaply
             self._segment_reads.clear()
             self._deep = False
@@ -147,7 +161,11 @@ class LogReadAhead:
     def _in_backlog(self, version: int) -> bool:
         """Read ``version`` by its segment? Only behind the head, and not where the segment
         was found missing (a writer that started mid-segment, or the head is in it)."""
-        return self._hits >= 2 and segment_last(version) > self._absent_segment
+        return self._hits >= 2 and not self._near_head(version) and segment_last(version) > self._absent_segment
+
+    def _near_head(self, version: int) -> bool:
+        """Whether ``version`` is read from its copies (see the class doc)."""
+        return bool(self._copies) and self._missed_at is not None and version - self._missed_at < HEAD_RING
 
     def _from_segment(self) -> ReadVersion | None:
         """Version ``next`` from its segment, keeping the segment's later versions."""
@@ -176,9 +194,21 @@ class LogReadAhead:
     def _probe(self) -> ReadVersion | None:
         """Version ``next`` read on its own."""
         if self._pool is None:
-            return self._journal.read_version_data(self._next)
+            return self._read_from(self._next, self._which_key(self._next))
         self._issue()
         return self._reads.pop(self._next).result()
+
+    def _which_key(self, version: int) -> int | None:
+        """The copy a single read of ``version`` reads (None: its own key): at random near the head."""
+        if self._near_head(version):
+            copy = random.randrange(self._copies + 1)
+            return copy if copy < self._copies else None
+        return None
+
+    def _read_from(self, version: int, copy: int | None) -> ReadVersion | None:
+        if copy is None:
+            return self._journal.read_version_data(version)
+        return self._journal.read_head_copy(version, copy)
 
     def _issue(self) -> None:
         """Start the reads of the window that are not in flight: segments behind the head,
@@ -193,7 +223,7 @@ class LogReadAhead:
             if self._in_backlog(version):
                 self._want_segment(segment_last(version))
             elif version not in self._reads:
-                self._reads[version] = self._pool.submit(self._journal.read_version_data, version)
+                self._reads[version] = self._pool.submit(self._read_from, version, self._which_key(version))
         if self._deep:
             # Deep in a backlog, segments cover ``depth`` versions ahead whatever the window:
             # a start learns 64 versions in one round trip, and where the backlog ends (a

@@ -23,6 +23,7 @@ from batchweave.errors import (
     StorePermissionError,
     TransientStoreError,
 )
+from batchweave.keys import HEAD_COPIES
 from batchweave.store.backends import build_backend
 from batchweave.store.identity import store_identity
 from batchweave.store.info import ObjectInfo
@@ -40,7 +41,7 @@ from batchweave.store.spares import SpareStaging
 from batchweave.store.syncs import PendingSyncs
 from batchweave.store.urls import SCHEME_FAMILY, file_url_path, normalize_url, store_root
 
-__all__ = ["PROBE_PREFIX", "Store", "open_store"]
+__all__ = ["HEAD_COPIES_VARIABLE", "PROBE_PREFIX", "Store", "head_copies_setting", "open_store"]
 
 # The package's logger: the stores guide tells operators to watch "batchweave.store".
 _logger = logging.getLogger("batchweave.store")
@@ -58,6 +59,23 @@ _CONDITIONAL_STORES = (
     "Use a store (or a newer version of this server) that supports conditional writes: "
     "AWS S3, MinIO, SeaweedFS, GCS or Azure Blob Storage."
 )
+
+
+HEAD_COPIES_VARIABLE = "BATCHWEAVE_HEAD_COPIES"
+_MAX_HEAD_COPIES = 32
+
+
+def head_copies_setting(value: str | None, remote: bool) -> int:
+    """``Store.head_copies`` from the environment variable's ``value`` (None: unset)."""
+    if value is None or not value.strip():
+        return HEAD_COPIES if remote else 0
+    try:
+        copies = int(value)
+    except ValueError:
+        copies = -1
+    if not 0 <= copies <= _MAX_HEAD_COPIES:
+        raise ConfigError(f"{HEAD_COPIES_VARIABLE}={value!r}: expected a whole number from 0 to {_MAX_HEAD_COPIES}")
+    return copies
 
 
 def open_store(
@@ -156,6 +174,14 @@ class Store(Requester):
         """Whether a request crosses a network (an object store) rather than reading this
         machine's disk or memory: readers keep many requests in flight only when it does."""
         return self.object_store
+
+    @property
+    def head_copies(self) -> int:
+        """Copies of each new log version its writers keep near the head, for a large
+        job's followers (``journal.headcopies``): ``keys.HEAD_COPIES`` on an object store,
+        none elsewhere (a local follower's probes cost no requests); the environment
+        variable ``BATCHWEAVE_HEAD_COPIES`` (0 to 32) sets it for writers and readers."""
+        return head_copies_setting(os.environ.get(HEAD_COPIES_VARIABLE), self.remote)
 
     @property
     def identity(self) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from batchweave import log
+from batchweave import keys, log
 from batchweave.commit.claims import CLAIM_PREFIX, CLAIM_TICKET, claim_key
 from batchweave.commit.group import INTENT_PREFIX, GroupCommit, build_group_commit, decode_intent
 from batchweave.commit.policies import DAC, Manual
@@ -37,9 +37,8 @@ from batchweave.lifecycle.gcsummary import GC_PREFIX
 from batchweave.lifecycle.watermarks import release_checkpoint
 from batchweave.log import Layout, ProducerState
 from batchweave.producer import Producer, end_stream
-from batchweave.reading.follower import ProvenLog
-from batchweave.reading.polling import HeadPolling
-from batchweave.reading.readahead import LogReadAhead
+from batchweave.reading.follower import ProvenLog, log_reader
+from batchweave.reading.polling import HEAD_BUDGET_PER_S, HeadPolling
 from batchweave.reading.sharedlog import InlineNode, SharedLog
 from batchweave.testing.simulation.group_driver import GroupProducerDriver
 from batchweave.testing.simulation.hubchannel import HubChannel
@@ -221,8 +220,11 @@ def _node(world: World) -> InlineNode | None:
 
     def start_follower(first: int) -> Any:
         journal = Journal(world.store, read_only=True)  # the node's own view: no rank's anchor
-        reader = LogReadAhead(journal, first, 1)
-        polling = HeadPolling(1, max_poll_s=5.0)
+        # With head copies, a budget as a large job's would be: the floor binds, so the
+        # probes at the head spread over the copies and the proofs over recent anchors.
+        budget = 0.1 if world.store.head_copies else HEAD_BUDGET_PER_S
+        polling = HeadPolling(1, budget_per_s=budget, max_poll_s=5.0, copies=world.store.head_copies)
+        reader = log_reader(journal, first, 1, polling, None)
         return iter(ProvenLog(journal, reader, polling, lambda: 0, world.store.url))
 
     # Small budgets, so that within a short run ranks fall far behind (and follow on their
@@ -374,8 +376,10 @@ def damager(world: World, actor: Actor) -> None:
     store = world.store
     for _ in range(8):
         world.pause((60.0, 10.0, 200.0, ALIGNED))  # aligned: as paused writers wake up
-        what = world.choose(7)
-        if what == 6:
+        what = world.choose(8 if world.store.head_copies else 7)  # the shapes without copies replay as before
+        if what == 7:
+            _damage_one(world, keys.HEAD_PREFIX, b'{"version": 3, "tgbs": [')
+        elif what == 6:
             _stale_ticket(world)
         elif what == 5:
             _forge_summary(world)
@@ -395,10 +399,10 @@ def damager(world: World, actor: Actor) -> None:
 
 
 def _damage_one(world: World, prefix: str, garbage: bytes, suffix: str = "") -> tuple[str | None, bytes | None]:
-    keys = [info.key for info in world.store.list(prefix) if info.key.endswith(suffix)]
-    if not keys:
+    found = [info.key for info in world.store.list(prefix) if info.key.endswith(suffix)]
+    if not found:
         return None, None
-    key = keys[world.choose(len(keys))]
+    key = found[world.choose(len(found))]
     original = world.store.peek(key)
     world.store.put(key, garbage)
     return key, original
@@ -455,6 +459,8 @@ def _recreate_freed_version(world: World) -> None:
         world.store.put_if_absent(version_key(version), log.encode(stale))
     except StoreError:
         return
+    for copy in range(world.store.head_copies):  # as a writer that copied before its anchor check would
+        world.store.put(keys.head_copy_key(version, copy), log.encode(stale))
     world.pause((5.0, 60.0))  # the stale writer's anchor check fails; it deletes its put
     world.store.delete(version_key(version))
 

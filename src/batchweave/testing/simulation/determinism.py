@@ -36,6 +36,7 @@ import batchweave.commit.policies
 import batchweave.commit.turns
 import batchweave.consumer
 import batchweave.journal.core
+import batchweave.journal.proof
 import batchweave.lifecycle.gc
 import batchweave.logrules
 import batchweave.producer
@@ -43,6 +44,7 @@ import batchweave.reading.fetch
 import batchweave.reading.follower
 import batchweave.reading.pipeline
 import batchweave.reading.polling
+import batchweave.reading.readahead
 import batchweave.store.core
 import batchweave.store.requests
 
@@ -160,6 +162,8 @@ def deterministic(scheduler: Scheduler, noise: random.Random) -> Iterator[None]:
         (batchweave.reading.fetch, "time", fake_time),
         (batchweave.reading.follower, "time", fake_time),
         (batchweave.reading.polling, "random", fake_random),
+        (batchweave.reading.readahead, "random", fake_random),  # which key a probe at the head reads
+        (batchweave.journal.proof, "random", fake_random),  # a spread anchor
         (batchweave.journal.core, "time", fake_time),
         (batchweave.lifecycle.gc, "time", fake_time),
         (batchweave.logrules, "uuid", _fake_uuid(noise)),

@@ -43,7 +43,7 @@ def simulate(choices: Choices, config: Config | None = None) -> Result:
     begin = clock.now
     scheduler = Scheduler(choices, clock, config.crash_odds, config.crash_budget, config.ambiguous_odds)
     model = Model(config.dp, lambda: clock.now - begin)
-    store = SimStore(scheduler, model)
+    store = SimStore(scheduler, model, config.head_copies)
     world = World(config, choices, scheduler, store, model)
     finished = False
     with deterministic(scheduler, noise):

@@ -25,11 +25,17 @@ __all__ = ["SimStore"]
 class SimStore(Store):
     """Objects in ``objects`` (key -> (bytes, modified time)); see the module doc."""
 
-    def __init__(self, scheduler: Scheduler, model: Model) -> None:
+    def __init__(self, scheduler: Scheduler, model: Model, head_copies: int = 0) -> None:
         super().__init__("memory://batchweave-simulation")  # never opened: every method is ours
         self.scheduler = scheduler
         self.model = model
         self.objects: dict[str, tuple[bytes, float]] = {}
+        self._head_copies = head_copies
+
+    @property
+    def head_copies(self) -> int:
+        """Copies every committer writes of its version (inline: this store is not remote)."""
+        return self._head_copies
 
     def __reduce__(self):  # a simulated store never leaves its run
         raise TypeError("SimStore is not picklable")

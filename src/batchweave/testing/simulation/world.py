@@ -40,6 +40,7 @@ class Config:
     max_ops: int = 30_000
     node_sharing: bool = False  # a trainer's ranks share one node follower, and so do the lagging readers
     hub_faults: bool = False  # with node_sharing: each rank reaches it through a HubChannel (hubchannel.FAULTS)
+    head_copies: int = 0  # copies every committer writes of its version; node followers read them at the head
 
 
 ALIGNED = -1.0  # a pause option: until the next multiple of ALIGN_S
@@ -53,6 +54,8 @@ SHAPES = {
     "ambiguous": Config(ambiguous_odds=2),  # mixed, and half the producers see a commit's answer lost
     "node": Config(node_sharing=True, lagging_readers=2),  # readers through shared node followers
     "hub": Config(node_sharing=True, lagging_readers=2, hub_faults=True),  # node, over faulty hub channels
+    # node, with head copies (journal.headcopies) written by every committer and read by the node followers
+    "copies": Config(node_sharing=True, lagging_readers=2, head_copies=2),
 }
 
 

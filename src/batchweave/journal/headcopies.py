@@ -1,0 +1,144 @@
+"""Copies of the newest log versions, so a large job's followers at the head spread
+their probes and reads over several keys instead of one.
+
+**Why.** Every follower of a job that waits at the head probes the same key: the next
+version's. One key takes about 70 requests a second within budget (``reading.polling``),
+so 1,250 node followers (10,000 ranks) could each probe only every 18 s, and every
+version then reached 1,250 hubs as 1,250 reads of one key. With ``copies`` copies of
+each version beside its own key, followers spread their probes (the read of a version
+found is its probe) over ``copies + 1`` keys, each within the budget, so each follower
+probes about ``copies + 1`` times as often: every 2 s at 1,250 nodes with 10 copies.
+
+**Who writes them.** The committer of a version, once its verify proved that its put
+created the version (``Journal.commit``): producers, claims, the end of the stream and
+garbage collection alike. Best effort, in the background on an object store (the
+commit does not wait), inline elsewhere. A copy never written (a committer that died
+after its put, a store refusing the put) costs time, never a step: followers also probe
+the version's own key, as often as they would without copies.
+
+**Why a copy is as good as the version's key (I10).** A copy of version ``v`` holds the
+bytes that ``v``'s committer put and proved, or bytes a writer wrote after it re-created
+``v`` in a key that garbage collection had freed. In the second case ``v`` was deleted
+before the copy was written, so before any read of it: the reader's proof rejects that
+read exactly as it rejects a read of a freed key (the anchor below ``v`` is gone, or the
+state says ``v`` was reclaimed). So a read of a copy that the proof accepts holds ``v``'s
+genuine bytes. Copies live in rings of ``keys.HEAD_RING`` slots, overwritten as the log
+grows; a copy counts only for the version number it holds (another number, a damaged
+copy or none at all read as "not there": the follower reads around it). Nothing is left
+for garbage collection: a ring holds at most ``HEAD_RING`` versions.
+
+Cost: ``copies`` PUTs per version on an object store; ``BATCHWEAVE_HEAD_COPIES=0``
+turns them off (``Store.head_copies``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import msgspec
+
+from batchweave import keys, log
+from batchweave.errors import CorruptDataError, StoreError
+from batchweave.journal.objects import LogObjects
+from batchweave.log import ReadVersion
+from batchweave.store import Store
+
+__all__ = ["CopyWriter", "read_copy"]
+
+_logger = logging.getLogger(__name__)
+# Copy puts in flight in one process. Past it a store is slow, and copies are skipped
+# rather than queued: they matter only while their version is the newest.
+_MAX_IN_FLIGHT = 64
+_THREADS = 8
+
+
+class _Number(msgspec.Struct):
+    """The version number a copy holds (every other field skipped)."""
+
+    version: int
+
+
+_NUMBER = msgspec.json.Decoder(_Number)  # built at import (see log._VERSION_DECODER)
+
+
+class CopyWriter:
+    """Writes the copies of each version a journal committed (see the module doc)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.copies = store.head_copies
+
+    def write(self, version: int, data: bytes) -> None:
+        """Copies of ``version`` (its bytes ``data``, as put): best effort, never raises."""
+        for copy in range(self.copies):
+            key = keys.head_copy_key(version, copy)
+            if self._store.remote:
+                _background.submit(self._store, key, data)
+            else:
+                _put(self._store, key, data)
+
+
+def read_copy(objects: LogObjects, version: int, copy: int) -> ReadVersion | bool | None:
+    """Copy ``copy`` of ``version`` (not proven: the reader proves it as any version it
+    read); None when it is not there yet (no copy, or its slot still holds an older
+    version); True when the copy cannot tell and the version's own key must be read (its
+    slot holds a newer version, so ``version`` exists; or the copy is damaged, logged)."""
+    key = keys.head_copy_key(version, copy)
+    data = objects.get(key)
+    if data is None:
+        return None
+    try:
+        held = _NUMBER.decode(data).version
+        if held != version:
+            return None if held < version else True
+        return ReadVersion(log.decode_version(data, key, version), data)
+    except (msgspec.DecodeError, msgspec.ValidationError, CorruptDataError) as exc:
+        _logger.warning("read around a damaged copy of log version %d (%s): %s", version, key, exc)
+        return True
+
+
+def _put(store: Store, key: str, data: bytes) -> None:
+    try:
+        store.put(key, data)
+    except StoreError as exc:  # the follower reads the version's own key instead
+        _logger.debug("did not write the head copy %s: %s", key, exc)
+
+
+class _Background:
+    """One process-wide pool for copy puts, started on first use (and again in a forked
+    child, whose copy of the parent's threads does not run)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._in_flight = 0
+
+    def submit(self, store: Store, key: str, data: bytes) -> None:
+        with self._lock:
+            if self._in_flight >= _MAX_IN_FLIGHT:
+                _logger.debug("skipped the head copy %s: %d copy puts in flight", key, self._in_flight)
+                return
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=_THREADS, thread_name_prefix="batchweave-head-copy")
+            self._in_flight += 1
+            self._pool.submit(self._run, store, key, data)
+
+    def _run(self, store: Store, key: str, data: bytes) -> None:
+        try:
+            _put(store, key, data)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    def forget_in_child(self) -> None:
+        self._lock = threading.Lock()
+        self._pool = None
+        self._in_flight = 0
+
+
+_background = _Background()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_background.forget_in_child)

@@ -1,0 +1,240 @@
+"""Copies of the newest log versions (``batchweave.journal.headcopies``): written by every
+committer once its put is proven, read at the head by the followers of a large job, proven
+like the version's own key, and never a way to a step the log does not hold."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import random
+import threading
+import uuid
+
+import numpy as np
+import pytest
+
+import batchweave as bw
+from batchweave import keys
+from batchweave.commit.policies import Manual
+from batchweave.errors import ConfigError
+from batchweave.journal import Journal, proof
+from batchweave.journal.headcopies import read_copy
+from batchweave.journal.objects import LogObjects
+from batchweave.latency import LatencyModel, LatencyStore
+from batchweave.log import LogState, Reclaim
+from batchweave.reading import readahead
+from batchweave.reading.readahead import LogReadAhead
+from batchweave.store import Store
+from batchweave.store.core import head_copies_setting
+
+FAST = LatencyModel(put_s=0.001, first_byte_s=0.001, head_s=0.001, list_s=0.001, delete_s=0.001, jitter_sigma=0)
+
+
+class CountingStore(Store):
+    """A memory store counting GETs of versions' own keys and of their copies."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.gets: collections.Counter[str] = collections.Counter()
+
+    def get(self, key: str):
+        if key.startswith(keys.HEAD_PREFIX):
+            self.gets["copy"] += 1
+        elif key.startswith("_log/0"):
+            self.gets["own"] += 1
+        return super().get(key)
+
+
+@pytest.fixture
+def url() -> str:
+    return f"memory://headcopies-{uuid.uuid4().hex}"
+
+
+@pytest.fixture
+def three_copies(monkeypatch):
+    """Writers and readers keep 3 copies (a memory store keeps none by default; it writes
+    them inline, so a test sees them as soon as the commit returns)."""
+    monkeypatch.setenv("BATCHWEAVE_HEAD_COPIES", "3")
+
+
+def commit_versions(url: str, count: int) -> None:
+    with bw.Producer(url, f"p{uuid.uuid4().hex[:6]}", dp=1, commit_policy=Manual()) as producer:
+        for offset in range(count):
+            producer.append([b"x"], source_offset=offset)
+            producer.flush()
+
+
+def test_every_committed_version_has_its_copies_with_the_version_bytes(url, three_copies):
+    commit_versions(url, 5)
+    bw.end_stream(url)  # another writer: every commit writes its copies
+    store = Store(url)
+    head = Journal(store, read_only=True).load_state().version
+    assert head == 7  # the claim, five TGBs, the end
+    for version in range(1, head + 1):
+        own = bytes(store.get(keys.version_key(version)))
+        assert [bytes(store.get(keys.head_copy_key(version, copy))) for copy in range(3)] == [own] * 3
+        assert store.size(keys.head_copy_key(version, 3)) is None
+
+
+def test_an_object_store_keeps_ten_copies_unless_the_environment_says_otherwise(monkeypatch):
+    assert LatencyStore("memory://remote", model=FAST).head_copies == keys.HEAD_COPIES == 10
+    assert Store("memory://local").head_copies == 0  # a local follower's probes cost no requests
+    assert head_copies_setting("0", remote=True) == 0
+    assert head_copies_setting(" 12 ", remote=False) == 12
+    for bad in ("-1", "33", "eight"):
+        with pytest.raises(ConfigError, match="BATCHWEAVE_HEAD_COPIES"):
+            head_copies_setting(bad, remote=True)
+
+
+def test_a_copy_counts_only_for_the_version_it_holds(url, three_copies, caplog):
+    commit_versions(url, 69)  # 70 versions: the ring of 64 slots went round once
+    objects = LogObjects(Store(url))
+    assert read_copy(objects, 70, 1).delta.version == 70
+    assert read_copy(objects, 6, 1) is True  # its slot holds version 70: version 6 exists, read its own key
+    assert read_copy(objects, 71, 1) is None  # its slot still holds version 7: not committed yet
+    Store(url).put(keys.head_copy_key(72, 2), b'{"version": 72, "garbage')
+    with caplog.at_level(logging.WARNING):
+        assert read_copy(objects, 72, 2) is True  # damaged: read around it, by the own key
+    assert "damaged copy of log version 72" in caplog.text
+
+
+def _follow_one_by_one(url: str, versions: int, store: CountingStore, copies: int) -> list[int]:
+    """A reader at the head probes each new version (committed only once it missed)."""
+    reader = LogReadAhead(Journal(store, read_only=True), 1, 1, copies=copies)
+    found: list[int] = []
+    with bw.Producer(url, "p-head", dp=1, commit_policy=Manual()) as producer:
+        while (read := reader.next()) is not None:  # the claim: a backlog of one
+            found.append(read.delta.version)
+        store.gets.clear()
+        for offset in range(versions):
+            producer.append([b"x"], source_offset=offset)
+            producer.flush()
+            for _ in range(200):  # each probe picks one of the version's keys at random
+                if (read := reader.next()) is not None:
+                    found.append(read.delta.version)
+                    break
+            assert reader.next() is None  # at the head again
+    return found
+
+
+def test_at_the_head_a_reader_spreads_its_probes_over_the_copies(url, three_copies, monkeypatch):
+    monkeypatch.setattr(readahead, "random", random.Random(7))
+    store = CountingStore(url)
+    found = _follow_one_by_one(url, 30, store, copies=3)
+    assert found == list(range(1, 32))
+    assert store.gets["copy"] > 2 * store.gets["own"]  # 3 keys in 4 are copies
+
+
+def test_without_copies_written_a_reader_still_finds_every_version_by_its_own_key(url, monkeypatch):
+    monkeypatch.setattr(readahead, "random", random.Random(8))
+    store = CountingStore(url)  # the writers keep none; the reader looks for 3
+    found = _follow_one_by_one(url, 10, store, copies=3)
+    assert found == list(range(1, 12))
+    assert store.gets["own"] >= 10
+
+
+def test_a_backlog_is_read_without_copies(url, three_copies):
+    commit_versions(url, 40)
+    store = CountingStore(url)
+    reader = LogReadAhead(Journal(store, read_only=True), 1, 1, copies=3)
+    versions = []
+    while (read := reader.next()) is not None:
+        versions.append(read.delta.version)
+    assert versions == list(range(1, 42))
+    assert store.gets["copy"] == 0
+
+
+def _read(journal: Journal, versions: range) -> list:
+    return [journal.read_version_data(v) for v in versions]
+
+
+def test_a_spread_anchor_is_drawn_from_the_newest_proven_versions(url, monkeypatch):
+    commit_versions(url, 30)
+    journal = Journal(Store(url), read_only=True)
+    journal.spread_anchors(8)
+    monkeypatch.setattr(proof, "random", random.Random(3))
+    anchors = set()
+    for version in range(1, 31):
+        read = journal.read_version_data(version)
+        assert journal.prove_reads(version, read)
+        anchors.add(journal.anchor_version)
+        assert version - 8 < journal.anchor_version <= version
+    assert len(anchors) > 10  # not always the newest
+
+
+def test_a_spread_anchor_gc_passed_proves_the_reads_by_the_state_and_a_vanished_one_does_not(url, monkeypatch):
+    commit_versions(url, 30)
+    store = Store(url)
+    journal = Journal(store, read_only=True)
+    journal.spread_anchors(16)
+    monkeypatch.setattr(proof, "random", random.Random(4))
+    for version in range(1, 21):
+        assert journal.prove_reads(version, journal.read_version_data(version))
+    anchor = journal.anchor_version
+    assert anchor is not None and anchor < 20
+    store.delete(keys.version_key(anchor))
+    reads = _read(journal, range(21, 25))
+    own = journal._proof  # the state a proof would load, chosen here
+
+    def state(reclaimed: int):
+        return lambda: LogState(reclaimed=Reclaim(0, reclaimed, 0))
+
+    assert not own.prove_reads(21, reads[-1], state(0))  # vanished, nothing reclaimed: damage, not proven
+    assert not own.prove_reads(21, reads[-1], state(22))  # the reads themselves were reclaimed
+    assert own.prove_reads(21, reads[-1], state(anchor + 1))  # GC passed the anchor, not the reads
+    assert journal.anchor_version >= 21 - 16
+
+
+def test_without_spread_a_reader_anchors_on_the_newest_and_draws_no_randomness(url, monkeypatch):
+    commit_versions(url, 5)
+    journal = Journal(Store(url), read_only=True)
+
+    class NoDraws:
+        def randrange(self, *_):
+            raise AssertionError("a reader without spread drew an anchor")
+
+    monkeypatch.setattr(proof, "random", NoDraws())
+    for version in range(1, 6):
+        assert journal.prove_reads(version, journal.read_version_data(version))
+        assert journal.anchor_version == version
+
+
+def test_a_consumer_of_a_large_job_reads_copies_at_the_head_and_gets_every_step_once():
+    """A rank of a 100-rank job without node sharing: 100 followers exceed the head
+    budget's one probe a second each, so it reads copies (10 on an object store)."""
+    url = f"memory://headcopies-consumer-{uuid.uuid4().hex}"
+    store = LatencyStore(url, model=FAST)
+    counting = collections.Counter()
+    original_get = store.get
+
+    def get(key):
+        counting["copy" if key.startswith(keys.HEAD_PREFIX) else "other"] += 1
+        return original_get(key)
+
+    store.get = get  # type: ignore[method-assign]
+    seen: list[int] = []
+    delivered = threading.Condition()
+    producer = bw.Producer(LatencyStore(url, model=FAST), "p", dp=1, commit_policy=Manual())
+    producer.append([{"x": np.full(2, 0)}], source_offset=0)
+    producer.flush()
+
+    def consume() -> None:
+        consumer = bw.Consumer(store, dp=1, tp=100, rank=0, node_sharing=False, timeout_s=30)
+        for batch in consumer:
+            with delivered:
+                seen.append(int(batch.data["x"][0]))
+                delivered.notify_all()
+        consumer.close()
+
+    reader = threading.Thread(target=consume)
+    reader.start()
+    for step in range(1, 15):
+        with delivered:
+            assert delivered.wait_for(lambda s=step: len(seen) >= s, timeout=30)  # at the head, then commit
+        producer.append([{"x": np.full(2, step)}], source_offset=step)
+        producer.flush()
+    producer.close()
+    bw.end_stream(url)
+    reader.join(60)
+    assert seen == list(range(15))
+    assert counting["copy"] > 0
