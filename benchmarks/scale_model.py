@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES
+from batchweave.lifecycle.backpressure import MAX_BACKOFF_S, poll_pause_s
 from batchweave.reading.follower import ANCHOR_SPREAD
-from batchweave.reading.polling import IDLE_PROOF_S, MIN_PAUSE_S
+from batchweave.reading.polling import HEAD_BUDGET_PER_S, IDLE_PROOF_S, MIN_PAUSE_S
 from batchweave.segment import segment_last
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "SimResult",
     "TodayPolling",
     "follower_pattern",
+    "held_polls",
     "project",
     "simulate",
 ]
@@ -187,9 +189,10 @@ def simulate(
     Counted: the windows of the flowing stretch after ``warmup_s`` when ``idle_s`` is 0,
     else the windows of the idle stretch after ``warmup_s``. A follower that probes a
     committed version reads every version up to the head (``catch_up_keys``: one GET a
-    version, or a segment), proves the batch with one GET of its anchor (the newest version it had), and probes the next
-    version at once (after the end, as long as it takes each to read the last version); a probe that misses pauses as the policy says; a follower waiting
-    re-proves its anchor every ``idle_proof_s``. Each probe takes ``request_s`` (the
+    version, or a segment), proves the batch with one GET of its anchor (the newest
+    version it had), and probes the next version at once; a probe that misses pauses as
+    the policy says; a follower waiting re-proves its anchor every ``idle_proof_s``.
+    After the end, followers go on (uncounted) until each has read the last version. Each probe takes ``request_s`` (the
     latency model's GET) before the pause starts. Followers start spread over one
     pause of the budget's floor (at least 1 s), as a job that has run a while is.
 
@@ -276,6 +279,27 @@ def simulate(
     result = _result(followers, windows, kinds, by_kind, counted_to - counted_from, versions / max(flowing_s, 1e-9))
     result.delays = delays
     return result
+
+
+def held_polls(producers: int, *, window_s: float, seed: int = 0) -> tuple[float, float]:
+    """The busiest key's (max, mean) requests per 1-s window of ``producers`` held producers
+    polling the log's reclaim point, each its own process with its own timer: a first look
+    after ``uniform(0, producers / HEAD_BUDGET_PER_S)``, then ``backpressure.poll_pause_s``
+    (past the backoff, the pool's floor), one request each on the head key, counted for
+    ``window_s`` after two floors. A pool measured as threads of one process on two cores
+    polls in bursts where the interpreter stalls; independent processes do not."""
+    rng = random.Random(seed)
+    floor = producers / HEAD_BUDGET_PER_S
+    start, end = 2 * floor, 2 * floor + window_s
+    counts: Counter[int] = Counter()
+    for _ in range(producers):
+        t = rng.uniform(0, floor)
+        while t < end:
+            if t >= start:
+                counts[int(t - start)] += 1
+            t += poll_pause_s(MAX_BACKOFF_S, producers, rng.random())
+    per_window = [counts.get(w, 0) for w in range(int(window_s))]
+    return float(max(per_window)), sum(per_window) / len(per_window)
 
 
 def _result(
