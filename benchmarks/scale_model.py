@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES
+from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES, MAX_SLICES_PER_OBJECT
 from batchweave.lifecycle.backpressure import MAX_BACKOFF_S, poll_pause_s
 from batchweave.reading.follower import ANCHOR_SPREAD
 from batchweave.reading.polling import HEAD_BUDGET_PER_S, IDLE_PROOF_S, MIN_PAUSE_S
@@ -369,7 +369,8 @@ class Scale:
 
     @property
     def tgb_parts(self) -> int:
-        return max(1, math.ceil(self.dp * self.slice_bytes / DEFAULT_MAX_OBJECT_BYTES))
+        by_bytes = math.ceil(self.dp * self.slice_bytes / DEFAULT_MAX_OBJECT_BYTES)
+        return max(1, by_bytes, math.ceil(self.dp / MAX_SLICES_PER_OBJECT))
 
     def data_reads_per_step(self, shared: bool) -> int:
         """Range reads of one step's TGB: one per rank, or with node sharing one per

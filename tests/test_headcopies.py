@@ -22,7 +22,7 @@ from batchweave.journal.headcopies import read_copy
 from batchweave.journal.objects import LogObjects
 from batchweave.latency import LatencyModel, LatencyStore
 from batchweave.log import LogState, Reclaim
-from batchweave.reading import readahead
+from batchweave.reading import node, readahead
 from batchweave.reading.readahead import LogReadAhead
 from batchweave.store import Store
 from batchweave.store.core import head_copies_setting
@@ -199,12 +199,16 @@ def test_without_spread_a_reader_anchors_on_the_newest_and_draws_no_randomness(u
         assert journal.anchor_version == version
 
 
-def test_a_consumer_of_a_large_job_reads_copies_at_the_head_and_gets_every_step_once():
-    """A rank of a 100-rank job without node sharing: 100 followers exceed the head
-    budget's one probe a second each, so it reads copies (10 on an object store)."""
+@pytest.mark.parametrize("sharing", [False, True], ids=["alone", "node-sharing"])
+def test_ranks_of_a_large_job_read_copies_at_the_head_and_get_every_step_once(sharing):
+    """Ranks of a 150-rank job (tp 150; with node sharing, 75 nodes of 2): more followers
+    than the head budget's one probe a second each, so they read copies (10 on an object
+    store), alone or through their node's hub."""
+    if sharing and not node.sharing_supported():
+        pytest.skip("node sharing needs Linux")
     url = f"memory://headcopies-consumer-{uuid.uuid4().hex}"
     store = LatencyStore(url, model=FAST)
-    counting = collections.Counter()
+    counting: collections.Counter[str] = collections.Counter()
     original_get = store.get
 
     def get(key):
@@ -212,29 +216,33 @@ def test_a_consumer_of_a_large_job_reads_copies_at_the_head_and_gets_every_step_
         return original_get(key)
 
     store.get = get  # type: ignore[method-assign]
-    seen: list[int] = []
+    ranks = (0, 1) if sharing else (0,)
+    seen: dict[int, list[int]] = {rank: [] for rank in ranks}
     delivered = threading.Condition()
     producer = bw.Producer(LatencyStore(url, model=FAST), "p", dp=1, commit_policy=Manual())
     producer.append([{"x": np.full(2, 0)}], source_offset=0)
     producer.flush()
 
-    def consume() -> None:
-        consumer = bw.Consumer(store, dp=1, tp=100, rank=0, node_sharing=False, timeout_s=30)
+    def consume(rank: int) -> None:
+        where = {"local_rank": rank, "local_world_size": 2} if sharing else {}
+        consumer = bw.Consumer(store, dp=1, tp=150, rank=rank, node_sharing=sharing, timeout_s=30, **where)
         for batch in consumer:
             with delivered:
-                seen.append(int(batch.data["x"][0]))
+                seen[rank].append(int(batch.data["x"][0]))
                 delivered.notify_all()
         consumer.close()
 
-    reader = threading.Thread(target=consume)
-    reader.start()
+    readers = [threading.Thread(target=consume, args=(rank,)) for rank in ranks]
+    for reader in readers:
+        reader.start()
     for step in range(1, 15):
-        with delivered:
-            assert delivered.wait_for(lambda s=step: len(seen) >= s, timeout=30)  # at the head, then commit
+        with delivered:  # every rank at the head, then the next commit
+            assert delivered.wait_for(lambda s=step: all(len(v) >= s for v in seen.values()), timeout=30)
         producer.append([{"x": np.full(2, step)}], source_offset=step)
         producer.flush()
     producer.close()
     bw.end_stream(url)
-    reader.join(60)
-    assert seen == list(range(15))
+    for reader in readers:
+        reader.join(60)
+    assert seen == {rank: list(range(15)) for rank in ranks}
     assert counting["copy"] > 0

@@ -14,6 +14,7 @@ from hypothesis.extra import numpy as hnp
 
 from batchweave.errors import CorruptDataError, LayoutError
 from batchweave.layout import (
+    MAX_SLICES_PER_OBJECT,
     EncodedTGB,
     SliceRef,
     checksum,
@@ -310,6 +311,16 @@ def test_single_object_when_cap_is_large():
     assert len(encoded.objects) == 1
     assert {ref.object_index for ref in encoded.slices} == {0}
     _check_objects_against_footers(encoded, 2, 2, 1 << 30)
+
+
+def test_an_object_holds_at_most_64_slices_however_small():
+    """The nodes of a step read their slices within a second: 250 slices in one object sent
+    250 reads a second to it at 1,250 nodes."""
+    encoded = encode_tgb([b"x"] * 150, dp=150, cp=1)
+    footers = [read_footer(obj, f"part {i}") for i, obj in enumerate(encoded.objects)]
+    assert [len(footer.slices) for footer in footers] == [64, 64, 22]
+    assert [ref.object_index for ref in encoded.slices] == [i // MAX_SLICES_PER_OBJECT for i in range(150)]
+    assert [roundtrip(encoded, i) for i in range(150)] == [b"x"] * 150
 
 
 def test_every_slice_crc32c_matches_its_bytes():

@@ -54,7 +54,8 @@ def test_node_sharing_reads_each_slice_once_per_node():
     assert scale.data_reads_per_step(shared=True) == 1250
     assert Scale(ranks=64, producers=1, tp=4).data_reads_per_step(shared=True) == 16  # 2 slices on each of 8 nodes
     assert Scale(ranks=64, producers=1, tp=16).data_reads_per_step(shared=True) == 8  # a slice over 2 nodes
-    assert scale.tgb_parts == 5  # 1,250 slices of 1 MiB in parts of 256 MiB
+    assert scale.tgb_parts == 20  # 1,250 slices in parts of at most 64 slices (5 of 256 MiB by size alone)
+    assert Scale(ranks=512, producers=1, slice_bytes=8 << 20).tgb_parts == 2  # 64 slices of 8 MiB: by size
 
 
 def _rates(**overrides) -> FollowerRates:

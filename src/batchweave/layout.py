@@ -9,7 +9,8 @@ encoded on its own, so a rank can fetch and verify exactly its slice with one ra
 The slice header names every array with dtype, shape, offset and size; the footer lists
 every slice the object holds with offset, length and CRC32C, so an object explains
 itself without the log. Slices are packed into objects of at most ``max_object_bytes``
-(a slice is never split; one larger than the cap gets an object to itself).
+and ``MAX_SLICES_PER_OBJECT`` slices (a slice is never split; one larger than the cap
+gets an object to itself).
 Nothing is pickled: a consumer can be pointed at a namespace it does not trust.
 """
 
@@ -32,6 +33,7 @@ from batchweave.errors import CorruptDataError, LayoutError
 
 __all__ = [
     "DEFAULT_MAX_OBJECT_BYTES",
+    "MAX_SLICES_PER_OBJECT",
     "EncodedTGB",
     "Footer",
     "SliceRef",
@@ -47,6 +49,10 @@ SliceData = dict[str, np.ndarray] | bytes
 Piece: TypeAlias = bytes | memoryview  # part of an object, written as it is (no copy until the write)
 
 DEFAULT_MAX_OBJECT_BYTES = 256 * 1024 * 1024
+# The nodes of a synchronous job read their slices of a step within about one second, one
+# read per slice and node: an object of at most 64 slices takes at most about 64 reads in
+# that second (1,250 nodes reading 5 objects of 250 slices sent 250 a second to each).
+MAX_SLICES_PER_OBJECT = 64
 SLICE_MAGIC = b"BWS1"
 OBJECT_MAGIC = b"BWTGB001"
 FOOTER_FORMAT = "batchweave.tgb/1"
@@ -159,7 +165,8 @@ def checksum(data: bytes | memoryview) -> int:
 
 
 def encode_tgb(slices: Sequence[Any], dp: int, cp: int, max_object_bytes: int = DEFAULT_MAX_OBJECT_BYTES) -> EncodedTGB:
-    """Encode ``dp * cp`` slice payloads into objects of at most ``max_object_bytes``."""
+    """Encode ``dp * cp`` slice payloads into objects of at most ``max_object_bytes`` and
+    ``MAX_SLICES_PER_OBJECT`` slices."""
     if isinstance(slices, (bytes, bytearray, memoryview, Mapping)) or not isinstance(slices, Sequence):
         raise LayoutError(f"slices must be a list of dp*cp={dp * cp} payloads, got {type(slices).__name__}")
     if not all(isinstance(n, int) and n >= 1 for n in (dp, cp)):
@@ -186,7 +193,7 @@ def _pack(len_of: list[int], cap: int) -> list[list[int]]:
     groups: list[list[int]] = [[]]
     size = 0
     for index, length in enumerate(len_of):
-        if groups[-1] and size + length > cap:
+        if groups[-1] and (size + length > cap or len(groups[-1]) >= MAX_SLICES_PER_OBJECT):
             groups.append([])
             size = 0
         groups[-1].append(index)
