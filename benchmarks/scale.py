@@ -259,7 +259,7 @@ def _follower_rates(measured: Measured, scale: Scale, column: str) -> FollowerRa
         # follower's visit sends one request (a probe or the read) to one of the keys of
         # the version being visited.
         flowing_per_version_on_one_key=(
-            flowing.requests_per_follower_per_s / flowing.versions_per_s if spread <= 1.0 else 1.0 / keys
+            flowing.requests_per_follower_per_s / flowing.versions_per_s / keys if spread <= 1.0 else 1.0 / keys
         ),
         idle_per_s=_pattern_joint(idle),
         idle_next_key_per_s=idle.per_follower_per_s.get(NEXT, 0.0) / keys,

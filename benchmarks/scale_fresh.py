@@ -14,9 +14,9 @@ copies, as an object store does), while a committer commits one TGB a step at
   (P50, P95), for the steps committed in the window;
 - the node's requests per second, and per version key and copy (its probes before the
   version exists, its read, its proofs);
-- the job's requests on one of those keys: every node does the same within about one
-  pause of the commit, so ``per key x nodes / pause`` (``nodes / pause`` is about 70
-  times the keys a version has, whatever the size; at least one second for small jobs).
+- the job's requests on one of those keys: every node does the same, at random over the
+  version's keys, within about a commit interval and a pause of the commit (its probes
+  and its read), plus the proofs, at random over the last ``ANCHOR_SPREAD`` versions.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import numpy as np
 from batchweave.commit.policies import Manual
 from batchweave.latency import CLOUD_DEFAULTS, LatencyModel
 from batchweave.producer import Producer
+from batchweave.reading.follower import ANCHOR_SPREAD
 from batchweave.reading.polling import HEAD_BUDGET_PER_S, HeadPolling
 from benchmarks.scale_count import (
     HEAD_COPY,
@@ -112,14 +113,26 @@ def freshness(ranks: int, config: FreshConfig) -> dict[str, Any]:
     seconds = end - start
     hot_max, hot_mean, hot_key = hottest_key_windows(requests)
     log = [r for r in requests if r.key_class in LOG_CLASSES]
-    # Requests of the node on the keys of each version (its own and its copies: probes
-    # before the version exists, reads, proofs): every node does as much within about one
-    # pause of the commit, each to one of the version's keys at random.
+    # Requests of the node on the keys of each version (its own and its copies): probes
+    # before the version exists and its read, each to one of the version's keys at random,
+    # land on them within about a commit interval and a pause of the commit at every node;
+    # proofs re-read versions read before, each one of the last ANCHOR_SPREAD (with
+    # copies) at random.
     on_version_keys = [r for r in requests if r.key_class in (LOG_VERSION, LOG_NEXT, HEAD_COPY)]
-    per_version = len(on_version_keys) / max(1, len(delays))
+    read_before: set[str] = set()
+    proofs = 0
+    for request in on_version_keys:
+        if request.found and request.key in read_before and request.key.startswith("_log/"):
+            proofs += 1
+        elif request.found:
+            read_before.add(request.key)
+    per_version = (len(on_version_keys) - proofs) / max(1, len(delays))
     per_version_key = Counter(r.key for r in on_version_keys)
     per_key = sum(per_version_key.values()) / len(per_version_key) if per_version_key else 0.0
-    spread_s = max(1.0, pause_s)
+    keys = polling.copies + 1
+    spread_s = max(1.0, pause_s + 1.0 / config.steps_per_s)
+    anchors = ANCHOR_SPREAD if polling.copies else 1
+    job_key_per_s = nodes * per_version / keys / spread_s + nodes * proofs / seconds / anchors
     p50, p95 = np.percentile(delays, [50, 95]) if delays else (float("nan"), float("nan"))
     return {
         "state": "at the head, commits flowing",
@@ -141,8 +154,9 @@ def freshness(ranks: int, config: FreshConfig) -> dict[str, Any]:
         "node_hot_key": hot_key,
         "node_requests_per_version_key": per_key,
         "node_requests_per_version": per_version,
-        # every node alike, over the version's keys, spread over its pause
-        "job_version_key_per_s": per_version * nodes / (polling.copies + 1) / spread_s,
+        "node_proofs_per_s": proofs / seconds,
+        # every node alike, at random over the version's keys and the anchors
+        "job_version_key_per_s": job_key_per_s,
         "job_log_per_s": len(log) / seconds * nodes,
         "met": bool(p95 <= FRESH_TARGET_S),
     }

@@ -1,0 +1,77 @@
+"""A TGB's objects are uploaded at once on an object store (``Producer._put_objects``): a
+TGB of many slices is several objects (``layout.MAX_SLICES_PER_OBJECT``), and one round
+trip each, one after another, made the producer of a 1,250-slice TGB 20 round trips slow."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import numpy as np
+import pytest
+
+import batchweave as bw
+from batchweave.commit.policies import Manual
+from batchweave.errors import StoreError
+from batchweave.latency import LatencyModel, LatencyStore
+
+FAST = LatencyModel(put_s=0.001, first_byte_s=0.001, head_s=0.001, list_s=0.001, delete_s=0.001, jitter_sigma=0)
+
+
+class TrackingStore(LatencyStore):
+    """Records the most TGB object puts in flight at once; ``fail_part`` makes that part's put fail."""
+
+    def __init__(self, url: str, together: int = 0, fail_part: str | None = None) -> None:
+        super().__init__(url, model=FAST)
+        self.together = together  # a put waits (up to 2 s) until this many are in flight
+        self.fail_part = fail_part
+        self.in_flight = self.most = 0
+        self._cond = threading.Condition()
+
+    def stage_if_absent(self, key, data):
+        if not key.startswith("data/"):
+            return super().stage_if_absent(key, data)
+        with self._cond:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: self.in_flight >= self.together, timeout=2.0)
+        try:
+            if self.fail_part is not None and key.endswith(self.fail_part):
+                raise StoreError(key, "refused (test)")
+            return super().stage_if_absent(key, data)
+        finally:
+            with self._cond:
+                self.in_flight -= 1
+
+
+def tgb(dp: int, value: int) -> list[dict[str, np.ndarray]]:
+    return [{"x": np.full(2, value * dp + d)} for d in range(dp)]
+
+
+def test_the_objects_of_one_tgb_are_uploaded_at_once_and_read_back_whole():
+    url = f"memory://uploads-{uuid.uuid4().hex}"
+    store = TrackingStore(url, together=3)
+    with bw.Producer(store, "p", dp=150, commit_policy=Manual()) as producer:
+        producer.append(tgb(150, 0), source_offset=0)  # 150 slices: 3 objects of at most 64
+        producer.flush()
+    assert store.most == 3
+    bw.end_stream(url)
+    for rank in (0, 64, 149):
+        with bw.Consumer(url, dp=150, rank=rank, node_sharing=False, timeout_s=10) as consumer:
+            assert [int(b.data["x"][0]) for b in consumer] == [rank]
+
+
+def test_a_failed_object_fails_the_append_after_the_others_ended_and_commits_nothing():
+    url = f"memory://uploads-failed-{uuid.uuid4().hex}"
+    store = TrackingStore(url, fail_part=".1.bwb")
+    producer = bw.Producer(store, "p", dp=150, commit_policy=Manual())
+    with pytest.raises(StoreError, match=r"\.1\.bwb"):
+        producer.append(tgb(150, 0), source_offset=0)
+    assert store.in_flight == 0  # nothing still uploading once append raised
+    store.fail_part = None
+    producer.append(tgb(150, 0), source_offset=0)  # the same offset again: nothing was taken
+    producer.close()
+    bw.end_stream(url)
+    with bw.Consumer(url, dp=150, rank=100, node_sharing=False, timeout_s=10) as consumer:
+        assert [int(b.data["x"][0]) for b in consumer] == [100]
