@@ -246,3 +246,34 @@ def test_ranks_of_a_large_job_read_copies_at_the_head_and_get_every_step_once(sh
         reader.join(60)
     assert seen == {rank: list(range(15)) for rank in ranks}
     assert counting["copy"] > 0
+
+
+def test_near_the_head_a_reader_catches_up_two_versions_at_a_time(url, three_copies):
+    """A follower of a large job finds several versions after each pause; a window growing
+    as in a backlog probed past the head on every visit (2.1 requests a version a node at
+    1,250 nodes, 1.6 with the window held at two)."""
+    asked: list[int] = []
+
+    class Asking(Store):
+        def get(self, key):
+            if key.startswith(keys.HEAD_PREFIX) or key.startswith("_log/0"):
+                asked.append(len(asked))
+            return super().get(key)
+
+    commit_versions(url, 3)
+    reader = LogReadAhead(Journal(Asking(url), read_only=True), 1, 8, copies=3)
+    try:
+        while reader.next() is not None:
+            pass  # the backlog, then the first miss: the head
+        with bw.Producer(url, "p-late", dp=1, commit_policy=Manual()) as producer:
+            for offset in range(12):
+                producer.append([b"x"], source_offset=offset)
+                producer.flush()
+        asked.clear()
+        found = 0
+        while reader.next() is not None:
+            found += 1
+        assert found == 13  # the claim and twelve TGBs
+        assert len(asked) <= found + 2  # each version once, and at most two probes past the head
+    finally:
+        reader.close()

@@ -30,6 +30,10 @@ __all__ = ["DEFAULT_LOG_READ_AHEAD", "LogReadAhead"]
 # head probes only one.
 DEFAULT_LOG_READ_AHEAD = 64
 FIRST_WINDOW = 8  # probes at the start; at most 7 are wasted, once, by a reader at the head
+# Near the head with copies, a follower catches up the few versions committed during its
+# pause (about 6 at 1,250 nodes) two at a time: a wider window probed past the head on
+# every visit (2.1 requests a version a node instead of about 1.3).
+NEAR_HEAD_WINDOW = 2
 
 
 class LogReadAhead:
@@ -124,7 +128,7 @@ class LogReadAhead:
             # window found), as TCP's slow start, so the probes past the head, all misses,
             # stay within what the last round trip found. Doubling per version found had
             # a short log probed 32 versions ahead by its fifth version.
-            self._window = min(self._window + 1, self._depth)
+            self._window = min(self._window + 1, self._depth if not self._near_head(self._next) else NEAR_HEAD_WINDOW)
         return delta
 
     def ready(self) -> bool:
