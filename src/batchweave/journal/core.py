@@ -135,9 +135,7 @@ class Journal(Generic[VersionT]):
         # The newest versions' bytes this writer read or wrote: the committer of a segment's
         # last version writes the segment from them.
         self._recent = RecentVersions()
-        self._copies = CopyWriter(store)
-        # Copies of each version near the head (``headcopies``) a follower reads: 0, none.
-        self.head_copies = self._copies.copies
+        self._copies = CopyWriter(store)  # of each version it commits (``headcopies``)
 
     @property
     def requests(self) -> int:
