@@ -71,7 +71,13 @@ class _Tracker:
 
     def __init__(self) -> None:
         self._starts: dict[int, list[int]] = {}  # index -> where each run began (incarnations, retries)
+        self._runs: dict[int, int] = {}  # index -> runs begun, appended or not (a run killed before its
+        # first append told no start: restarts counted from starts missed it)
         self._appended: dict[int, int] = {}
+
+    @ray.method
+    def began(self, index: int) -> None:
+        self._runs[index] = self._runs.get(index, 0) + 1
 
     @ray.method
     def appended(self, index: int, offset: int) -> None:
@@ -85,6 +91,10 @@ class _Tracker:
     def snapshot(self) -> tuple[dict[int, list[int]], dict[int, int]]:
         return self._starts, self._appended
 
+    @ray.method
+    def runs(self) -> dict[int, int]:
+        return self._runs
+
 
 @ray.remote
 class _ProducerActor:
@@ -95,6 +105,7 @@ class _ProducerActor:
 
     @ray.method
     def run(self) -> tuple[int, dict[str, float]]:
+        ray.get(self._tracker.began.remote(self._index))  # told before any work: a kill cannot lose it
         first = [True]
 
         def on_append(index: int, offset: int) -> None:
@@ -183,12 +194,13 @@ def run_ray_pool(
                     # (more producers than the cluster holds, or one restarting after a node loss).
                     _end(actors[index])
         starts, _ = ray.get(tracker.snapshot.remote())
+        runs = ray.get(tracker.runs.remote())
         for index in actors:
             pid = plan.producer_id(index)
-            runs = starts.get(index, [])
-            if runs:
-                report.resumed_at[pid] = runs[0]  # where this pool run began, not the last incarnation
-            report.restarts[pid] = max(len(runs) - 1, retries[index])
+            began = starts.get(index, [])
+            if began:
+                report.resumed_at[pid] = began[0]  # where this pool run began, not the last incarnation
+            report.restarts[pid] = max(runs.get(index, 1) - 1, len(began) - 1, retries[index])
     finally:
         for actor in (*actors.values(), tracker):
             _end(actor)
