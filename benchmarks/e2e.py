@@ -307,7 +307,9 @@ def train_once(
     failed = [p.exitcode for p in producers if p.exitcode != 0 and p not in stopped]
     if failed:
         raise RuntimeError(f"e2e {label}: producers exited with {failed}")
-    return json.loads(out.read_text())["series"], extra
+    trained = json.loads(out.read_text())
+    extra["data_digest"] = trained["data_digest"]  # every feed must train on the same bytes
+    return trained["series"], extra
 
 
 def _trainer_feed(feed: str) -> str:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import json
 import os
 import random
@@ -225,6 +226,7 @@ def train(args: argparse.Namespace) -> None:
     if rank == 0 and args.ready:
         Path(args.ready).touch()  # the producers start now: no head start before the first step
     series = []
+    trained_on = hashlib.blake2b(digest_size=16)  # the bytes of every batch, in order: feeds compare it
     for step in range(args.steps):
         started = time.perf_counter()
         batch = next(feed)
@@ -238,6 +240,7 @@ def train(args: argparse.Namespace) -> None:
         elapsed = time.perf_counter() - started
         cpu_s = time.process_time()  # the whole process: the consumer's threads too
         series.append({"step": step, "step_s": elapsed, "wait_s": waited, "loss": loss.item(), "cpu_s": cpu_s})
+        _hash_batch(trained_on, batch)  # after the step's timing
     if closable is not None:
         closable.close()
     if rank == 0:
@@ -249,9 +252,23 @@ def train(args: argparse.Namespace) -> None:
             "world": world,
             "cuda": cuda,
             "series": series,
+            "data_digest": trained_on.hexdigest(),
         }
         Path(args.out).write_text(json.dumps(out))
     dist.destroy_process_group()
+
+
+def _hash_batch(hasher, batch) -> None:
+    """Feed ``batch`` (a tensor, or a dict, list or tuple of them) into ``hasher``, keys sorted."""
+    if isinstance(batch, dict):
+        for key in sorted(batch):
+            hasher.update(str(key).encode())
+            _hash_batch(hasher, batch[key])
+    elif isinstance(batch, list | tuple):
+        for item in batch:
+            _hash_batch(hasher, item)
+    else:
+        hasher.update(np.ascontiguousarray(batch.detach().cpu().numpy()).tobytes())
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,9 +1,15 @@
 """Invariant checks shared by the protocol and crash tests: read the log back and judge it;
-and a store that records the requests it makes, for the tests that count them."""
+a store that records the requests it makes, for the tests that count them; and a Ray temp
+root of a test's own."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import tempfile
 from collections import defaultdict
+from collections.abc import Iterator
 
 from batchweave import keys, log, logrules
 from batchweave.journal import Journal
@@ -84,3 +90,22 @@ def check_pool_exactly_once_in_order(url: str, shards: int, producers: int, dp: 
     for owner in range(producers):
         mine = [s for s in seen if s % producers == owner]
         assert mine == sorted(mine)
+
+
+@contextlib.contextmanager
+def own_ray_temp_root() -> Iterator[str]:
+    """A Ray temp root of this test's own, removed after: every file Ray writes (its sessions,
+    sockets and the ``ray_current_cluster`` file a ``Cluster`` writes under the *default* root)
+    lands there, never in /tmp/ray, which another Ray user of the machine may own. Short: Ray's
+    socket paths under it must stay within the 107 bytes of a Unix socket."""
+    root = tempfile.mkdtemp(prefix="bw-ray-")
+    previous = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = root
+    try:
+        yield root
+    finally:
+        if previous is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = previous
+        shutil.rmtree(root, ignore_errors=True)

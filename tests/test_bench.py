@@ -128,7 +128,11 @@ def test_quick_benchmark_writes_its_three_files(name, workload, tmp_path):
         assert rows["seaweedfs", "batchweave"]["vs_litdata"] > 0 and litdata["read_amplification"] >= 1
     if name == "e2e":  # every feed trained on the same bytes, whichever process made them
         assert {r["feed"] for r in result["results"]} == {"memory", "batchweave", "dataloader"}
-        assert len({r["final_loss"] for r in result["results"]}) == 1, result["results"]
+        assert len({r["data_digest"] for r in result["results"]}) == 1, result["results"]
+        # The same bytes and seed; float sums may round apart when the machine's load changes
+        # how the CPU kernels split their work (1.5937133 against 1.5937135 at load 15).
+        losses = [r["final_loss"] for r in result["results"]]
+        assert max(losses) - min(losses) <= 1e-5 * max(map(abs, losses)), result["results"]
     if stem == "e2e-video":  # the colocated loaders are tuned in prefetch too
         assert result["config"]["workload"] == "video"
         assert all("prefetch_factor" in r for r in result["results"] if r["feed"] == "dataloader")

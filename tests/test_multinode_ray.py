@@ -16,15 +16,13 @@ on the driver's node, reserving nothing).
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pool_work
 import pytest
-from checks import check_pool_exactly_once_in_order
+from checks import check_pool_exactly_once_in_order, own_ray_temp_root
 
 import batchweave as bw
 from batchweave.pool import PoolPlan
@@ -45,26 +43,24 @@ def cluster():
     """Head (the driver's node, no CPUs) + one worker node, stopped by ``cluster.shutdown()``."""
     os.environ["RAY_AUTH_MODE"] = "disabled"
     tests = str(Path(__file__).parent)
-    # A short root: Ray's socket paths under it must stay within the 107 bytes of a Unix socket.
-    temp_dir = tempfile.mkdtemp(prefix="bw-ray-")
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 0,
-            "include_dashboard": False,
-            "temp_dir": temp_dir,
-            # A lost node is declared dead after ~0.6 s of failed health checks (default ~15 s).
-            "_system_config": {"health_check_period_ms": 200, "health_check_failure_threshold": 3},
-        },
-    )
-    try:
-        worker = cluster.add_node(num_cpus=1)
-        ray.init(address=cluster.address, runtime_env={"env_vars": {"PYTHONPATH": tests}}, log_to_driver=False)
-        yield cluster, worker
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
+    with own_ray_temp_root() as temp_dir:
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 0,
+                "include_dashboard": False,
+                "temp_dir": temp_dir,
+                # A lost node is declared dead after ~0.6 s of failed health checks (default ~15 s).
+                "_system_config": {"health_check_period_ms": 200, "health_check_failure_threshold": 3},
+            },
+        )
+        try:
+            worker = cluster.add_node(num_cpus=1)
+            ray.init(address=cluster.address, runtime_env={"env_vars": {"PYTHONPATH": tests}}, log_to_driver=False)
+            yield cluster, worker
+        finally:
+            ray.shutdown()
+            cluster.shutdown()
 
 
 def wait_until(condition, what: str) -> None:

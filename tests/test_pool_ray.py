@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pool_work
 import pytest
-from checks import check_pool_exactly_once_in_order
+from checks import check_pool_exactly_once_in_order, own_ray_temp_root
 
 import batchweave as bw
 from batchweave.pool import PoolPlan, run_pool
@@ -27,16 +27,17 @@ pytestmark = pytest.mark.slow
 def cluster():
     os.environ["RAY_AUTH_MODE"] = "disabled"
     tests = Path(__file__).parent
-    ray.init(
-        address="local",  # never attach to another cluster on this machine
-        num_cpus=2,
-        include_dashboard=False,
-        # Workers import pool_work, and examples.lerobot_video from the repository's root.
-        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(tests), str(tests.parent)])}},
-        log_to_driver=False,
-    )
-    yield
-    ray.shutdown()
+    with own_ray_temp_root():
+        ray.init(
+            address="local",  # never attach to another cluster on this machine
+            num_cpus=2,
+            include_dashboard=False,
+            # Workers import pool_work, and examples.lerobot_video from the repository's root.
+            runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(tests), str(tests.parent)])}},
+            log_to_driver=False,
+        )
+        yield
+        ray.shutdown()
 
 
 def check_exactly_once_in_order(url, shards: int, producers: int) -> None:

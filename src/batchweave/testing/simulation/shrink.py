@@ -1,12 +1,12 @@
 """Shrinking a failing schedule: delta debugging over its recorded choices.
 
 A run is a function of its choice list, so a smaller list that still fails with the
-same kind of violation is a smaller counterexample. In order, while a time budget
-lasts: the shortest failing prefix (an exhausted list answers 0, the calm choice),
-then zeroing chunks (calm stretches, no shift), then removing chunks (halves, quarters,
-... single choices), then lowering each value (to 0, else to half). Each accepted
-candidate is replaced by what its run really recorded, so the list stays exactly
-replayable.
+same kind of violation is a smaller counterexample. In order, while the budget lasts
+(runs, which a test counts, or seconds, which a person at a terminal gives): the
+shortest failing prefix (an exhausted list answers 0, the calm choice), then zeroing
+chunks (calm stretches, no shift), then removing chunks (halves, quarters, ... single
+choices), then lowering each value (to 0, else to half). Each accepted candidate is
+replaced by what its run really recorded, so the list stays exactly replayable.
 """
 
 from __future__ import annotations
@@ -21,18 +21,44 @@ from batchweave.testing.simulation.world import Config
 __all__ = ["format_trace", "shrink"]
 
 
-def shrink(failing: Result, config: Config, kind: str | None = None, budget_s: float = 60.0) -> Result:
+class _Budget:
+    """What a shrink may still spend: simulated runs, seconds, or both (None: no limit)."""
+
+    def __init__(self, runs: int | None, seconds: float | None) -> None:
+        self._runs = runs
+        self._deadline = None if seconds is None else time.monotonic() + seconds
+
+    def __bool__(self) -> bool:
+        runs_left = self._runs is None or self._runs > 0
+        return runs_left and (self._deadline is None or time.monotonic() < self._deadline)
+
+    def spend(self) -> None:
+        if self._runs is not None:
+            self._runs -= 1
+
+
+def shrink(
+    failing: Result,
+    config: Config,
+    kind: str | None = None,
+    budget_s: float | None = 60.0,
+    *,
+    budget_runs: int | None = None,
+) -> Result:
     """The smallest run found that still has a violation of ``kind`` (default: the first's)
-    by an actor of the same role (a lagging reader stays a lagging reader)."""
+    by an actor of the same role (a lagging reader stays a lagging reader), within
+    ``budget_runs`` simulated runs and ``budget_s`` seconds (None: no limit on that one;
+    a test gives runs, so that a loaded machine shrinks as far as an idle one)."""
     first = next(v for v in failing.violations if kind is None or v.kind == kind)
     wanted = (first.kind, _role(first.actor))
-    deadline = time.monotonic() + budget_s
+    budget = _Budget(budget_runs, budget_s)
     best = failing
 
     def attempt(candidate: list[int]) -> bool:
         nonlocal best
-        if time.monotonic() > deadline:
+        if not budget:
             return False
+        budget.spend()
         result = simulate(Choices(replay=candidate), config)
         same = any((v.kind, _role(v.actor)) == wanted for v in result.violations)
         if same and len(result.choices) <= len(best.choices):
@@ -41,9 +67,9 @@ def shrink(failing: Result, config: Config, kind: str | None = None, budget_s: f
         return False
 
     _shortest_prefix(best.choices, attempt)
-    _zero_chunks(lambda: best.choices, attempt, deadline)
-    _remove_chunks(lambda: best.choices, attempt, deadline)
-    _lower_values(lambda: best.choices, attempt, deadline)
+    _zero_chunks(lambda: best.choices, attempt, budget)
+    _remove_chunks(lambda: best.choices, attempt, budget)
+    _lower_values(lambda: best.choices, attempt, budget)
     while best.choices and best.choices[-1] == 0:
         best.choices.pop()  # an exhausted list answers 0 anyway
     return best
@@ -64,12 +90,12 @@ def _shortest_prefix(choices: list[int], attempt: Callable[[list[int]], bool]) -
             low = middle + 1
 
 
-def _zero_chunks(current: Callable[[], list[int]], attempt: Callable[[list[int]], bool], deadline: float) -> None:
+def _zero_chunks(current: Callable[[], list[int]], attempt: Callable[[list[int]], bool], budget: _Budget) -> None:
     """Calm whole stretches of the schedule down (0 everywhere) without shifting the rest."""
     chunk = max(1, len(current()) // 4)
-    while chunk >= 4 and time.monotonic() < deadline:
+    while chunk >= 4 and budget:
         start = 0
-        while start < len(current()) and time.monotonic() < deadline:
+        while start < len(current()) and budget:
             choices = current()
             if any(choices[start : start + chunk]):
                 attempt([*choices[:start], *[0] * len(choices[start : start + chunk]), *choices[start + chunk :]])
@@ -77,20 +103,20 @@ def _zero_chunks(current: Callable[[], list[int]], attempt: Callable[[list[int]]
         chunk //= 2
 
 
-def _remove_chunks(current: Callable[[], list[int]], attempt: Callable[[list[int]], bool], deadline: float) -> None:
+def _remove_chunks(current: Callable[[], list[int]], attempt: Callable[[list[int]], bool], budget: _Budget) -> None:
     chunk = max(1, len(current()) // 2)
-    while chunk >= 1 and time.monotonic() < deadline:
+    while chunk >= 1 and budget:
         start = 0
-        while start < len(current()) and time.monotonic() < deadline:
+        while start < len(current()) and budget:
             choices = current()
             if not attempt(choices[:start] + choices[start + chunk :]):
                 start += chunk
         chunk //= 2
 
 
-def _lower_values(current: Callable[[], list[int]], attempt: Callable[[list[int]], bool], deadline: float) -> None:
+def _lower_values(current: Callable[[], list[int]], attempt: Callable[[list[int]], bool], budget: _Budget) -> None:
     index = 0
-    while index < len(current()) and time.monotonic() < deadline:
+    while index < len(current()) and budget:
         choices = current()
         value = choices[index]
         if value and not attempt([*choices[:index], 0, *choices[index + 1 :]]) and value > 1:
