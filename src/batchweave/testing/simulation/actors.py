@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import random
+import re
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -44,7 +46,7 @@ from batchweave.testing.simulation.group_driver import GroupProducerDriver
 from batchweave.testing.simulation.hubchannel import HubChannel
 from batchweave.testing.simulation.model import payload
 from batchweave.testing.simulation.scheduler import Actor
-from batchweave.testing.simulation.world import ALIGNED, World
+from batchweave.testing.simulation.world import ALIGNED, World, role
 
 __all__ = ["spawn_all"]
 
@@ -71,6 +73,7 @@ def spawn_all(world: World) -> None:
         world.scheduler.spawn(f"resume{i}", "reader", lambda a: resumer(world, a), delay_s=delay, crashable=False)
     if config.damage:
         world.scheduler.spawn("damage", "damager", lambda a: damager(world, a), delay_s=100.0, crashable=False)
+        world.store.before_get = stale_writer_racing_reads(world)
     world.scheduler.spawn("ender", "ender", lambda a: ender(world, a), crashable=False)
 
 
@@ -319,6 +322,9 @@ def _read_one(world: World, actor: Actor, consumer: Consumer, rank: int) -> bool
 def lagging_reader(world: World, actor: Actor) -> None:
     """An evaluation reader from step 0 that no checkpoint protects, pausing for long
     whiles: collection may overtake it (DataReclaimedError), never mislead it."""
+    # Some start late, from step 0 beside collection: version 1's proof (read again after
+    # the reads) is what tells them the versions after it came from freed keys.
+    world.pause((0.0, 0.0, 300.0, ALIGNED))
     if world.lagging_node is None:
         world.lagging_node = _node(world)
     consumer = actor.notes["consumer"] = _consumer(world, world.choose(world.config.dp), world.lagging_node)
@@ -343,7 +349,8 @@ def _read_unprotected(world: World, actor: Actor, consumer: Consumer) -> None:
     try:
         while _read_one(world, actor, consumer, consumer.rank):
             if world.ended_at is None and world.choose(3) == 2:  # once the stream ended, drain
-                world.pause((1.0, 30.0, 300.0, 900.0))
+                # aligned: it wakes with the stale writers paused that way (the damager's)
+                world.pause((1.0, 30.0, 300.0, 900.0, ALIGNED))
     except DataReclaimedError:
         pass  # collection overtook it: the typed answer
     except BatchWeaveError as exc:
@@ -376,8 +383,11 @@ def damager(world: World, actor: Actor) -> None:
     store = world.store
     for _ in range(8):
         world.pause((60.0, 10.0, 200.0, ALIGNED))  # aligned: as paused writers wake up
-        what = world.choose(8 if world.store.head_copies else 7)  # the shapes without copies replay as before
-        if what == 7:
+        kinds = 8 if world.store.head_copies else 7
+        what = world.choose(kinds + 3)  # re-creations weigh 4: the proofs' faults (see _recreate_freed_version)
+        if what >= kinds:
+            _recreate_freed_version(world)
+        elif what == 7:
             _damage_one(world, keys.HEAD_PREFIX, b'{"version": 3, "tgbs": [')
         elif what == 6:
             _stale_ticket(world)
@@ -448,21 +458,62 @@ def _recreate_freed_version(world: World) -> None:
     freed = [v for v in world.model.genuine_bytes if v > 1 and world.store.peek(version_key(v)) is None]
     if not freed:
         return
-    views = {v + 1 for v in _views(world)} & set(freed)
-    deep = sorted(v for v in views if v + 1 in freed)  # a view two or more versions inside the freed region
-    candidates = deep or sorted(views) or freed
+    views = set(_views(world))
+    after_views = {v + 1 for v in views} & set(freed)
+    deep = sorted(v for v in after_views if v + 1 in freed)  # a view two or more versions inside the freed region
+    candidates = deep or sorted(after_views) or freed
     version = candidates[world.choose(len(candidates))]
+    stale_versions = [version]
+    if version - 1 in views and version - 1 in freed and world.choose(3) == 0:
+        # The view's own version too: an actor's anchor re-created with other bytes (I8, I10),
+        # the one case the anchor's digest is checked for.
+        stale_versions.insert(0, version - 1)
+    put = [v for v in stale_versions if _put_stale(world, v)]
+    # The stale writers' anchor checks fail and they delete their puts; a slow one holds its
+    # put for as long as a reader that no checkpoint protects may pause.
+    world.pause((5.0, 60.0, 600.0))
+    for stale_version in put:
+        world.store.delete(version_key(stale_version))
+
+
+_READERS = ("lag", "resume", "train")
+_VERSION_KEY = re.compile(r"_log/(\d{20})\.json")
+
+
+def stale_writer_racing_reads(world: World) -> Callable[[str, str], None]:
+    """A reader's read of a freed version, and a stale writer's put there landing just
+    before it (one time in four): garbage collection passed the reader between two of its
+    requests, and what the reader reads next is not genuine. Its proof must say so, whether
+    it anchors on a version it read or, from step 0, on version 1 (the proofs' faults)."""
+
+    def before_get(actor: str, key: str) -> None:
+        match = _VERSION_KEY.fullmatch(key)
+        if match is None or role(actor) not in _READERS:
+            return
+        version = int(match[1])
+        if version <= 1 or version not in world.model.genuine_bytes or world.store.peek(key) is not None:
+            return
+        if world.choose(4) == 0:
+            world.store.plant(key, log.encode(_stale_version(world, version)), "stale")
+
+    return before_get
+
+
+def _stale_version(world: World, version: int) -> log.LogVersion:
     stale = _stale_fold(world, version) if world.choose(2) == 0 else None
-    if stale is None:
-        stale = _stale_copy(world, version)
+    return _stale_copy(world, version) if stale is None else stale
+
+
+def _put_stale(world: World, version: int) -> bool:
+    """A stale writer's put of ``version`` (freed) with other bytes; False if it lost the race."""
+    stale = _stale_version(world, version)
     try:
         world.store.put_if_absent(version_key(version), log.encode(stale))
     except StoreError:
-        return
+        return False
     for copy in range(world.store.head_copies):  # as a writer that copied before its anchor check would
         world.store.put(keys.head_copy_key(version, copy), log.encode(stale))
-    world.pause((5.0, 60.0))  # the stale writer's anchor check fails; it deletes its put
-    world.store.delete(version_key(version))
+    return True
 
 
 def _views(world: World) -> list[int]:

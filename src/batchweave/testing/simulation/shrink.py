@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from batchweave.testing.simulation.choices import Choices
 from batchweave.testing.simulation.run import Result, simulate
-from batchweave.testing.simulation.world import Config
+from batchweave.testing.simulation.world import Config, role
 
 __all__ = ["format_trace", "shrink"]
 
@@ -50,7 +50,7 @@ def shrink(
     ``budget_runs`` simulated runs and ``budget_s`` seconds (None: no limit on that one;
     a test gives runs, so that a loaded machine shrinks as far as an idle one)."""
     first = next(v for v in failing.violations if kind is None or v.kind == kind)
-    wanted = (first.kind, _role(first.actor))
+    wanted = (first.kind, role(first.actor))
     budget = _Budget(budget_runs, budget_s)
     best = failing
 
@@ -60,7 +60,7 @@ def shrink(
             return False
         budget.spend()
         result = simulate(Choices(replay=candidate), config)
-        same = any((v.kind, _role(v.actor)) == wanted for v in result.violations)
+        same = any((v.kind, role(v.actor)) == wanted for v in result.violations)
         if same and len(result.choices) <= len(best.choices):
             best = result
             return True
@@ -73,11 +73,6 @@ def shrink(
     while best.choices and best.choices[-1] == 0:
         best.choices.pop()  # an exhausted list answers 0 anyway
     return best
-
-
-def _role(actor: str) -> str:
-    """``g0.2`` -> ``g``, ``lag0`` -> ``lag``: what the actor is, not which one."""
-    return actor.rstrip("0123456789.").rstrip("0123456789")
 
 
 def _shortest_prefix(choices: list[int], attempt: Callable[[list[int]], bool]) -> None:

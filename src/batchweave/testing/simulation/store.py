@@ -9,7 +9,7 @@ every creation and deletion as it is applied.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from batchweave.errors import ObjectExistsError, ObjectNotFoundError
@@ -31,6 +31,9 @@ class SimStore(Store):
         self.model = model
         self.objects: dict[str, tuple[bytes, float]] = {}
         self._head_copies = head_copies
+        # Called with (actor, key) as a get is applied, before it reads: a write that lands
+        # just before a read (``actors.stale_writer_racing_reads``).
+        self.before_get: Callable[[str, str], None] | None = None
 
     @property
     def head_copies(self) -> int:
@@ -85,6 +88,8 @@ class SimStore(Store):
 
     def get(self, key: str) -> memoryview:
         def apply() -> memoryview:
+            if self.before_get is not None:
+                self.before_get(self._actor_name(), key)
             body = self._body(key)
             self.model.read(key, body, self._actor_name())
             return memoryview(body)
@@ -112,6 +117,13 @@ class SimStore(Store):
         pass  # a dict honours create-only puts by construction
 
     # -- outside the schedule: the model and the damage actor peek without a turn -------
+
+    def plant(self, key: str, body: bytes, actor: str) -> None:
+        """``actor``'s write, applied now without a turn of its own (it lands just before
+        the operation being applied); traced as a put."""
+        self.scheduler.trace.append((self.scheduler.clock.elapsed, actor, "put", key))
+        self.objects[key] = (body, self.scheduler.clock.now)
+        self.model.written(key, body, actor)
 
     def peek(self, key: str) -> bytes | None:
         found = self.objects.get(key)

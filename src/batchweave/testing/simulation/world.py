@@ -12,7 +12,7 @@ from batchweave.testing.simulation.model import Model
 from batchweave.testing.simulation.scheduler import Actor, Scheduler
 from batchweave.testing.simulation.store import SimStore
 
-__all__ = ["SHAPES", "Config", "World"]
+__all__ = ["SHAPES", "Config", "World", "role"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,11 @@ class Config:
     node_sharing: bool = False  # a trainer's ranks share one node follower, and so do the lagging readers
     hub_faults: bool = False  # with node_sharing: each rank reaches it through a HubChannel (hubchannel.FAULTS)
     head_copies: int = 0  # copies every committer writes of its version; node followers read them at the head
+
+
+def role(actor: str) -> str:
+    """``g0.2`` -> ``g``, ``lag0`` -> ``lag``: what the actor is, not which one."""
+    return actor.rstrip("0123456789.").rstrip("0123456789")
 
 
 ALIGNED = -1.0  # a pause option: until the next multiple of ALIGN_S
