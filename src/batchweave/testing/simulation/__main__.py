@@ -5,9 +5,12 @@
     python -m batchweave.testing.simulation --replay 55 --shrink
     python -m batchweave.testing.simulation --replay 55 --shrink --save shrunk.json
     python -m batchweave.testing.simulation --choices shrunk.json --story --trace 0
+    python -m batchweave.testing.simulation --repin tests/simulation/wrong-step.json
 
 Prints the seeds run, the store operations explored (per minute) and every violation
-with its seed. A seed is replayed exactly: the same seed, the same run.
+with its seed. A seed is replayed exactly: the same seed, the same run. ``--repin``
+rewrites a pinned schedule whose replay no longer reaches its point (``pins``) with the
+first seed of its shape that does.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import sys
 import time
 
 from batchweave.testing.simulation.choices import Choices
+from batchweave.testing.simulation.pins import Point, find
 from batchweave.testing.simulation.run import Result, simulate
 from batchweave.testing.simulation.shrink import format_trace, shrink
 from batchweave.testing.simulation.world import SHAPES
@@ -46,7 +50,10 @@ def main(argv: list[str] | None = None) -> int:
         "--story", action="store_true", help="show only log writes, crashes and the culprits' operations"
     )
     parser.add_argument("--save", default=None, help="write the (shrunk) schedule to this JSON file")
+    parser.add_argument("--repin", default=None, help="pin anew the schedule in this JSON file (its point, shape)")
     args = parser.parse_args(argv)
+    if args.repin is not None:
+        return _repin(args)
     if args.replay is not None or args.choices is not None:
         return _replay(args)
     return _explore(args)
@@ -107,6 +114,24 @@ def _replay(args: argparse.Namespace) -> int:
             }
             f.write(json.dumps(pinned, separators=(",", ":")) + "\n")
     return 1 if result.violations else 0
+
+
+def _repin(args: argparse.Namespace) -> int:
+    """Replace a pinned schedule's choices with the first of ``--seeds`` (of its shape) that
+    reaches its point and breaks nothing; what it once found stays as its history."""
+    with open(args.repin) as f:
+        pinned = json.load(f)
+    point = Point(**pinned["point"])
+    found = find(point, SHAPES[pinned["shape"]], args.seeds)
+    if found is None:
+        print(f"no seed of {args.seeds} reaches {point.describe()} on shape {pinned['shape']!r}; try more --seeds")
+        return 1
+    seed, result = found
+    pinned.update(seed=seed, choices=result.choices)
+    with open(args.repin, "w") as f:
+        f.write(json.dumps(pinned, separators=(",", ":")) + "\n")
+    print(f"{args.repin}: {pinned['shape']} seed {seed} reaches {point.describe()}")
+    return 0
 
 
 def _show(result: Result, args: argparse.Namespace) -> None:
