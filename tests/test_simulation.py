@@ -482,3 +482,20 @@ def test_ranks_of_a_node_whose_follower_fails_at_a_reclaimed_start_read_alone_in
     pause). The rank now reads alone and hears its own error."""
     result = simulate(Choices(seed=seed), SHAPES[shape])
     assert result.finished and not result.violations, _explain(result, seed, shape)
+
+
+def test_a_pinned_point_is_reached_only_in_the_order_it_names():
+    """What ``_replay_pinned`` checks, on hand-made traces: a replay that drifted (no
+    re-creation, or the read before it, or another actor reading) does not reach it."""
+    key = "_log/00000000000000000007.json"
+    deleted, put, read = (1.0, "gc0", "delete", key), (2.0, "damage", "put_if_absent", key), (3.0, "lag0", "get", key)
+    re_created = Point("reads-re-created", "lag")
+    assert reached([deleted, put, read], re_created)
+    assert not reached([deleted, read, put], re_created)  # read while freed: the other point
+    assert reached([deleted, read, put], Point("reads-freed", "lag"))
+    assert not reached([put, read], re_created)  # never freed: an ordinary put and read
+    assert not reached([deleted, put, (3.0, "train0.1", "get", key)], re_created)
+    assert not reached([deleted, put, (2.5, "gc1", "delete", key), read], re_created)
+    assert reached([deleted, (2.0, "p1.2", "put_if_absent", key)], Point("puts-freed", "p"))
+    with pytest.raises(ValueError, match="unknown pinned point"):
+        Point("reads-anything", "lag")

@@ -1,0 +1,116 @@
+"""The mutation score of the safety modules, and its ratchet: ``make mutation`` runs it.
+
+mutmut (``[tool.mutmut]`` in pyproject.toml) changes one point of the code at a time and
+runs the fast tests of the proof rules against each change (a *mutant*). A mutant the
+tests fail on is killed; a mutant they pass on survived: either the tests miss a broken
+rule, or the change does not change behaviour (an *equivalent* mutant, which no test can
+kill). The score is killed / (all - equivalent); a timeout counts as killed (a test
+failed to finish), a mutant no test reaches as survived.
+
+``benchmarks/mutation_floor.json`` keeps the floor and every mutant judged equivalent,
+with why. This script reads ``mutmut results --all true``, writes the score, the
+survivors and a table to ``--out``, and fails when the score is below the floor (the
+ratchet: it can only go up; raise the floor when it does).
+
+    python -m benchmarks.mutation_score --out bench-out/mutation
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+FLOOR_FILE = Path(__file__).resolve().parent / "mutation_floor.json"
+_KILLED = {"killed", "timeout"}
+_SURVIVED = {"survived", "no tests"}
+
+
+@dataclass(frozen=True)
+class Score:
+    killed: int
+    survivors: list[str]  # not killed, not judged equivalent
+    equivalent: int
+    unchecked: int  # not run yet (an interrupted run)
+
+    @property
+    def judged(self) -> int:
+        return self.killed + len(self.survivors)
+
+    @property
+    def ratio(self) -> float:
+        return self.killed / self.judged if self.judged else 0.0
+
+
+def parse_results(text: str) -> dict[str, str]:
+    """``mutmut results --all true`` -> {mutant name: status}."""
+    results = {}
+    for line in text.splitlines():
+        name, sep, status = line.strip().rpartition(": ")
+        if sep and name.startswith("batchweave."):
+            results[name] = status.strip()
+    return results
+
+
+def score(results: dict[str, str], equivalent: dict[str, str]) -> Score:
+    """The score of ``results``, the mutants in ``equivalent`` left out."""
+    killed = sum(1 for status in results.values() if status in _KILLED)
+    survivors = sorted(n for n, s in results.items() if s in _SURVIVED and n not in equivalent)
+    judged_equivalent = sum(1 for n, s in results.items() if s in _SURVIVED and n in equivalent)
+    unchecked = sum(1 for s in results.values() if s not in _KILLED | _SURVIVED)
+    return Score(killed, survivors, judged_equivalent, unchecked)
+
+
+def by_module(names: list[str]) -> Counter[str]:
+    """Survivors per module: ``batchweave.journal.core.xǁJournalǁverify__mutmut_3`` -> journal.core."""
+    return Counter(name.split(".x", 1)[0].removeprefix("batchweave.") for name in names)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="directory for mutation.json and mutation.md")
+    parser.add_argument("--results", type=Path, default=None, help="saved `mutmut results --all true` output")
+    args = parser.parse_args(argv)
+    text = (
+        args.results.read_text()
+        if args.results
+        else subprocess.run(["mutmut", "results", "--all", "true"], capture_output=True, text=True, check=True).stdout
+    )
+    kept = json.loads(FLOOR_FILE.read_text())
+    result = score(parse_results(text), kept["equivalent"])
+    args.out.mkdir(parents=True, exist_ok=True)
+    record = {
+        "score": result.ratio,
+        "killed": result.killed,
+        "survived": len(result.survivors),
+        "equivalent": result.equivalent,
+        "unchecked": result.unchecked,
+        "floor": kept["floor"],
+        "survivors": result.survivors,
+    }
+    (args.out / "mutation.json").write_text(json.dumps(record, indent=1) + "\n")
+    lines = [
+        f"mutation score {result.ratio:.1%}: {result.killed} killed of {result.judged} "
+        f"({result.equivalent} equivalent left out, {result.unchecked} not run); floor {kept['floor']:.1%}",
+        "",
+        "| module | survivors |",
+        "|---|---|",
+        *(f"| {module} | {count} |" for module, count in sorted(by_module(result.survivors).items())),
+    ]
+    (args.out / "mutation.md").write_text("\n".join(lines) + "\n")
+    print(lines[0])
+    if result.unchecked:
+        print("not every mutant was run: the score is not judged against the floor")
+        return 1
+    if result.ratio < kept["floor"]:
+        print(f"below the floor {kept['floor']:.1%}: a change weakened the tests of the proof rules")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
