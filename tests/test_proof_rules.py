@@ -257,3 +257,48 @@ def test_a_nodes_hub_publishes_only_versions_whose_proof_has_ended(monkeypatch):
     assert all(len(records) == 12 for records in seen.values())
     assert proven_through[0] > 0, "the hub's follower proved nothing: the test did not reach its point"
     assert early == []
+
+
+# -- a resume's cursor, at its boundaries ----------------------------------------------------
+
+
+def cursor_at(steps: int, version: int, dp: int = 1):
+    return parse_cursor(
+        {"format": "batchweave.cursor/2", "version": version, "position_numerator": steps,
+         "position_denominator": 1, "step": steps, "dp": dp, "cp": 1},
+        Mesh(dp=dp),
+    )  # fmt: skip
+
+
+def test_a_cursor_at_the_newest_version_or_before_any_step_resumes_as_saved(url):
+    """Catches ``checked_cursor`` refusing a cursor at the log's newest version, or losing
+    a field of a cursor saved before any step (version 0)."""
+    grow(url, 3)  # a claim (version 1), then versions 2-4 with steps 0-2
+    store = open_store(url)
+    newest = head(url)
+    at_head = checked_cursor(cursor_at(3, newest.version), Journal(store, read_only=True), url)
+    assert (at_head.version, at_head.position, at_head.namespace) == (newest.version, 3, newest.namespace)
+    assert at_head.digest == log.digest(store.get(keys.version_key(newest.version)))
+    before_any = checked_cursor(cursor_at(0, 0), Journal(store, read_only=True), url)
+    assert before_any == (0, 0, 0, newest.namespace, "")
+    with pytest.raises(bw.ConfigError, match="consumed 1 TGBs at log version 0"):
+        checked_cursor(cursor_at(1, 0), Journal(store, read_only=True), url)
+    with pytest.raises(bw.ConfigError, match="log ends at version"):
+        checked_cursor(cursor_at(3, newest.version + 1), Journal(store, read_only=True), url)
+
+
+def test_a_cursor_below_what_gc_kept_is_refused_by_its_steps_or_its_version(url):
+    """Catches the reclaim check of a resume reduced to one of its two conditions, and a
+    message that does not name the namespace and the oldest step kept."""
+    grow(url, 3)
+    overtake(url, 3)
+    store = open_store(url)
+    state = head(url)
+    kept = state.reclaimed
+    genuine = store.get(keys.version_key(kept.versions))
+    first = log.decode_version(genuine, keys.version_key(kept.versions), kept.versions).first_step
+    with pytest.raises(bw.DataReclaimedError, match=re.escape(f"{url}: step 0 was reclaimed")) as raised:
+        checked_cursor(cursor_at(0, kept.versions + 1), Journal(store, read_only=True), url)  # steps below
+    assert raised.value.oldest == kept.steps
+    with pytest.raises(bw.DataReclaimedError):  # a version below, its steps (as edited) above
+        checked_cursor(cursor_at(max(first, kept.steps) + 1, kept.versions - 1), Journal(store, read_only=True), url)
