@@ -1,0 +1,190 @@
+"""The journal's edges that the scenario tests pass over: what a commit with nothing to do
+costs, what ``catch_up`` counts, which of its puts an overtaken writer deletes, what it
+logs, and how a follower's proof names what it found. Each was a survivor of ``make
+mutation``: a one-point change no other fast test noticed."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import pytest
+from checks import RecordingStore
+from test_proof_rules import grow
+from test_proven_views import head, overtake
+
+import batchweave as bw
+from batchweave import keys, log, logrules
+from batchweave.errors import StoreError
+from batchweave.journal import Journal
+from batchweave.reading import follower as follower_module
+from batchweave.reading.follower import ANCHOR_SPREAD, ProvenLog, log_reader
+from batchweave.reading.polling import HeadPolling
+from batchweave.reading.readahead import LogReadAhead
+from batchweave.store import open_store
+
+
+@pytest.fixture
+def url(fast_url) -> str:
+    return fast_url
+
+
+def test_a_commit_with_nothing_to_do_on_a_proven_view_costs_one_probe():
+    url = f"memory://journal-edges/{uuid.uuid4().hex}"  # a store whose every read is a request
+    grow(url, 2)
+    store = RecordingStore(url)
+    writer = Journal(store, heads_only=True)
+    state = writer.load_state()
+    store.calls.clear()
+    done = writer.commit(state, lambda newest: None)
+    assert (done.outcome, done.state, done.conflicts) == ("nothing", state, 0)
+    assert store.calls == [("get", keys.version_key(state.version + 1))]  # nothing read: nothing to prove
+    grow(url, 0)  # another writer's claim: one version to read, then prove
+    store.calls.clear()
+    done = writer.commit(state, lambda newest: None)
+    assert done.outcome == "nothing" and done.state.version == state.version + 1
+    assert store.calls == [
+        ("get", keys.version_key(state.version + 1)),
+        ("get", keys.version_key(state.version + 2)),
+        ("get", keys.version_key(state.version)),  # the anchor, once: the view is proven, and that is all
+    ]
+
+
+def test_catch_up_counts_the_versions_it_read_and_one_for_a_reload(url):
+    grow(url, 2)
+    store = open_store(url)
+    writer = Journal(store, heads_only=True)
+    state = writer.load_state()
+    assert writer.catch_up(state) == (state, 0)
+    grow(url, 2)  # a claim and two commits
+    newer, read = writer.catch_up(state)
+    assert read == 3 and newer.version == state.version + 3
+    overtake(url, newer.version)  # the anchor is gone
+    # A put whose answer was lost is unproven too: nothing new is read, the check fails, and
+    # the reload counts as one version read (the caller's state does not continue).
+    writer._proof.unverified.add(newer.version + 1)
+    reloaded, read = writer.catch_up(newer)
+    assert read == 1 and reloaded == head(url)
+
+
+def test_an_overtaken_writer_deletes_its_puts_below_what_gc_kept_and_only_those(url, caplog):
+    grow(url, 3)
+    overtake(url, 3)
+    store = open_store(url)
+    kept = head(url).reclaimed.versions
+    stale = log.encode(logrules.next_version(head(url), 1.0))
+    store.put(keys.version_key(kept - 1), stale)  # our put into a freed key
+    writer = Journal(store, heads_only=True)
+    writer.load_state()
+    writer._proof.unverified.update({kept - 1, kept})  # we may have put both (a put at `kept` is live)
+    writer._proof.anchor = (kept - 5, log.digest(b"gone"))
+    with caplog.at_level(logging.INFO, logger="batchweave.journal"):
+        assert writer._recover_from_stale_view() == head(url)
+    assert store.size(keys.version_key(kept - 1)) is None and store.size(keys.version_key(kept)) is not None
+    assert "garbage collection overtook this writer's view of the log; reloading" in caplog.text
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+
+
+def test_a_writer_that_opened_an_empty_log_says_so_at_info_when_it_reloads(url, caplog):
+    writer = Journal(open_store(url), heads_only=True)
+    assert writer.load_state().version == 0 and writer.anchor_version == 0
+    with caplog.at_level(logging.INFO, logger="batchweave.journal"):
+        writer._recover_from_stale_view()
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("INFO", "the log grew its first snapshot before this writer's first commit; reloading")
+    ]
+
+
+def test_a_writer_that_may_not_delete_leaves_its_stale_put_to_gc_and_says_which(url, caplog, monkeypatch):
+    writer = Journal(open_store(url), heads_only=True)
+
+    def denied(key):
+        raise StoreError(key, "delete denied")
+
+    monkeypatch.setattr(writer.store, "delete_if_allowed", denied)
+    with caplog.at_level(logging.WARNING, logger="batchweave.journal"):
+        writer._delete_stale_put(keys.version_key(4))
+    assert caplog.records[0].getMessage() == (
+        f"left a version put into the reclaimed region for garbage collection: {keys.version_key(4)}: delete denied"
+    )
+
+
+def test_a_follower_anchored_below_gc_hears_data_reclaimed_naming_the_namespace(url):
+    """The anchor (here version 1), not the lowest version read, decides whether GC overtook
+    the follower: reads from above what GC kept, on an anchor it deleted, are reclaimed."""
+    grow(url, 3)
+    overtake(url, 3)
+    kept = head(url).reclaimed
+    journal = Journal(open_store(url), read_only=True)
+    journal.anchor_on(1, log.digest(b"version 1 as read"))
+    follower = ProvenLog(journal, LogReadAhead(journal, kept.versions + 2, 1), HeadPolling(1), lambda: 7, url)
+    with pytest.raises(bw.DataReclaimedError, match=f"^{url}: step 7 was reclaimed") as raised:
+        follower.prove(kept.versions + 2, None)
+    assert raised.value.oldest == kept.steps
+
+
+def test_a_follower_of_an_empty_namespace_pauses_rather_than_calling_it_damage(url):
+    journal = Journal(open_store(url), read_only=True)
+    reader = LogReadAhead(journal, 1, 1)
+    try:
+        item = next(iter(ProvenLog(journal, reader, HeadPolling(1), lambda: 0, url)))
+    finally:
+        reader.close()
+    assert isinstance(item, float) and item > 0
+
+
+def test_a_follower_at_the_head_of_a_large_job_spreads_its_anchors_and_passes_on_its_settings(url, monkeypatch):
+    made = {}
+
+    class Spy:
+        def __init__(self, journal, first, depth, *, stop=None, copies=0):
+            made.update(journal=journal, first=first, depth=depth, stop=stop, copies=copies)
+
+    monkeypatch.setattr(follower_module, "LogReadAhead", Spy)
+    journal, stop = Journal(open_store(url), read_only=True), follower_module.threading.Event()
+    log_reader(journal, 5, 7, HeadPolling(1), stop)
+    assert made == {"journal": journal, "first": 5, "depth": 7, "stop": stop, "copies": 0}
+    assert journal._proof.spread == 1  # a small job: anchored on the newest version read
+    log_reader(journal, 5, 7, HeadPolling(10_000, copies=3), stop)
+    assert made["copies"] == 3 and journal._proof.spread == ANCHOR_SPREAD
+
+
+# -- the log's rules ----------------------------------------------------------------------
+
+
+def test_a_first_claim_sets_the_layout_before_any_tgb_is_committed(url):
+    """I9: a namespace's layout is fixed by its first claim; a producer of another layout is
+    refused before either commits a TGB, and the refusal says what to do."""
+    with bw.Producer(url, "a", dp=2, commit_policy=bw.Manual()):
+        assert head(url).layout is not None and (head(url).layout.dp, head(url).layout.cp) == (2, 1)
+        with pytest.raises(bw.LayoutError, match="use the namespace's dp and cp, or a new namespace$"):
+            bw.Producer(url, "b", dp=4, commit_policy=bw.Manual())
+    with bw.Producer(url, "c", dp=2, commit_policy=bw.Manual()):  # the same layout: its claim sets nothing
+        pass
+    claims = [v for v in Journal(open_store(url)).versions_after(0) if v.producers]
+    assert [v.layout is not None for v in claims] == [True, False]
+
+
+def test_a_forked_producer_is_named_with_where_its_offsets_should_continue():
+    seen = {"p": (2, 5)}
+    forked = log.LogVersion(
+        format=log.LOG_FORMAT, version=9, first_step=4, tgbs=[_tgb("p", 3, epoch=3)], producers={}, end_of_stream=False
+    )
+    with pytest.raises(bw.CorruptDataError, match=r"TGB p@3 \(epoch 3\) does not continue that producer's offsets at "
+                       r"5 \(epoch 2\): the log was forked; does the store honour conditional puts\?$"):  # fmt: skip
+        logrules.check_continuity(seen, forked, keys.version_key(9))
+    assert seen == {"p": (2, 5)}
+
+
+def _tgb(producer: str, offset: int, epoch: int) -> log.TGBDescriptor:
+    return log.TGBDescriptor(
+        producer=producer,
+        epoch=epoch,
+        source_offset=offset,
+        dp=1,
+        cp=1,
+        kind="tensors",
+        objects=[],
+        slices=[],
+        nbytes=0,
+    )
