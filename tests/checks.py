@@ -99,6 +99,7 @@ def own_ray_temp_root() -> Iterator[str]:
     lands there, never in /tmp/ray, which another Ray user of the machine may own. Short: Ray's
     socket paths under it must stay within the 107 bytes of a Unix socket."""
     root = tempfile.mkdtemp(prefix="bw-ray-")
+    os.mkdir(os.path.join(root, "ray"))  # Ray's default root under RAY_TMPDIR, which a Cluster writes into
     previous = os.environ.get("RAY_TMPDIR")
     os.environ["RAY_TMPDIR"] = root
     try:
