@@ -74,12 +74,15 @@ def test_an_overtaken_writer_deletes_its_puts_below_what_gc_kept_and_only_those(
     kept = head(url).reclaimed.versions
     stale = log.encode(logrules.next_version(head(url), 1.0))
     store.put(keys.version_key(kept - 1), stale)  # our put into a freed key
-    writer = Journal(store, heads_only=True)
+    recording = RecordingStore(url)
+    writer = Journal(recording, heads_only=True)
     writer.load_state()
     writer._proof.unverified.update({kept - 1, kept})  # we may have put both (a put at `kept` is live)
     writer._proof.anchor = (kept - 5, log.digest(b"gone"))
+    recording.calls.clear()
     with caplog.at_level(logging.INFO, logger="batchweave.journal"):
         assert writer._recover_from_stale_view() == head(url)
+    assert ("list", keys.SNAPSHOT_PREFIX) in recording.calls  # the hint may be as stale as the view: listed
     assert store.size(keys.version_key(kept - 1)) is None and store.size(keys.version_key(kept)) is not None
     assert "garbage collection overtook this writer's view of the log; reloading" in caplog.text
     assert [r.levelname for r in caplog.records] == ["WARNING"]
@@ -165,6 +168,17 @@ def test_a_first_claim_sets_the_layout_before_any_tgb_is_committed(url):
     assert [v.layout is not None for v in claims] == [True, False]
 
 
+def test_a_claim_built_without_a_ticket_sets_the_layout_only_of_a_namespace_without_one():
+    """``build_claim`` (a claim whose ticket was not folded) records the layout when it is
+    the namespace's first, and only then (I9: set once)."""
+    first = logrules.build_claim(log.LogState(), "p", "inc-1", 1.0, log.Layout(2, 1))
+    assert first.layout == log.Layout(2, 1) and first.producers["p"].epoch == 1
+    state = logrules.apply_version(log.LogState(), first, keys.version_key(1))
+    again = logrules.build_claim(state, "q", "inc-2", 2.0, log.Layout(2, 1))
+    assert again.layout is None and again.producers["q"].incarnation == "inc-2"
+    assert logrules.build_claim(log.LogState(), "p", "inc-3", 3.0).layout is None  # no layout given: none set
+
+
 def test_a_forked_producer_is_named_with_where_its_offsets_should_continue():
     seen = {"p": (2, 5)}
     forked = log.LogVersion(
@@ -188,3 +202,24 @@ def _tgb(producer: str, offset: int, epoch: int) -> log.TGBDescriptor:
         slices=[],
         nbytes=0,
     )
+
+
+# -- reading through head copies ------------------------------------------------------------
+
+
+def test_a_head_copy_read_is_the_versions_own_read_for_the_proof(monkeypatch):
+    """A version read through a copy counts as read (version 1's bytes for a start's proof);
+    a copy that cannot tell sends the read to the version's own key."""
+    monkeypatch.setenv("BATCHWEAVE_HEAD_COPIES", "3")
+    url = f"memory://journal-edges/{uuid.uuid4().hex}"
+    grow(url, 12)  # versions 1-13, a snapshot at 10, three copies of each
+    store = RecordingStore(url)
+    start = Journal(store, read_only=True)
+    first = start.read_head_copy(1, 2)
+    assert first is not None and bytes(first.data) == bytes(store.get(keys.version_key(1)))
+    store.calls.clear()
+    assert start.prove_reads(1, first)
+    assert [op for op, _ in store.calls] == ["get", "get"]  # the namespace's id and version 1: no listing
+    grow(url, 60)  # the ring of 64 went round: version 6's slots hold version 70
+    again = start.read_head_copy(6, 0)
+    assert again is not None and again.delta.version == 6

@@ -22,6 +22,7 @@ import time
 
 import msgspec
 import pytest
+from checks import RecordingStore
 from test_node import CountingStore, fill, read_node
 from test_proven_views import commit, head, overtake
 
@@ -302,3 +303,27 @@ def test_a_cursor_below_what_gc_kept_is_refused_by_its_steps_or_its_version(url)
     assert raised.value.oldest == kept.steps
     with pytest.raises(bw.DataReclaimedError):  # a version below, its steps (as edited) above
         checked_cursor(cursor_at(max(first, kept.steps) + 1, kept.versions - 1), Journal(store, read_only=True), url)
+
+
+def test_a_cursor_whose_version_vanished_with_no_reclaim_is_named_as_damage(url):
+    """A cursor's version that is missing though the state, loaded after the read, shows no
+    reclaim of it was not deleted by GC (which records a reclaim before deleting): damage,
+    named by its key, never "reclaimed" (which sends people after a checkpoint they do not need)."""
+    grow(url, 12)  # a snapshot at version 10: the state is loaded from it
+    open_store(url).delete(keys.version_key(5))  # holds step 3
+    with pytest.raises(bw.CorruptDataError, match=rf"{keys.version_key(5)}: the cursor's log version vanished"):
+        checked_cursor(cursor_at(4, 5), Journal(open_store(url), read_only=True), url)
+
+
+def test_a_cursor_whose_version_holds_other_steps_says_which(url):
+    grow(url, 3)  # versions 2-4 hold steps 0, 1 and 2
+    with pytest.raises(bw.ConfigError, match=r"log version 2 holds TGB 2, but it holds steps 0\.\.0: the state was "
+                       r"edited or is from another namespace$"):  # fmt: skip
+        checked_cursor(cursor_at(3, 2), Journal(open_store(url), read_only=True), url)
+
+
+def test_a_cursor_from_before_any_step_reads_no_version(url):
+    grow(url, 1)
+    store = RecordingStore(url)
+    checked_cursor(cursor_at(0, 0), Journal(store, read_only=True), url)
+    assert ("get", keys.version_key(0)) not in store.calls  # the state alone: no version 0 to read

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any, NamedTuple
 
-from batchweave import log
+from batchweave import keys, log
 from batchweave.errors import ConfigError, CorruptDataError, DataReclaimedError
 from batchweave.journal import Journal
 from batchweave.log import LogState, LogVersion
@@ -122,7 +122,10 @@ def checked_cursor(cursor: Cursor, journal: Journal[LogVersion], url: str) -> Cu
             raise ConfigError(f"{url}: the consumer state has consumed {cursor.position} TGBs at log version 0")
         return Cursor(0, cursor.position, cursor.step, state.namespace)
     if read is None:
-        raise DataReclaimedError(url, math.floor(cursor.position), reclaimed.steps)
+        # Read before the state, which shows no reclaim of it: not GC's doing (it records a
+        # reclaim before it deletes), so damage, named as the follower names it.
+        vanished = "the cursor's log version vanished although no garbage collection reclaimed it"
+        raise CorruptDataError(keys.version_key(cursor.version), vanished)
     if last_tgb not in read.delta.steps():
         raise ConfigError(
             f"{url}: the consumer state says log version {cursor.version} holds TGB {last_tgb}, but it holds "
