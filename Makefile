@@ -63,7 +63,7 @@ demo: venv
 test: dev $(NODE) $(NATS)
 	$(VENV)/bin/ruff check src tests benchmarks examples
 	node_modules/.bin/pyright
-	$(PY) -m pytest -q --numprocesses=auto --maxprocesses=4 $(PYTEST_ARGS)
+	$(PY) -m pytest -q --numprocesses=auto --maxprocesses=4 --durations=25 $(PYTEST_ARGS)
 
 soak: dev
 	BATCHWEAVE_SOAK=$(SOAK) $(PY) -m pytest -q -p no:cacheprovider --timeout=3600 \
