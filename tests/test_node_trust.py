@@ -624,3 +624,17 @@ def test_a_reply_on_another_thread_during_a_reconnect_does_not_break_the_takeove
         answered.close()
         client._hosting = False
         client.close()
+
+
+def test_a_whole_message_is_cut_by_its_own_lengths_within_the_readers_limits():
+    """``nodewire.unframe`` (how the simulation's hub channels carry every log reply): what
+    ``frame`` made comes back as it was; lengths that do not cut it, or past the limits, are
+    a lost hub, never a guess."""
+    header, payload = b'{"sizes":[3,2]}', b"abcde"
+    message = nodewire.frame(header, len(payload)) + payload
+    assert nodewire.unframe(message, nodewire.REPLY_LIMITS) == (header, payload)
+    for broken in (message[:-1], message + b"x", message[:5]):
+        with pytest.raises(nodewire.HubLost):
+            nodewire.unframe(broken, nodewire.REPLY_LIMITS)
+    with pytest.raises(nodewire.HubLost, match="over the limit"):
+        nodewire.unframe(message, nodewire.Limits(header=8, payload=1 << 20))

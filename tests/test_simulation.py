@@ -43,7 +43,7 @@ from batchweave import keys
 from batchweave.commit.shared import SharedState
 from batchweave.journal.objects import LogObjects
 from batchweave.lifecycle.gcsummary import GCSummary
-from batchweave.reading import nodeclient, nodetrust
+from batchweave.reading import nodeclient, nodetrust, nodewire
 from batchweave.reading.sharedlog import SharedLog
 from batchweave.testing.simulation import SHAPES, Choices, simulate
 from batchweave.testing.simulation.pins import Point, reached
@@ -247,6 +247,14 @@ def _waits_forever(bound_s):
     return math.inf
 
 
+def _drops_a_replys_first_version(log_versions):
+    """The wire cuts a reply of several versions one version late: the rank is handed the
+    versions after the first, numbered from the first."""
+    return lambda payload, sizes, first: (
+        log_versions(payload[sizes[0] :], sizes[1:], first) if len(sizes) > 1 else log_versions(payload, sizes, first)
+    )
+
+
 def _old_ask(ask):
     """The node's follower before I11: a lower ask restarts it (for everyone), and a rank
     with nothing proven left hears the follower's failure as its own error."""
@@ -268,6 +276,12 @@ HUB_SABOTAGES = {
     "forge: a hub of another user is trusted": (nodetrust, "check_uid", _trusts_any_user, "wrong-step"),
     "stall: a silent hub is waited for without bound": (nodeclient, "HUB_REPLY_S", _waits_forever, "waits-forever"),
     "drop: a lost hub is waited for without bound": (nodeclient, "TAKEOVER_S", _waits_forever, "waits-forever"),
+    "wire: a log reply is cut wrong (every reply goes through nodewire's codec)": (
+        nodewire,
+        "log_versions",
+        _drops_a_replys_first_version,
+        "unexpected-error",
+    ),
     "poison: a nonsense request pulls the node's follower back and fails its ranks": (
         SharedLog,
         "ask",

@@ -60,6 +60,7 @@ __all__ = [
     "send",
     "shared_memory",
     "shut",
+    "unframe",
 ]
 
 PROTOCOL = 2  # a hub and a rank of other protocols refuse each other at the handshake
@@ -176,6 +177,20 @@ def frame(header: dict[str, Any] | bytes, payload_length: int) -> bytes:
     """A message's prefix and header, ready to send before its payload."""
     head = header if isinstance(header, bytes) else json.dumps(header, separators=(",", ":")).encode()
     return _PREFIX.pack(len(head), payload_length) + head
+
+
+def unframe(message: bytes, limits: Limits) -> tuple[bytes, bytes]:
+    """A whole message's header and payload (``frame`` and its payload, as ``recv`` reads
+    them off a socket); HubLost past ``limits`` or when the lengths do not cut it."""
+    if len(message) < _PREFIX.size:
+        raise HubLost(f"a message of {len(message)} bytes, shorter than its prefix")
+    head_length, payload_length = _PREFIX.unpack_from(message)
+    if head_length > limits.header or payload_length > limits.payload:
+        raise HubLost(f"a message of {head_length} + {payload_length} bytes, over the limit")
+    if _PREFIX.size + head_length + payload_length != len(message):
+        raise HubLost(f"a message whose lengths ({head_length} + {payload_length}) do not cut its {len(message)} bytes")
+    body = message[_PREFIX.size :]
+    return body[:head_length], body[head_length:]
 
 
 def recv(

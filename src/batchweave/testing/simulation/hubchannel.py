@@ -27,12 +27,16 @@ one of ``FAULTS``:
   others, or one far beyond the head. Whatever it is told is its own: the ranks of the
   node must never see another's error nor lose a step (I11).
 
-Every wait is a virtual sleep and every decision a ``world`` choice (0, the first, is
-the calm one): a run replays exactly and shrinks.
+Every log request and reply goes through the real wire format (``nodewire``): the
+request is encoded and parsed as the hub parses it, the reply framed as the hub sends it
+and cut into versions as ``NodeClient`` cuts it. Every wait is a virtual sleep and every
+decision a ``world`` choice (0, the first, is the calm one): a run replays exactly and
+shrinks.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Callable, Generator, Iterator
@@ -43,7 +47,7 @@ import msgspec
 
 from batchweave import log
 from batchweave.log import ReadVersion, TGBDescriptor
-from batchweave.reading import nodeclient, nodetrust
+from batchweave.reading import nodeclient, nodetrust, nodewire
 from batchweave.reading.nodeclient import NodeUnavailableError
 from batchweave.reading.nodehub import LOG_WAIT_S
 from batchweave.reading.sharedlog import InlineNode, NodeBehind, check_first
@@ -95,6 +99,18 @@ class _Connection:
             delta = msgspec.structs.replace(read.delta, tgbs=tgbs)
             out.append(ReadVersion(delta, log.encode(delta)))
         return out
+
+
+def _over_the_wire(batch: list[ReadVersion], first: int) -> list[ReadVersion]:
+    """``batch`` as a rank gets it over the socket: the log request for ``first`` encoded
+    and parsed strictly (as the hub parses it), the reply framed with its sizes (as the hub
+    sends it), then cut into versions (as ``NodeClient`` does)."""
+    request = nodewire.parse_request(nodewire.encode_request(nodewire.LogRequest(id=0, first=first)))
+    assert isinstance(request, nodewire.LogRequest)
+    payload = b"".join(bytes(read.data) for read in batch)
+    message = nodewire.frame({"sizes": [len(read.data) for read in batch]}, len(payload)) + payload
+    header, body = nodewire.unframe(message, nodewire.REPLY_LIMITS)
+    return nodewire.log_versions(body, json.loads(header)["sizes"], request.first)
 
 
 class HubChannel:
@@ -152,8 +168,9 @@ class HubChannel:
                 if isinstance(item, list):
                     if connection.fault == "forge":
                         item = connection.forged(item)
-                        if version == first:
-                            check_first(item, anchor)  # the rank's own check, of what it was handed
+                    item = _over_the_wire(item, version)
+                    if version == first:
+                        check_first(item, anchor)  # the rank's own check, of what it was handed
                     version += len(item)
                 self._answered(connection)
                 yield item

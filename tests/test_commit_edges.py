@@ -1,0 +1,416 @@
+"""Edges of the commit package (``batchweave.commit``) that the protocol tests pass over.
+
+A producer that keeps failing to commit gives up after a bounded, backed-off number of
+attempts (and at once for failures no retry can cure); the inline producer
+(``background_commit=False``) asks its policy before each attempt, makes one attempt per
+append and retries a flush with backoff; the policies' defaults and parameter checks; the
+claim backoff's bounds; and the intent board's request count, warnings and fork safety.
+Everything runs on memory stores or with numbers, in milliseconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing
+import re
+import threading
+import time
+import uuid
+from types import SimpleNamespace
+
+import pytest
+from checks import RecordingStore
+from worker import tgb
+
+import batchweave as bw
+from batchweave.commit import loop as loop_module
+from batchweave.commit.group import INTENT_FORMAT, GroupCommit, Intent, TurnDelay, encode_intent, intent_key
+from batchweave.commit.intents import IntentBoard
+from batchweave.commit.loop import note_store_failure
+from batchweave.commit.policies import AIMD, DAC, ClaimBackoff, Fixed, Manual, Naive
+from batchweave.commit.shared import SharedState
+from batchweave.errors import (
+    ConfigError,
+    NotDurableError,
+    ProducerFencedError,
+    StorePermissionError,
+    TransientStoreError,
+)
+from batchweave.log import LogState, ProducerState, TGBDescriptor
+from batchweave.store import Store, open_store
+
+VERSION_KEY = re.compile(r"_log/\d{20}\.json")
+
+
+def memory_url() -> str:
+    return f"memory://commit-edges/{uuid.uuid4().hex}"
+
+
+class Draws:
+    """Stands in for the ``random`` module of ``batchweave.commit.loop``: fixed draws, recorded."""
+
+    def __init__(self, draw: float = 0.5) -> None:
+        self.draw = draw
+        self.uniform_bounds: list[tuple[float, float]] = []
+
+    def random(self) -> float:
+        return self.draw
+
+    def uniform(self, low: float, high: float) -> float:
+        self.uniform_bounds.append((low, high))
+        return low  # no real pause: the test reads the bounds
+
+
+@pytest.fixture
+def pauses(monkeypatch) -> list[float]:
+    """The commit loop's pauses, recorded instead of slept; its jitter draws are 0.5."""
+    slept: list[float] = []
+    fake_time = SimpleNamespace(sleep=slept.append, monotonic=time.monotonic, time=time.time)
+    monkeypatch.setattr(loop_module, "time", fake_time)
+    monkeypatch.setattr(loop_module, "random", Draws(0.5))
+    return slept
+
+
+def lone_producer_state(producer_id: str = "p") -> SharedState:
+    me = ProducerState(0, 1, "inc-1")
+    return SharedState(producer_id, threading.Condition(), threading.Event(), LogState(producers={producer_id: me}), me)
+
+
+# -- note_store_failure: when a failing store ends the producer --------------------------
+
+
+def test_ten_refused_commits_in_a_row_end_the_producer_with_growing_capped_pauses(pauses):
+    """An error the store does not retry (access denied) is tried again, with exponential
+    backoff and full jitter capped at 5 s, and the tenth failure in a row is final: the
+    producer's error is the store's, so the caller's next append raises it."""
+    shared = lone_producer_state()
+    store = open_store(memory_url())
+    refused = StorePermissionError("_log/00000000000000000002.json", "access denied")
+    outcomes = [note_store_failure(shared, store, refused) for _ in range(10)]
+    assert outcomes == [True] * 9 + [False]
+    assert shared.error is refused
+    bounds = [0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0, 5.0, 5.0]  # 0.1 s doubled per failure, at most 5 s
+    assert pauses == pytest.approx([bound * 0.5 for bound in bounds])  # the draw is 0.5 of the bound
+
+
+def test_a_request_retried_until_the_deadline_is_final_at_once(pauses):
+    """A TransientStoreError whose retries already took ``retry_deadline_s`` (exactly the
+    deadline counts) ends the producer at the first failure: more attempts would hide an
+    outage that has lasted that long. One retried for less is tried again."""
+    store = open_store(memory_url(), storage_options={"retry_deadline_s": 30.0})
+    shared = lone_producer_state()
+    short = TransientStoreError("_log/x", "503 slow down", retried_s=29.5)
+    assert note_store_failure(shared, store, short) is True and shared.error is None
+    retried_out = TransientStoreError("_log/x", "503 slow down", retried_s=30.0)
+    assert note_store_failure(lone_producer_state(), store, retried_out) is False
+    fresh = lone_producer_state()
+    assert note_store_failure(fresh, store, retried_out) is False
+    assert fresh.error is retried_out
+    assert len(pauses) == 1  # only the short one waited for another attempt
+
+
+def test_a_failed_fsync_is_final_at_once(pauses):
+    """A NotDurableError cannot be cured by another attempt of the same store: the first
+    one ends the producer, without a pause."""
+    shared = lone_producer_state()
+    lost = NotDurableError("_log/00000000000000000002.json", "fsync failed")
+    assert note_store_failure(shared, open_store(memory_url()), lost) is False
+    assert shared.error is lost and pauses == []
+
+
+def test_a_failed_commit_attempt_is_logged_with_the_producer_the_count_and_the_error(pauses, caplog):
+    """The warning an operator reads names the producer, how many attempts failed in a row
+    and the store's error."""
+    shared = lone_producer_state("trainer-7")
+    store = open_store(memory_url())
+    refused = StorePermissionError("_log/00000000000000000009.json", "access denied")
+    with caplog.at_level(logging.WARNING, logger="batchweave.producer"):
+        note_store_failure(shared, store, refused)
+        note_store_failure(shared, store, refused)
+    last = [r.getMessage() for r in caplog.records if r.name == "batchweave.producer"][-1]
+    assert "trainer-7" in last and "(2 in a row)" in last and "access denied" in last
+
+
+# -- the inline producer (background_commit=False) ---------------------------------------
+
+
+class WaitFor:
+    """A policy that always asks for ``wait`` more seconds, and records what it is asked."""
+
+    name = "wait-for"
+
+    def __init__(self, wait: float) -> None:
+        self.wait = wait
+        self.asked: list[tuple[int, float]] = []
+
+    def wait_s(self, pending_tgbs: int, since_last_attempt_s: float) -> float:
+        self.asked.append((pending_tgbs, since_last_attempt_s))
+        return self.wait if pending_tgbs else math.inf
+
+    def observe(self, fragile_window_s: float, producers: int, success: bool) -> None:
+        pass
+
+
+class RivalFirstStore(Store):
+    """A store on which, for the next ``races`` log-version puts, a rival producer commits
+    just before ours: each of those attempts loses the race for its version."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.races = 0
+        self.rival: bw.Producer | None = None
+
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> None:
+        if self.races and VERSION_KEY.fullmatch(key):
+            self.races -= 1
+            assert self.rival is not None
+            self.rival.append(tgb("rival", self.rival._next_offset, 1))
+            self.rival.flush()
+        super().put_if_absent(key, data)
+
+
+def test_an_inline_producer_commits_only_when_its_policy_says_so():
+    """An append asks the policy with the seconds since the last attempt and, told to wait
+    even half a second, commits nothing; a flush commits everything regardless."""
+    url = memory_url()
+    policy = WaitFor(0.5)
+    started = time.monotonic()
+    with bw.Producer(url, "p", dp=1, commit_policy=policy, background_commit=False) as producer:
+        for offset in range(3):
+            producer.append(tgb("p", offset, 1))
+        elapsed = time.monotonic() - started
+        assert producer.resume_offset == 0 and producer.metrics()["attempts"] == 0
+        assert [pending for pending, _ in policy.asked] == [1, 2, 3]
+        assert all(0 <= since <= elapsed for _, since in policy.asked), policy.asked
+        producer.flush()
+        assert producer.resume_offset == 3
+
+
+def test_an_inline_append_makes_one_attempt_and_a_flush_retries_with_backoff(pauses):
+    """Losing a race in ``append`` costs one attempt and leaves the TGB pending (the next
+    append takes it along); a flush that loses one backs off with full jitter, then tries
+    again until everything is in."""
+    url = memory_url()
+    store = RivalFirstStore(url)
+    draws = loop_module.random
+    with (
+        bw.Producer(url, "rival", dp=1, commit_policy=Manual(), background_commit=False) as rival,
+        bw.Producer(store, "p", dp=1, commit_policy=Naive(), background_commit=False) as producer,
+    ):
+        store.rival = rival
+        store.races = 1
+        producer.append(tgb("p", 0, 1))
+        counters = producer.metrics()
+        assert (producer.resume_offset, counters["attempts"], counters["conflicts"]) == (0, 1, 1)
+        assert draws.uniform_bounds == []  # an append does not wait after a lost race
+        producer.append(tgb("p", 1, 1))
+        assert producer.resume_offset == 2
+
+    url = memory_url()
+    store = RivalFirstStore(url)
+    with (
+        bw.Producer(url, "rival", dp=1, commit_policy=Manual(), background_commit=False) as rival,
+        bw.Producer(store, "p", dp=1, commit_policy=Manual(), background_commit=False) as producer,
+    ):
+        store.rival = rival
+        producer.append(tgb("p", 0, 1))
+        store.races = 1
+        producer.flush()
+        counters = producer.metrics()
+        assert (producer.resume_offset, counters["attempts"], counters["conflicts"]) == (1, 2, 1)
+        assert len(draws.uniform_bounds) == 1
+        low, high = draws.uniform_bounds[0]
+        assert low == 0 and 0 < high <= 2.0  # full jitter, at most 2 s
+
+
+def test_an_inline_append_of_a_fenced_incarnation_raises_at_once():
+    """When a newer incarnation has claimed the producer id, the append whose commit finds
+    out raises ProducerFencedError itself, not a later call."""
+    url = memory_url()
+    old = bw.Producer(url, "p", dp=1, commit_policy=Naive(), background_commit=False)
+    new = bw.Producer(url, "p", dp=1, commit_policy=Manual())
+    with pytest.raises(ProducerFencedError, match="fenced by a newer incarnation"):
+        old.append(tgb("p", 0, 1))
+    new.close()
+    old.close(flush=False)
+
+
+# -- policies: defaults, bounds and messages --------------------------------------------
+
+
+class TopDraw:
+    def random(self) -> float:
+        return 1.0
+
+
+def test_a_fresh_dac_commits_at_once_and_its_default_jitter_is_a_quarter_gap():
+    """Before any attempt DAC reports an estimate of 0 for one producer and asks for no
+    wait; its default ``rho`` lets a draw at the top lengthen the gap by a quarter."""
+    fresh = DAC()
+    assert fresh.wait_s(1, 0.0) == 0.0
+    assert (fresh.fragile_window_ema_s, fresh.producers, fresh.gap_s) == (0.0, 1, 0.0)
+    policy = DAC(rng=TopDraw())  # type: ignore[arg-type]
+    tau = 0.1
+    assert policy.next_gap(tau, 1, True) == pytest.approx((1 - 0.1) / 0.1 * tau * 1.25)
+
+
+def test_dac_refuses_an_infinite_jitter():
+    """``rho`` must be finite: an infinite one would make every gap infinite."""
+    with pytest.raises(ConfigError, match="rho=inf"):
+        DAC(rho=math.inf)
+
+
+def test_aimd_defaults_start_at_ten_tgbs_and_add_one_per_success():
+    """AIMD() commits at 10 pending TGBs, not 9; a success moves it to 11."""
+    policy = AIMD()
+    assert (policy.wait_s(9, 0.0), policy.wait_s(10, 0.0)) == (math.inf, 0.0)
+    policy.observe(0.05, 4, True)
+    assert (policy.wait_s(10, 0.0), policy.wait_s(11, 0.0)) == (math.inf, 0.0)
+
+
+@pytest.mark.parametrize("kwargs", [{"increase": 0}, {"decrease": 0}, {"decrease": 1}, {"start": 0.5}])
+def test_aimd_refuses_parameters_that_never_move_or_never_commit(kwargs):
+    """A zero increase, a decrease of 0 or 1, or a start below one TGB is refused, and the
+    message says what AIMD needs."""
+    with pytest.raises(ConfigError, match=r"AIMD needs start>=1, increase>0, 0<decrease<1"):
+        AIMD(**kwargs)
+
+
+def test_aimd_accepts_a_start_of_one_tgb():
+    """``start=1`` is the smallest interval AIMD keeps: valid, and it commits every TGB."""
+    assert AIMD(start=1).wait_s(1, 0.0) == 0.0
+
+
+def test_fixed_refuses_zero_with_a_message_saying_why():
+    with pytest.raises(ConfigError, match=r"Fixed policy needs every >= 1 TGBs, got 0"):
+        Fixed(0)
+
+
+@pytest.mark.parametrize("policy", [Manual(), Naive()])
+def test_the_repr_of_a_policy_reads_back_as_the_same_policy(policy):
+    """What a log line shows of a producer's policy names it so it can be built again."""
+    again = eval(repr(policy), {"Manual": Manual, "Naive": Naive})
+    assert type(again) is type(policy) and again.name == policy.name
+
+
+def test_group_commit_as_a_plain_policy_waits_out_its_interval():
+    """Through the CommitPolicy protocol group commit asks for an attempt once per
+    ``interval_s`` and never with nothing pending."""
+    policy = GroupCommit(interval_s=0.4)
+    assert policy.wait_s(0, 10.0) == math.inf
+    assert policy.wait_s(1, 0.0) == pytest.approx(0.4)
+    assert policy.wait_s(5, 0.1) == pytest.approx(0.3)
+    assert policy.wait_s(5, 1.0) == 0.0
+
+
+def test_turn_delay_counts_the_gaps_it_has_folded():
+    """``samples`` is how many version gaps the delay estimate has seen (the seed is none)."""
+    delay = TurnDelay(0.1)
+    assert delay.samples == 0
+    for gap in (0.45, 0.5, 0.7):
+        delay.observe_gap(gap, 0.4)
+    assert delay.samples == 3
+
+
+class UpperEnd:
+    """A ``random.Random`` stand-in whose uniform draws are at the top, recorded."""
+
+    def __init__(self) -> None:
+        self.ranges: list[tuple[float, float]] = []
+
+    def uniform(self, low: float, high: float) -> float:
+        self.ranges.append((low, high))
+        return high
+
+
+def test_a_lost_claim_waits_up_to_a_bound_doubling_from_two_attempts_to_the_cap():
+    """Full jitter: each pause is drawn from [0, bound], the bound two attempts' time after
+    the first loss, doubling with each loss, at most ``max_s``."""
+    rng = UpperEnd()
+    backoff = ClaimBackoff(min_attempt_s=0.01, max_s=1.0, rng=rng)  # type: ignore[arg-type]
+    pauses = [backoff.pause_s(0.05) for _ in range(6)]
+    assert pauses == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.0, 1.0])
+    assert [low for low, _ in rng.ranges] == [0] * 6
+    assert backoff.losses == 6
+
+
+# -- the intent board ---------------------------------------------------------------------
+
+
+def desc(producer: str, offset: int, epoch: int = 1) -> TGBDescriptor:
+    return TGBDescriptor(
+        producer=producer,
+        epoch=epoch,
+        source_offset=offset,
+        dp=1,
+        cp=1,
+        kind="arrays",
+        objects=[f"data/{producer}/e{epoch:06d}/{offset:012d}-t.0.bwb"],
+        slices=[(0, 0, 10, 0)],
+        nbytes=10,
+    )
+
+
+def test_the_intent_board_counts_every_request_it_makes():
+    """``requests`` equals the store requests the board made: a LIST and a GET per new
+    intent, then only the LIST while the intents are cached."""
+    store = RecordingStore(memory_url())
+    for producer in ("a", "b"):
+        IntentBoard(open_store(store.url), producer).publish(1, [desc(producer, 0), desc(producer, 1)])
+    board = IntentBoard(store, "c")
+    assert sorted(i.producer for i in board.others()) == ["a", "b"]
+    assert board.requests == len(store.calls) == 3
+    board.others()
+    assert board.requests == len(store.calls) == 4
+
+
+def test_a_damaged_intent_is_reported_as_skipped(caplog):
+    """The warning for another producer's unreadable intent says it is skipped (not fatal)
+    and names its key; the readable ones are still returned."""
+    store = open_store(memory_url())
+    IntentBoard(store, "a").publish(1, [desc("a", 0)])
+    bad_key = intent_key("b", 1, 0)
+    store.put_if_absent(bad_key, encode_intent(Intent("batchweave.intent/99", "b", 1, [desc("b", 0)])))
+    with caplog.at_level(logging.WARNING, logger="batchweave.commit.intents"):
+        assert [i.producer for i in IntentBoard(store, "c").others()] == ["a"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "batchweave.commit.intents"]
+    assert len(warnings) == 1 and "skipping a damaged intent" in warnings[0] and bad_key in warnings[0]
+
+
+class DictStore:
+    """Just what an IntentBoard reads: ``list`` and ``get`` over a dict (no I/O runtime,
+    which would not survive fork)."""
+
+    def __init__(self, objects: dict[str, bytes]) -> None:
+        self.objects = objects
+
+    def list(self, prefix: str = ""):
+        return [SimpleNamespace(key=k) for k in self.objects if k.startswith(prefix)]
+
+    def get(self, key: str) -> bytes:
+        return self.objects[key]
+
+
+def one_intent(producer: str) -> dict[str, bytes]:
+    return {intent_key(producer, 1, 0): encode_intent(Intent(INTENT_FORMAT, producer, 1, [desc(producer, 0)]))}
+
+
+def read_intents_in_child() -> None:
+    board = IntentBoard(DictStore(one_intent("child")), "reader")  # type: ignore[arg-type]
+    assert [i.producer for i in board.others()] == ["child"]
+
+
+def test_a_forked_child_reads_intents_with_readers_of_its_own():
+    """A process forked after its parent read intents (a data loader's workers) reads
+    intents too: the parent's reader threads do not exist in the child."""
+    parent = IntentBoard(DictStore(one_intent("parent")), "reader")  # type: ignore[arg-type]
+    assert [i.producer for i in parent.others()] == ["parent"]  # the process's readers exist now
+    child = multiprocessing.get_context("fork").Process(target=read_intents_in_child)
+    child.start()
+    child.join(30)  # returns as soon as the child is done; a hang fails the test
+    if child.is_alive():
+        child.kill()
+        child.join()
+        pytest.fail("the forked child hung reading intents")
+    assert child.exitcode == 0
