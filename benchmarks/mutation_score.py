@@ -7,6 +7,10 @@ rule, or the change does not change behaviour (an *equivalent* mutant, which no 
 kill). The score is killed / (all - equivalent); a timeout counts as killed (a test
 failed to finish), a mutant no test reaches as survived.
 
+``--recheck TEST_FILE ...`` runs the survivors of a finished run again against test files
+written since (each mutant by mutmut's switch, ``MUTANT_UNDER_TEST``, in ``mutants/``),
+without a whole new run: a survivor one of them fails on counts as killed.
+
 ``benchmarks/mutation_floor.json`` keeps the floor and every mutant judged equivalent,
 with why. This script reads ``mutmut results --all true``, writes the score, the
 survivors and a table to ``--out``, and fails when the score is below the floor (the
@@ -19,13 +23,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import subprocess
 import sys
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 FLOOR_FILE = Path(__file__).resolve().parent / "mutation_floor.json"
+MUTANTS = Path("mutants")  # mutmut's tree, under the directory it ran in
 _KILLED = {"killed", "timeout"}
 _SURVIVED = {"survived", "no tests"}
 
@@ -65,6 +73,27 @@ def score(results: dict[str, str], equivalent: dict[str, str]) -> Score:
     return Score(killed, survivors, judged_equivalent, unchecked)
 
 
+def recheck(results: dict[str, str], test_files: list[Path], workers: int = 2) -> dict[str, str]:
+    """``results`` with each survivor that one of ``test_files`` fails on marked killed."""
+    survivors = [name for name, status in results.items() if status in _SURVIVED]
+    with ThreadPoolExecutor(workers) as pool:
+        failed = dict(zip(survivors, pool.map(lambda name: _fails_on(name, test_files), survivors), strict=True))
+    return {name: "killed" if failed.get(name) else status for name, status in results.items()}
+
+
+def _fails_on(mutant: str, test_files: list[Path]) -> bool:
+    """Whether the tests in ``test_files`` fail with ``mutant`` switched on (copied into
+    mutmut's tree first, so they import its trampolined modules)."""
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly", "-p", "no:cacheprovider"]
+    command += ["--timeout=30", *(f"tests/{path.name}" for path in test_files)]
+    env = {**os.environ, "MUTANT_UNDER_TEST": mutant, "PYTHONPATH": "src"}
+    try:
+        done = subprocess.run(command, cwd=MUTANTS, env=env, capture_output=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return True  # a test that never ends has failed
+    return done.returncode == 1  # tests failed (2+: the run itself broke, which kills nothing)
+
+
 def by_module(names: list[str]) -> Counter[str]:
     """Survivors per module: ``batchweave.journal.core.xǁJournalǁverify__mutmut_3`` -> journal.core."""
     return Counter(name.split(".x", 1)[0].removeprefix("batchweave.") for name in names)
@@ -74,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="directory for mutation.json and mutation.md")
     parser.add_argument("--results", type=Path, default=None, help="saved `mutmut results --all true` output")
+    parser.add_argument("--recheck", type=Path, nargs="+", default=[], help="test files to run the survivors against")
     args = parser.parse_args(argv)
     text = (
         args.results.read_text()
@@ -81,10 +111,16 @@ def main(argv: list[str] | None = None) -> int:
         else subprocess.run(["mutmut", "results", "--all", "true"], capture_output=True, text=True, check=True).stdout
     )
     kept = json.loads(FLOOR_FILE.read_text())
-    result = score(parse_results(text), kept["equivalent"])
+    results = parse_results(text)
+    if args.recheck:
+        for path in args.recheck:
+            shutil.copy(path, MUTANTS / "tests" / path.name)
+        results = recheck(results, args.recheck)
+    result = score(results, kept["equivalent"])
     args.out.mkdir(parents=True, exist_ok=True)
     record = {
         "score": result.ratio,
+        "rechecked_with": [path.name for path in args.recheck],
         "killed": result.killed,
         "survived": len(result.survivors),
         "equivalent": result.equivalent,

@@ -47,3 +47,21 @@ def test_an_interrupted_run_is_not_judged(tmp_path):
     saved = tmp_path / "results.txt"
     saved.write_text(RESULTS + "    batchweave.logrules.x_build_claim__mutmut_1: not checked\n")
     assert mutation_score.main(["--out", str(tmp_path / "out"), "--results", str(saved)]) == 1
+
+
+def test_a_recheck_counts_a_survivor_the_new_tests_fail_on_as_killed(monkeypatch, tmp_path):
+    asked = []
+
+    def fails_on(name, files):
+        asked.append((name, files))
+        return name.endswith("_2")
+
+    monkeypatch.setattr(mutation_score, "_fails_on", fails_on)
+    results = mutation_score.recheck(mutation_score.parse_results(RESULTS), [tmp_path / "test_new.py"], workers=1)
+    assert results["batchweave.journal.proof.xǁProofǁverify__mutmut_2"] == "killed"
+    assert results["batchweave.logrules.x_apply_version__mutmut_9"] == "survived"
+    assert sorted(name for name, _ in asked) == [  # only survivors are run again
+        "batchweave.journal.proof.xǁProofǁverify__mutmut_2",
+        "batchweave.logrules.x_apply_version__mutmut_10",
+        "batchweave.logrules.x_apply_version__mutmut_9",
+    ]
