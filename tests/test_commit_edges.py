@@ -25,13 +25,22 @@ from worker import tgb
 
 import batchweave as bw
 from batchweave.commit import loop as loop_module
-from batchweave.commit.group import INTENT_FORMAT, GroupCommit, Intent, TurnDelay, encode_intent, intent_key
+from batchweave.commit.group import (
+    INTENT_FORMAT,
+    GroupCommit,
+    Intent,
+    TurnDelay,
+    decode_intent,
+    encode_intent,
+    intent_key,
+)
 from batchweave.commit.intents import IntentBoard
 from batchweave.commit.loop import note_store_failure
 from batchweave.commit.policies import AIMD, DAC, ClaimBackoff, Fixed, Manual, Naive
 from batchweave.commit.shared import SharedState
 from batchweave.errors import (
     ConfigError,
+    CorruptDataError,
     NotDurableError,
     ProducerFencedError,
     StorePermissionError,
@@ -338,7 +347,8 @@ def test_a_lost_claim_waits_up_to_a_bound_doubling_from_two_attempts_to_the_cap(
 # -- the intent board ---------------------------------------------------------------------
 
 
-def desc(producer: str, offset: int, epoch: int = 1) -> TGBDescriptor:
+def desc(producer: str, offset: int, epoch: int = 1, slices: int = 1) -> TGBDescriptor:
+    """A well-formed dp=1 descriptor, unless ``slices`` says otherwise."""
     return TGBDescriptor(
         producer=producer,
         epoch=epoch,
@@ -347,7 +357,7 @@ def desc(producer: str, offset: int, epoch: int = 1) -> TGBDescriptor:
         cp=1,
         kind="arrays",
         objects=[f"data/{producer}/e{epoch:06d}/{offset:012d}-t.0.bwb"],
-        slices=[(0, 0, 10, 0)],
+        slices=[(0, 0, 10, 0)] * slices,
         nbytes=10,
     )
 
@@ -363,6 +373,10 @@ def test_the_intent_board_counts_every_request_it_makes():
     assert board.requests == len(store.calls) == 3
     board.others()
     assert board.requests == len(store.calls) == 4
+    assert board.publish(1, [desc("c", 0)]) == 1
+    assert board.requests == len(store.calls) == 5
+    assert board.publish(1, [desc("c", 0), desc("c", 1)]) == 1  # a retry finds the first try's intent
+    assert board.requests == len(store.calls) == 7  # its put, refused, and a GET of what is there
 
 
 def test_a_damaged_intent_is_reported_as_skipped(caplog):
@@ -374,8 +388,46 @@ def test_a_damaged_intent_is_reported_as_skipped(caplog):
     store.put_if_absent(bad_key, encode_intent(Intent("batchweave.intent/99", "b", 1, [desc("b", 0)])))
     with caplog.at_level(logging.WARNING, logger="batchweave.commit.intents"):
         assert [i.producer for i in IntentBoard(store, "c").others()] == ["a"]
-    warnings = [r.getMessage() for r in caplog.records if r.name == "batchweave.commit.intents"]
-    assert len(warnings) == 1 and "skipping a damaged intent" in warnings[0] and bad_key in warnings[0]
+    warnings = [r for r in caplog.records if r.name == "batchweave.commit.intents"]
+    assert len(warnings) == 1
+    assert "skipping a damaged intent" in warnings[0].getMessage() and bad_key in warnings[0].getMessage()
+    assert warnings[0].threadName.startswith("batchweave-intents")  # whose thread logged it, for a thread dump
+
+
+def test_a_pools_intents_are_read_thirty_two_at_once():
+    """The next committer reads a pool's new intents 32 at a time, a few round trips for
+    the whole pool: every read here waits until 31 others are in flight with it."""
+    together = threading.Barrier(32, timeout=10)
+
+    class InFlightStore(DictStore):
+        def get(self, key: str) -> bytes:
+            together.wait()
+            return super().get(key)
+
+    objects: dict[str, bytes] = {}
+    for index in range(64):
+        objects.update(one_intent(f"p{index:02d}"))
+    board = IntentBoard(InFlightStore(objects), "reader")  # type: ignore[arg-type]
+    assert len(board.others()) == 64
+
+
+@pytest.mark.parametrize(
+    "bad, problem",
+    [
+        (b"{not json", "damaged intent"),
+        (encode_intent(Intent(INTENT_FORMAT, "b", 1, [])), "intent carries no TGB"),
+        (encode_intent(Intent(INTENT_FORMAT, "a", 1, [desc("a", 0)])), "intent of a@0 e1 under this key"),
+        (encode_intent(Intent(INTENT_FORMAT, "b", 1, [desc("b", 0), desc("b", 2)])), "TGB b@2 e1 breaks the intent"),
+        (encode_intent(Intent(INTENT_FORMAT, "b", 1, [desc("b", 0, slices=2)])), "2 slices for dp=1"),
+    ],
+)
+def test_every_refused_intent_names_its_key_and_the_damage(bad, problem):
+    """Whatever is wrong with an intent, the error says which object and what: an operator
+    finds and deletes it from the message alone."""
+    key = intent_key("b", 1, 0)
+    with pytest.raises(CorruptDataError) as info:
+        decode_intent(bad, key)
+    assert str(info.value).startswith(f"{key}: ") and problem in str(info.value)
 
 
 class DictStore:
