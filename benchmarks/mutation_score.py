@@ -73,19 +73,28 @@ def score(results: dict[str, str], equivalent: dict[str, str]) -> Score:
     return Score(killed, survivors, judged_equivalent, unchecked)
 
 
-def recheck(results: dict[str, str], test_files: list[Path], workers: int = 2) -> dict[str, str]:
-    """``results`` with each survivor that one of ``test_files`` fails on marked killed."""
+def recheck(
+    results: dict[str, str], test_files: list[Path], workers: int = 2, deselect: tuple[str, ...] = ()
+) -> dict[str, str]:
+    """``results`` with each survivor that one of ``test_files`` fails on marked killed.
+    The tests must pass with no mutant switched on first: one that fails anyway (it tests
+    code changed since the run) would kill every survivor; ``deselect`` leaves such out."""
+    if _fails_on("", test_files, deselect):
+        names = [path.name for path in test_files]
+        raise SystemExit(f"{names} fail with no mutant switched on: deselect the tests of code changed since")
     survivors = [name for name, status in results.items() if status in _SURVIVED]
     with ThreadPoolExecutor(workers) as pool:
-        failed = dict(zip(survivors, pool.map(lambda name: _fails_on(name, test_files), survivors), strict=True))
+        verdicts = pool.map(lambda name: _fails_on(name, test_files, deselect), survivors)
+        failed = dict(zip(survivors, verdicts, strict=True))
     return {name: "killed" if failed.get(name) else status for name, status in results.items()}
 
 
-def _fails_on(mutant: str, test_files: list[Path]) -> bool:
-    """Whether the tests in ``test_files`` fail with ``mutant`` switched on (copied into
-    mutmut's tree first, so they import its trampolined modules)."""
+def _fails_on(mutant: str, test_files: list[Path], deselect: tuple[str, ...] = ()) -> bool:
+    """Whether the tests in ``test_files`` fail with ``mutant`` switched on ("": none) in
+    mutmut's tree (copied there first, so they import its trampolined modules)."""
     command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly", "-p", "no:cacheprovider"]
     command += ["--timeout=30", *(f"tests/{path.name}" for path in test_files)]
+    command += [f"--deselect={test}" for test in deselect]
     env = {**os.environ, "MUTANT_UNDER_TEST": mutant, "PYTHONPATH": "src"}
     try:
         done = subprocess.run(command, cwd=MUTANTS, env=env, capture_output=True, timeout=120)
@@ -104,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="directory for mutation.json and mutation.md")
     parser.add_argument("--results", type=Path, default=None, help="saved `mutmut results --all true` output")
     parser.add_argument("--recheck", type=Path, nargs="+", default=[], help="test files to run the survivors against")
+    parser.add_argument("--deselect", action="append", default=[], help="a test of --recheck's files to leave out")
     args = parser.parse_args(argv)
     text = (
         args.results.read_text()
@@ -115,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.recheck:
         for path in args.recheck:
             shutil.copy(path, MUTANTS / "tests" / path.name)
-        results = recheck(results, args.recheck)
+        results = recheck(results, args.recheck, deselect=tuple(args.deselect))
     result = score(results, kept["equivalent"])
     args.out.mkdir(parents=True, exist_ok=True)
     record = {

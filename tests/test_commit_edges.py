@@ -24,7 +24,10 @@ from checks import RecordingStore
 from worker import tgb
 
 import batchweave as bw
+from batchweave import keys
 from batchweave.commit import loop as loop_module
+from batchweave.commit import turns as turns_module
+from batchweave.commit.claims import CLAIM_TICKET, claim_key
 from batchweave.commit.group import (
     INTENT_FORMAT,
     GroupCommit,
@@ -46,8 +49,10 @@ from batchweave.errors import (
     StorePermissionError,
     TransientStoreError,
 )
-from batchweave.log import LogState, ProducerState, TGBDescriptor
+from batchweave.journal import Journal
+from batchweave.log import Layout, LogState, ProducerState, TGBDescriptor
 from batchweave.store import Store, open_store
+from batchweave.testing.interleave import Background
 
 VERSION_KEY = re.compile(r"_log/\d{20}\.json")
 
@@ -466,3 +471,190 @@ def test_a_forked_child_reads_intents_with_readers_of_its_own():
         child.join()
         pytest.fail("the forked child hung reading intents")
     assert child.exitcode == 0
+
+
+def test_a_producer_never_reads_its_own_intents_nor_stray_objects():
+    """``others`` is every *other* producer's intent: a producer's own (which it never
+    folds) and objects under the prefix that are not intents are left out."""
+    store = open_store(memory_url())
+    IntentBoard(store, "a").publish(1, [desc("a", 0)])
+    IntentBoard(store, "b").publish(1, [desc("b", 0)])
+    store.put_if_absent("_intents/notes.txt", b"not an intent")
+    assert [i.producer for i in IntentBoard(store, "a").others()] == ["b"]
+
+
+def producer_at(producer_id: str, offset: int) -> LogState:
+    return LogState(version=3, producers={producer_id: ProducerState(offset, 1, "inc-1")})
+
+
+def test_collecting_deletes_the_intents_the_log_holds_and_counts_the_deletes():
+    """Intents whose TGBs are all committed are deleted, one request each; the rest are
+    returned, oldest first, for the next collection."""
+    store = RecordingStore(memory_url())
+    board = IntentBoard(store, "p")
+    published = [(intent_key("p", 1, first), board.publish(1, [desc("p", first)])) for first in range(4)]
+    requests, calls = board.requests, len(store.calls)
+    left = board.collect(producer_at("p", 2), published)
+    assert left == published[2:]
+    assert board.requests - requests == len(store.calls) - calls == 2
+    assert sorted(info.key for info in store.list("_intents/")) == [key for key, _ in published[2:]]
+
+
+class DeniedDeletes(RecordingStore):
+    """Credentials that may not delete: every delete is refused (and recorded)."""
+
+    def delete(self, key: str) -> None:
+        self.calls.append(("delete", key))
+        raise StorePermissionError(key, "access denied", action="s3:DeleteObject")
+
+
+def test_without_delete_permission_committed_intents_are_forgotten_after_one_refusal():
+    """A producer that may not delete asks once, then leaves its committed intents to the
+    garbage collector: no further delete request, none counted, none kept for retrying."""
+    store = DeniedDeletes(memory_url())
+    board = IntentBoard(store, "p")
+    published = [(intent_key("p", 1, first), board.publish(1, [desc("p", first)])) for first in range(3)]
+    requests, calls = board.requests, len(store.calls)
+    assert board.collect(producer_at("p", 3), published) == []
+    assert [request for request, _ in store.calls[calls:]] == ["delete"]
+    assert board.requests - requests == 1
+
+
+class FlakyDeletes(Store):
+    """A store whose deletes fail with a transient error."""
+
+    def delete(self, key: str) -> None:
+        raise TransientStoreError(key, "HTTP 503 SlowDown; still failing after 600 s")
+
+
+def test_an_intent_that_could_not_be_deleted_is_kept_and_the_reason_logged(caplog):
+    """A delete that fails is harmless: the intent is kept for the next collection, and
+    the log says which intent and why."""
+    store = FlakyDeletes(memory_url())
+    board = IntentBoard(store, "p")
+    key = intent_key("p", 1, 0)
+    published = [(key, board.publish(1, [desc("p", 0)]))]
+    with caplog.at_level(logging.INFO, logger="batchweave.commit.intents"):
+        assert board.collect(producer_at("p", 1), published) == published
+    messages = [r.getMessage() for r in caplog.records if r.name == "batchweave.commit.intents"]
+    assert len(messages) == 1
+    assert "could not delete committed intent" in messages[0] and key in messages[0] and "SlowDown" in messages[0]
+
+
+def test_a_claim_sweeps_only_this_producers_intents_of_older_epochs():
+    """After claiming epoch 3 a producer deletes its intents of epochs 1 and 2 (never
+    foldable now), keeps its current epoch's and every other producer's, and counts a
+    LIST and a DELETE each."""
+    store = RecordingStore(memory_url())
+    for epoch, first in ((1, 0), (1, 7), (2, 7), (3, 0), (3, 2)):
+        IntentBoard(open_store(store.url), "p").publish(epoch, [desc("p", first, epoch=epoch)])
+    IntentBoard(open_store(store.url), "q").publish(1, [desc("q", 0)])
+    store.put_if_absent("_intents/p/stray.txt", b"not an intent")
+    board = IntentBoard(store, "p")
+    calls = len(store.calls)
+    assert board.sweep_older_epochs(3) == 3
+    assert board.requests == len(store.calls) - calls == 4
+    remaining = sorted(info.key for info in store.list("_intents/"))
+    assert remaining == sorted(
+        [intent_key("p", 3, 0), intent_key("p", 3, 2), intent_key("q", 1, 0), "_intents/p/stray.txt"]
+    )
+
+
+def test_a_sweep_without_delete_permission_stops_at_the_first_refusal():
+    """Denied, the sweep deletes none, says so, and does not ask again for the others."""
+    store = DeniedDeletes(memory_url())
+    for first in (0, 5, 9):
+        IntentBoard(open_store(store.url), "p").publish(1, [desc("p", first)])
+    board = IntentBoard(store, "p")
+    calls = len(store.calls)
+    assert board.sweep_older_epochs(2) == 0
+    assert [request for request, _ in store.calls[calls:]] == ["list", "delete"]
+    assert board.requests == 2
+
+
+# -- group commit's turns (``batchweave.commit.turns``) ----------------------------------
+
+
+def test_a_flush_in_group_mode_that_loses_a_race_backs_off_two_staggers_at_first(monkeypatch):
+    """A group producer's flush that loses the race for its version waits a pause drawn
+    from [0, 2 staggers] after its first lost race (the bound doubles with each further
+    one), then commits."""
+    draws = Draws(0.5)
+    monkeypatch.setattr(turns_module, "random", draws)
+    url = memory_url()
+    store = RivalFirstStore(url)
+    with (
+        bw.Producer(url, "rival", dp=1, commit_policy=Manual(), background_commit=False) as rival,
+        bw.Producer(store, "p", dp=1, commit_policy=GroupCommit(3600.0, stagger_s=0.3, intent_lead_s=3600.0)) as p,
+    ):
+        store.rival = rival
+        p.append(tgb("p", 0, 1))
+        store.races = 1
+        p.flush()
+        assert p.resume_offset == 1 and p.metrics()["conflicts"] == 1
+    assert draws.uniform_bounds == [(0, pytest.approx(0.6))]
+
+
+class LogOutage(Store):
+    """A memory store whose log requests fail with a server error while ``down``;
+    ``retried`` is set once a failing log request is being retried."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.down = False
+        self.failures = 0
+        self.retried = threading.Event()
+        self._key = threading.local()
+
+    def _call(self, key, op, request, nbytes=0, *, conditional=False):
+        self._key.value = key
+        return super()._call(key, op, request, nbytes, conditional=conditional)
+
+    def _perform(self, request, nbytes, op):
+        key = self._key.value
+        if self.down and key.startswith("_log/"):
+            self.failures += 1
+            if self.failures >= 2:
+                self.retried.set()
+            raise TransientStoreError(key, "HTTP 500 InternalError")
+        return super()._perform(request, nbytes, op)
+
+
+def test_closing_a_group_producer_without_a_flush_during_an_outage_does_not_wait_it_out():
+    """close(flush=False) drops what is not committed, so the group commit thread stops
+    retrying the failing log at once instead of for the store's 600 s deadline."""
+    store = LogOutage(memory_url())
+    producer = bw.Producer(store, "p", dp=1, commit_policy=GroupCommit(3600.0, intent_lead_s=3600.0))
+    store.down = True
+    producer.append(tgb("p", 0, 1))  # the commit thread follows the log, and retries
+    assert store.retried.wait(30)
+    Background(producer.close, flush=False).result(timeout_s=60)  # a hang would be the 600 s deadline
+
+
+class LandingStore(Store):
+    """A store that tells when log version ``version`` has been put."""
+
+    def __init__(self, url: str, version: int) -> None:
+        super().__init__(url)
+        self.key = keys.version_key(version)
+        self.landed = threading.Event()
+
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> None:
+        super().put_if_absent(key, data)
+        if key == self.key:
+            self.landed.set()
+
+
+def test_the_first_turn_after_a_pool_claimed_in_version_one_folds_the_others_intents():
+    """A pool whose claims were all folded into version 1: the producer whose turn comes
+    first reads the intents written for it and folds them with its own TGBs."""
+    url = memory_url()
+    store = LandingStore(url, 2)
+    store.put_if_absent(claim_key("a", 1, Layout(1, 1), "a0"), CLAIM_TICKET)  # a's start, folded by b's claim
+    IntentBoard(store, "a").publish(1, [desc("a", 0), desc("a", 1)])
+    with bw.Producer(store, "b", dp=1, commit_policy=GroupCommit(interval_s=0.2)) as b:
+        assert Journal(open_store(url)).load_state().version == 1  # a and b claimed together
+        b.append(tgb("b", 0, 1))
+        assert store.landed.wait(30)
+        after = Journal(open_store(url)).load_state()
+        assert after.version == 2 and after.producers["a"].offset == 2 and after.producers["b"].offset == 1

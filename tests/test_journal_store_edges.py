@@ -9,23 +9,30 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing
+import os
 import threading
 import uuid
+import zlib
 
 import msgspec
 import pytest
 from worker import tgb
 
 import batchweave as bw
-from batchweave import keys
+from batchweave import keys, log
+from batchweave.commit.claims import CLAIM_TICKET, claim_key
 from batchweave.commit.group import intent_key
 from batchweave.commit.policies import Manual
-from batchweave.errors import StoreError
+from batchweave.errors import CorruptDataError, StoreError
 from batchweave.journal import Journal
 from batchweave.journal.headcopies import CopyWriter, read_copy
 from batchweave.journal.objects import LogObjects
+from batchweave.journal.segments import RecentVersions, read_segment
+from batchweave.journal.snapshots import Snapshots
 from batchweave.lifecycle.gc import GCReport
-from batchweave.log import LOG_FORMAT
+from batchweave.lifecycle.watermarks import CHECKPOINT_PREFIX
+from batchweave.log import LOG_FORMAT, Layout, LogState
+from batchweave.segment import SEGMENT_MAX_BYTES, SEGMENT_PREFIX, SEGMENT_VERSIONS, segment_key
 from batchweave.store import Store
 
 WAIT_S = 10.0  # how long a test waits for a background put before it fails (never reached when it passes)
@@ -310,3 +317,438 @@ def test_a_collector_beaten_to_the_same_reclaim_adopts_it_and_reports_what_it_pl
     assert len(store.rival.deleted_objects) == 4
     assert report == store.rival  # the same objects and bytes reclaimed; none taken for an orphan
     assert Journal(Store(url), read_only=True).load_state().reclaimed.steps == 4
+
+
+# -- the log's objects, counted ------------------------------------------------------------
+
+
+def test_log_objects_count_every_request_and_read_a_miss_as_none_and_a_lost_race_as_false():
+    """``LogObjects`` (``Journal.requests``) counts each request once, whatever it found."""
+    objects = LogObjects(Store(memory_url("objects")))
+    assert objects.requests == 0
+    assert objects.get("_log/a.json") is None
+    assert objects.put_if_absent("_log/a.json", b"first") is True
+    assert objects.put_if_absent("_log/a.json", b"second") is False
+    assert bytes(objects.get("_log/a.json")) == b"first"
+    objects.store.put("_log/b.json", b"b")
+    objects.store.put("other/c.json", b"c")
+    assert sorted(objects.list_keys("_log/")) == ["_log/a.json", "_log/b.json"]
+    assert objects.requests == 5
+
+
+# -- segments: what a writer holds and writes --------------------------------------------
+
+
+def raw_version(version: int, size: int = 0) -> bytes:
+    """Bytes standing for a log version (a segment copies them as they are)."""
+    text = b'{"version":%d,"pad":"' % version
+    return text + b"x" * max(0, size - len(text) - 2) + b'"}'
+
+
+def segment_versions(store: Store, last: int) -> list[bytes]:
+    """The versions' bytes a stored segment holds."""
+    raw = msgspec.json.decode(zlib.decompress(bytes(store.get(segment_key(last)))), type=dict[str, msgspec.Raw])
+    return [bytes(v) for v in msgspec.json.decode(raw["versions"], type=list[msgspec.Raw])]
+
+
+def test_a_holder_of_a_segments_versions_writes_it_byte_for_byte_and_one_missing_a_version_writes_none():
+    """``RecentVersions.write_segment`` writes the segment ending at ``last`` from exactly
+    the 32 versions it kept, and nothing when it misses one."""
+    store = Store(memory_url("segment"))
+    recent = RecentVersions()
+    for version in range(2, 33):
+        recent.keep(version, raw_version(version))
+    assert recent.write_segment(store, 32) is False  # version 1 was never kept
+    assert store.size(segment_key(32)) is None
+    recent.keep(1, raw_version(1))
+    assert recent.write_segment(store, 32) is True
+    assert segment_versions(store, 32) == [raw_version(v) for v in range(1, 33)]
+    assert [info.key for info in store.list(SEGMENT_PREFIX)] == [segment_key(32)]
+    assert recent.write_segment(store, 32) is True  # written already (by us or another writer)
+    recent.clear()
+    assert recent.write_segment(Store(memory_url("segment-after-clear")), 32) is False
+
+
+def test_a_holder_keeps_one_segments_worth_of_consecutive_versions():
+    """Keeping the version after a segment drops the segment's first version: a writer
+    holds at most 32 consecutive versions' bytes."""
+    store = Store(memory_url("segment-window"))
+    recent = RecentVersions()
+    for version in range(1, 34):
+        recent.keep(version, raw_version(version))
+    assert recent.write_segment(store, 32) is False
+    assert store.size(segment_key(32)) is None
+
+
+def test_a_holder_keeps_versions_read_out_of_order_until_it_holds_two_segments_worth():
+    """Versions kept out of order (reloads that skipped ahead) are held until 64 are
+    kept; the next one drops all but those near it, and it starts the next segment."""
+    store = Store(memory_url("segment-skips"))
+    recent = RecentVersions()
+    for version in range(1, 33):
+        recent.keep(version, raw_version(version))
+    for far in range(32):
+        recent.keep(10_000 + 1_000 * far, raw_version(10_000 + 1_000 * far))
+    assert recent.write_segment(store, 32) is True  # 64 held: none dropped yet
+    store.delete(segment_key(32))
+    first = 64 * 1_000 + 1  # the 65th: the first version of the segment ending at 64,032
+    for version in range(first, first + SEGMENT_VERSIONS):
+        recent.keep(version, raw_version(version))
+    assert recent.write_segment(store, 32) is False
+    assert recent.write_segment(store, first + SEGMENT_VERSIONS - 1) is True
+    assert segment_versions(store, 64_032) == [raw_version(v) for v in range(first, 64_033)]
+
+
+def test_a_segment_of_exactly_the_byte_limit_is_written_and_one_byte_more_is_not():
+    """Versions totalling ``SEGMENT_MAX_BYTES`` get a segment; a byte more, none."""
+    store = Store(memory_url("segment-bytes"))
+    recent = RecentVersions()
+    for version in range(1, 33):
+        recent.keep(version, raw_version(version, SEGMENT_MAX_BYTES // SEGMENT_VERSIONS))
+    assert recent.write_segment(store, 32) is True
+    recent.keep(64, raw_version(64, SEGMENT_MAX_BYTES // SEGMENT_VERSIONS + 1))
+    for version in range(33, 64):
+        recent.keep(version, raw_version(version, SEGMENT_MAX_BYTES // SEGMENT_VERSIONS))
+    assert recent.write_segment(store, 64) is False
+    assert store.size(segment_key(64)) is None
+
+
+class RefusingSegments(Store):
+    """A memory store that refuses every put of a log segment."""
+
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> None:
+        if key.startswith(SEGMENT_PREFIX):
+            raise StoreError(key, "refused by the test")
+        super().put_if_absent(key, data)
+
+
+def test_a_segment_the_store_refuses_is_reported_not_written_and_logged(caplog):
+    """A refused segment costs readers time only: ``write_segment`` answers False and the
+    warning says which segment and why."""
+    store = RefusingSegments(memory_url("segment-refused"))
+    recent = RecentVersions()
+    for version in range(1, 33):
+        recent.keep(version, raw_version(version))
+    with caplog.at_level(logging.WARNING, logger="batchweave.journal.segments"):
+        assert recent.write_segment(store, 32) is False
+    assert caplog.messages == [
+        f"could not write the log segment ending at version 32: {segment_key(32)}: refused by the test"
+    ]
+
+
+def test_a_missing_segment_reads_as_none_and_a_damaged_one_is_read_around_with_a_warning(caplog):
+    """``read_segment``: None for no segment; None and a warning naming the damage for a
+    damaged one; else its versions."""
+    url = memory_url("segment-read")
+    with bw.Producer(url, "p", dp=1, commit_policy=Manual()) as producer:
+        for offset in range(31):
+            producer.append([b"x"], source_offset=offset)
+            producer.flush()  # versions 1..32: the committer of 32 writes the segment
+    store = Store(url)
+    objects = LogObjects(store)
+    assert [read.delta.version for read in read_segment(objects, 32)] == list(range(1, 33))
+    assert [bytes(read.data) for read in read_segment(objects, 32)] == [
+        bytes(store.get(keys.version_key(v))) for v in range(1, 33)
+    ]
+    assert read_segment(objects, 64) is None
+    store.put(segment_key(64), b"not zlib at all")
+    with caplog.at_level(logging.WARNING, logger="batchweave.journal.segments"):
+        assert read_segment(objects, 64) is None
+    [message] = caplog.messages
+    assert message.startswith(
+        f"reading log versions one by one instead of a damaged segment: {segment_key(64)}: damaged log segment: "
+    )
+
+
+# -- snapshots and the hint ----------------------------------------------------------------
+
+NAMESPACE = "ns-edges"
+REBUILD = (
+    "; the namespace state depends on it. If the log versions after the previous snapshot are intact, "
+    "deleting this object lets readers rebuild the state"
+)
+
+
+def state_at(version: int, namespace: str = NAMESPACE) -> LogState:
+    return LogState(version=version, namespace=namespace)
+
+
+def snapshots_of(url: str, every: int = 4) -> tuple[Snapshots, LogObjects]:
+    """A fresh reader's view of the snapshots, and the objects counting its requests."""
+    objects = LogObjects(Store(url))
+    return Snapshots(objects, every), objects
+
+
+def with_snapshots(*versions: int, every: int = 4) -> str:
+    url = memory_url("snapshots")
+    snapshots, _ = snapshots_of(url, every)
+    for version in versions:
+        snapshots.write(state_at(version))
+    return url
+
+
+def test_a_snapshot_write_stores_the_state_and_a_hint_naming_it_even_when_the_snapshot_exists():
+    """The snapshot holds the state; the hint names it and repeats the namespace's id, and
+    it is written again when the (deterministic) snapshot was there already."""
+    url = with_snapshots(4, 8)
+    store = Store(url)
+    assert log.decode_snapshot(store.get(keys.snapshot_key(4)), keys.snapshot_key(4)) == state_at(4)
+    assert log.decode_hint(bytes(store.get(keys.HINT_KEY))) == log.Hint(8, NAMESPACE)
+    snapshots, _ = snapshots_of(url)
+    snapshots.write(state_at(4))  # another writer's copy of the same snapshot
+    assert log.decode_hint(bytes(store.get(keys.HINT_KEY))) == log.Hint(4, NAMESPACE)
+
+
+class RefusingPuts(Store):
+    """A memory store that refuses puts of the keys starting with ``refused``."""
+
+    def __init__(self, url: str, refused: str) -> None:
+        super().__init__(url)
+        self.refused = refused
+
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        if key.startswith(self.refused):
+            raise StoreError(key, "refused by the test")
+        super().put(key, data)
+
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> None:
+        if key.startswith(self.refused):
+            raise StoreError(key, "refused by the test")
+        super().put_if_absent(key, data)
+
+
+@pytest.mark.parametrize("refused", [keys.SNAPSHOT_PREFIX, keys.HINT_KEY], ids=["snapshot", "hint"])
+def test_a_snapshot_or_hint_the_store_refuses_is_logged_and_costs_nothing_else(refused, caplog):
+    """A refused snapshot put leaves the hint as it was; a refused hint leaves the snapshot
+    written. Either is logged, naming the version and the refused object, and never raises."""
+    url = with_snapshots(8)
+    with caplog.at_level(logging.WARNING, logger="batchweave.journal.snapshots"):
+        Snapshots(LogObjects(RefusingPuts(url, refused)), 4).write(state_at(12))
+    key = keys.snapshot_key(12) if refused == keys.SNAPSHOT_PREFIX else keys.HINT_KEY
+    assert caplog.messages == [f"could not write snapshot at version 12: {key}: refused by the test"]
+    store = Store(url)
+    assert log.decode_hint(bytes(store.get(keys.HINT_KEY))).version == 8
+    assert (store.size(keys.snapshot_key(12)) is not None) == (refused == keys.HINT_KEY)
+
+
+def test_a_stale_hint_costs_one_probe_per_snapshot_it_is_behind():
+    """From the hint a load probes forward, one GET per snapshot past it and one past the
+    newest; with a current hint only that last probe; without trusting the hint one
+    listing and no probe."""
+    url = with_snapshots(4, 8, 12)
+    snapshots, objects = snapshots_of(url)
+    assert snapshots.newest(trust_hint=True) == state_at(12)
+    assert objects.requests == 3  # the hint, snapshot 12, snapshot 16 (none)
+    Store(url).put(keys.HINT_KEY, log.encode_hint(state_at(4)))
+    snapshots, objects = snapshots_of(url)
+    assert snapshots.newest(trust_hint=True) == state_at(12)
+    assert objects.requests == 5  # the hint, snapshots 4, 8, 12 and 16 (none)
+    snapshots, objects = snapshots_of(url)
+    assert snapshots.newest(trust_hint=False) == state_at(12)
+    assert objects.requests == 2  # the listing, snapshot 12
+
+
+@pytest.mark.parametrize("hint", ["missing", "damaged"])
+def test_without_a_usable_hint_a_load_lists_the_snapshots(hint, caplog):
+    """A missing hint costs one listing; a damaged one too, with a warning naming it."""
+    url = with_snapshots(4, 8)
+    store = Store(url)
+    if hint == "missing":
+        store.delete(keys.HINT_KEY)
+    else:
+        store.put(keys.HINT_KEY, b'{"version": "eight"')
+    snapshots, objects = snapshots_of(url)
+    with caplog.at_level(logging.WARNING, logger="batchweave.journal.snapshots"):
+        assert snapshots.newest(trust_hint=True) == state_at(8)
+    assert objects.requests == 3  # the hint, the listing, snapshot 8
+    if hint == "missing":
+        assert caplog.messages == []
+    else:
+        [message] = caplog.messages
+        assert message.startswith(f"ignoring a damaged snapshot hint: {keys.HINT_KEY}: damaged snapshot hint: ")
+
+
+def test_a_namespace_without_snapshots_loads_from_nothing_in_two_requests():
+    """No hint and no snapshot: the empty state, after one GET and one listing."""
+    snapshots, objects = snapshots_of(memory_url("no-snapshots"))
+    assert snapshots.newest(trust_hint=True) == LogState()
+    assert objects.requests == 2
+    assert snapshots.listed_version() == 0
+    assert snapshots.namespace() is None
+
+
+def test_a_snapshot_of_version_1_is_found():
+    """With a snapshot every version, the first one counts like any other."""
+    url = with_snapshots(1, every=1)
+    snapshots, _ = snapshots_of(url, every=1)
+    assert snapshots.newest(trust_hint=True) == state_at(1)
+    assert snapshots.newest(trust_hint=False) == state_at(1)
+
+
+def test_the_listing_takes_only_snapshot_names_and_the_newest_of_them():
+    """Objects under the snapshot prefix that are not ``<digits>.json`` are not snapshots."""
+    url = with_snapshots(4, 12, 8)
+    store = Store(url)
+    for name in ("readme.json", "00000000000000000040-copy.json", "00000000000000000044x.json", "99.json.partial"):
+        store.put(keys.SNAPSHOT_PREFIX + name, b"{}")
+    snapshots, objects = snapshots_of(url)
+    assert snapshots.listed_version() == 12
+    assert objects.requests == 1
+
+
+def damage(url: str, version: int, says: int | None = None) -> str:
+    """Damage the snapshot of ``version``: unreadable, or the state of version ``says``."""
+    key = keys.snapshot_key(version)
+    Store(url).put(key, b"{not json" if says is None else log.encode(state_at(says)))
+    return key
+
+
+def test_a_damaged_snapshot_the_hint_names_is_read_around_when_a_newer_one_is_listed(caplog):
+    """The hinted snapshot may be stale: damaged, it is skipped with a warning naming it
+    and the problem, and the newest listed one is used."""
+    url = with_snapshots(4, 8)
+    Store(url).put(keys.HINT_KEY, log.encode_hint(state_at(4)))
+    key = damage(url, 4, says=9)
+    snapshots, _ = snapshots_of(url)
+    with caplog.at_level(logging.WARNING, logger="batchweave.journal.snapshots"):
+        assert snapshots.newest(trust_hint=True) == state_at(8)
+    assert caplog.messages == [
+        f"ignoring a damaged snapshot named by the hint: {key}: snapshot says it is of version 9"
+    ]
+
+
+def test_a_damaged_newest_snapshot_raises_saying_how_to_recover():
+    """The newest snapshot, found by a listing or by a probe past the hint, is what the
+    state depends on: damaged, the load raises naming it and how to rebuild the state."""
+    url = with_snapshots(4, 8)
+    key = damage(url, 8, says=9)
+    for trust_hint in (False, True):
+        Store(url).put(keys.HINT_KEY, log.encode_hint(state_at(4)))  # a probe finds snapshot 8
+        snapshots, _ = snapshots_of(url)
+        with pytest.raises(CorruptDataError) as raised:
+            snapshots.newest(trust_hint=trust_hint)
+        assert raised.value.key == key
+        assert str(raised.value) == f"{key}: snapshot says it is of version 9{REBUILD}"
+    damage(url, 8)
+    with pytest.raises(CorruptDataError, match="damaged snapshot: .*deleting this object lets readers rebuild"):
+        snapshots_of(url)[0].newest(trust_hint=True)
+
+
+def test_the_namespace_id_comes_from_the_hint_else_from_a_snapshot():
+    """One GET when the hint repeats the id; an older hint (without it) costs the hinted
+    snapshot; no hint costs a listing and the newest snapshot."""
+    url = with_snapshots(4, 8)
+    snapshots, objects = snapshots_of(url)
+    assert snapshots.namespace() == NAMESPACE
+    assert objects.requests == 1
+    Store(url).put(keys.HINT_KEY, msgspec.json.encode(log.Hint(8)))  # a hint from before ids
+    snapshots, objects = snapshots_of(url)
+    assert snapshots.namespace() == NAMESPACE
+    assert objects.requests == 2
+    Store(url).delete(keys.HINT_KEY)
+    snapshots, objects = snapshots_of(url)
+    assert snapshots.namespace() == NAMESPACE
+    assert objects.requests == 3  # the hint, the listing, snapshot 8
+
+
+def test_the_namespace_id_reads_around_a_damaged_hinted_snapshot_but_not_a_damaged_newest_one():
+    """An older hint naming a damaged snapshot: the id comes from the newest listed one;
+    that one damaged too, the read raises (the id cannot be known)."""
+    url = with_snapshots(4, 8)
+    Store(url).put(keys.HINT_KEY, msgspec.json.encode(log.Hint(4)))
+    damage(url, 4)
+    snapshots, _ = snapshots_of(url)
+    assert snapshots.namespace() == NAMESPACE
+    key = damage(url, 8)
+    with pytest.raises(CorruptDataError, match="deleting this object lets readers rebuild") as raised:
+        snapshots_of(url)[0].namespace()
+    assert raised.value.key == key
+
+
+# -- garbage collection: what a dry run promises -------------------------------------------
+
+
+def test_a_dry_run_reports_exactly_what_the_collection_then_deletes():
+    """Every count of a dry run (TGB objects and bytes, versions, snapshots, segments,
+    watermarks of a released checkpoint, intents, probes, tickets, orphans) is what the
+    collection after it deletes, and the dry run itself deletes nothing."""
+    url = memory_url("gc-dry")
+    with bw.Producer(url, "p", dp=1, commit_policy=Manual()) as producer:
+        for offset in range(210):  # versions 1..211: snapshots at 100 and 200, segments 32..192
+            producer.append([b"x%d" % offset], source_offset=offset)
+            producer.flush()
+    with bw.Consumer(url, dp=1, rank=0) as consumer:
+        for step in range(205):
+            next(consumer)
+            if step == 9:
+                consumer.mark_checkpoint("early")
+        consumer.mark_checkpoint("late")
+    bw.release_checkpoint(url, "early")
+    store = Store(url)
+    store.put(intent_key("p", 1, 0), b"{not an intent")
+    store.put("_probe/left-behind", b"")
+    store.put(claim_key("p", 1, Layout(1, 1), "0dead"), CLAIM_TICKET)
+    orphan = "data/q/e000001/000000000000-0badc0de.0.bwb"
+    store.put(orphan, b"never committed")
+    before = sorted(info.key for info in store.list())
+    dry = bw.collect_garbage(url, grace_s=0, dry_run=True)
+    assert sorted(info.key for info in store.list()) == before
+    done = bw.collect_garbage(url, grace_s=0)
+    assert done.deleted_versions == 199 and done.deleted_snapshots == 1 and done.deleted_segments == 6
+    assert (done.deleted_watermarks, done.deleted_intents, done.deleted_probes, done.deleted_tickets) == (2, 1, 1, 1)
+    assert done.orphans == [orphan] and len(done.deleted_objects) == 205 + 1
+    assert {**dry.to_dict(), "deleted_objects": sorted(dry.deleted_objects)} == {
+        **done.to_dict(),
+        "deleted_objects": sorted(done.deleted_objects),
+        "dry_run": True,
+    }
+    after = {info.key for info in store.list()}
+    assert set(before) - after == {
+        *done.deleted_objects,
+        *(keys.version_key(v) for v in range(1, 200)),
+        keys.snapshot_key(100),
+        *(segment_key(last) for last in range(32, 200, 32)),
+        intent_key("p", 1, 0),
+        "_probe/left-behind",
+        claim_key("p", 1, Layout(1, 1), "0dead"),
+        *(key for key in before if key.startswith(CHECKPOINT_PREFIX + "early/")),
+    }
+
+
+@pytest.mark.parametrize("kind", ["orphan", "probe", "staging"])
+def test_an_object_becomes_collectable_exactly_when_its_age_reaches_the_grace(kind, tmp_path):
+    """The grace protects an object younger than ``grace_s`` (a producer may still commit
+    it, a probe or a put may still be running) and no longer: at an age of exactly the
+    grace it goes, with the dry run and the collection agreeing."""
+    root = tmp_path / "ns"
+    url = str(root)
+    with bw.Producer(url, "p", dp=1, commit_policy=Manual()):
+        pass  # the namespace exists
+    store = Store(url)
+    if kind == "orphan":
+        key = "data/q/e000001/000000000000-0badc0de.0.bwb"
+        store.put(key, b"never committed")
+    elif kind == "probe":
+        key = "_probe/left-behind"
+        store.put(key, b"")
+    else:
+        key = "data/q/e000001/000000000001-0badc0de.0.bwb#123456789012345678"
+        (root / "data" / "q" / "e000001").mkdir(parents=True)
+        (root / key).write_bytes(b"a put killed mid-write")
+        os.utime(root / key, (1_700_000_000, 1_700_000_000))
+    infos = store.staging_files() if kind == "staging" else list(store.list())
+    [written] = [info.modified_s for info in infos if info.key == key]
+
+    def collected(report: bw.GCReport) -> bool:
+        return {"orphan": key in report.orphans, "probe": report.deleted_probes == 1}.get(
+            kind, report.deleted_staging == 1
+        )
+
+    assert not collected(bw.collect_garbage(url, grace_s=60, now=written + 30, dry_run=True))
+    assert not collected(bw.collect_garbage(url, grace_s=0, now=written - 0.5, dry_run=True))
+    assert collected(bw.collect_garbage(url, grace_s=0, now=written, dry_run=True))
+    report = bw.collect_garbage(url, grace_s=0, now=written)
+    assert collected(report)
+    if kind == "staging":
+        assert report.deleted_staging_bytes == len(b"a put killed mid-write")
+    assert not (root / key).exists()

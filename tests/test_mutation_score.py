@@ -52,7 +52,7 @@ def test_an_interrupted_run_is_not_judged(tmp_path):
 def test_a_recheck_counts_a_survivor_the_new_tests_fail_on_as_killed(monkeypatch, tmp_path):
     asked = []
 
-    def fails_on(name, files):
+    def fails_on(name, files, deselect=()):
         asked.append((name, files))
         return name.endswith("_2")
 
@@ -60,8 +60,15 @@ def test_a_recheck_counts_a_survivor_the_new_tests_fail_on_as_killed(monkeypatch
     results = mutation_score.recheck(mutation_score.parse_results(RESULTS), [tmp_path / "test_new.py"], workers=1)
     assert results["batchweave.journal.proof.xǁProofǁverify__mutmut_2"] == "killed"
     assert results["batchweave.logrules.x_apply_version__mutmut_9"] == "survived"
-    assert sorted(name for name, _ in asked) == [  # only survivors are run again
+    assert sorted(name for name, _ in asked) == [  # no mutant first (the tests must pass), then the survivors
+        "",
         "batchweave.journal.proof.xǁProofǁverify__mutmut_2",
         "batchweave.logrules.x_apply_version__mutmut_10",
         "batchweave.logrules.x_apply_version__mutmut_9",
     ]
+
+
+def test_a_recheck_with_tests_that_fail_unmutated_kills_nothing(monkeypatch, tmp_path):
+    monkeypatch.setattr(mutation_score, "_fails_on", lambda name, files, deselect=(): True)
+    with pytest.raises(SystemExit, match="fail with no mutant switched on"):
+        mutation_score.recheck(mutation_score.parse_results(RESULTS), [tmp_path / "test_new.py"], workers=1)
