@@ -74,15 +74,20 @@ def score(results: dict[str, str], equivalent: dict[str, str]) -> Score:
 
 
 def recheck(
-    results: dict[str, str], test_files: list[Path], workers: int = 2, deselect: tuple[str, ...] = ()
+    results: dict[str, str],
+    test_files: list[Path],
+    workers: int = 2,
+    deselect: tuple[str, ...] = (),
+    only: tuple[str, ...] = ("batchweave.",),
 ) -> dict[str, str]:
-    """``results`` with each survivor that one of ``test_files`` fails on marked killed.
-    The tests must pass with no mutant switched on first: one that fails anyway (it tests
-    code changed since the run) would kill every survivor; ``deselect`` leaves such out."""
+    """``results`` with each survivor (named with a prefix in ``only``) that one of
+    ``test_files`` fails on marked killed. The tests must pass with no mutant switched on
+    first: one that fails anyway (it tests code changed since the run) would kill every
+    survivor; ``deselect`` leaves such out."""
     if _fails_on("", test_files, deselect):
         names = [path.name for path in test_files]
         raise SystemExit(f"{names} fail with no mutant switched on: deselect the tests of code changed since")
-    survivors = [name for name, status in results.items() if status in _SURVIVED]
+    survivors = [name for name, status in results.items() if status in _SURVIVED and name.startswith(only)]
     with ThreadPoolExecutor(workers) as pool:
         verdicts = pool.map(lambda name: _fails_on(name, test_files, deselect), survivors)
         failed = dict(zip(survivors, verdicts, strict=True))
@@ -114,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=None, help="saved `mutmut results --all true` output")
     parser.add_argument("--recheck", type=Path, nargs="+", default=[], help="test files to run the survivors against")
     parser.add_argument("--deselect", action="append", default=[], help="a test of --recheck's files to leave out")
+    parser.add_argument("--only", action="append", default=[], help="recheck only mutants named with this prefix")
     args = parser.parse_args(argv)
     text = (
         args.results.read_text()
@@ -125,9 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.recheck:
         for path in args.recheck:
             shutil.copy(path, MUTANTS / "tests" / path.name)
-        results = recheck(results, args.recheck, deselect=tuple(args.deselect))
+        only = tuple(args.only or ["batchweave."])
+        results = recheck(results, args.recheck, deselect=tuple(args.deselect), only=only)
     result = score(results, kept["equivalent"])
     args.out.mkdir(parents=True, exist_ok=True)
+    # every verdict, as `mutmut results --all true` prints them: --results of a next recheck
+    (args.out / "results.txt").write_text("".join(f"    {name}: {status}\n" for name, status in results.items()))
     record = {
         "score": result.ratio,
         "rechecked_with": [path.name for path in args.recheck],

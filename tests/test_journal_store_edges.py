@@ -10,7 +10,9 @@ import json
 import logging
 import multiprocessing
 import os
+import re
 import threading
+import time
 import uuid
 import zlib
 
@@ -19,19 +21,20 @@ import pytest
 from worker import tgb
 
 import batchweave as bw
-from batchweave import keys, log
-from batchweave.commit.claims import CLAIM_TICKET, claim_key
-from batchweave.commit.group import intent_key
+from batchweave import keys, log, logrules
+from batchweave.commit.claims import claim_key
+from batchweave.commit.group import INTENT_FORMAT, INTENT_PREFIX, Intent, encode_intent, intent_key
 from batchweave.commit.policies import Manual
-from batchweave.errors import CorruptDataError, StoreError
+from batchweave.errors import ConfigError, CorruptDataError, StoreError
 from batchweave.journal import Journal
 from batchweave.journal.headcopies import CopyWriter, read_copy
 from batchweave.journal.objects import LogObjects
 from batchweave.journal.segments import RecentVersions, read_segment
 from batchweave.journal.snapshots import Snapshots
 from batchweave.lifecycle.gc import GCReport
-from batchweave.lifecycle.watermarks import CHECKPOINT_PREFIX
-from batchweave.log import LOG_FORMAT, Layout, LogState
+from batchweave.lifecycle.gcsummary import GC_PREFIX, summary_key
+from batchweave.lifecycle.watermarks import CHECKPOINT_PREFIX, released_key
+from batchweave.log import LOG_FORMAT, Layout, LogState, Reclaim, TGBDescriptor
 from batchweave.segment import SEGMENT_MAX_BYTES, SEGMENT_PREFIX, SEGMENT_VERSIONS, segment_key
 from batchweave.store import Store
 
@@ -258,19 +261,46 @@ def test_a_copy_read_carries_the_bytes_it_holds_and_a_damaged_one_is_named_in_th
     ]
 
 
-def test_a_damaged_intent_of_a_producer_that_has_committed_nothing_yet_is_collected():
-    """An intent that cannot be read is dead even for a producer whose committed offset
-    is still 0: its TGBs can never be folded, so collection deletes it."""
-    url = memory_url("intent")
-    with bw.Producer(url, "p", dp=1, commit_policy=Manual()):
-        pass  # claimed epoch 1, nothing committed
+def encoded_intent(producer: str, epoch: int, first: int) -> bytes:
+    """A well-formed intent of one TGB at offset ``first``."""
+    tgb_of = TGBDescriptor(
+        producer=producer,
+        epoch=epoch,
+        source_offset=first,
+        dp=1,
+        cp=1,
+        kind="arrays",
+        objects=[f"data/{producer}/e{epoch:06d}/{first:012d}-t.0.bwb"],
+        slices=[(0, 0, 10, 0)],
+        nbytes=10,
+    )
+    return encode_intent(Intent(INTENT_FORMAT, producer, epoch, [tgb_of]))
+
+
+def test_collection_deletes_the_intents_that_can_never_be_folded_and_only_those():
+    """Of a producer at epoch 2 that has committed nothing: its epoch-1 intent (fenced) and
+    a damaged epoch-2 intent (nothing in it can be folded, even at offset 0) go; its live
+    intent, another producer's the log does not know yet, and an object that is no
+    intent stay, wherever they sort."""
+    url = memory_url("intents")
+    for _ in range(2):
+        with bw.Producer(url, "p", dp=1, commit_policy=Manual()):
+            pass  # claims: epoch 2 in the end, nothing committed
     recorded = Journal(Store(url), read_only=True).load_state().producers["p"]
-    assert (recorded.epoch, recorded.offset) == (1, 0)
-    damaged = intent_key("p", 1, 0)
-    Store(url).put(damaged, b"{not an intent")
+    assert (recorded.epoch, recorded.offset) == (2, 0)
+    store = Store(url)
+    dead = {intent_key("p", 1, 0): encoded_intent("p", 1, 0), intent_key("p", 2, 0): b"{not an intent"}
+    kept = {
+        INTENT_PREFIX + "0-not-an-intent": b"{}",
+        intent_key("a-unknown", 1, 0): encoded_intent("a-unknown", 1, 0),
+        intent_key("p", 2, 1): encoded_intent("p", 2, 1),
+    }
+    for key, data in {**dead, **kept}.items():
+        store.put(key, data)
+    assert bw.collect_garbage(url, grace_s=0, dry_run=True).deleted_intents == 2
     report = bw.collect_garbage(url, grace_s=0)
-    assert report.deleted_intents == 1
-    assert Store(url).size(damaged) is None
+    assert report.deleted_intents == 2
+    assert sorted(info.key for info in store.list(INTENT_PREFIX)) == sorted(kept)
 
 
 def test_a_collection_report_reads_as_a_dict_of_every_field_for_json():
@@ -591,6 +621,7 @@ def test_the_listing_takes_only_snapshot_names_and_the_newest_of_them():
     store = Store(url)
     for name in ("readme.json", "00000000000000000040-copy.json", "00000000000000000044x.json", "99.json.partial"):
         store.put(keys.SNAPSHOT_PREFIX + name, b"{}")
+    store.put(keys.version_key(40), b"{}")  # not under the prefix: a log version, not a snapshot
     snapshots, objects = snapshots_of(url)
     assert snapshots.listed_version() == 12
     assert objects.requests == 1
@@ -603,18 +634,19 @@ def damage(url: str, version: int, says: int | None = None) -> str:
     return key
 
 
-def test_a_damaged_snapshot_the_hint_names_is_read_around_when_a_newer_one_is_listed(caplog):
+@pytest.mark.parametrize("says", [9, None], ids=["other-version", "unreadable"])
+def test_a_damaged_snapshot_the_hint_names_is_read_around_when_a_newer_one_is_listed(says, caplog):
     """The hinted snapshot may be stale: damaged, it is skipped with a warning naming it
     and the problem, and the newest listed one is used."""
     url = with_snapshots(4, 8)
     Store(url).put(keys.HINT_KEY, log.encode_hint(state_at(4)))
-    key = damage(url, 4, says=9)
+    key = damage(url, 4, says=says)
     snapshots, _ = snapshots_of(url)
     with caplog.at_level(logging.WARNING, logger="batchweave.journal.snapshots"):
         assert snapshots.newest(trust_hint=True) == state_at(8)
-    assert caplog.messages == [
-        f"ignoring a damaged snapshot named by the hint: {key}: snapshot says it is of version 9"
-    ]
+    [message] = caplog.messages
+    problem = "snapshot says it is of version 9" if says else "damaged snapshot: "
+    assert message.startswith(f"ignoring a damaged snapshot named by the hint: {key}: {problem}")
 
 
 def test_a_damaged_newest_snapshot_raises_saying_how_to_recover():
@@ -671,48 +703,85 @@ def test_the_namespace_id_reads_around_a_damaged_hinted_snapshot_but_not_a_damag
 def test_a_dry_run_reports_exactly_what_the_collection_then_deletes():
     """Every count of a dry run (TGB objects and bytes, versions, snapshots, segments,
     watermarks of a released checkpoint, intents, probes, tickets, orphans) is what the
-    collection after it deletes, and the dry run itself deletes nothing."""
+    collection after it deletes, two or more of each, and the dry run deletes nothing.
+    Versions go below the live checkpoint's (288), and with them the segments all of whose
+    versions go: not the one ending at 288."""
     url = memory_url("gc-dry")
     with bw.Producer(url, "p", dp=1, commit_policy=Manual()) as producer:
-        for offset in range(210):  # versions 1..211: snapshots at 100 and 200, segments 32..192
+        for offset in range(310):  # versions 1..311: snapshots at 100, 200 and 300, segments 32..288
             producer.append([b"x%d" % offset], source_offset=offset)
             producer.flush()
     with bw.Consumer(url, dp=1, rank=0) as consumer:
-        for step in range(205):
+        for step in range(287):  # the cursor's version: 288, the last of a segment
             next(consumer)
-            if step == 9:
-                consumer.mark_checkpoint("early")
+            if step in (9, 19):
+                consumer.mark_checkpoint(f"early-{step}")
         consumer.mark_checkpoint("late")
-    bw.release_checkpoint(url, "early")
+    for step in (9, 19):
+        bw.release_checkpoint(url, f"early-{step}")
     store = Store(url)
-    store.put(intent_key("p", 1, 0), b"{not an intent")
-    store.put("_probe/left-behind", b"")
-    store.put(claim_key("p", 1, Layout(1, 1), "0dead"), CLAIM_TICKET)
-    orphan = "data/q/e000001/000000000000-0badc0de.0.bwb"
-    store.put(orphan, b"never committed")
+    dead = [intent_key("p", 1, 0), intent_key("p", 1, 7)]
+    probes = ["_probe/left-behind", "_probe/also-left"]
+    tickets = [claim_key("p", 1, Layout(1, 1), incarnation) for incarnation in ("0dead", "1dead")]
+    orphans = [f"data/q/e000001/00000000000{n}-0badc0de.0.bwb" for n in (0, 1)]
+    pending = "data/p/e000001/000000000310-0badc0de.0.bwb"  # the live producer's next TGB: not an orphan
+    for key in [*dead, *probes, *tickets, *orphans, pending]:
+        store.put(key, b"{left behind")
     before = sorted(info.key for info in store.list())
     dry = bw.collect_garbage(url, grace_s=0, dry_run=True)
     assert sorted(info.key for info in store.list()) == before
     done = bw.collect_garbage(url, grace_s=0)
-    assert done.deleted_versions == 199 and done.deleted_snapshots == 1 and done.deleted_segments == 6
-    assert (done.deleted_watermarks, done.deleted_intents, done.deleted_probes, done.deleted_tickets) == (2, 1, 1, 1)
-    assert done.orphans == [orphan] and len(done.deleted_objects) == 205 + 1
+    assert done.deleted_versions == 287 and done.deleted_snapshots == 2 and done.deleted_segments == 8
+    assert (done.deleted_watermarks, done.deleted_intents, done.deleted_probes, done.deleted_tickets) == (4, 2, 2, 2)
+    assert done.orphans == orphans and len(done.deleted_objects) == 287 + 2
     assert {**dry.to_dict(), "deleted_objects": sorted(dry.deleted_objects)} == {
         **done.to_dict(),
         "deleted_objects": sorted(done.deleted_objects),
         "dry_run": True,
     }
     after = {info.key for info in store.list()}
+    assert pending in after
+    assert [info.key for info in store.list(GC_PREFIX)] == [summary_key(311)]  # where the next run starts
     assert set(before) - after == {
         *done.deleted_objects,
-        *(keys.version_key(v) for v in range(1, 200)),
+        *(keys.version_key(v) for v in range(1, 288)),
         keys.snapshot_key(100),
-        *(segment_key(last) for last in range(32, 200, 32)),
-        intent_key("p", 1, 0),
-        "_probe/left-behind",
-        claim_key("p", 1, Layout(1, 1), "0dead"),
-        *(key for key in before if key.startswith(CHECKPOINT_PREFIX + "early/")),
+        keys.snapshot_key(200),
+        *(segment_key(last) for last in range(32, 288, 32)),  # 288 holds version 288, kept
+        *dead,
+        *probes,
+        *tickets,
+        *(key for key in before if key.startswith(CHECKPOINT_PREFIX + "early-")),
     }
+
+
+class ObjectStoreLike(Store):
+    """A memory store that answers as an object store does (a prefix always exists)."""
+
+    @property
+    def object_store(self) -> bool:
+        return True
+
+
+def test_on_an_object_store_collection_refuses_a_namespace_that_never_was_unless_a_checkpoint_is_there():
+    """Nothing committed and no checkpoint: most likely a mistyped URL, refused, saying so.
+    A checkpoint alone (released, here) makes it a namespace to tidy."""
+    url = memory_url("gc-no-namespace")
+    with pytest.raises(ConfigError, match=r"no namespace at .*check the URL"):
+        bw.collect_garbage(ObjectStoreLike(url))
+    Store(url).put(released_key("ck"), b"{}")
+    assert bw.collect_garbage(ObjectStoreLike(url), grace_s=0).deleted_watermarks == 1
+
+
+def test_collection_opens_only_an_existing_directory_with_the_options_given(tmp_path):
+    """A missing local directory is refused, not created; storage options reach the store,
+    which refuses one it does not take."""
+    missing = tmp_path / "missing"
+    with pytest.raises(ConfigError):
+        bw.collect_garbage(str(missing))
+    assert not missing.exists()
+    with pytest.raises(ConfigError, match="fsync"):
+        bw.collect_garbage(memory_url("gc-options"), storage_options={"fsync": False})
 
 
 @pytest.mark.parametrize("kind", ["orphan", "probe", "staging"])
@@ -733,22 +802,133 @@ def test_an_object_becomes_collectable_exactly_when_its_age_reaches_the_grace(ki
         store.put(key, b"")
     else:
         key = "data/q/e000001/000000000001-0badc0de.0.bwb#123456789012345678"
+        older = "data/q/e000001/000000000000-0badc0de.0.bwb#876543210987654321"
         (root / "data" / "q" / "e000001").mkdir(parents=True)
-        (root / key).write_bytes(b"a put killed mid-write")
-        os.utime(root / key, (1_700_000_000, 1_700_000_000))
+        for name, data, modified in ((key, b"a put killed mid-write", 1_700_000_000), (older, b"older", 1_699_999_000)):
+            (root / name).write_bytes(data)
+            os.utime(root / name, (modified, modified))
     infos = store.staging_files() if kind == "staging" else list(store.list())
     [written] = [info.modified_s for info in infos if info.key == key]
 
     def collected(report: bw.GCReport) -> bool:
         return {"orphan": key in report.orphans, "probe": report.deleted_probes == 1}.get(
-            kind, report.deleted_staging == 1
+            kind,
+            report.deleted_staging == 2,  # this one, and one older
         )
 
     assert not collected(bw.collect_garbage(url, grace_s=60, now=written + 30, dry_run=True))
+    assert not collected(bw.collect_garbage(url, now=written + 3599.5, dry_run=True))  # the default: an hour
+    assert collected(bw.collect_garbage(url, now=written + 3600.5, dry_run=True))
     assert not collected(bw.collect_garbage(url, grace_s=0, now=written - 0.5, dry_run=True))
     assert collected(bw.collect_garbage(url, grace_s=0, now=written, dry_run=True))
     report = bw.collect_garbage(url, grace_s=0, now=written)
     assert collected(report)
     if kind == "staging":
-        assert report.deleted_staging_bytes == len(b"a put killed mid-write")
+        assert report.deleted_staging_bytes == len(b"a put killed mid-write") + len(b"older")
     assert not (root / key).exists()
+
+
+def reclaim_one_step_more(url: str) -> None:
+    """Another collector records a reclaim one step further than the log's."""
+    rival = Journal(Store(url))
+    state = rival.load_state()
+    done = state.reclaimed
+    further = Reclaim(done.steps + 1, done.versions, done.bytes)
+    rival.commit(state, lambda s: logrules.build_reclaim(s, further, time.time()))
+
+
+class OvertakenWhilePlanning(Store):
+    """A store on which, once a collection has loaded the log and reads the snapshot hint
+    again (to plan), another collector records a reclaim first."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.versions_read = False
+        self.overtaken = 0
+
+    def get(self, key: str) -> memoryview:
+        if re.fullmatch(r"_log/\d{20}\.json", key):
+            self.versions_read = True
+        elif key == keys.HINT_KEY and self.versions_read and not self.overtaken:
+            reclaim_one_step_more(self.url)
+            self.overtaken += 1
+        return super().get(key)
+
+
+def test_a_collection_overtaken_while_it_plans_plans_again_and_completes():
+    """A reclaim recorded by another collector between our load and our commit makes our
+    plan stale: we plan again from the newer state and record our own reclaim."""
+    url = memory_url("gc-overtaken-planning")
+    with bw.Producer(url, "p", dp=1, commit_policy=Manual()) as producer:
+        for offset in range(30):
+            producer.append([b"x%d" % offset], source_offset=offset)
+            producer.flush()
+    with bw.Consumer(url, dp=1, rank=0) as consumer:
+        for _ in range(20):
+            next(consumer)
+        consumer.mark_checkpoint("ck")
+    store = OvertakenWhilePlanning(url)
+    report = bw.collect_garbage(store, grace_s=0)
+    assert store.overtaken == 1
+    assert report.reclaimed_steps == 20
+    assert (
+        len(list(Store(url).list(keys.DATA_PREFIX))) == 10
+    )  # steps 20..29 (the rival recorded step 0, deleted nothing)
+    assert Journal(Store(url), read_only=True).load_state().reclaimed.steps == 20
+
+
+class OvertakenEveryTime(Store):
+    """A store on which, before each create-only put of a log version, another collector
+    records a reclaim one step further (so every plan is overtaken before it lands)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.overtaken = 0
+
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> None:
+        if re.fullmatch(r"_log/\d{20}\.json", key):
+            reclaim_one_step_more(self.url)
+            self.overtaken += 1
+        super().put_if_absent(key, data)
+
+
+def test_a_collection_overtaken_at_every_plan_gives_up_after_eight_saying_why():
+    """Another collector reclaiming further before each of our reclaim versions lands:
+    after 8 plans the collection raises, saying the log kept moving under it."""
+    url = memory_url("gc-overtaken")
+    with bw.Producer(url, "p", dp=1, commit_policy=Manual()) as producer:
+        for offset in range(30):
+            producer.append([b"x%d" % offset], source_offset=offset)
+            producer.flush()
+    with bw.Consumer(url, dp=1, rank=0) as consumer:
+        for _ in range(20):
+            next(consumer)
+        consumer.mark_checkpoint("ck")
+    store = OvertakenEveryTime(url)
+    with pytest.raises(StoreError) as raised:
+        bw.collect_garbage(store, grace_s=0)
+    assert str(raised.value) == f"{keys.LOG_PREFIX}: the log kept moving under garbage collection over 8 plans"
+    assert store.overtaken == 8
+
+
+def test_each_collection_leaves_one_summary_and_a_damaged_one_is_read_around_with_a_warning(caplog):
+    """A collection after new commits replaces the summary with one of the newer version;
+    a damaged summary is named in a warning and the log's versions are read instead."""
+    url = memory_url("gc-summaries")
+    with bw.Producer(url, "p", dp=1, commit_policy=Manual()) as producer:
+        for offset in range(10):
+            producer.append([b"x%d" % offset], source_offset=offset)
+            producer.flush()
+        bw.collect_garbage(url, grace_s=0)
+        assert [info.key for info in Store(url).list(GC_PREFIX)] == [summary_key(11)]
+        for offset in range(10, 15):
+            producer.append([b"x%d" % offset], source_offset=offset)
+            producer.flush()
+    bw.collect_garbage(url, grace_s=0)
+    assert [info.key for info in Store(url).list(GC_PREFIX)] == [summary_key(16)]
+    Store(url).put(summary_key(16), b"{damaged")
+    with caplog.at_level(logging.WARNING, logger="batchweave.lifecycle.gc"):
+        assert bw.collect_garbage(url, grace_s=0).orphans == []
+    [message] = caplog.messages
+    assert message.startswith(f"garbage collection: {summary_key(16)}: ")
+    assert message.endswith("; reading the log's versions instead")
