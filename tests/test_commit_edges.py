@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import multiprocessing
+import os
 import re
 import threading
 import time
@@ -25,6 +26,7 @@ from worker import tgb
 
 import batchweave as bw
 from batchweave import keys
+from batchweave.commit import group as group_module
 from batchweave.commit import loop as loop_module
 from batchweave.commit import turns as turns_module
 from batchweave.commit.claims import CLAIM_TICKET, claim_key
@@ -454,8 +456,11 @@ def one_intent(producer: str) -> dict[str, bytes]:
 
 
 def read_intents_in_child() -> None:
+    hung = threading.Timer(10, os._exit, args=(3,))  # a hang ends the child (exit code 3), not the test run
+    hung.start()
     board = IntentBoard(DictStore(one_intent("child")), "reader")  # type: ignore[arg-type]
     assert [i.producer for i in board.others()] == ["child"]
+    hung.cancel()
 
 
 def test_a_forked_child_reads_intents_with_readers_of_its_own():
@@ -465,12 +470,11 @@ def test_a_forked_child_reads_intents_with_readers_of_its_own():
     assert [i.producer for i in parent.others()] == ["parent"]  # the process's readers exist now
     child = multiprocessing.get_context("fork").Process(target=read_intents_in_child)
     child.start()
-    child.join(30)  # returns as soon as the child is done; a hang fails the test
+    child.join(60)  # returns as soon as the child is done (a hung child ends itself after 10 s)
     if child.is_alive():
         child.kill()
         child.join()
-        pytest.fail("the forked child hung reading intents")
-    assert child.exitcode == 0
+    assert child.exitcode == 0, "the forked child could not read intents (3: it hung)"
 
 
 def test_a_producer_never_reads_its_own_intents_nor_stray_objects():
@@ -538,7 +542,7 @@ def test_an_intent_that_could_not_be_deleted_is_kept_and_the_reason_logged(caplo
         assert board.collect(producer_at("p", 1), published) == published
     messages = [r.getMessage() for r in caplog.records if r.name == "batchweave.commit.intents"]
     assert len(messages) == 1
-    assert "could not delete committed intent" in messages[0] and key in messages[0] and "SlowDown" in messages[0]
+    assert messages[0].startswith(f"could not delete committed intent {key}: ") and "SlowDown" in messages[0]
 
 
 def test_a_claim_sweeps_only_this_producers_intents_of_older_epochs():
@@ -546,14 +550,13 @@ def test_a_claim_sweeps_only_this_producers_intents_of_older_epochs():
     foldable now), keeps its current epoch's and every other producer's, and counts a
     LIST and a DELETE each."""
     store = RecordingStore(memory_url())
-    for epoch, first in ((1, 0), (1, 7), (2, 7), (3, 0), (3, 2)):
-        IntentBoard(open_store(store.url), "p").publish(epoch, [desc("p", first, epoch=epoch)])
     IntentBoard(open_store(store.url), "q").publish(1, [desc("q", 0)])
-    store.put_if_absent("_intents/p/stray.txt", b"not an intent")
+    open_store(store.url).put_if_absent("_intents/p/stray.txt", b"not an intent")
     board = IntentBoard(store, "p")
-    calls = len(store.calls)
+    for epoch, first in ((1, 0), (1, 7), (2, 7), (3, 0), (3, 2)):
+        board.publish(epoch, [desc("p", first, epoch=epoch)])
     assert board.sweep_older_epochs(3) == 3
-    assert board.requests == len(store.calls) - calls == 4
+    assert board.requests == len(store.calls) == 5 + 1 + 3  # the puts, a LIST, a DELETE each
     remaining = sorted(info.key for info in store.list("_intents/"))
     assert remaining == sorted(
         [intent_key("p", 3, 0), intent_key("p", 3, 2), intent_key("q", 1, 0), "_intents/p/stray.txt"]
@@ -575,10 +578,10 @@ def test_a_sweep_without_delete_permission_stops_at_the_first_refusal():
 # -- group commit's turns (``batchweave.commit.turns``) ----------------------------------
 
 
-def test_a_flush_in_group_mode_that_loses_a_race_backs_off_two_staggers_at_first(monkeypatch):
+def test_a_flush_in_group_mode_that_loses_races_backs_off_from_two_staggers_doubling_to_2_s(monkeypatch):
     """A group producer's flush that loses the race for its version waits a pause drawn
-    from [0, 2 staggers] after its first lost race (the bound doubles with each further
-    one), then commits."""
+    from [0, 2 staggers] after its first lost race, the bound doubling with each further
+    one up to 2 s, then commits."""
     draws = Draws(0.5)
     monkeypatch.setattr(turns_module, "random", draws)
     url = memory_url()
@@ -589,18 +592,18 @@ def test_a_flush_in_group_mode_that_loses_a_race_backs_off_two_staggers_at_first
     ):
         store.rival = rival
         p.append(tgb("p", 0, 1))
-        store.races = 1
+        store.races = 3
         p.flush()
-        assert p.resume_offset == 1 and p.metrics()["conflicts"] == 1
-    assert draws.uniform_bounds == [(0, pytest.approx(0.6))]
+        assert p.resume_offset == 1 and p.metrics()["conflicts"] == 3
+    assert draws.uniform_bounds == [(0, pytest.approx(0.6)), (0, pytest.approx(1.2)), (0, pytest.approx(2.0))]
 
 
 class LogOutage(Store):
     """A memory store whose log requests fail with a server error while ``down``;
     ``retried`` is set once a failing log request is being retried."""
 
-    def __init__(self, url: str) -> None:
-        super().__init__(url)
+    def __init__(self, url: str, **options) -> None:
+        super().__init__(url, **options)
         self.down = False
         self.failures = 0
         self.retried = threading.Event()
@@ -658,3 +661,133 @@ def test_the_first_turn_after_a_pool_claimed_in_version_one_folds_the_others_int
         assert store.landed.wait(30)
         after = Journal(open_store(url)).load_state()
         assert after.version == 2 and after.producers["a"].offset == 2 and after.producers["b"].offset == 1
+
+
+def test_group_commits_are_counted_published_won_and_timed():
+    """A group producer's commits show in its counters and in the log (publish_metrics);
+    each won race keeps the stagger's backoff at 1; and every version after the first
+    gives the turn-delay estimate a gap to learn from."""
+    url = memory_url()
+    policy = GroupCommit(3600.0, intent_lead_s=3600.0)
+    with bw.Producer(url, "p", dp=1, commit_policy=policy, publish_metrics=True) as p:
+        for offset in range(3):
+            p.append(tgb("p", offset, 1))
+            p.flush()
+        counters = p.metrics()
+        assert (counters["attempts"], counters["successes"], counters["conflicts"]) == (3, 3, 0)
+        assert counters["tgbs_committed"] == 3 and counters["last_fragile_window_s"] > 0
+        assert policy.delay is not None and policy.delay.backoff == 1.0 and policy.delay.samples == 2
+    published = bw.inspect_namespace(url).producers["p"]["metrics"]
+    assert (published["attempts"], published["successes"], published["tgbs_committed"]) == (3, 3, 3)
+
+
+class RefusedLog(Store):
+    """A memory store that refuses the next ``refusals`` log requests (access denied)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.refusals = 0
+        self._key = threading.local()
+
+    def _call(self, key, op, request, nbytes=0, *, conditional=False):
+        self._key.value = key
+        return super()._call(key, op, request, nbytes, conditional=conditional)
+
+    def _perform(self, request, nbytes, op):
+        key = self._key.value
+        if self.refusals and key.startswith("_log/"):
+            self.refusals -= 1
+            raise StorePermissionError(key, "access denied (credentials being rotated)")
+        return super()._perform(request, nbytes, op)
+
+
+def test_a_group_producer_rides_out_nine_refusals_in_a_row_and_stops_at_ten(pauses):
+    """Group commit counts failed passes as the commit loop does: nine refusals in a row
+    after a good pass are ridden out (with backoff) and the flush lands; ten end the
+    producer with the store's error."""
+    store = RefusedLog(memory_url())
+    with bw.Producer(store, "p", dp=1, commit_policy=GroupCommit(3600.0, intent_lead_s=3600.0)) as p:
+        p.append(tgb("p", 0, 1))
+        p.flush()
+        store.refusals = 9
+        p.append(tgb("p", 1, 1))
+        p.flush(timeout_s=30)
+        assert p.resume_offset == 2 and len(pauses) == 9
+        store.refusals = 10
+        p.append(tgb("p", 2, 1))
+        with pytest.raises(StorePermissionError, match="credentials being rotated"):
+            p.flush(timeout_s=30)
+
+
+def test_producers_two_or_more_turns_away_look_again_half_an_interval_before_standing_in():
+    """Ranks 0 and 1 look every quarter interval; rank ``r >= 2`` (in a pool large enough
+    that the head budget allows no more) looks again half an interval before it becomes
+    the stand-in, ``(r - 1.5)`` intervals after the version."""
+    interval = 0.4
+    assert group_module.follow_pause_s(1, 10_000, interval, 0.0, 0.5) == pytest.approx(interval / 4)
+    assert group_module.follow_pause_s(2, 10_000, interval, 0.0, 0.5) == pytest.approx(0.5 * interval)
+    assert group_module.follow_pause_s(3, 10_000, interval, 0.1, 0.5) == pytest.approx(1.5 * interval - 0.1)
+
+
+@pytest.mark.parametrize(
+    "key, parsed",
+    [
+        (intent_key("p", 100_000, 7), ("p", 100_000, 7)),
+        ("_claimsX/p/e000001/000000000000.json", None),  # another prefix of the same length
+        ("_intents/p/e000001/000000000000.txt", None),
+    ],
+)
+def test_intent_keys_parse_only_under_the_prefix_and_with_the_json_suffix(key, parsed):
+    """Only ``_intents/<producer>/e<epoch>/<offset>.json`` names an intent; its epoch is
+    every digit after the ``e``."""
+    assert group_module.parse_intent_key(key) == parsed
+
+
+def test_group_commit_defaults_and_limits():
+    """By default a version every 0.4 s and a rotation of the producers recorded within 8
+    versions; one version is the smallest rotation allowed, and ``alpha`` above 1 is
+    refused."""
+    default = GroupCommit()
+    assert default.wait_s(1, 0.0) == pytest.approx(0.4) and default.active_versions == 8
+    assert default.publish_after_version_s() == pytest.approx(0.2)  # intents half an interval ahead
+    assert GroupCommit(active_versions=1).active_versions == 1
+    lead_zero = GroupCommit(interval_s=2.0, intent_lead_s=0.0, alpha=1.0)
+    assert lead_zero.publish_after_version_s() == 2.0
+    assert GroupCommit(interval_s=2.0, intent_lead_s=0.5).publish_after_version_s() == 1.5
+    with pytest.raises(ConfigError, match="0 < alpha <= 1"):
+        GroupCommit(alpha=1.5)
+    with pytest.raises(ConfigError, match="stagger_s > 0"):
+        GroupCommit(stagger_s=0.0)
+
+
+def test_turns_rotate_backwards_through_the_producers_by_the_version():
+    """Every producer derives the same order: after version ``v`` the active producer at
+    index ``(v mod n)`` of the id order commits first, the one before it next, and so on;
+    producers outside the rotation take the same kind of turns after it."""
+    recent = LogState(version=5, producers={p: ProducerState(1, 1, f"i-{p}", last_version=5) for p in "abc"})
+    assert [group_module.turn_rank(recent, p, 8) for p in "abc"] == [1, 2, 0]
+    idle = LogState(version=20, producers={p: ProducerState(1, 1, f"i-{p}", last_version=1) for p in "xyz"})
+    assert [group_module.turn_rank(idle, p, 8) for p in "xyz"] == [1, 2, 0]
+
+
+def test_the_turn_delay_is_seeded_by_the_first_commit_only():
+    """How late turns come is seeded from the first commit's duration (the claim's);
+    later commits move only the put-time average."""
+    policy = GroupCommit(interval_s=0.4, alpha=0.2)
+    policy.observe_commit(0.1)
+    policy.observe_commit(1.0)
+    seed = max(2 * 0.1, 0.25)
+    put_s = 0.8 * 0.1 + 0.2 * 1.0
+    assert policy.stagger() == pytest.approx(seed + 4 * seed / 2 + put_s)
+
+
+def test_a_group_producer_fails_at_once_when_its_store_retried_out():
+    """In group mode too, a log request the store retried for its whole deadline ends the
+    producer with that error at the first failure (here a 50 ms deadline)."""
+    store = LogOutage(memory_url(), storage_options={"retry_deadline_s": 0.05})
+    with bw.Producer(store, "p", dp=1, commit_policy=GroupCommit(3600.0, intent_lead_s=3600.0)) as producer:
+        store.down = True
+        producer.append(tgb("p", 0, 1))
+        with pytest.raises(TransientStoreError, match="HTTP 500 InternalError"):
+            producer.flush(timeout_s=30)
+        assert producer.metrics()["attempts"] == 0
