@@ -4,6 +4,7 @@ that never answered, the WARNING lines, and the stall figures. No real waiting."
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import math
@@ -18,7 +19,7 @@ from obstore_errors import obstore_status_message, obstore_transport_message
 from worker import Eager
 
 import batchweave as bw
-from batchweave import retry
+from batchweave import keys, retry
 from batchweave.commit.policies import Manual
 from batchweave.store import Store
 from batchweave.testing import Background
@@ -347,3 +348,30 @@ def test_closing_a_producer_without_a_flush_during_a_stall_does_not_wait_it_out(
     started = time.monotonic()
     producer.close(flush=False)
     assert time.monotonic() - started < 5  # not the 600 s deadline
+
+
+def test_a_head_copy_the_store_throttles_is_dropped_at_once_not_retried():
+    """Found by CI (test_closing_a_consumer_during_a_stall_does_not_wait_it_out failed once):
+    a producer's background copy puts retried a throttled store for up to the 600 s deadline,
+    taking turns at the process's request-rate limiter from the consumer beside them. Copies
+    are best effort: one attempt each, and the reader reads the version's own key."""
+    from batchweave.journal import headcopies
+
+    store = RemoteScriptedStore(f"memory://retry-{uuid.uuid4().hex}")  # the default deadline, 600 s
+    attempts: collections.Counter[str] = collections.Counter()
+
+    def throttle_copies(request, key):
+        if request == "put" and key.startswith(keys.HEAD_PREFIX):
+            attempts[key] += 1
+            return throttled(key)
+        return None
+
+    store.fault = throttle_copies
+    with bw.Producer(store, "p", dp=1, commit_policy=Manual()) as producer:
+        producer.append([b"tgb-0"], source_offset=0)
+        producer.flush()
+    deadline = time.monotonic() + 30
+    while headcopies._background._in_flight:  # the copy puts still running
+        assert time.monotonic() < deadline, "copy puts still retrying after 30 s"
+        time.sleep(0.01)
+    assert attempts and set(attempts.values()) == {1}, attempts

@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
 
-from batchweave import keys, log
+from batchweave import keys, log, retry
 from batchweave.errors import CorruptDataError, StoreError
 from batchweave.journal.objects import LogObjects
 from batchweave.log import ReadVersion
@@ -53,6 +53,12 @@ _logger = logging.getLogger(__name__)
 # rather than queued: they matter only while their version is the newest.
 _MAX_IN_FLIGHT = 64
 _THREADS = 8
+# Set from the start: a copy put the store throttles or fails is dropped at once, never
+# retried (for up to the store's deadline, 10 minutes by default) beside the requests that
+# matter, nor queued at a throttled process's request-rate limiter (readers read the
+# version's own key instead). 1,000 producers' copies must not feed a storm.
+_NO_RETRIES = threading.Event()
+_NO_RETRIES.set()
 
 
 class _Number(msgspec.Struct):
@@ -122,7 +128,12 @@ class _Background:
                 _logger.debug("skipped the head copy %s: %d copy puts in flight", key, self._in_flight)
                 return
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=_THREADS, thread_name_prefix="batchweave-head-copy")
+                self._pool = ThreadPoolExecutor(
+                    max_workers=_THREADS,
+                    thread_name_prefix="batchweave-head-copy",
+                    initializer=retry.stop_retrying_when,
+                    initargs=(_NO_RETRIES,),
+                )
             self._in_flight += 1
             self._pool.submit(self._run, store, key, data)
 
