@@ -598,7 +598,20 @@ def test_a_flush_in_group_mode_that_loses_races_backs_off_from_two_staggers_doub
     assert draws.uniform_bounds == [(0, pytest.approx(0.6)), (0, pytest.approx(1.2)), (0, pytest.approx(2.0))]
 
 
-class LogOutage(Store):
+class KeyedStore(Store):
+    """A memory store whose ``_perform`` (where faults go) knows the key of the request,
+    per thread."""
+
+    def __init__(self, url: str, **options) -> None:
+        super().__init__(url, **options)
+        self._key = threading.local()
+
+    def _call(self, key, op, request, nbytes=0, *, conditional=False):
+        self._key.value = key
+        return super()._call(key, op, request, nbytes, conditional=conditional)
+
+
+class LogOutage(KeyedStore):
     """A memory store whose log requests fail with a server error while ``down``;
     ``retried`` is set once a failing log request is being retried."""
 
@@ -607,11 +620,6 @@ class LogOutage(Store):
         self.down = False
         self.failures = 0
         self.retried = threading.Event()
-        self._key = threading.local()
-
-    def _call(self, key, op, request, nbytes=0, *, conditional=False):
-        self._key.value = key
-        return super()._call(key, op, request, nbytes, conditional=conditional)
 
     def _perform(self, request, nbytes, op):
         key = self._key.value
@@ -681,17 +689,12 @@ def test_group_commits_are_counted_published_won_and_timed():
     assert (published["attempts"], published["successes"], published["tgbs_committed"]) == (3, 3, 3)
 
 
-class RefusedLog(Store):
+class RefusedLog(KeyedStore):
     """A memory store that refuses the next ``refusals`` log requests (access denied)."""
 
     def __init__(self, url: str) -> None:
         super().__init__(url)
         self.refusals = 0
-        self._key = threading.local()
-
-    def _call(self, key, op, request, nbytes=0, *, conditional=False):
-        self._key.value = key
-        return super()._call(key, op, request, nbytes, conditional=conditional)
 
     def _perform(self, request, nbytes, op):
         key = self._key.value

@@ -855,10 +855,8 @@ class OvertakenWhilePlanning(Store):
         return super().get(key)
 
 
-def test_a_collection_overtaken_while_it_plans_plans_again_and_completes():
-    """A reclaim recorded by another collector between our load and our commit makes our
-    plan stale: we plan again from the newer state and record our own reclaim."""
-    url = memory_url("gc-overtaken-planning")
+def thirty_steps_checkpointed_at_twenty(url: str) -> None:
+    """Thirty one-step versions, and a live checkpoint at step 20: a collection reclaims 20."""
     with bw.Producer(url, "p", dp=1, commit_policy=Manual()) as producer:
         for offset in range(30):
             producer.append([b"x%d" % offset], source_offset=offset)
@@ -867,6 +865,13 @@ def test_a_collection_overtaken_while_it_plans_plans_again_and_completes():
         for _ in range(20):
             next(consumer)
         consumer.mark_checkpoint("ck")
+
+
+def test_a_collection_overtaken_while_it_plans_plans_again_and_completes():
+    """A reclaim recorded by another collector between our load and our commit makes our
+    plan stale: we plan again from the newer state and record our own reclaim."""
+    url = memory_url("gc-overtaken-planning")
+    thirty_steps_checkpointed_at_twenty(url)
     store = OvertakenWhilePlanning(url)
     report = bw.collect_garbage(store, grace_s=0)
     assert store.overtaken == 1
@@ -896,14 +901,7 @@ def test_a_collection_overtaken_at_every_plan_gives_up_after_eight_saying_why():
     """Another collector reclaiming further before each of our reclaim versions lands:
     after 8 plans the collection raises, saying the log kept moving under it."""
     url = memory_url("gc-overtaken")
-    with bw.Producer(url, "p", dp=1, commit_policy=Manual()) as producer:
-        for offset in range(30):
-            producer.append([b"x%d" % offset], source_offset=offset)
-            producer.flush()
-    with bw.Consumer(url, dp=1, rank=0) as consumer:
-        for _ in range(20):
-            next(consumer)
-        consumer.mark_checkpoint("ck")
+    thirty_steps_checkpointed_at_twenty(url)
     store = OvertakenEveryTime(url)
     with pytest.raises(StoreError) as raised:
         bw.collect_garbage(store, grace_s=0)
