@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -44,7 +43,7 @@ from batchweave.reading.polling import HEAD_BUDGET_PER_S, HeadPolling
 from batchweave.reading.sharedlog import InlineNode, SharedLog
 from batchweave.testing.simulation.group_driver import GroupProducerDriver
 from batchweave.testing.simulation.hubchannel import HubChannel
-from batchweave.testing.simulation.model import payload
+from batchweave.testing.simulation.model import VERSION_KEY, payload
 from batchweave.testing.simulation.scheduler import Actor
 from batchweave.testing.simulation.world import ALIGNED, World, role
 
@@ -477,7 +476,6 @@ def _recreate_freed_version(world: World) -> None:
 
 
 _READERS = ("lag", "resume", "train")
-_VERSION_KEY = re.compile(r"_log/(\d{20})\.json")
 
 
 def stale_writer_racing_reads(world: World) -> Callable[[str, str], None]:
@@ -487,7 +485,7 @@ def stale_writer_racing_reads(world: World) -> Callable[[str, str], None]:
     it anchors on a version it read or, from step 0, on version 1 (the proofs' faults)."""
 
     def before_get(actor: str, key: str) -> None:
-        match = _VERSION_KEY.fullmatch(key)
+        match = VERSION_KEY.fullmatch(key)
         if match is None or role(actor) not in _READERS:
             return
         version = int(match[1])

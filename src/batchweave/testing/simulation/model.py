@@ -33,7 +33,7 @@ from batchweave.log import LogState, LogVersion, TGBDescriptor
 
 __all__ = ["Model", "Violation", "payload"]
 
-_VERSION_KEY = re.compile(r"_log/(\d{20})\.json")
+VERSION_KEY = re.compile(r"_log/(\d{20})\.json")  # a log version's key; group 1: its number
 _MARK_KEY = re.compile(r"_checkpoints/([^/]+)/(\d+)-(\d+)\.json")
 _RELEASED_KEY = re.compile(r"_checkpoints/([^/]+)/_released")
 
@@ -83,7 +83,7 @@ class Model:
     # -- told by the store -------------------------------------------------------------
 
     def written(self, key: str, body: bytes, actor: str) -> None:
-        if match := _VERSION_KEY.fullmatch(key):
+        if match := VERSION_KEY.fullmatch(key):
             version = int(match[1])
             if version in self.genuine_bytes:
                 self.recreations.append((version, actor))
@@ -154,7 +154,7 @@ class Model:
                 actor,
                 f"deleted {key} of step {step}, which a live checkpoint reaches (W_global position {position})",
             )
-        if match := _VERSION_KEY.fullmatch(key):
+        if match := VERSION_KEY.fullmatch(key):
             number = int(match[1])
             if number >= max(version, 1) and self.genuine_bytes.get(number) == body:
                 self.violation(
@@ -214,7 +214,7 @@ class Model:
 
     def read(self, key: str, body: bytes, actor: str) -> None:
         """An actor read ``key``: note it if that was a stale writer's re-created version."""
-        if (match := _VERSION_KEY.fullmatch(key)) and body != self.genuine_bytes.get(int(match[1])):
+        if (match := VERSION_KEY.fullmatch(key)) and body != self.genuine_bytes.get(int(match[1])):
             self.stale_reads.setdefault(actor, []).append(int(match[1]))
 
     def stale_error(self, actor: str, exc: BaseException) -> bool:

@@ -18,11 +18,11 @@ The points, as the trace shows them (``delete`` by a collector frees a key; ``pu
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from batchweave.testing.simulation.choices import Choices
+from batchweave.testing.simulation.model import VERSION_KEY
 from batchweave.testing.simulation.run import Result, simulate
 from batchweave.testing.simulation.world import Config, role
 
@@ -30,7 +30,6 @@ __all__ = ["EVENTS", "Point", "find", "reached"]
 
 EVENTS = ("reads-re-created", "reads-freed", "puts-freed")
 _PUTS = ("put", "put_if_absent")
-_VERSION_KEY = re.compile(r"_log/\d{20}\.json")
 
 
 @dataclass(frozen=True)
@@ -54,7 +53,7 @@ def reached(trace: Iterable[tuple[float, str, str, str]], point: Point) -> bool:
     freed: set[str] = set()  # version keys a collector deleted, not put since
     re_created: set[str] = set()  # version keys put again after a delete, not deleted since
     for _, actor, op, key in trace:
-        if not _VERSION_KEY.fullmatch(key):
+        if not VERSION_KEY.fullmatch(key):
             continue
         victim = role(actor) == point.victim
         if op == "delete":
