@@ -467,6 +467,8 @@ def test_zombie_committing_in_group_mode_is_fenced(url):
     successor = bw.Producer(url, "p", dp=1, commit_policy=quiet())
     with pytest.raises(ProducerFencedError, match="fenced"):
         zombie.flush()
+    # Failed for good: its commit thread ends instead of taking turns it can never win.
+    wait_for(lambda: not zombie._thread.is_alive(), "the fenced incarnation's commit thread to end")
     successor.append(tgb("p", 0, 1))
     successor.close()
     assert_exactly_once(url, {"p": 1})
