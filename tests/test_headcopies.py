@@ -8,16 +8,17 @@ import collections
 import logging
 import random
 import threading
+import time
 import uuid
 
 import numpy as np
 import pytest
 
 import batchweave as bw
-from batchweave import keys
+from batchweave import keys, retry
 from batchweave.commit.policies import Manual
 from batchweave.errors import ConfigError
-from batchweave.journal import Journal, proof
+from batchweave.journal import Journal, headcopies, proof
 from batchweave.journal.headcopies import read_copy
 from batchweave.journal.objects import LogObjects
 from batchweave.latency import LatencyModel, LatencyStore
@@ -277,3 +278,67 @@ def test_near_the_head_a_reader_catches_up_two_versions_at_a_time(url, three_cop
         assert len(asked) <= found + 2  # each version once, and at most two probes past the head
     finally:
         reader.close()
+
+
+class HeldPuts:
+    """A store whose puts wait until ``release`` is set, recording for each which thread ran
+    it, whether its retries were stopped there, and how many ran at once."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self._lock = threading.Lock()
+        self.puts: list[tuple[str, str, bool]] = []  # (key, thread name, retries stopped)
+        self.running = 0
+        self.most_at_once = 0
+
+    def put(self, key: str, data: bytes) -> None:
+        stop = retry.stop_event()
+        with self._lock:
+            self.puts.append((key, threading.current_thread().name, stop is not None and stop.is_set()))
+            self.running += 1
+            self.most_at_once = max(self.most_at_once, self.running)
+        self.release.wait(30)
+        with self._lock:
+            self.running -= 1
+
+
+def test_copy_puts_are_bounded_in_flight_tried_once_and_the_bound_frees_as_they_end(caplog):
+    """The process's copy puts: at most ``_MAX_IN_FLIGHT`` submitted at a time (one more is
+    skipped, and the DEBUG line names it), ``_THREADS`` running, each on a named thread
+    with retries stopped (best effort: one attempt); once they end, the bound is free again."""
+    background = headcopies._Background()
+    store = HeldPuts()
+
+    def submit_round(prefix: str) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, logger=headcopies.__name__):
+            for n in range(headcopies._MAX_IN_FLIGHT + 1):
+                background.submit(store, f"{prefix}{n}", b"copy")  # type: ignore[arg-type]
+        return [r.getMessage() for r in caplog.records if r.name == headcopies.__name__]
+
+    def all_ended() -> None:
+        store.release.set()
+        wait_for(lambda: background._in_flight == 0, "the copy puts to end", timeout_s=10)
+        store.release.clear()
+
+    last = headcopies._MAX_IN_FLIGHT
+    try:
+        skipped = submit_round("first-")
+        wait_for(lambda: len(store.puts) == headcopies._THREADS, "the pool's threads to take puts", timeout_s=10)
+        assert skipped == [f"skipped the head copy first-{last}: {last} copy puts in flight"]
+        all_ended()
+        assert submit_round("again-") == [f"skipped the head copy again-{last}: {last} copy puts in flight"]
+        all_ended()
+    finally:
+        store.release.set()
+    assert len(store.puts) == 2 * headcopies._MAX_IN_FLIGHT
+    assert store.most_at_once == headcopies._THREADS
+    assert all(thread.startswith("batchweave-head-copy") for _, thread, _ in store.puts)
+    assert all(stopped for _, _, stopped in store.puts)
+
+
+def wait_for(condition, what: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
