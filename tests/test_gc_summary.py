@@ -8,13 +8,17 @@ from __future__ import annotations
 import logging
 import uuid
 
+import msgspec
+from checks import RecordingStore
 from worker import tgb
 
 import batchweave as bw
-from batchweave import collect_garbage
+from batchweave import collect_garbage, keys
 from batchweave.commit.policies import Manual
 from batchweave.journal import Journal
-from batchweave.lifecycle.gcsummary import GC_PREFIX, decode_summary, encode_summary
+from batchweave.lifecycle import gc
+from batchweave.lifecycle.gcsummary import GC_PREFIX, decode_summary, encode_summary, summary_key
+from batchweave.log import LogState
 from batchweave.store import open_store
 from benchmarks.scale_count import LOG_VERSION, CountingStore, Tally, by_class
 from benchmarks.scale_measure import INSTANT
@@ -135,3 +139,80 @@ def test_a_summary_from_another_namespace_or_behind_the_reclaim_point_is_not_use
     report, counts = counted_gc(url)
     assert counts[LOG_VERSION] >= 40 and report.orphans == []
     assert len(list(store.list("data/"))) == 40
+
+
+def test_a_summary_whose_version_digest_does_not_match_is_not_trusted():
+    """A summary names the version it was read through and that version's digest: a
+    summary whose digest does not match the log (that version re-created, or the summary
+    from another history) is not used. Here it also lies about a TGB's object: trusted,
+    that TGB's real object would look unreferenced and go as an orphan."""
+    url = namespace(40)
+    counted_gc(url)
+    (key,) = summaries(url)
+    store = open_store(url)
+    summary = decode_summary(store.get(key), key)
+    first = summary.tgbs[0]
+    lying = msgspec.structs.replace(
+        summary,
+        digest="f" * len(summary.digest),
+        tgbs=[msgspec.structs.replace(first, objects=["data/p/elsewhere"]), *summary.tgbs[1:]],
+    )
+    store.delete(key)
+    store.put_if_absent(key, encode_summary(lying))  # well formed: only the log can tell
+    report, counts = counted_gc(url)
+    assert counts[LOG_VERSION] >= 40  # read the log instead
+    assert report.orphans == [] and len(list(store.list("data/"))) == 40
+
+
+def test_a_summary_is_usable_from_the_reclaim_point_to_the_head():
+    url = namespace(20)
+    counted_gc(url)
+    store = open_store(url)
+    journal = Journal(store)
+    state = journal.load_state()
+    usable = gc._Summaries(store, journal).usable
+
+    def reclaimed_at(versions: int) -> LogState:
+        return msgspec.structs.replace(state, reclaimed=msgspec.structs.replace(state.reclaimed, versions=versions))
+
+    summary = usable(state)
+    assert summary is not None and summary.version == state.version
+    assert usable(reclaimed_at(state.version)) == summary  # read through the reclaim point itself
+    assert usable(reclaimed_at(state.version + 1)) is None  # the version it was read through is gone
+
+
+def test_a_summary_is_written_once_per_version_and_never_for_an_empty_log():
+    url = namespace(20)
+    counted_gc(url)
+    (newest_key,) = summaries(url)
+    store = RecordingStore(url)
+    journal = Journal(store)
+    newest = decode_summary(store.get(newest_key), newest_key)
+    written = gc._Summaries(store, journal)
+    store.calls.clear()
+    written.write(None)  # a plan with gaps
+    written.write(msgspec.structs.replace(newest, version=0))  # a log with no version yet
+    written.write(newest)  # the newest summary's version again
+    assert store.calls == []
+    written.write(msgspec.structs.replace(newest, version=1))
+    assert summaries(url) == [summary_key(1), newest_key]  # only older ones are deleted
+    gc._Summaries(store, journal).write(msgspec.structs.replace(newest, version=1))  # there already
+    assert summaries(url) == [summary_key(1), newest_key]
+
+
+def test_the_tgbs_not_reclaimed_are_read_from_the_reclaim_point_on_around_versions_deleted_half_way():
+    """With no summary, every version from the reclaim point to the head is read once; a
+    version an earlier collection deleted before it stopped is read around, not the end."""
+    url = namespace(12)  # versions 1 (the claim) to 13, steps 0-11
+    store = RecordingStore(url)
+    journal = Journal(store)
+    state = journal.load_state()
+    store.delete(keys.version_key(5))  # steps 3
+    store.calls.clear()
+    tgbs = gc._unreclaimed_tgbs(journal, state, None)
+    assert store.calls == [("get", keys.version_key(v)) for v in range(1, state.version + 1)]
+    assert sorted(tgbs) == [step for step in range(12) if step != 3]
+    later = msgspec.structs.replace(state, reclaimed=msgspec.structs.replace(state.reclaimed, versions=8, steps=6))
+    store.calls.clear()
+    assert sorted(gc._unreclaimed_tgbs(journal, later, None)) == list(range(6, 12))
+    assert store.calls == [("get", keys.version_key(v)) for v in range(8, state.version + 1)]
