@@ -101,6 +101,11 @@ class GroupTurns:
             # the head key (``follow_pause_s``); a commit reads on to the newest version.
             self._follow_log()
             self._follow_after = time.monotonic() + self._follow_pause_s(forced)
+        with shared.cond:
+            if not shared.pending:
+                # Another's turn folded all of ours: no attempt, and no listing of every
+                # intent (in a flushing pool each stand-in would list them all).
+                return
         due = self._turn_due(forced)
         if time.monotonic() < due:
             self._prefetch_intents()
