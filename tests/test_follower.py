@@ -78,6 +78,25 @@ def until_the_head(follower: Iterator[FollowItem]) -> list:
     raise AssertionError("the follower ended")
 
 
+def read_to_the_head(url: str, first: int = 2, **options) -> tuple[Journal, list]:
+    """A follower's items from version ``first`` to its first pause at the head."""
+    journal, reader, follower = follow(url, first, **options)
+    try:
+        return journal, until_the_head(follower)
+    finally:
+        reader.close()
+
+
+def proven_batches(journal: Journal, items: list, proofs: list, versions: range) -> list[list[int]]:
+    """The batches handed out, checked: ``versions`` in order, each batch proven from its
+    first version to its last, the anchor moved to the newest."""
+    batches = handed_out(items)
+    assert list(itertools.chain(*batches)) == list(versions)
+    assert proofs == covering(batches)
+    assert journal.anchor_version == versions[-1]
+    return batches
+
+
 def handed_out(items: list) -> list[list[int]]:
     batches = [item.versions if isinstance(item, Unproven) else item for item in items if not isinstance(item, float)]
     return [[read.delta.version for read in batch] for batch in batches]
@@ -93,17 +112,10 @@ def test_batches_proven_beside_the_next_read_are_handed_out_with_no_pause(url, p
     before the head are 0 (no sleep while versions are there to read)."""
     grow(url, 5)  # versions 1-6
     monkeypatch.setattr(LogReadAhead, "ready", lambda reader: False)
-    journal, reader, follower = follow(url, 2)
-    try:
-        items = until_the_head(follower)
-    finally:
-        reader.close()
-    batches = handed_out(items)
-    assert list(itertools.chain(*batches)) == list(range(2, 7))
+    journal, items = read_to_the_head(url)
+    proven_batches(journal, items, proofs, range(2, 7))
     assert not any(isinstance(item, Unproven) for item in items)
     assert all(item == 0.0 for item in items[:-1] if isinstance(item, float))
-    assert proofs == covering(batches)
-    assert journal.anchor_version == 6
 
 
 def test_a_full_batch_waits_for_the_proof_in_flight_and_no_batch_is_larger(url, proofs, monkeypatch):
@@ -114,16 +126,8 @@ def test_a_full_batch_waits_for_the_proof_in_flight_and_no_batch_is_larger(url, 
     beside = LogReadAhead.beside
     monkeypatch.setattr(LogReadAhead, "beside", lambda reader, *args: NeverDoneEarly(beside(reader, *args)))
     grow(url, 8)  # versions 1-9
-    journal, reader, follower = follow(url, 2)
-    try:
-        items = until_the_head(follower)
-    finally:
-        reader.close()
-    batches = handed_out(items)
-    assert list(itertools.chain(*batches)) == list(range(2, 10))
-    assert [len(batch) for batch in batches] == [2, 2, 2, 2]
-    assert proofs == covering(batches)
-    assert journal.anchor_version == 9
+    journal, items = read_to_the_head(url)
+    assert [len(batch) for batch in proven_batches(journal, items, proofs, range(2, 10))] == [2, 2, 2, 2]
 
 
 def test_versions_that_arrive_after_a_pause_are_read_and_proven(url, proofs, monkeypatch):
