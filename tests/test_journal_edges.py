@@ -185,9 +185,13 @@ def test_a_forked_producer_is_named_with_where_its_offsets_should_continue():
     forked = log.LogVersion(
         format=log.LOG_FORMAT, version=9, first_step=4, tgbs=[_tgb("p", 3, epoch=3)], producers={}, end_of_stream=False
     )
-    with pytest.raises(bw.CorruptDataError, match=r"TGB p@3 \(epoch 3\) does not continue that producer's offsets at "
-                       r"5 \(epoch 2\): the log was forked; does the store honour conditional puts\?$"):  # fmt: skip
+    forked_message = (
+        r"TGB p@3 \(epoch 3\) does not continue that producer's offsets at 5 \(epoch 2\): the log was forked; "
+        r"does the store honour conditional puts\?$"
+    )
+    with pytest.raises(bw.CorruptDataError, match=forked_message) as raised:
         logrules.check_continuity(seen, forked, keys.version_key(9))
+    assert raised.value.key == keys.version_key(9)
     assert seen == {"p": (2, 5)}
 
 
@@ -232,3 +236,18 @@ def test_a_version_not_committed_yet_reads_as_none_and_a_committed_one_as_itself
     assert journal.read_version(4) is None and journal.read_version_data(4) is None
     assert journal.read_version(3).version == 3
     assert journal.read_version_data(3).delta == journal.read_version(3)
+
+
+def test_version_1_read_by_its_own_key_proves_a_start_by_the_namespace_id():
+    """A start from step 0 past the first snapshot: version 1's bytes, read by its own key,
+    are kept for the proof, which needs the namespace's id and version 1 again, no listing
+    and no state (P2)."""
+    url = f"memory://journal-edges/{uuid.uuid4().hex}"
+    grow(url, 12)  # versions 1-13, a snapshot at 10
+    store = RecordingStore(url)
+    start = Journal(store, read_only=True)
+    first = start.read_version_data(1)
+    assert first is not None
+    store.calls.clear()
+    assert start.prove_reads(1, first)
+    assert [op for op, _ in store.calls] == ["get", "get"]
