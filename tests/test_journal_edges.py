@@ -6,6 +6,7 @@ mutation``: a one-point change no other fast test noticed."""
 from __future__ import annotations
 
 import logging
+import random
 import uuid
 
 import pytest
@@ -16,7 +17,7 @@ from test_proven_views import head, overtake
 import batchweave as bw
 from batchweave import keys, log, logrules
 from batchweave.errors import StoreError
-from batchweave.journal import Journal
+from batchweave.journal import Journal, proof
 from batchweave.reading import follower as follower_module
 from batchweave.reading.follower import ANCHOR_SPREAD, ProvenLog, log_reader
 from batchweave.reading.polling import HeadPolling
@@ -251,3 +252,17 @@ def test_version_1_read_by_its_own_key_proves_a_start_by_the_namespace_id():
     store.calls.clear()
     assert start.prove_reads(1, first)
     assert [op for op, _ in store.calls] == ["get", "get"]
+
+
+def test_a_spread_anchor_is_drawn_from_each_of_the_newest_proven_versions(url, monkeypatch):
+    """A follower with a spread of 2 anchors each proof on one of the two newest versions it
+    proved, drawn at random: over many proofs, on each of them (the keys share the GETs)."""
+    monkeypatch.setattr(proof, "random", random.Random(7))
+    grow(url, 20)  # versions 1-21
+    journal = Journal(open_store(url), read_only=True)
+    journal.spread_anchors(2)
+    behind_newest = []
+    for version in range(2, 22):
+        assert journal.prove_reads(version, journal.read_version_data(version))
+        behind_newest.append(version - journal.anchor_version)
+    assert set(behind_newest[1:]) == {0, 1}  # (the first proof has one version to draw from)
