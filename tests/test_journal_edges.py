@@ -266,3 +266,15 @@ def test_a_spread_anchor_is_drawn_from_each_of_the_newest_proven_versions(url, m
         assert journal.prove_reads(version, journal.read_version_data(version))
         behind_newest.append(version - journal.anchor_version)
     assert set(behind_newest[1:]) == {0, 1}  # (the first proof has one version to draw from)
+
+
+def test_with_no_snapshot_a_proof_without_an_anchor_costs_one_listing(url):
+    """No snapshot yet means no version was ever deleted: a reader's first proof, from any
+    version, lists the snapshots and needs no state."""
+    grow(url, 3)  # versions 1-4, no snapshot
+    store = RecordingStore(url)
+    journal = Journal(store, read_only=True)
+    read = journal.read_version_data(2)
+    store.calls.clear()
+    assert journal.prove_reads(2, read)
+    assert store.calls == [("list", keys.SNAPSHOT_PREFIX)]
