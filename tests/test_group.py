@@ -135,6 +135,7 @@ def test_group_version_applies_and_records_every_folded_producer():
     intents = [intent("b", 2, 1, epoch=3), intent("a", 4, 2), intent("me", 10, 5, epoch=2)]  # its own: ignored
     version = group.build_group_commit(state, "me", me, own, intents, 123.0, {"attempts": 1.0})
     assert version is not None
+    assert all(p.last_version == 0 for p in version.producers.values())  # the log stamps it; versions never carry it
     assert [(t.producer, t.source_offset) for t in version.tgbs] == [
         ("a", 4),
         ("a", 5),
