@@ -278,3 +278,18 @@ def test_with_no_snapshot_a_proof_without_an_anchor_costs_one_listing(url):
     store.calls.clear()
     assert journal.prove_reads(2, read)
     assert store.calls == [("list", keys.SNAPSHOT_PREFIX)]
+
+
+def test_the_newest_snapshot_is_found_from_the_hint_without_a_listing(url):
+    grow(url, 12)  # a snapshot at version 10
+    store = RecordingStore(url)
+    assert Journal(store, read_only=True).newest_snapshot_version() == 10
+    assert store.calls and all(op == "get" for op, _ in store.calls)  # the hint, then the snapshot it names
+
+
+def test_a_damaged_version_is_named_by_its_key(url):
+    grow(url, 2)  # versions 1-3
+    open_store(url).put(keys.version_key(4), b"not a log version")
+    with pytest.raises(bw.CorruptDataError) as raised:
+        Journal(open_store(url), read_only=True).read_version(4)
+    assert raised.value.key == keys.version_key(4)
