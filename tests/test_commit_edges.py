@@ -203,6 +203,25 @@ def test_an_inline_producer_commits_only_when_its_policy_says_so():
         assert producer.resume_offset == 3
 
 
+def test_a_commit_thread_asks_its_policy_again_after_each_wait_and_commits_only_when_told():
+    """The background loop asks the policy with the TGBs pending and the seconds since the
+    last attempt, waits what it is told (half a second here, every time) and asks again:
+    it never commits on its own; a flush commits everything regardless."""
+    policy = WaitFor(0.5)
+    with bw.Producer(memory_url(), "p", dp=1, commit_policy=policy) as producer:
+        for offset in range(3):
+            producer.append(tgb("p", offset, 1))
+        deadline = time.monotonic() + 20
+        while sum(pending == 3 for pending, _ in policy.asked) < 3:  # asked again after two waits
+            assert time.monotonic() < deadline, policy.asked
+            time.sleep(0.01)
+        assert producer.resume_offset == 0 and producer.metrics()["attempts"] == 0
+        sinces = [since for pending, since in policy.asked if pending == 3]
+        assert sinces == sorted(sinces) and sinces[-1] - sinces[0] >= 2 * 0.5 * 0.9, policy.asked
+        producer.flush()
+        assert producer.resume_offset == 3
+
+
 def test_an_inline_append_makes_one_attempt_and_a_flush_retries_with_backoff(pauses):
     """Losing a race in ``append`` costs one attempt and leaves the TGB pending (the next
     append takes it along); a flush that loses one backs off with full jitter, then tries
