@@ -108,9 +108,25 @@ def _fails_on(mutant: str, test_files: list[Path], deselect: tuple[str, ...] = (
     return done.returncode == 1  # tests failed (2+: the run itself broke, which kills nothing)
 
 
+def module_of(name: str) -> str:
+    """``batchweave.journal.core.xǁJournalǁverify__mutmut_3`` -> ``journal.core``."""
+    return name.split(".x", 1)[0].removeprefix("batchweave.")
+
+
 def by_module(names: list[str]) -> Counter[str]:
-    """Survivors per module: ``batchweave.journal.core.xǁJournalǁverify__mutmut_3`` -> journal.core."""
-    return Counter(name.split(".x", 1)[0].removeprefix("batchweave.") for name in names)
+    """Survivors per module."""
+    return Counter(module_of(name) for name in names)
+
+
+def module_table(results: dict[str, str], equivalent: dict[str, str]) -> list[str]:
+    """Markdown rows: per module, killed, survived, equivalent, not run and the score."""
+    rows = ["| module | killed | survived | equivalent | not run | score |", "|---|---|---|---|---|---|"]
+    for module in sorted({module_of(name) for name in results}):
+        mine = {n: s for n, s in results.items() if module_of(n) == module}
+        part = score(mine, equivalent)
+        cells = (module, part.killed, len(part.survivors), part.equivalent, part.unchecked)
+        rows.append("| " + " | ".join(map(str, cells)) + f" | {f'{part.ratio:.1%}' if part.judged else '-'} |")
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,9 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         f"mutation score {result.ratio:.1%}: {result.killed} killed of {result.judged} "
         f"({result.equivalent} equivalent left out, {result.unchecked} not run); floor {kept['floor']:.1%}",
         "",
-        "| module | survivors |",
-        "|---|---|",
-        *(f"| {module} | {count} |" for module, count in sorted(by_module(result.survivors).items())),
+        *module_table(results, kept["equivalent"]),
     ]
     (args.out / "mutation.md").write_text("\n".join(lines) + "\n")
     print(lines[0])

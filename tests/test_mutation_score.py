@@ -41,6 +41,8 @@ def test_a_score_below_the_floor_fails(tmp_path, monkeypatch, floor, code):
     assert mutation_score.main(["--out", str(tmp_path / "out"), "--results", str(saved)]) == code
     record = json.loads((tmp_path / "out" / "mutation.json").read_text())
     assert record["score"] == pytest.approx(3 / 6) and record["survived"] == 3
+    table = (tmp_path / "out" / "mutation.md").read_text()
+    assert "| journal.proof | 2 | 1 | 0 | 0 | 66.7% |" in table and "| logrules | 1 | 2 | 0 | 0 | 33.3% |" in table
 
 
 def test_an_interrupted_run_is_not_judged(tmp_path):
