@@ -25,7 +25,7 @@ from checks import RecordingStore
 from worker import tgb
 
 import batchweave as bw
-from batchweave import keys
+from batchweave import keys, logrules
 from batchweave.commit import group as group_module
 from batchweave.commit import loop as loop_module
 from batchweave.commit import turns as turns_module
@@ -813,3 +813,32 @@ def test_a_group_producer_fails_at_once_when_its_store_retried_out():
         with pytest.raises(TransientStoreError, match="HTTP 500 InternalError"):
             producer.flush(timeout_s=30)
         assert producer.metrics()["attempts"] == 0
+
+
+@pytest.mark.parametrize(("min_attempt_s", "max_s"), [(0.0, 1.0), (1.0, 0.0), (-1.0, 1.0)])
+def test_claim_backoff_refuses_bounds_that_are_not_positive(min_attempt_s, max_s):
+    with pytest.raises(ConfigError) as raised:
+        ClaimBackoff(min_attempt_s=min_attempt_s, max_s=max_s)
+    assert str(raised.value) == f"ClaimBackoff needs positive min_attempt_s and max_s, got {min_attempt_s}, {max_s}"
+
+
+def test_a_new_producers_counters_start_at_zero_with_no_fragile_window_yet():
+    with bw.Producer(memory_url(), "p", dp=1, commit_policy=Manual()) as producer:
+        counters = producer.metrics()
+    assert {key: counters[key] for key in ("attempts", "conflicts", "successes", "tgbs_committed")} == dict.fromkeys(
+        ("attempts", "conflicts", "successes", "tgbs_committed"), 0
+    )
+    assert counters["bytes_written"] == 0 and math.isnan(counters["last_fragile_window_s"])
+
+
+def test_a_journal_commit_counts_every_race_it_loses_before_it_commits():
+    url = memory_url()
+    store = RivalFirstStore(url)
+    with bw.Producer(url, "rival", dp=1, commit_policy=Manual(), background_commit=False) as rival:
+        store.rival = rival
+        journal = Journal(store)
+        state = journal.load_state()
+        store.races = 2
+        result = journal.commit(state, lambda newest: logrules.next_version(newest, time.time()), max_attempts=5)
+    assert (result.outcome, result.conflicts) == ("committed", 2)
+    assert result.state.version == state.version + 3  # the rival's two versions, then ours

@@ -293,3 +293,10 @@ def test_a_damaged_version_is_named_by_its_key(url):
     with pytest.raises(bw.CorruptDataError) as raised:
         Journal(open_store(url), read_only=True).read_version(4)
     assert raised.value.key == keys.version_key(4)
+
+
+def test_a_readers_journal_refuses_to_commit_naming_the_namespace(url):
+    grow(url, 1)
+    with pytest.raises(bw.ConfigError) as raised:
+        Journal(open_store(url), read_only=True).commit(None, lambda state: None)
+    assert str(raised.value) == f"{url}: this journal only reads the log (a reader's); it cannot commit"
