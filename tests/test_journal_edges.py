@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import uuid
 
 import pytest
@@ -23,6 +24,7 @@ from batchweave.reading.follower import ANCHOR_SPREAD, ProvenLog, log_reader
 from batchweave.reading.polling import HeadPolling
 from batchweave.reading.readahead import LogReadAhead
 from batchweave.store import open_store
+from batchweave.testing.interleave import Background, PausingStore
 
 
 @pytest.fixture
@@ -300,3 +302,16 @@ def test_a_readers_journal_refuses_to_commit_naming_the_namespace(url):
     with pytest.raises(bw.ConfigError) as raised:
         Journal(open_store(url), read_only=True).commit(None, lambda state: None)
     assert str(raised.value) == f"{url}: this journal only reads the log (a reader's); it cannot commit"
+
+
+def test_a_load_that_collection_overtakes_loads_again_from_the_newer_snapshot(url):
+    """The snapshot's version is freed while the load reads the tail after it: the load
+    cannot prove what it read, and starts again from the newer snapshot."""
+    grow(url, 12)  # a snapshot at version 10, versions 11-13 after it
+    store = PausingStore(url)
+    held = store.pause("get", re.escape(keys.version_key(10)))  # the load's proof of its anchor
+    loading = Background(Journal(store, read_only=True).load_state)
+    held.wait_reached()
+    overtake(url, 10)  # twenty more versions, a checkpoint, a collection: version 10 freed
+    held.release()
+    assert loading.result() == head(url)
