@@ -652,3 +652,67 @@ def test_property_interleaved_producers_keep_offsets_and_steps_dense(ops):
     for delta in deltas:
         replay = apply_version(replay, decode_version(encode(delta), "r", delta.version), "r")
     assert replay == state
+
+
+def _refusals() -> list[tuple[str, LogState, LogVersion, str]]:
+    """(what, state, version, the exact problem) for each rule apply_version enforces."""
+    state, a = _state_with_a()  # version 2, steps 2, a.offset 2, layout dp=1 cp=1
+    ended = apply_version(state, build_end_of_stream(state, 0.0), K)
+    after_end = build_commit(ended, "a", a, [tgb("a", 1, 2)], 0.0)
+    back = ProducerState(1, 1, "ia")
+    reclaim = Reclaim(steps=state.steps + 1, versions=1, bytes=0)
+    return [
+        ("gap", state, version(5, state.steps), "version 5 does not follow 2"),
+        ("after the end", ended, after_end, "commits TGBs after the end-of-stream marker"),
+        (
+            "namespace",
+            state,
+            msgspec.structs.replace(version(3, 2), namespace="another"),
+            "names namespace 'another', but only version 1 may",
+        ),
+        (
+            "goes back",
+            state,
+            version(3, 2, [], {"a": back}),
+            f"producer 'a' goes back from {state.producers['a']} to {back}",
+        ),
+        (
+            "epoch passes",
+            state,
+            version(3, 2, [], {"a": ProducerState(2, 1, "other")}),
+            "producer 'a' epoch 1 passes from ia to other",
+        ),
+        (
+            "reclaim",
+            state,
+            msgspec.structs.replace(version(3, 2), reclaim=reclaim),
+            f"reclaim {reclaim} goes back from {state.reclaimed} or past the log",
+        ),
+        (
+            "repeats",
+            state,
+            version(3, 2, [tgb("a", 1, 1)], {"a": ProducerState(2, 1, "ia")}),
+            "TGB a@1 repeats an offset already committed",
+        ),
+        (
+            "layout",
+            state,
+            msgspec.structs.replace(version(3, 2), layout=Layout(2, 1)),
+            f"sets layout {Layout(2, 1).describe()}, the namespace has {state.layout.describe()}",
+        ),
+    ]
+
+
+@pytest.mark.parametrize("refusal", _refusals(), ids=lambda refusal: refusal[0])
+def test_every_refusal_names_the_versions_key_and_says_exactly_what_is_wrong(refusal):
+    _, state, delta, problem = refusal
+    with pytest.raises(CorruptDataError) as raised:
+        apply_version(state, delta, K)
+    assert raised.value.key == K and str(raised.value) == f"{K}: {problem}"
+
+
+def test_a_reclaim_of_every_step_so_far_is_accepted():
+    state, _ = _state_with_a()
+    everything = Reclaim(steps=state.steps, versions=state.version, bytes=0)
+    after = apply_version(state, msgspec.structs.replace(version(3, 2), reclaim=everything), K)
+    assert after.reclaimed == everything
