@@ -315,3 +315,8 @@ def test_a_load_that_collection_overtakes_loads_again_from_the_newer_snapshot(ur
     overtake(url, 10)  # twenty more versions, a checkpoint, a collection: version 10 freed
     held.release()
     assert loading.result() == head(url)
+
+
+def test_a_journal_that_has_loaded_nothing_has_no_anchor_to_verify(url):
+    grow(url, 2)
+    assert Journal(open_store(url)).verify() is False
