@@ -5,7 +5,7 @@
 #                 per core, up to 8 (pytest-xdist; TEST_WORKERS=N; extra arguments: make test PYTEST_ARGS='-k s3 -x')
 #   make soak   - the state machine, the parser fuzzers and the simulation with 10x their budget (~15 min; SOAK=N),
 #                 then `make mutation`
-#   make mutation - mutants of the proof's modules against their fast tests ([tool.mutmut]; ~2 h on 2 cores):
+#   make mutation - mutants of the proof's modules against their fast tests ([tool.mutmut]; ~75 min on 2 cores):
 #                 the score into bench-out/mutation, failing below benchmarks/mutation_floor.json
 #   make bench  - every benchmark (benchmarks/, not installed) in full mode into bench-out/
 #                 (BENCH_ARGS=--quick for short runs; one: .venv/bin/batchweave bench NAME --out DIR)
@@ -79,7 +79,7 @@ soak: dev
 # mutmut copies the tree into mutants/ (git-ignored) and keeps its results there: a second
 # run re-runs only the mutants whose code or tests changed.
 mutation: dev
-	$(VENV)/bin/mutmut run --max-children 3
+	$(VENV)/bin/mutmut run --max-children 6
 	PATH=$(VENV)/bin:$$PATH $(PY) -m benchmarks.mutation_score --out bench-out/mutation
 
 bench: dev $(NATS)
