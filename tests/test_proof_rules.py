@@ -231,6 +231,24 @@ def test_a_follower_hands_out_no_version_before_its_proof_ends(url, monkeypatch,
     assert handed == []
 
 
+def test_an_end_of_stream_read_from_a_freed_key_ends_no_reader(url):
+    """Catches a reader that ends its stream on an end marker before the marker's proof has
+    ended (found by the simulation: a lagging reader told the stream ended at step 16 of 82).
+    GC overtakes a reader; a stale writer re-creates, in the key freed after the reader's
+    position, a version that ends the stream. The reader must hear DataReclaimedError,
+    never StopIteration, which says every step was delivered."""
+    grow(url, 3)  # versions 1-4, steps 0-2
+    with bw.Consumer(url, dp=1, rank=0, timeout_s=10) as reader:
+        delivered = [next(reader).step for _ in range(3)]
+        stale = head(url)  # version 4, as a stale writer still holds it
+        overtake(url, stale.version)  # twenty more versions, collected: version 5 freed
+        end = logrules.build_end_of_stream(stale, time.time())
+        open_store(url).put(keys.version_key(end.version), log.encode(end))
+        with pytest.raises(bw.DataReclaimedError):
+            next(reader)
+    assert delivered == [0, 1, 2]
+
+
 def test_a_nodes_hub_publishes_only_versions_whose_proof_has_ended(monkeypatch):
     """Catches a node's hub handing its ranks versions while their proof is still running
     (an early follower's batches, or a batch yielded before its proof)."""

@@ -405,11 +405,14 @@ class Pipeline:
             if not self._schedule_ready(block_until=LOG_LOOKAHEAD_TGBS):
                 return False
             if delta.end_of_stream:
+                if proof is not None:
+                    # Ending the stream acts on the log as delivering does: only on a proven
+                    # view (I10). An end read from a freed key re-created by a stale writer
+                    # would otherwise end a reader that GC overtook, not tell it so.
+                    proof.result()
                 if self._schedule_ready(block_until=0):
                     # A last logical step whose TGBs never all arrived (DP grown) is not a step.
                     self._ready.put(_END)
-                if proof is not None:
-                    wait([proof])  # the steps queued need it, and closing the reader would cancel it
                 return False
         return True
 
