@@ -19,7 +19,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Generator
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor, wait
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from fractions import Fraction
 from typing import Any
 
