@@ -130,6 +130,39 @@ def test_closing_a_consumer_whose_read_hangs_returns_within_a_bound(monkeypatch)
         consumer.close()
 
 
+def test_closing_while_the_first_next_builds_the_pipeline_stops_that_pipeline(monkeypatch):
+    """Regression (found as a flake of test_retry's stall test under load): the pipeline
+    starts its threads while it is built, and close() from another thread then found no
+    pipeline yet, so the one being built went on retrying a stalled store for 600 s."""
+    url = _url()
+    _commit(url, 2)
+    built, release, made = threading.Event(), threading.Event(), []
+    build = pipeline.Pipeline.__init__
+
+    def held_open(self, *args, **kwargs):
+        build(self, *args, **kwargs)
+        made.append(self)
+        built.set()
+        release.wait(NO_HANG_S)  # still being built: its follow thread already runs
+
+    monkeypatch.setattr(pipeline.Pipeline, "__init__", held_open)
+    consumer = bw.Consumer(url, dp=1, rank=0, prefetch=2, timeout_s=TIMEOUT_S)
+
+    def first_step():  # whatever the closed pipeline answers: a step, or the typed stop
+        try:
+            return next(consumer).step
+        except bw.BatchWeaveError as exc:
+            return exc
+
+    iterating = Background(first_step)
+    assert built.wait(NO_HANG_S)
+    closing = Background(consumer.close)
+    release.set()
+    closing.result(timeout_s=NO_HANG_S)
+    iterating.result(timeout_s=NO_HANG_S)
+    assert made[0]._stop.is_set()
+
+
 # -- a consumer left without close() ------------------------------------------------------
 
 

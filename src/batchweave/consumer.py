@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -103,6 +104,9 @@ class Consumer:
         self._node_override: Any = None  # a node follower given in-process (the deterministic simulation)
         self._cursor = Cursor(version=0, position=Fraction(0), step=0)
         self._pipeline: Pipeline | None = None
+        # close() from another thread while the first next() builds the pipeline must
+        # stop that pipeline, not find none and leave it retrying a stalled store.
+        self._pipeline_lock = threading.Lock()
         self._fetches = FetchRecorder()  # recorded by the fetching threads
         self._delivered = (0, 0, 0.0)  # steps, bytes, seconds next() waited
         self.log_metrics_s = _check_interval(log_metrics_s)
@@ -114,27 +118,32 @@ class Consumer:
         return self
 
     def __next__(self) -> Batch:
-        if self._pipeline is None:
-            self._pipeline = Pipeline(
-                self._store,
-                self.mesh,
-                self.rank,
-                self._cursor,
-                prefetch=self.prefetch,
-                sequence_axis=self.sequence_axis,
-                max_poll_interval_s=self.max_poll_interval_s,
-                node=self.node,
-                node_follower=self._node_override,
-                fetches=self._fetches,
-            )
+        with self._pipeline_lock:
+            if self._pipeline is None:
+                self._pipeline = self._new_pipeline()
+            pipeline = self._pipeline
         started = time.perf_counter()
-        batch, position = self._pipeline.next(self.timeout_s)
+        batch, position = pipeline.next(self.timeout_s)
         steps, nbytes, waited = self._delivered
         self._delivered = (steps + 1, nbytes + batch.nbytes, waited + time.perf_counter() - started)
-        self._cursor = Cursor(batch.version, position, batch.step + 1, self._pipeline.namespace)
+        self._cursor = Cursor(batch.version, position, batch.step + 1, pipeline.namespace)
         if self._periodic_log is not None:
             self._periodic_log.tick()
         return batch
+
+    def _new_pipeline(self) -> Pipeline:
+        return Pipeline(
+            self._store,
+            self.mesh,
+            self.rank,
+            self._cursor,
+            prefetch=self.prefetch,
+            sequence_axis=self.sequence_axis,
+            max_poll_interval_s=self.max_poll_interval_s,
+            node=self.node,
+            node_follower=self._node_override,
+            fetches=self._fetches,
+        )
 
     @property
     def inflight(self) -> int | None:
@@ -191,9 +200,10 @@ class Consumer:
 
     def close(self) -> None:
         """Stop background threads; iteration can start again from the cursor."""
-        if self._pipeline is not None:
-            self._pipeline.close()
-            self._pipeline = None
+        with self._pipeline_lock:
+            pipeline, self._pipeline = self._pipeline, None
+        if pipeline is not None:
+            pipeline.close()
 
     def __enter__(self) -> Consumer:
         return self
