@@ -27,9 +27,13 @@ SOAK ?= 10
 # Two test processes per core: most of the suite waits on servers, child processes and the
 # store's pauses, not on the CPU (on 2 cores: 359 s with 4 processes, 478 s with 2).
 TEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(min(8, 2 * len(os.sched_getaffinity(0))))')
-# No bytecode compiled at install: 4 GB of wheels (TensorFlow, torch, jax) of which the
-# tests import a small part, compiled when first imported (170 s to install without this, 100 s with it).
+# pip compiles the bytecode of 4 GB of wheels (TensorFlow, torch, jax) on one core (70 of
+# the 170 s of an install here); compileall does it on every core after an install without it.
+# (Left to the first import instead, torchrun's ranks and the framework tests compiled it
+# all at once in every process: those tests took twice as long.)
 PIP_INSTALL := -m pip install -q --no-compile
+# (a few files in the wheels are templates or Python 2 and do not compile: not an error here)
+COMPILE := -m compileall -q -j 0 $(VENV)/lib
 
 .PHONY: venv dev demo test soak mutation bench docs clean
 
@@ -41,6 +45,7 @@ $(PY):
 
 $(VENV)/.installed: pyproject.toml | $(PY)
 	$(PY) $(PIP_INSTALL) -e '.[demo]'
+	$(PY) $(COMPILE) >/dev/null || true
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(PY)
@@ -50,6 +55,7 @@ $(VENV)/.installed-dev: pyproject.toml | $(PY)
 	$(PY) $(PIP_INSTALL) --no-deps mosaicml-streaming==0.13.0
 # bench consumers' LitData peer, the same way: its declared torchvision pulls a CUDA torch.
 	$(PY) $(PIP_INSTALL) --no-deps litdata==0.2.76
+	$(PY) $(COMPILE) >/dev/null || true
 	touch $@ $(VENV)/.installed
 
 $(NODE): package.json $(wildcard package-lock.json)
