@@ -258,13 +258,14 @@ class Consumer:
 
     def __getstate__(self) -> dict[str, Any]:
         # Threads and locks stay behind; the copy reads from the cursor with fresh metrics.
-        skip = ("_pipeline", "_fetches", "_delivered", "_periodic_log")
+        skip = ("_pipeline", "_pipeline_lock", "_fetches", "_delivered", "_periodic_log")
         state = {k: v for k, v in self.__dict__.items() if k not in skip}
         state["_pipeline"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._pipeline_lock = threading.Lock()
         self._fetches = FetchRecorder()
         self._delivered = (0, 0, 0.0)
         self._periodic_log = self._new_periodic_log()
