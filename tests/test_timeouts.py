@@ -17,6 +17,7 @@ import textwrap
 import threading
 import time
 import uuid
+from concurrent.futures import CancelledError
 
 import numpy as np
 import pytest
@@ -148,10 +149,10 @@ def test_closing_while_the_first_next_builds_the_pipeline_stops_that_pipeline(mo
     monkeypatch.setattr(pipeline.Pipeline, "__init__", held_open)
     consumer = bw.Consumer(url, dp=1, rank=0, prefetch=2, timeout_s=TIMEOUT_S)
 
-    def first_step():  # whatever the closed pipeline answers: a step, or the typed stop
+    def first_step():  # whatever the closing pipeline answers: a step, or how it stopped
         try:
             return next(consumer).step
-        except bw.BatchWeaveError as exc:
+        except (bw.BatchWeaveError, CancelledError) as exc:
             return exc
 
     iterating = Background(first_step)
