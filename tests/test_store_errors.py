@@ -377,6 +377,13 @@ def test_real_missing_container_is_named_with_how_to_create_it(azurite_server, m
         assert "ContainerNotFound): create it (az storage container create --name no-such-container)" in str(info.value)
 
 
+def test_an_expired_session_token_is_a_credentials_error_though_s3_answers_400():
+    message = obstore_status_message(RACE_KEY, 400, method="GET", code="ExpiredToken")
+    got = translate_error(obs_errors.GenericError(message), RACE_KEY, request="get", store="s3://b/p")
+    assert type(got) is bw.StorePermissionError and got.action == ""
+    assert str(got).startswith(f"{RACE_KEY}: access denied (HTTP 400 ExpiredToken): the session token has expired")
+
+
 def test_azure_authentication_failed_says_the_key_is_wrong():
     """Azure answers a wrong account key or SAS with 403 AuthenticationFailed (Azurite says
     AuthorizationFailure instead, Azure's code for a firewall or RBAC refusal: no real

@@ -3,8 +3,8 @@
 ``translate_error`` maps a failed request's exception to a ``StoreError`` (a lost race, a
 missing object or bucket, a denial naming the permission to grant or saying the key is
 wrong, a plain-HTTP endpoint that was not allowed, a transient failure, or a plain
-failure), each saying what to do about it; ``translate_open_error`` the failure to build a store to a ``ConfigError``
-without the secrets of its options. ``throttling`` and ``never_reached`` tell the retry
+failure), each saying what to do about it; ``translate_open_error`` the failure to build
+a store to a ``ConfigError`` without the secrets of its options. ``throttling`` and ``never_reached`` tell the retry
 loop what kind of failure it saw.
 """
 
@@ -219,9 +219,9 @@ def _denied(key: str, request: str, store: str, failure: _Failure, detail: str) 
 
 # A 404 for the bucket or container rather than the object: S3's and Azure's codes.
 _NO_BUCKET_CODES = frozenset({"NoSuchBucket", "ContainerNotFound"})
-# A 403 for credentials the store does not accept (not for a permission they lack):
-# S3's unknown key and wrong secret, Azure's failed Shared Key or SAS signature, and a
-# session token that expired or was never valid.
+# Credentials the store does not accept (not a permission they lack): S3's unknown key
+# and wrong secret (403), Azure's failed Shared Key or SAS signature (403), and a session
+# token that expired or was never valid (S3 answers those with 400).
 _BAD_CREDENTIAL_CODES = {
     "InvalidAccessKeyId": "the access key or secret is wrong (the store knows no such access key id)",
     "SignatureDoesNotMatch": "the access key or secret is wrong (the request's signature, made with the secret, "
@@ -314,13 +314,13 @@ def translate_error(
         if failure.store_code in _NO_BUCKET_CODES:
             return ObjectNotFoundError(key, _no_bucket(store, answer))
         return ObjectNotFoundError(key, f"no such object{answer}")
+    if failure.store_code in _BAD_CREDENTIAL_CODES:  # a 403, or a 400 for an expired token
+        return StorePermissionError(key, _bad_credentials(failure.store_code, store, answer, detail))
     if (
         isinstance(exc, (obs_errors.PermissionDeniedError, obs_errors.UnauthenticatedError, PermissionError))
         or status in (401, 403)
         or failure.denied
     ):
-        if failure.store_code in _BAD_CREDENTIAL_CODES:
-            return StorePermissionError(key, _bad_credentials(failure.store_code, store, answer, detail))
         return _denied(key, request, store, failure, detail)
     if failure.plain_http_refused:
         return StoreError(key, _plain_http_refused(failure.endpoint, store))
