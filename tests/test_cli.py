@@ -274,10 +274,22 @@ def test_gc_dry_run_without_a_checkpoint_says_w_global_is_none_yet(namespace):
     assert run_cli("gc", url, "--dry-run").stdout.startswith("W_global: step 2; ")
 
 
-def test_inspect_and_gc_of_an_empty_directory_say_nothing_is_committed_as_on_s3(tmp_path):
+def test_inspect_of_an_empty_directory_says_nothing_is_committed_as_on_s3(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     want = f"no BatchWeave namespace at {empty.as_uri()}: nothing committed yet ("
-    for command in (["inspect", str(empty)], ["inspect", str(empty), "--json"], ["gc", str(empty)]):
+    for command in (["inspect", str(empty)], ["inspect", str(empty), "--json"]):
         _assert_error(run_cli(*command), want, "check the URL")
     assert list(empty.iterdir()) == []
+
+
+@pytest.mark.s3
+def test_inspect_of_an_empty_prefix_says_the_same(moto_server, monkeypatch):
+    from batchweave.testing import servers
+
+    for var in servers.S3_ENV_UNSET:
+        monkeypatch.delenv(var, raising=False)
+    for var, value in servers.s3_env(moto_server).items():
+        monkeypatch.setenv(var, value)
+    url = "s3://batchweave-test/never-written"
+    _assert_error(run_cli("inspect", url), f"error: no BatchWeave namespace at {url}: nothing committed yet (")

@@ -64,8 +64,11 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from batchweave.inspect import inspect_namespace
+    from batchweave.lifecycle.watermarks import no_namespace_message
 
     info = inspect_namespace(args.url)
+    if info.latest_version == 0 and not info.checkpoints:  # an empty directory: what S3 says of an empty prefix
+        raise ConfigError(no_namespace_message(info.url))
     if args.json:
         print(json.dumps(info.to_dict(), sort_keys=True))
         return EXIT_OK

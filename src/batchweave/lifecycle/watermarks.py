@@ -149,19 +149,19 @@ def write_watermark(store: Store, mark: Watermark) -> None:
 def require_namespace(store: Store, state: LogState, *, has_checkpoints: bool) -> None:
     """Refuse a namespace that does not exist, for the tools that only read or tidy one.
 
-    A namespace exists once something was committed there (log version 1 or a snapshot:
-    ``state.version > 0``) or a checkpoint was marked there; anything else is most likely
-    a mistyped URL, or tools run before the producers. The same on every store: an object
-    store's prefix always "exists", and an empty local directory says no more than one
-    (one that does not exist is refused by ``open_store(create=False)``). (A ``Consumer``
-    does not ask: it may start before the first producer and wait; it warns meanwhile.)
+    A local directory exists or not (``open_store(create=False)`` refuses a missing one).
+    On an object store a prefix always "exists", so a namespace exists once something was
+    committed there (log version 1 or a snapshot: ``state.version > 0``) or a checkpoint
+    was marked there. Anything else is most likely a mistyped URL. (A ``Consumer`` does not
+    ask: on an object store it may start before the first producer and wait; it warns
+    meanwhile. ``batchweave inspect`` says the same of a local directory with nothing in it.)
     """
-    if state.version == 0 and not has_checkpoints:
+    if store.object_store and state.version == 0 and not has_checkpoints:
         raise ConfigError(no_namespace_message(store.url))
 
 
 def no_namespace_message(url: str) -> str:
-    """What every tool says of a URL where nothing was committed yet (a consumer too, as it waits)."""
+    """What the tools say of a URL where nothing was committed yet (a waiting consumer too)."""
     return (
         f"no BatchWeave namespace at {url}: nothing committed yet (no log version 1, no snapshot, no checkpoint "
         "marked); check the URL, prefix included, against the producers' one, or start the producers first"
