@@ -12,8 +12,8 @@ when to speak:
 - **Nothing new** (versions were found, then none for as long): the same rhythm at
   INFO, saying the producers may have stalled. Each new version starts the count afresh.
 
-One follower per node probes the head (the node's hub, or each rank alone), so a job
-logs this once per node, not once per rank.
+Only a follower that probes the head speaks: with node sharing, the node's hub (once per
+node, not once per rank); otherwise each rank.
 
 The decision is pure (``due`` takes the time); ``missed`` reads the clock given (this
 module's ``time.monotonic`` by default, which a simulation may replace) and logs.
