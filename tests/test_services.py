@@ -204,3 +204,14 @@ def test_moto_listens_on_the_port_asked_for_and_a_taken_one_is_named(tmp_path):
 def test_a_port_that_is_not_one_is_refused(tmp_path, port):
     with pytest.raises(ConfigError, match=f"port {port} is not a TCP port"):
         servers.start_moto(tmp_path, port=port)
+
+
+@pytest.mark.azure
+def test_azurite_listens_on_the_port_asked_for(tmp_path):
+    port = _a_free_port()
+    service = servers.start_azurite(tmp_path, binary=NODE_BIN / "azurite-blob", port=port)
+    try:
+        assert service.endpoint == f"http://127.0.0.1:{port}"
+        servers.create_container(service.endpoint, "chosen")  # the server on that port answers
+    finally:
+        service.stop()
