@@ -107,17 +107,30 @@ def test_a_permutation_depends_on_its_key_and_refuses_positions_outside():
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.lists(st.integers(0, 40), min_size=1, max_size=12).filter(any), st.integers(0, 5), st.integers(0, 99))
-def test_a_sharded_epoch_is_a_permutation_that_reads_each_shard_in_one_run(sizes, epoch, seed):
-    source = bw.ShardedSource("code", tuple(sizes))
+@given(
+    st.lists(st.integers(0, 40), min_size=1, max_size=12).filter(any),
+    st.integers(1, 4),
+    st.integers(0, 5),
+    st.integers(0, 99),
+)
+def test_a_sharded_epoch_is_a_permutation_that_reads_one_group_of_shards_at_a_time(sizes, group, epoch, seed):
+    source = bw.ShardedSource("code", tuple(sizes), shards_in_memory=group)
     order = source.indices(seed, epoch, np.arange(source.samples))
     assert sorted(order.tolist()) == list(range(source.samples))
-    shards = [source.locate(index)[0] for index in order.tolist()]
-    runs = [shard for i, shard in enumerate(shards) if i == 0 or shards[i - 1] != shard]
-    assert len(runs) == len(set(runs))  # one shard at a time: a restart re-reads at most the one it was in
-    assert runs == [s for s in source.shard_order(seed, epoch).tolist() if sizes[s]]
+    slot = {shard: i for i, shard in enumerate(source.shard_order(seed, epoch).tolist())}
+    groups = [slot[source.locate(index)[0]] // group for index in order.tolist()]
+    assert groups == sorted(groups)  # a restart re-reads at most the group of shards it was in
     part = np.arange(source.samples)[source.samples // 2 :]
     assert source.indices(seed, epoch, part).tolist() == order[source.samples // 2 :].tolist()
+
+
+def test_more_shards_in_memory_spread_a_shards_samples_further():
+    def spread(group: int) -> float:
+        source = bw.ShardedSource("code", (64,) * 32, shards_in_memory=group)
+        position = np.argsort(source.indices(0, 0, np.arange(source.samples)))
+        return float(np.abs(np.diff(position)).mean())
+
+    assert spread(1) < 40 and 80 < spread(4) < 200 < spread(16)  # ~ a third of the group's samples
 
 
 def test_sources_refuse_bad_input_by_name():
@@ -133,6 +146,8 @@ def test_sources_refuse_bad_input_by_name():
         bw.ShardedSource("code", (0, 0))
     with pytest.raises(bw.ConfigError, match="'code': shard_sizes"):
         bw.ShardedSource("code", (3, -1))
+    with pytest.raises(bw.ConfigError, match="'code': shards_in_memory must be a positive int"):
+        bw.ShardedSource("code", (3,), shards_in_memory=0)
     with pytest.raises(bw.ConfigError, match="samples 0 to 6, not 7"):
         bw.ShardedSource("code", (3, 4)).locate(7)
     assert bw.ShardedSource("code", (3, 0, 4)).locate(3) == (2, 0)

@@ -125,15 +125,18 @@ class ShardedSource:
 
     Samples are numbered across shards: shard 0 holds ``0 .. shard_sizes[0] - 1``, and so
     on (``locate`` turns an index back into (shard, offset in the shard)). Epoch ``e``
-    visits the shards in a shuffled order and, inside each, the samples in a shuffled
-    order of their own; both keyed by (seed, ``name``, ``e``). A reader therefore holds
-    one shard at a time (two at a boundary) and a restart re-reads at most the shard it
-    was in. The shard order costs O(shards) to compute, once per epoch and source.
+    visits the shards in a shuffled order, ``shards_in_memory`` at a time, and the samples
+    of each such group of shards in a shuffled order of their own; all keyed by (seed,
+    ``name``, ``e``). A reader therefore holds one group of shards at a time (two at a
+    boundary), and a restart re-reads at most the group it was in. More shards in memory
+    mix more: neighbours of a shard spread over the whole group instead of one shard
+    (``bench shuffle-quality``). The shard order costs O(shards), once per epoch and source.
     """
 
     name: str
     shard_sizes: tuple[int, ...]
     weight: float = 1.0
+    shards_in_memory: int = 1
     _starts: np.ndarray = field(init=False, repr=False, compare=False)
     # (seed, epoch) -> (shard order, end of each in that order): the newest two epochs
     _epochs: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = field(
@@ -148,6 +151,9 @@ class ShardedSource:
                 f"source {self.name!r}: shard_sizes must be non-negative sample counts with at least one sample"
             )
         object.__setattr__(self, "shard_sizes", tuple(int(n) for n in sizes))
+        group = self.shards_in_memory
+        if not isinstance(group, int) or isinstance(group, bool) or group < 1:
+            raise ConfigError(f"source {self.name!r}: shards_in_memory must be a positive int, got {group!r}")
         starts = np.concatenate([[0], np.cumsum(self.shard_sizes, dtype=np.int64)])
         object.__setattr__(self, "_starts", starts)
         object.__setattr__(self, "_epochs", {})
@@ -173,15 +179,22 @@ class ShardedSource:
         """The sample indices at ``positions`` of epoch ``epoch``."""
         positions = np.asarray(positions, dtype=np.int64)
         order, sizes, ends = self._epoch(seed, epoch)
-        slots = np.searchsorted(ends, positions, side="right")  # empty shards are stepped over
-        shards = order[slots]
-        within = positions - (ends[slots] - sizes[slots])
-        out = np.empty_like(positions)
-        for shard in np.unique(shards):  # a step touches few shards: one permutation each
-            chosen = shards == shard
-            local = IndexPermutation(self.shard_sizes[shard], derive_key(seed, self.name, epoch, "shard", int(shard)))
-            out[chosen] = self._starts[shard] + local(within[chosen])
-        return out
+        group_ends = ends[
+            np.minimum(
+                np.arange(self.shards_in_memory, len(ends) + self.shards_in_memory, self.shards_in_memory), len(ends)
+            )
+            - 1
+        ]
+        group_starts = np.concatenate([[0], group_ends[:-1]])
+        groups = np.searchsorted(group_ends, positions, side="right")  # empty groups are stepped over
+        in_epoch = np.empty_like(positions)  # the position's sample, counted in the epoch's shard order
+        for group in np.unique(groups):  # a step touches few groups: one permutation each
+            chosen = groups == group
+            start, size = int(group_starts[group]), int(group_ends[group] - group_starts[group])
+            local = IndexPermutation(size, derive_key(seed, self.name, epoch, "group", int(group)))
+            in_epoch[chosen] = start + local(positions[chosen] - start)
+        slots = np.searchsorted(ends, in_epoch, side="right")
+        return self._starts[order[slots]] + in_epoch - (ends[slots] - sizes[slots])
 
     def _epoch(self, seed: int, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The shard order of an epoch, the shards' sizes and ends in that order (cached)."""
