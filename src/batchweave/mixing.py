@@ -33,6 +33,7 @@ import math
 from collections.abc import Iterator, Sequence
 from fractions import Fraction
 from functools import cached_property
+from itertools import repeat
 from typing import NamedTuple, Protocol, overload
 
 import numpy as np
@@ -44,6 +45,7 @@ __all__ = ["MAX_PERIOD", "MixPlan", "Mixture", "SampleRef", "Source", "Step", "i
 # The schedule's period: weights whose exact integer ratio sums to more are rounded to
 # this many parts (each share then off by at most 1/65,536). Building it costs ~0.3 s.
 MAX_PERIOD = 1 << 16
+_SAMPLES_PER_CHUNK = 1 << 16  # what iterating a plan computes at once
 
 
 class Source(Protocol):
@@ -168,10 +170,12 @@ class Mixture:
         samples = np.array([source.samples for source in self.sources], dtype=np.int64)
         epochs, within = np.divmod(own, samples[numbers])
         indices = np.empty_like(own)
-        # A step crosses few (source, epoch) pairs: one shuffle call each.
-        for number, epoch in np.unique(np.stack([numbers, epochs], axis=1), axis=0).tolist():
-            chosen = (numbers == number) & (epochs == epoch)
-            indices[chosen] = self.sources[number].indices(self.seed, epoch, within[chosen])
+        for number, source in enumerate(self.sources):
+            mine = numbers == number
+            # A step crosses few epochs of a source: one shuffle call each.
+            for epoch in np.unique(epochs[mine]).tolist():
+                chosen = mine & (epochs == epoch)
+                indices[chosen] = source.indices(self.seed, epoch, within[chosen])
         return numbers, epochs, indices
 
 
@@ -181,8 +185,9 @@ class MixPlan(Sequence[Step]):
     Exactly one of ``epochs`` (whole epochs of ``epoch_samples`` positions, default the
     mixture's ``samples``) and ``steps`` bounds the plan. A sequence of ``Step`` values:
     give it to ``run_pool`` as its shard list, or loop ``for k in range(producer.resume_offset,
-    len(plan))``. Fingerprinting it as a pool's list encodes every step (about 1 microsecond
-    per sample on each pool start), so a pool's plan should stay within some millions of samples.
+    len(plan))``. A pool fingerprints its whole list on every start
+    (``batchweave.shardlist``): about 5 microseconds per sample here, 5 s for a plan of a
+    million samples; beyond that, run plain producer loops over ranges of steps.
     """
 
     def __init__(
@@ -227,16 +232,27 @@ class MixPlan(Sequence[Step]):
         k = int(step) + (self._length if step < 0 else 0)
         if not 0 <= k < self._length:
             raise IndexError(f"step {step} is outside this plan's {self._length} steps")
-        numbers, epochs, indices = self.mixture.locate(self.positions(k))
-        names = [source.name for source in self.mixture.sources]
-        samples = tuple(
-            SampleRef(names[n], e, i)
-            for n, e, i in zip(numbers.tolist(), epochs.tolist(), indices.tolist(), strict=True)
-        )
-        return Step(k, self.epoch_of(k), samples)
+        return self._steps(k, k + 1)[0]
 
     def __iter__(self) -> Iterator[Step]:
-        return (self[k] for k in range(self._length))
+        # Many steps per call: numpy's cost per call, not per sample, dominates one step
+        # (a pool fingerprints every step of its list on each start).
+        chunk = max(1, _SAMPLES_PER_CHUNK // self.batch_size)
+        for first in range(0, self._length, chunk):
+            yield from self._steps(first, min(first + chunk, self._length))
+
+    def _steps(self, first: int, end: int) -> list[Step]:
+        """Steps ``first`` to ``end - 1``, computed together."""
+        positions = np.arange(first * self.batch_size, end * self.batch_size, dtype=np.int64)
+        numbers, epochs, indices = self.mixture.locate(positions)
+        names = np.array([source.name for source in self.mixture.sources], dtype=object)
+        rows = zip(names[numbers].tolist(), epochs.tolist(), indices.tolist(), strict=True)
+        refs = list(map(tuple.__new__, repeat(SampleRef), rows))  # SampleRef(*row), at C speed
+        size = self.batch_size
+        return [
+            Step(k, self.epoch_of(k), tuple(refs[(k - first) * size : (k - first + 1) * size]))
+            for k in range(first, end)
+        ]
 
     def epoch_of(self, step: int) -> int:
         """The plan's epoch step ``step`` belongs to."""
