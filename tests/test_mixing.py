@@ -11,9 +11,12 @@ Consumer reads exactly what an uninterrupted run gives.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -365,3 +368,50 @@ def test_an_evaluation_pass_refuses_a_namespace_that_has_not_ended(tmp_path):
     write_steps(url, range(2), end=False)
     with pytest.raises(bw.ConfigError, match="has not ended.*bw.end_stream"):
         next(bw.evaluation_pass(url, dp=DP, rank=0))
+
+
+# -- the guides' code runs, and prints what they say -----------------------------------
+
+GUIDES = Path(__file__).resolve().parents[1] / "docs" / "guides"
+CODE_BLOCK = re.compile(r"```python\n(.*?)```", re.S)
+
+
+def printed_lines_promised(block: str) -> list[str]:
+    """The output a block promises: each comment line right after a ``print(`` line."""
+    lines = block.splitlines()
+    return [
+        line.removeprefix("# ")
+        for before, line in zip(lines, lines[1:], strict=False)
+        if before.startswith("print(") and line.startswith("# ")
+    ]
+
+
+@pytest.mark.parametrize("page", ["shuffling.md", "coming-from.md"])
+def test_every_code_block_of_the_guide_runs_and_prints_what_it_says(page, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    blocks = CODE_BLOCK.findall((GUIDES / page).read_text())
+    assert len(blocks) >= 4, "the page was read"
+    namespace: dict = {"__name__": "guide"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    for block in blocks:
+        first = block.splitlines()[0]
+        if first.startswith("# file: "):  # a script to save and run, as the page says
+            script = tmp_path / first.removeprefix("# file: ")
+            script.write_text(block)
+            done = subprocess.run(
+                [sys.executable, str(script), f"mix-demo/{script.stem}"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            assert done.returncode == 0, done.stderr[-3000:]
+            output = done.stdout
+        else:
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                exec(compile(block, f"{page} block", "exec"), namespace)
+            output = out.getvalue()
+        printed = iter(output.splitlines())
+        missing = [line for line in printed_lines_promised(block) if line not in printed]  # in order
+        assert not missing, (missing, output)
