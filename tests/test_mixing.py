@@ -367,7 +367,7 @@ def test_an_evaluation_pass_refuses_a_namespace_that_has_not_ended(tmp_path):
     url = (tmp_path / "eval").as_uri()
     write_steps(url, range(2), end=False)
     with pytest.raises(bw.ConfigError, match="has not ended.*bw.end_stream"):
-        next(bw.evaluation_pass(url, dp=DP, rank=0))
+        bw.evaluation_pass(url, dp=DP, rank=0)  # at once, before any iteration
 
 
 # -- the guides' code runs, and prints what they say -----------------------------------

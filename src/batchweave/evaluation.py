@@ -30,12 +30,15 @@ def evaluation_pass(
     timeout_s: float | None = 60.0,
     storage_options: dict[str, Any] | None = None,
 ) -> Iterator[Batch]:
-    """Yield this rank's slice of every step of the ended namespace at ``url``, once.
+    """An iterator over this rank's slice of every step of the ended namespace at ``url``, once.
 
     ``dp, cp, tp, pp, rank`` as for ``Consumer`` (``rank`` defaults to ``RANK``).
-    ``timeout_s`` bounds each step's wait, as for ``Consumer``. Raises ConfigError before
-    reading anything if the namespace has not ended: a pass over a stream that is still
-    being written would never finish. Costs what reading the namespace from its start costs.
+    ``timeout_s`` bounds each step's wait, as for ``Consumer``. Raises ConfigError at once
+    (before iterating) if the namespace has not ended: a pass over a stream that is still
+    being written would never finish. Costs one read of the log's state (O(1) requests
+    plus its tail, like opening a consumer) and then what reading the namespace from its
+    start costs; the reader starts its threads at the first ``next()`` and stops them at
+    the end of the pass (or when the iterator is closed or collected).
     """
     store = open_store(url, create=False, storage_options=storage_options)
     if not Journal(store, read_only=True).load_state().end_of_stream:
@@ -43,5 +46,9 @@ def evaluation_pass(
             f"{store.url} has not ended: an evaluation pass reads a namespace to its end, so write the "
             "evaluation set once and end it with bw.end_stream(url) (or batchweave end-stream URL)"
         )
-    with Consumer(store, dp, cp, tp, pp, rank, timeout_s=timeout_s) as reader:
+    return _one_pass(Consumer(store, dp, cp, tp, pp, rank, timeout_s=timeout_s))
+
+
+def _one_pass(reader: Consumer) -> Iterator[Batch]:
+    with reader:
         yield from reader
