@@ -43,7 +43,7 @@ from batchweave.errors import ConfigError
 __all__ = ["MAX_PERIOD", "MixPlan", "Mixture", "SampleRef", "Source", "Step", "integer_weights", "schedule"]
 
 # The schedule's period: weights whose exact integer ratio sums to more are rounded to
-# this many parts (each share then off by at most 1/65,536). Building it costs ~0.3 s.
+# this many parts (each share then off by at most 1/65,536). Building it costs up to ~1 s.
 MAX_PERIOD = 1 << 16
 _SAMPLES_PER_CHUNK = 1 << 16  # what iterating a plan computes at once
 
