@@ -24,12 +24,15 @@ from batchweave.errors import (
     StreamEndedError,
     TransientStoreError,
 )
+from batchweave.evaluation import evaluation_pass
 from batchweave.inspect import NamespaceInfo, inspect_namespace
 from batchweave.lifecycle.gc import GCReport, collect_garbage
 from batchweave.lifecycle.watermarks import release_checkpoint
 from batchweave.mesh import Mesh
+from batchweave.mixing import MixPlan, Mixture, SampleRef, Step
 from batchweave.pool import PoolReport, run_pool
 from batchweave.producer import Producer, end_stream
+from batchweave.shuffle import IndexedSource, ShardedSource
 
 __version__ = "0.1.0"
 
@@ -46,9 +49,12 @@ __all__ = [
     "DataReclaimedError",
     "Fixed",
     "GCReport",
+    "IndexedSource",
     "LayoutError",
     "Manual",
     "Mesh",
+    "MixPlan",
+    "Mixture",
     "Naive",
     "NamespaceInfo",
     "NotDurableError",
@@ -57,7 +63,10 @@ __all__ = [
     "PoolReport",
     "Producer",
     "ProducerFencedError",
+    "SampleRef",
+    "ShardedSource",
     "SourceOffsetError",
+    "Step",
     "StepTimeoutError",
     "StoreError",
     "StorePermissionError",
@@ -66,6 +75,7 @@ __all__ = [
     "__version__",
     "collect_garbage",
     "end_stream",
+    "evaluation_pass",
     "inspect_namespace",
     "release_checkpoint",
     "run_pool",
