@@ -17,6 +17,7 @@ from batchweave.errors import (
     ObjectExistsError,
     ObjectNotFoundError,
     ProducerFencedError,
+    SchemaError,
     SourceOffsetError,
     StepTimeoutError,
     StoreError,
@@ -24,12 +25,13 @@ from batchweave.errors import (
     StreamEndedError,
     TransientStoreError,
 )
-from batchweave.inspect import NamespaceInfo, inspect_namespace
+from batchweave.inspect import NamespaceInfo, inspect_namespace, read_schema
 from batchweave.lifecycle.gc import GCReport, collect_garbage
 from batchweave.lifecycle.watermarks import release_checkpoint
 from batchweave.mesh import Mesh
 from batchweave.pool import PoolReport, run_pool
 from batchweave.producer import Producer, end_stream
+from batchweave.schema import ArraySchema, Schema
 
 __version__ = "0.1.0"
 
@@ -37,6 +39,7 @@ __all__ = [
     "AIMD",
     "DAC",
     "INCR",
+    "ArraySchema",
     "Batch",
     "BatchWeaveError",
     "CommitPolicy",
@@ -57,6 +60,8 @@ __all__ = [
     "PoolReport",
     "Producer",
     "ProducerFencedError",
+    "Schema",
+    "SchemaError",
     "SourceOffsetError",
     "StepTimeoutError",
     "StoreError",
@@ -67,6 +72,7 @@ __all__ = [
     "collect_garbage",
     "end_stream",
     "inspect_namespace",
+    "read_schema",
     "release_checkpoint",
     "run_pool",
 ]
