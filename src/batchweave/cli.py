@@ -54,8 +54,7 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "inspect",
         help="show the newest state of a namespace",
-        description="Show the newest log version, steps, layout, schema, producers, size and checkpoints of a "
-        "namespace.",
+        description="Show the newest log version, steps, layout, producers, size and checkpoints of a namespace.",
     )
     p.add_argument("url", help="namespace: directory, file://, s3://, az://, gs:// or memory:// URL")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")

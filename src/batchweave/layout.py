@@ -193,8 +193,20 @@ def encode_tgb(slices: Sequence[Any], dp: int, cp: int, max_object_bytes: int = 
             refs[fs.index] = SliceRef(part, fs.offset, fs.length, fs.crc32c)
         footer = Footer(FOOTER_FORMAT, part, len(groups), dp, cp, kind, footer_slices)
         parts.append(_with_footer(body, footer))
-    array_layouts = tuple(dict.fromkeys(framed.arrays for framed in encoded)) if kind == "arrays" else ()
-    return EncodedTGB(kind, parts, [ref for ref in refs if ref is not None], array_layouts)
+    return EncodedTGB(kind, parts, [ref for ref in refs if ref is not None], _distinct_arrays(encoded))
+
+
+def _distinct_arrays(encoded: list[_Framed]) -> tuple[ArraysLayout, ...]:
+    """Each different ``ArraysLayout`` of the slices, in order. Slices of one shape share one
+    (``_arrays_plan`` is cached), so a TGB of 1,250 such slices costs 1,250 identity tests,
+    not 1,250 hashes of nested tuples."""
+    distinct: dict[ArraysLayout, None] = {}
+    last: ArraysLayout | None = None
+    for framed in encoded:
+        if framed.arrays is not last and framed.arrays:
+            last = framed.arrays
+            distinct[last] = None
+    return tuple(distinct)
 
 
 def _pack(len_of: list[int], cap: int) -> list[list[int]]:

@@ -136,7 +136,9 @@ class _VersionFields(msgspec.Struct, Generic[_TGB], frozen=True, forbid_unknown_
     namespace: str = ""  # version 1 only: the namespace's id, fixed forever
     layout: Layout | None = None  # set once, by the first producer's claim
     # Set once, by the version that commits the namespace's first TGB of arrays (or, in a log
-    # older than schemas, its first TGB of arrays that carries a schema digest).
+    # older than schemas, its first TGB of arrays that carries a schema digest). Beside the
+    # layout, not in it: a layout is set by a claim, a schema by a commit, and every tool
+    # prints the layout's three fields as they are.
     schema: Schema | None = None
 
     def steps(self) -> range:

@@ -71,7 +71,7 @@ class Schema(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         for name, spec in sorted(arrays.items(), key=lambda item: str(item[0])):
             if not isinstance(name, str) or not name:
                 raise SchemaError(f"schema array names must be non-empty strings, got {name!r}")
-            if not isinstance(spec, tuple) or len(spec) != 2:
+            if not isinstance(spec, (tuple, list)) or len(spec) != 2:
                 raise SchemaError(f"schema array {name!r}: give (dtype, shape), got {spec!r}")
             specs.append(ArraySchema(name, _dtype_spelling(name, spec[0]), _shape_of(name, spec[1])))
         schema = cls(tuple(specs))
@@ -161,7 +161,8 @@ def mismatch(schema: Schema, arrays: ArraysLayout, whose: str = "the namespace's
         if dtype != spec.dtype or not _fits(shape, spec.shape):
             hint = ""
             if dtype == spec.dtype and _only_first_differs(shape, spec.shape):
-                hint = " (a first dimension that varies must be declared: Producer(..., schema=...))"
+                # Where the namespace has no schema yet, Producer(schema=...) declares one.
+                hint = " (only a first dimension declared variable may vary)"
             return f"array {name!r} is {_dtype_text(dtype)} {_shape_text(shape)}, {whose} says {spec.describe()}{hint}"
     return ""
 
@@ -204,7 +205,7 @@ def _example_dtype(name: str, value: Any) -> Any:
     """An example array's dtype; a torch tensor's through numpy, as ``append`` converts it."""
     if type(value).__module__.startswith("torch"):
         try:
-            return value.detach().cpu()[:0].numpy().dtype
+            return value.detach().cpu().numpy().dtype
         except TypeError as exc:
             raise SchemaError(f"array {name!r}: torch dtype {value.dtype} has no numpy equivalent") from exc
     return value.dtype
