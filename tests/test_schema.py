@@ -400,10 +400,11 @@ def test_a_producer_with_a_declared_schema_refuses_bytes(fast_url):
 # -- two producers, two schemas, one namespace ------------------------------------------------------
 
 
-def test_the_loser_of_a_schema_race_stops_with_schema_error_and_nothing_committed_is_lost(tmp_path):
+@pytest.mark.parametrize("policy", ["manual", "group"])
+def test_the_loser_of_a_schema_race_stops_with_schema_error_and_nothing_committed_is_lost(tmp_path, policy):
     url = str(tmp_path / "ns")
-    winner = bw.Producer(url, "a", dp=2, commit_policy=Manual())
-    loser = bw.Producer(url, "b", dp=2, commit_policy=Manual())
+    winner = bw.Producer(url, "a", dp=2, commit_policy=policy)
+    loser = bw.Producer(url, "b", dp=2, commit_policy=policy)
     # Both hold a TGB before either commits: only the log can tell them apart.
     winner.append(arrays(tokens=np.zeros(2048, np.int32)))
     loser.append(arrays(tokens=np.zeros(2048, np.int64)))
