@@ -17,6 +17,7 @@ from batchweave.errors import (
     ObjectExistsError,
     ObjectNotFoundError,
     ProducerFencedError,
+    SchemaError,
     SourceOffsetError,
     StepTimeoutError,
     StoreError,
@@ -25,13 +26,14 @@ from batchweave.errors import (
     TransientStoreError,
 )
 from batchweave.evaluation import evaluation_pass
-from batchweave.inspect import NamespaceInfo, inspect_namespace
+from batchweave.inspect import NamespaceInfo, inspect_namespace, read_schema
 from batchweave.lifecycle.gc import GCReport, collect_garbage
 from batchweave.lifecycle.watermarks import release_checkpoint
 from batchweave.mesh import Mesh
 from batchweave.mixing import MixPlan, Mixture, SampleRef, Step
 from batchweave.pool import PoolReport, run_pool
 from batchweave.producer import Producer, end_stream
+from batchweave.schema import ArraySchema, Schema
 from batchweave.shuffle import IndexedSource, ShardedSource
 
 __version__ = "0.1.0"
@@ -40,6 +42,7 @@ __all__ = [
     "AIMD",
     "DAC",
     "INCR",
+    "ArraySchema",
     "Batch",
     "BatchWeaveError",
     "CommitPolicy",
@@ -64,6 +67,8 @@ __all__ = [
     "Producer",
     "ProducerFencedError",
     "SampleRef",
+    "Schema",
+    "SchemaError",
     "ShardedSource",
     "SourceOffsetError",
     "Step",
@@ -77,6 +82,7 @@ __all__ = [
     "end_stream",
     "evaluation_pass",
     "inspect_namespace",
+    "read_schema",
     "release_checkpoint",
     "run_pool",
 ]
