@@ -126,7 +126,7 @@ class Producer:
         schema: Schema | Mapping[str, tuple[Any, Sequence[int | None]]] | None = None,
     ) -> None:
         self.producer_id = check_producer_id(producer_id)
-        self._declared = schema if schema is None or isinstance(schema, Schema) else Schema.of(schema)
+        self._declared = Schema.declared(schema)
         self.mesh = Mesh(dp=dp, cp=cp)
         if max_object_bytes <= 0:
             raise ConfigError(f"max_object_bytes must be positive, got {max_object_bytes}")

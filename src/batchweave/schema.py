@@ -81,6 +81,12 @@ class Schema(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return schema
 
     @classmethod
+    def declared(cls, schema: Schema | Mapping[str, tuple[Any, Sequence[int | None]]] | None) -> Schema | None:
+        """What ``Producer`` and ``run_pool`` take as ``schema=``: a ``Schema``, the mapping
+        ``Schema.of`` takes, or None (nothing declared)."""
+        return schema if schema is None or isinstance(schema, Schema) else cls.of(schema)
+
+    @classmethod
     def from_arrays(cls, example: Mapping[str, Any], *, variable_first_dim: Iterable[str] = ()) -> Schema:
         """The schema of one example slice (a dict of numpy arrays or torch tensors), with
         the first dimension of the arrays named in ``variable_first_dim`` left variable."""
