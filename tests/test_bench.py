@@ -50,6 +50,7 @@ REQUIRED = {
     "node-sharing": {"mesh", "sharing", "range_reads_per_step", "log_gets_per_step", "time_ratio", "reads_ratio"},
     "scale": {"kind", "setup", "state", "ranks", "producers", "hot_key_per_s"},
     "video": {"kind", "setting", "samples", "latency_p50_s", "latency_p95_s", "latency_p99_s", "latency_max_s"},
+    "shuffle-quality": {"kind", "algorithm"},
 }
 # Each benchmark's default run, then the other workloads of those that have several.
 RUNS = [(name, None) for name in sorted(REQUIRED)] + [("e2e", "video")]
@@ -146,10 +147,27 @@ def test_quick_benchmark_writes_its_three_files(name, workload, tmp_path):
         (latency,) = [r for r in result["results"] if r["kind"] == "latency"]
         ordered = [latency[f"latency_{q}_s"] for q in ("p50", "p95", "p99", "max")]
         assert 0 < ordered[0] and ordered == sorted(ordered) and latency["samples"] == len(result["series"]["latency"])
+    if name == "shuffle-quality":  # ours mixes like a uniform shuffle, and keeps every share within 2
+        check_shuffle_quality(result["results"])
     assert (out / f"{stem}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (out / f"{stem}.md").read_text()
     assert table.startswith(f"# {stem}") and table.count("\n|") >= len(result["results"]) + 1
     assert str(out / f"{stem}.json") in done.stdout  # the paths are printed for scripts
+
+
+def check_shuffle_quality(rows: list[dict]) -> None:
+    shuffles = {r["algorithm"]: r for r in rows if r["kind"] == "shuffle"}
+    assert {"grain index_shuffle", "streaming py1e", "streaming py1br", "streaming py1s", "no shuffle"} <= set(shuffles)
+    ours = shuffles["batchweave index (IndexPermutation)"]
+    assert 0.3 < ours["mean_distance"] < 0.37 and 0.26 < ours["median_distance"] < 0.33, ours
+    assert shuffles["no shuffle"]["within_64"] == 1 and shuffles["no shuffle"]["mean_distance"] < 1e-3
+    sharded = shuffles["batchweave sharded (ShardedSource)"]
+    assert sharded["shards_per_step"] < ours["shards_per_step"]  # the reading cost a shard-local order saves
+    mixing = [r for r in rows if r["kind"] == "mixing"]
+    assert {r["algorithm"] for r in mixing} >= {"batchweave Mixture", "litdata random choice"}
+    for row in mixing:
+        if row["algorithm"] == "batchweave Mixture":
+            assert row["worst_deviation_64"] < 2 and row["worst_deviation_1024"] < 2, row
 
 
 def check_scale_pool_and_gc(result: dict, table: str) -> None:

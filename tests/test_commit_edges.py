@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 from checks import RecordingStore
-from worker import tgb
+from worker import payload, tgb
 
 import batchweave as bw
 from batchweave import keys, logrules
@@ -53,6 +53,7 @@ from batchweave.errors import (
 )
 from batchweave.journal import Journal
 from batchweave.log import Layout, LogState, ProducerState, TGBDescriptor
+from batchweave.schema import Schema
 from batchweave.store import Store, open_store
 from batchweave.testing.interleave import Background
 
@@ -373,8 +374,9 @@ def test_a_lost_claim_waits_up_to_a_bound_doubling_from_two_attempts_to_the_cap(
 # -- the intent board ---------------------------------------------------------------------
 
 
-def desc(producer: str, offset: int, epoch: int = 1, slices: int = 1) -> TGBDescriptor:
-    """A well-formed dp=1 descriptor, unless ``slices`` says otherwise."""
+def desc(producer: str, offset: int, epoch: int = 1, slices: int = 1, schema: str = "") -> TGBDescriptor:
+    """A well-formed dp=1 descriptor, unless ``slices`` says otherwise; ``schema`` is the
+    digest of its arrays' schema ("" as in a log older than schemas)."""
     return TGBDescriptor(
         producer=producer,
         epoch=epoch,
@@ -385,6 +387,7 @@ def desc(producer: str, offset: int, epoch: int = 1, slices: int = 1) -> TGBDesc
         objects=[f"data/{producer}/e{epoch:06d}/{offset:012d}-t.0.bwb"],
         slices=[(0, 0, 10, 0)] * slices,
         nbytes=10,
+        schema=schema,
     )
 
 
@@ -681,7 +684,9 @@ def test_the_first_turn_after_a_pool_claimed_in_version_one_folds_the_others_int
     url = memory_url()
     store = LandingStore(url, 2)
     store.put_if_absent(claim_key("a", 1, Layout(1, 1), "a0"), CLAIM_TICKET)  # a's start, folded by b's claim
-    IntentBoard(store, "a").publish(1, [desc("a", 0), desc("a", 1)])
+    # Of the schema b's TGBs have (worker.payload's): b's version sets it, and folds a's.
+    schema = Schema.from_arrays(payload("a", 0, 0)).digest
+    IntentBoard(store, "a").publish(1, [desc("a", 0, schema=schema), desc("a", 1, schema=schema)])
     with bw.Producer(store, "b", dp=1, commit_policy=GroupCommit(interval_s=0.2)) as b:
         assert Journal(open_store(url)).load_state().version == 1  # a and b claimed together
         b.append(tgb("b", 0, 1))

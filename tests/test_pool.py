@@ -55,6 +55,50 @@ def test_plan_refuses_a_pool_known_with_another_size():
         PoolPlan("prep", 0, 1)
 
 
+def test_a_pool_declares_a_variable_first_dimension_for_every_producer(tmp_path):
+    url = (tmp_path / "ns").as_uri()
+    declared = {"tokens": ("int32", (None, 3))}
+    run_pool(
+        url,
+        "prep",
+        list(range(4)),
+        pool_work.ragged_tgb_of,
+        producers=2,
+        dp=pool_work.DP,
+        progress=False,
+        schema=declared,
+    )
+    assert bw.read_schema(url) == bw.Schema.of(declared)
+    with bw.Consumer(url, dp=pool_work.DP, rank=0, timeout_s=30) as consumer:
+        rows = sorted(next(consumer).data["tokens"].shape[0] for _ in range(4))
+    assert rows == [1, 2, 3, 4]
+
+
+def test_a_pool_without_the_declaration_stops_at_the_first_shard_of_another_length(tmp_path):
+    url = (tmp_path / "ns").as_uri()
+    # The local pool reports a worker's error by its name and message (issue 33 types it).
+    with pytest.raises(bw.BatchWeaveError, match=r"SchemaError: .*array 'tokens' is int32 \(2, 3\)"):
+        run_pool(
+            url, "prep", [0, 1], pool_work.ragged_tgb_of, producers=1, dp=pool_work.DP, progress=False, max_restarts=0
+        )
+
+
+def test_a_pool_refuses_a_bad_declaration_before_any_worker_starts(tmp_path):
+    url = (tmp_path / "ns").as_uri()
+    with pytest.raises(bw.SchemaError, match="give \\(dtype, shape\\)"):
+        run_pool(
+            url,
+            "prep",
+            [0],
+            pool_work.ragged_tgb_of,
+            producers=1,
+            dp=pool_work.DP,
+            progress=False,
+            schema={"tokens": "int32"},
+        )
+    assert not list((tmp_path / "ns").glob("prep*"))
+
+
 def test_pool_commits_every_shard_once_and_a_rerun_commits_nothing(tmp_path):
     url = (tmp_path / "ns").as_uri()
     shards = list(range(23))

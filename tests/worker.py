@@ -37,8 +37,9 @@ class Eager:
 def payload(producer_id: str, offset: int, index: int) -> dict[str, np.ndarray]:
     seed = zlib.crc32(f"{producer_id}/{offset}/{index}".encode())
     rng = np.random.default_rng(seed)
+    # One shape for every slice: a namespace's first TGB fixes its schema (batchweave.schema).
     return {
-        "tokens": rng.integers(0, 50_000, size=(4, 16 + seed % 7), dtype=np.int32),
+        "tokens": rng.integers(0, 50_000, size=(4, 16), dtype=np.int32),
         "origin": np.frombuffer(f"{producer_id}:{offset}".encode().ljust(32), dtype=np.uint8).copy(),
         "slice": np.array([index, offset], dtype=np.int64),
     }

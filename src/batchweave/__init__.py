@@ -20,6 +20,7 @@ from batchweave.errors import (
     ObjectExistsError,
     ObjectNotFoundError,
     ProducerFencedError,
+    SchemaError,
     SourceOffsetError,
     StepTimeoutError,
     StoreError,
@@ -36,22 +37,30 @@ __version__ = "0.1.0"
 _LAZY = {
     **dict.fromkeys(("AIMD", "DAC", "INCR", "CommitPolicy", "Fixed", "Manual", "Naive"), "batchweave.commit.policies"),
     **dict.fromkeys(("Batch", "Consumer"), "batchweave.consumer"),
-    **dict.fromkeys(("NamespaceInfo", "inspect_namespace"), "batchweave.inspect"),
+    "evaluation_pass": "batchweave.evaluation",
+    **dict.fromkeys(("NamespaceInfo", "inspect_namespace", "read_schema"), "batchweave.inspect"),
     **dict.fromkeys(("GCReport", "collect_garbage"), "batchweave.lifecycle.gc"),
     "release_checkpoint": "batchweave.lifecycle.watermarks",
     "Mesh": "batchweave.mesh",
+    **dict.fromkeys(("MixPlan", "Mixture", "SampleRef", "Step"), "batchweave.mixing"),
     **dict.fromkeys(("PoolReport", "run_pool"), "batchweave.pool"),
     **dict.fromkeys(("Producer", "end_stream"), "batchweave.producer"),
+    **dict.fromkeys(("ArraySchema", "Schema"), "batchweave.schema"),
+    **dict.fromkeys(("IndexedSource", "ShardedSource"), "batchweave.shuffle"),
 }
 if TYPE_CHECKING:
     from batchweave.commit.policies import AIMD, DAC, INCR, CommitPolicy, Fixed, Manual, Naive
     from batchweave.consumer import Batch, Consumer
-    from batchweave.inspect import NamespaceInfo, inspect_namespace
+    from batchweave.evaluation import evaluation_pass
+    from batchweave.inspect import NamespaceInfo, inspect_namespace, read_schema
     from batchweave.lifecycle.gc import GCReport, collect_garbage
     from batchweave.lifecycle.watermarks import release_checkpoint
     from batchweave.mesh import Mesh
+    from batchweave.mixing import MixPlan, Mixture, SampleRef, Step
     from batchweave.pool import PoolReport, run_pool
     from batchweave.producer import Producer, end_stream
+    from batchweave.schema import ArraySchema, Schema
+    from batchweave.shuffle import IndexedSource, ShardedSource
 
 
 def __getattr__(name: str) -> Any:
@@ -72,6 +81,7 @@ __all__ = [
     "AIMD",
     "DAC",
     "INCR",
+    "ArraySchema",
     "Batch",
     "BatchWeaveError",
     "CommitPolicy",
@@ -81,9 +91,12 @@ __all__ = [
     "DataReclaimedError",
     "Fixed",
     "GCReport",
+    "IndexedSource",
     "LayoutError",
     "Manual",
     "Mesh",
+    "MixPlan",
+    "Mixture",
     "Naive",
     "NamespaceInfo",
     "NotDurableError",
@@ -92,7 +105,12 @@ __all__ = [
     "PoolReport",
     "Producer",
     "ProducerFencedError",
+    "SampleRef",
+    "Schema",
+    "SchemaError",
+    "ShardedSource",
     "SourceOffsetError",
+    "Step",
     "StepTimeoutError",
     "StoreError",
     "StorePermissionError",
@@ -101,7 +119,9 @@ __all__ = [
     "__version__",
     "collect_garbage",
     "end_stream",
+    "evaluation_pass",
     "inspect_namespace",
+    "read_schema",
     "release_checkpoint",
     "run_pool",
 ]

@@ -63,7 +63,7 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from batchweave.inspect import inspect_namespace
+    from batchweave.inspect import inspect_namespace, schema_text
     from batchweave.lifecycle.watermarks import no_namespace_message
 
     info = inspect_namespace(args.url)
@@ -83,6 +83,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     table.add_row("namespace id", info.namespace or "-")
     layout = info.layout or {}
     table.add_row("layout", " ".join(f"{k}={layout[k]}" for k in ("dp", "cp", "kind") if layout.get(k)) or "-")
+    table.add_row("schema", schema_text(info.schema))
     table.add_row("latest version", str(info.latest_version))
     table.add_row("steps", str(info.steps))
     table.add_row("end of stream", "yes" if info.end_of_stream else "no")

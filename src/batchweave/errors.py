@@ -3,6 +3,7 @@
     BatchWeaveError
     ├── ConfigError (ValueError)            bad URL, bad mesh, bad argument
     ├── LayoutError (ValueError)            wrong slice count, mixed layouts, unsupported payload
+    │   └── SchemaError                     arrays unlike the namespace's schema (names, dtypes, shapes)
     ├── SourceOffsetError (ValueError)      append() offset that is not the next one
     ├── CorruptDataError (ValueError)       checksum or format damage; names the object key
     ├── ProducerFencedError                 a newer incarnation of this producer_id took over
@@ -32,6 +33,7 @@ __all__ = [
     "ObjectExistsError",
     "ObjectNotFoundError",
     "ProducerFencedError",
+    "SchemaError",
     "SourceOffsetError",
     "StepTimeoutError",
     "StoreError",
@@ -51,6 +53,14 @@ class ConfigError(BatchWeaveError, ValueError):
 
 class LayoutError(BatchWeaveError, ValueError):
     """A TGB whose slices do not fit the declared layout or payload rules."""
+
+
+class SchemaError(LayoutError):
+    """A TGB whose arrays differ from the namespace's schema (names, dtypes, shapes), or a
+    producer whose declared schema does not match it. The message names the namespace's
+    URL, the TGB, the array, what it is and what the schema says; nothing of it is written
+    (or, when another producer's first commit fixed another schema first, it is not
+    committed, and the producer stops)."""
 
 
 class SourceOffsetError(BatchWeaveError, ValueError):

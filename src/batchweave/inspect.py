@@ -5,16 +5,26 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from fractions import Fraction
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
 from batchweave.journal import Journal
 from batchweave.lifecycle.watermarks import Checkpoint, read_watermarks, require_namespace
 from batchweave.log import LogState, ProducerState
+from batchweave.schema import ArraySchema, Schema
 from batchweave.store import Store, open_store
 
-__all__ = ["CheckpointInfo", "NamespaceInfo", "inspect_namespace", "live_checkpoints", "read_state"]
+__all__ = [
+    "CheckpointInfo",
+    "NamespaceInfo",
+    "inspect_namespace",
+    "live_checkpoints",
+    "read_schema",
+    "read_state",
+    "schema_of",
+    "schema_text",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +86,9 @@ class NamespaceInfo:
     layout: dict[str, Any] | None = None  # {"dp", "cp", "kind"} every TGB has
     reclaimed_steps: int = 0  # steps below this were garbage-collected
     checkpoints: tuple[CheckpointInfo, ...] = ()  # not released, oldest id first
+    # Each array's {"dtype", "shape"} by name (``Schema.to_dict``; a shape's None varies),
+    # "bytes" for raw bytes, None before the first TGB (or in a log older than schemas)
+    schema: dict[str, dict[str, Any]] | Literal["bytes"] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -108,4 +121,39 @@ def inspect_namespace(url: str | Store, *, storage_options: dict[str, Any] | Non
         layout=None if state.layout is None else msgspec.structs.asdict(state.layout),
         reclaimed_steps=state.reclaimed.steps,
         checkpoints=live_checkpoints(checkpoints, state.steps),
+        schema=_schema_dict(schema_of(state)),
     )
+
+
+def schema_of(state: LogState) -> Schema | Literal["bytes"] | None:
+    """The schema a log state records: see ``read_schema``."""
+    if state.schema is not None:
+        return state.schema
+    return "bytes" if state.layout is not None and state.layout.kind == "bytes" else None
+
+
+def _schema_dict(schema: Schema | Literal["bytes"] | None) -> dict[str, dict[str, Any]] | Literal["bytes"] | None:
+    return schema.to_dict() if isinstance(schema, Schema) else schema
+
+
+def schema_text(schema: dict[str, dict[str, Any]] | Literal["bytes"] | None) -> str:
+    """``NamespaceInfo.schema`` for people: ``"mask: bool (*,), tokens: int32 (*, 2048)"``
+    (``*``: a first dimension that varies), ``"bytes"``, or ``"-"`` before the first TGB."""
+    if not isinstance(schema, dict):
+        return schema or "-"
+    arrays = (ArraySchema(name, spec["dtype"], tuple(spec["shape"])) for name, spec in schema.items())
+    return Schema(tuple(arrays)).describe()
+
+
+def read_schema(url: str | Store, *, storage_options: dict[str, Any] | None = None) -> Schema | Literal["bytes"] | None:
+    """The schema of the namespace at ``url``: what every slice of every step holds.
+
+    A ``Schema`` (each array's name, dtype and shape, ``None`` for a first dimension that
+    varies) once a TGB of arrays is committed; ``"bytes"`` for a namespace of raw bytes;
+    None while nothing is committed (a consumer may start before the first producer), or
+    for a namespace of arrays written before schemas were recorded. Costs what opening a
+    namespace costs: O(1) requests plus the log's tail. Raises ``ConfigError`` for a local
+    directory that does not exist.
+    """
+    store = open_store(url, create=False, storage_options=storage_options)
+    return schema_of(Journal(store, heads_only=True, read_only=True).load_state())

@@ -34,11 +34,13 @@ from batchweave.errors import CorruptDataError, LayoutError
 __all__ = [
     "DEFAULT_MAX_OBJECT_BYTES",
     "MAX_SLICES_PER_OBJECT",
+    "ArraysLayout",
     "EncodedTGB",
     "Footer",
     "SliceRef",
     "checksum",
     "decode_slice",
+    "dtype_problem",
     "encode_tgb",
     "read_footer",
     "slice_index",
@@ -47,6 +49,8 @@ __all__ = [
 Kind = Literal["arrays", "bytes"]
 SliceData = dict[str, np.ndarray] | bytes
 Piece: TypeAlias = bytes | memoryview  # part of an object, written as it is (no copy until the write)
+# A slice's arrays as (name, dtype spelling, shape), by name: what a schema is checked against.
+ArraysLayout: TypeAlias = tuple[tuple[str, str, tuple[int, ...]], ...]
 
 DEFAULT_MAX_OBJECT_BYTES = 256 * 1024 * 1024
 # The nodes of a synchronous job read their slices of a step within about one second, one
@@ -98,6 +102,9 @@ class EncodedTGB:
     kind: Kind
     parts: list[list[Piece]]
     slices: list[SliceRef]
+    # Each different ``ArraysLayout`` among the slices, in slice order (empty for bytes):
+    # one for most TGBs, so checking a schema costs the same for 1 slice or 1,250.
+    array_layouts: tuple[ArraysLayout, ...] = ()
 
     @functools.cached_property
     def objects(self) -> list[bytes]:
@@ -186,7 +193,20 @@ def encode_tgb(slices: Sequence[Any], dp: int, cp: int, max_object_bytes: int = 
             refs[fs.index] = SliceRef(part, fs.offset, fs.length, fs.crc32c)
         footer = Footer(FOOTER_FORMAT, part, len(groups), dp, cp, kind, footer_slices)
         parts.append(_with_footer(body, footer))
-    return EncodedTGB(kind=kind, parts=parts, slices=[ref for ref in refs if ref is not None])
+    return EncodedTGB(kind, parts, [ref for ref in refs if ref is not None], _distinct_arrays(encoded))
+
+
+def _distinct_arrays(encoded: list[_Framed]) -> tuple[ArraysLayout, ...]:
+    """Each different ``ArraysLayout`` of the slices, in order. Slices of one shape share one
+    (``_arrays_plan`` is cached), so a TGB of 1,250 such slices costs 1,250 identity tests,
+    not 1,250 hashes of nested tuples."""
+    distinct: dict[ArraysLayout, None] = {}
+    last: ArraysLayout | None = None
+    for framed in encoded:
+        if framed.arrays is not last and framed.arrays:
+            last = framed.arrays
+            distinct[last] = None
+    return tuple(distinct)
 
 
 def _pack(len_of: list[int], cap: int) -> list[list[int]]:
@@ -265,7 +285,7 @@ def _encode_arrays(payload: Mapping[Any, Any], index: int) -> _Framed:
         layout.append((name, array.dtype.str, array.shape, array.nbytes))
         buffers.append(array.data.cast("B") if array.nbytes else b"")  # C-contiguous: _as_array
     plan = _arrays_plan(tuple(layout))
-    return _frame("arrays", plan.signature, plan.first, buffers, plan.offsets, plan.first_crc)
+    return _frame("arrays", plan.signature, plan.first, buffers, plan.offsets, plan.first_crc, plan.arrays)
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,6 +293,7 @@ class _ArraysPlan:
     """How a slice of these arrays is framed: the same for every slice of a run's shapes."""
 
     signature: tuple[tuple[str, str], ...]
+    arrays: ArraysLayout
     first: bytes  # the framed header (``_framed_header``): a slice's first piece
     offsets: list[int]
     first_crc: int
@@ -292,8 +313,9 @@ def _arrays_plan(layout: tuple[tuple[str, str, tuple[int, ...], int], ...]) -> _
         offset += nbytes
     header = msgspec.json.encode(_SliceHeader(kind="arrays", arrays=headers))
     signature = tuple((h.name, h.dtype) for h in headers)
+    arrays = tuple((name, dtype, shape) for name, dtype, shape, _ in layout)
     first = _framed_header(header)
-    return _ArraysPlan(signature, first, offsets, crc32c.crc32c(first))
+    return _ArraysPlan(signature, arrays, first, offsets, crc32c.crc32c(first))
 
 
 def _as_array(value: Any, index: int, name: str) -> np.ndarray:
@@ -336,6 +358,7 @@ class _Framed:
     pieces: list[Piece]
     nbytes: int
     header_crc: int | None = None  # of pieces[0], when known already
+    arrays: ArraysLayout = ()  # names, dtypes and shapes (arrays slices only)
 
     def crc32c(self) -> int:
         pieces = self.pieces
@@ -358,6 +381,7 @@ def _frame(
     buffers: list[Piece],
     offsets: list[int],
     header_crc: int | None = None,
+    arrays: ArraysLayout = (),
 ) -> _Framed:
     """A slice: ``first`` (the framed header), then ``buffers`` at ``offsets`` after it."""
     pieces: list[Piece] = [first]
@@ -367,7 +391,7 @@ def _frame(
             pieces.append(b"\0" * (offset - position))
         pieces.append(buffer)
         position = offset + len(buffer)
-    return _Framed(kind, signature, pieces, len(first) + position, header_crc)
+    return _Framed(kind, signature, pieces, len(first) + position, header_crc, arrays)
 
 
 # -- decoding --------------------------------------------------------------------------
@@ -412,6 +436,13 @@ def decode_slice(buf: bytes | memoryview, key: str, expected_crc32c: int | None 
             raise CorruptDataError(key, f"array {h.name[:80]!r} is listed twice")
         arrays[h.name] = _array_from(data, h, key)
     return arrays
+
+
+def dtype_problem(spelling: str) -> str:
+    """Why ``spelling`` is not a dtype a slice may hold ("" when it is one): what
+    ``ndarray.dtype.str`` writes for a numeric, bytes or text dtype (e.g. ``"<i4"``)."""
+    dtype = _dtype_of(spelling)
+    return dtype if isinstance(dtype, str) else ""
 
 
 @functools.lru_cache(maxsize=256)  # a few spellings per namespace; parsing one costs more than the rest of a decode

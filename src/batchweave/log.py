@@ -20,6 +20,7 @@ import msgspec
 from batchweave import keys
 from batchweave.errors import CorruptDataError
 from batchweave.layout import Kind
+from batchweave.schema import Schema
 
 __all__ = [
     "LOG_FORMAT",
@@ -88,12 +89,16 @@ class _TGBFields(msgspec.Struct, frozen=True):
     kind: Kind
 
 
-class TGBDescriptor(_TGBFields, frozen=True, forbid_unknown_fields=True):
-    """One TGB as the log records it. ``slices[i]`` = [object index, offset, length, crc32c]."""
+class TGBDescriptor(_TGBFields, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """One TGB as the log records it. ``slices[i]`` = [object index, offset, length, crc32c].
+
+    ``schema`` is the digest of the namespace's schema its arrays fit (``Schema.digest``);
+    "" for bytes, and in logs written before schemas (whose TGBs nothing checks)."""
 
     objects: list[str]
     slices: list[tuple[int, int, int, int]]
     nbytes: int  # after objects and slices, where the log has always written it
+    schema: str = ""
 
 
 class TGBHead(_TGBFields, frozen=True):
@@ -102,6 +107,7 @@ class TGBHead(_TGBFields, frozen=True):
     7x cheaper for producers, which never read other producers' objects."""
 
     nbytes: int
+    schema: str = ""
 
 
 class Reclaim(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -129,6 +135,11 @@ class _VersionFields(msgspec.Struct, Generic[_TGB], frozen=True, forbid_unknown_
     reclaim: Reclaim | None = None  # set by garbage collection before it deletes anything
     namespace: str = ""  # version 1 only: the namespace's id, fixed forever
     layout: Layout | None = None  # set once, by the first producer's claim
+    # Set once, by the version that commits the namespace's first TGB of arrays (or, in a log
+    # older than schemas, its first TGB of arrays that carries a schema digest). Beside the
+    # layout, not in it: a layout is set by a claim, a schema by a commit, and every tool
+    # prints the layout's three fields as they are.
+    schema: Schema | None = None
 
     def steps(self) -> range:
         return range(self.first_step, self.first_step + len(self.tgbs))
@@ -164,6 +175,7 @@ class LogState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     layout: Layout | None = None
     digest: str = ""  # of version ``version``'s bytes: lets a writer anchor its view (see journal)
     ended_at: int = 0  # the version of the end-of-stream marker (0: not ended)
+    schema: Schema | None = None  # the namespace's arrays (None for bytes, and until the first TGB)
 
 
 # -- encoding --------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The log's rules as pure functions of values. No I/O.
 
 ``apply_version`` gives the state after a version and refuses a version that breaks the
-log's rules (steps dense, offsets forward under the right epoch, one layout: I2, I3, I9);
+log's rules (steps dense, offsets forward under the right epoch, one layout and one schema:
+I2, I3, I9);
 ``check_continuity`` is what a reader that starts mid-log can still check. A writer
 builds the next version from the state it read (``build_claim``, ``build_commit``,
 ``build_end_of_stream``, ``build_reclaim``) and, when another writer got there first,
@@ -15,7 +16,8 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 
-from batchweave.errors import CorruptDataError, LayoutError, ProducerFencedError, StreamEndedError
+from batchweave import schema as schemas
+from batchweave.errors import CorruptDataError, LayoutError, ProducerFencedError, SchemaError, StreamEndedError
 from batchweave.log import (
     LOG_FORMAT,
     Layout,
@@ -27,6 +29,7 @@ from batchweave.log import (
     TGBDescriptor,
     TGBHead,
 )
+from batchweave.schema import Schema
 
 __all__ = [
     "apply_version",
@@ -39,6 +42,8 @@ __all__ = [
     "next_epoch",
     "next_version",
     "pending_after_rebase",
+    "schema_mismatch",
+    "schema_to_set",
 ]
 
 
@@ -57,6 +62,7 @@ def apply_version(state: LogState, delta: LogVersion | LogVersionHead, key: str,
     if delta.namespace and state.version != 0:
         raise CorruptDataError(key, f"names namespace {delta.namespace!r}, but only version 1 may")
     layout = _next_layout(state.layout, delta, key)
+    schema = _next_schema(state.schema, layout, delta, key)
     producers = dict(state.producers)
     for producer_id, new in delta.producers.items():
         old = producers.get(producer_id)
@@ -90,6 +96,7 @@ def apply_version(state: LogState, delta: LogVersion | LogVersionHead, key: str,
         layout=layout,
         digest=digest,
         ended_at=state.ended_at or (delta.version if delta.end_of_stream else 0),
+        schema=schema,
     )
 
 
@@ -120,6 +127,51 @@ def layout_mismatch(layout: Layout | None, tgb: TGBDescriptor | TGBHead) -> str:
         f"TGB {tgb.producer}@{tgb.source_offset} has layout dp={tgb.dp} cp={tgb.cp} {tgb.kind}, "
         f"the namespace has {layout.describe()}"
     )
+
+
+def _next_schema(
+    schema: Schema | None, layout: Layout | None, delta: LogVersion | LogVersionHead, key: str
+) -> Schema | None:
+    """One schema per namespace: set once, by a version whose TGBs are arrays and need it,
+    and every TGB of arrays after it carries its digest (``schema_mismatch``)."""
+    if delta.schema is not None:
+        if schema is not None:
+            raise CorruptDataError(key, f"sets a schema, but the namespace has one already ({schema.describe()})")
+        problem = schemas.problem(delta.schema)
+        if problem:
+            raise CorruptDataError(key, f"sets a damaged schema: {problem}")
+        if layout is not None and layout.kind == "bytes":
+            raise CorruptDataError(key, "sets a schema of arrays, but the namespace holds bytes")
+        schema = delta.schema
+    for tgb in delta.tgbs:
+        problem = schema_mismatch(schema, tgb)
+        if problem:
+            raise CorruptDataError(key, problem)
+    return schema
+
+
+def schema_mismatch(schema: Schema | None, tgb: TGBDescriptor | TGBHead) -> str:
+    """Why ``tgb``'s schema digest does not fit the namespace's ``schema`` ("" when it does).
+
+    A TGB of arrays carries the digest of the namespace's schema, and nothing else does.
+    Without a schema, a TGB of arrays without a digest is one of a log older than schemas:
+    not checked (its arrays were never described)."""
+    expected = schema.digest if schema is not None and tgb.kind == "arrays" else ""
+    if tgb.schema == expected:
+        return ""
+    where = f"TGB {tgb.producer}@{tgb.source_offset}"
+    if not expected:
+        return f"{where} ({tgb.kind}) names schema {tgb.schema!r}, but the namespace has no schema of arrays"
+    described = schema.describe() if schema is not None else ""
+    return f"{where} has schema {tgb.schema or 'none'!r}, the namespace's is {expected!r} ({described})"
+
+
+def schema_to_set(state: LogState, schema: Schema | None, tgbs: Iterable[TGBDescriptor]) -> Schema | None:
+    """The schema the next version must carry: the committer's own ``schema`` when the
+    namespace has none yet and the version commits TGBs that name it; else None."""
+    if state.schema is not None or schema is None:
+        return None
+    return schema if any(t.schema for t in tgbs) else None
 
 
 def _check_offsets(state: LogState, delta: LogVersion | LogVersionHead, key: str) -> None:
@@ -174,6 +226,7 @@ def next_version(
     end_of_stream: bool = False,
     reclaim: Reclaim | None = None,
     layout: Layout | None = None,
+    schema: Schema | None = None,
 ) -> LogVersion:
     """The version after ``state``, changing only what the arguments say."""
     return LogVersion(
@@ -188,6 +241,7 @@ def next_version(
         # Whoever writes version 1 creates the namespace and gives it its id (I9).
         namespace=uuid.uuid4().hex if state.version == 0 else "",
         layout=layout,
+        schema=schema,
     )
 
 
@@ -198,11 +252,19 @@ def build_commit(
     pending: Sequence[TGBDescriptor],
     committed_at: float,
     metrics: dict[str, float] | None = None,
+    schema: Schema | None = None,
 ) -> LogVersion:
-    """The next version: ``pending`` TGBs appended at the end of the step sequence."""
+    """The next version: ``pending`` TGBs appended at the end of the step sequence. ``schema``
+    is the committer's: the version carries it if it is the first to commit TGBs of arrays."""
     next_offset = pending[-1].source_offset + 1 if pending else me.offset
     mine = ProducerState(next_offset, me.epoch, me.incarnation, metrics)
-    return next_version(state, committed_at, tgbs=pending, producers={producer_id: mine})
+    return next_version(
+        state,
+        committed_at,
+        tgbs=pending,
+        producers={producer_id: mine},
+        schema=schema_to_set(state, schema, pending),
+    )
 
 
 def next_epoch(state: LogState, producer_id: str) -> int:
@@ -242,9 +304,16 @@ def build_reclaim(state: LogState, reclaim: Reclaim, committed_at: float) -> Log
 
 
 def pending_after_rebase(
-    state: LogState, producer_id: str, me: ProducerState, pending: Iterable[TGBDescriptor]
+    state: LogState,
+    producer_id: str,
+    me: ProducerState,
+    pending: Iterable[TGBDescriptor],
+    schema: Schema | None = None,
+    url: str = "",
 ) -> list[TGBDescriptor]:
-    """Rebase onto ``state``: drop what the log already holds, refuse if fenced or ended.
+    """Rebase onto ``state``: drop what the log already holds, refuse if fenced or ended, or
+    if the namespace's schema is not the one our TGBs fit (``schema``, the producer's own;
+    ``url`` names the namespace in the error).
 
     An ambiguous commit (a timeout after the store applied the write) shows up here as
     our own incarnation's offset already past some pending TGBs; those are dropped, so
@@ -262,6 +331,7 @@ def pending_after_rebase(
         problem = layout_mismatch(state.layout, tgb)
         if problem:
             raise LayoutError(f"producer {producer_id!r} cannot commit: {problem} (log version {state.version})")
+        _refuse_schema(state, producer_id, tgb, schema, url)
     if remaining and state.end_of_stream:
         raise StreamEndedError(
             f"the stream was ended at or before log version {state.version}; "
@@ -269,3 +339,21 @@ def pending_after_rebase(
             "were not committed"
         )
     return remaining
+
+
+def _refuse_schema(state: LogState, producer_id: str, tgb: TGBDescriptor, schema: Schema | None, url: str) -> None:
+    """SchemaError if ``tgb`` (of ``schema``) cannot join the namespace: most likely another
+    producer's first commit set another schema while ours waited to commit."""
+    problem = schema_mismatch(state.schema or schema, tgb)
+    if not problem:
+        return
+    namespace_has = state.schema.describe() if state.schema is not None else "no schema of arrays"
+    problem = f"its schema (digest {tgb.schema!r}) is not the namespace's ({namespace_has})"
+    if state.schema is not None and schema is not None:
+        problem = schemas.difference(state.schema, schema) or problem
+    raise SchemaError(
+        f"{url or 'namespace'}: TGB {tgb.producer}@{tgb.source_offset}: {problem}; producer {producer_id!r} "
+        f"cannot commit it (log version {state.version}: another producer's TGBs fixed the namespace's schema "
+        "first) and stops. What was committed stays; write these arrays in the namespace's schema, or to a new "
+        "namespace"
+    )

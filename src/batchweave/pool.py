@@ -44,6 +44,7 @@ from batchweave.errors import BatchWeaveError, ConfigError, ObjectExistsError, S
 from batchweave.journal import Journal
 from batchweave.pooljob import PoolJob, PoolPlan, PoolReport, Progress, produce_shards
 from batchweave.producer import end_stream
+from batchweave.schema import Schema
 from batchweave.shardlist import ShardListRecord
 from batchweave.store import Store, open_store
 
@@ -68,6 +69,7 @@ def run_pool(
     progress: bool = True,
     storage_options: dict[str, Any] | None = None,
     ray_remote_args: Mapping[str, Any] | Callable[[int], Mapping[str, Any]] | None = None,
+    schema: Schema | Mapping[str, tuple[Any, Sequence[int | None]]] | None = None,
 ) -> PoolReport:
     """Turn every shard of ``source`` into one TGB of the namespace at ``url``; see the module doc.
 
@@ -76,7 +78,9 @@ def run_pool(
     first worker error that restarts did not cure (a ``BatchWeaveError`` as it is).
     ``ray_remote_args`` (Ray backend only): Ray actor options for every producer actor
     (``resources``, ``scheduling_strategy``, ``num_cpus``, ``runtime_env``, ...), or a function
-    of the producer index returning them; see ``batchweave.ray_pool``.
+    of the producer index returning them; see ``batchweave.ray_pool``. ``schema``: what
+    every producer declares (``Producer(schema=...)``: arrays whose first dimension varies),
+    checked here, before any worker starts.
     """
     if backend not in _BACKENDS:
         raise ConfigError(f"unknown pool backend {backend!r}; known: {list(_BACKENDS)}")
@@ -94,7 +98,8 @@ def run_pool(
     check_shard_list(store, plan, source, {pid: state.offset for pid, state in producer_states.items()})
     started = time.monotonic()
     report = PoolReport(name, producers, len(source))
-    job = PoolJob(store.url, plan, source, preprocess, dp, cp, commit_policy, max_restarts, storage_options)
+    declared = Schema.declared(schema)  # a bad schema is refused before any worker starts
+    job = PoolJob(store.url, plan, source, preprocess, dp, cp, commit_policy, max_restarts, storage_options, declared)
     if ray_options is not None:
         from batchweave.ray_pool import run_ray_pool
 

@@ -18,6 +18,7 @@ from batchweave.errors import ConfigError
 from batchweave.keys import check_name
 from batchweave.producer import Producer
 from batchweave.reading.polling import HEAD_BUDGET_PER_S
+from batchweave.schema import Schema
 
 __all__ = ["PoolJob", "PoolPlan", "PoolReport", "Progress", "produce_shards", "start_delay_s"]
 
@@ -108,6 +109,7 @@ class PoolJob:
     commit_policy: str | None
     max_restarts: int
     storage_options: dict[str, Any] | None = field(repr=False)  # credentials: never in a repr or a log
+    schema: Schema | None = None
 
     def produce(self, index: int, on_append: Callable[[int, int], None] | None = None) -> tuple[int, dict[str, float]]:
         """Run producer ``index`` of this job (``produce_shards``)."""
@@ -122,6 +124,7 @@ class PoolJob:
             self.commit_policy,
             on_append=on_append,
             storage_options=self.storage_options,
+            schema=self.schema,
         )
 
 
@@ -150,6 +153,7 @@ def produce_shards(
     commit_policy: str | None = None,
     on_append: Callable[[int, int], None] | None = None,
     storage_options: dict[str, Any] | None = None,
+    schema: Schema | None = None,
 ) -> tuple[int, dict[str, float]]:
     """One producer of the pool, from where the log says it is to its last shard.
 
@@ -158,7 +162,8 @@ def produce_shards(
     Returns (the offset it resumed at, its metrics).
     """
     time.sleep(start_delay_s(index))
-    with Producer(url, plan.producer_id(index), dp, cp, commit_policy, storage_options=storage_options) as producer:
+    producer_id = plan.producer_id(index)
+    with Producer(url, producer_id, dp, cp, commit_policy, storage_options=storage_options, schema=schema) as producer:
         resumed_at = producer.resume_offset
         if on_append is not None:
             on_append(index, resumed_at - 1)

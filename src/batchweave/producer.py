@@ -23,11 +23,14 @@ import secrets
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
+import msgspec
+
 from batchweave import log, logrules
+from batchweave import schema as schemas
 from batchweave.commit.claims import (
     CLAIM_PREFIX,
     CLAIM_TICKET,
@@ -47,18 +50,20 @@ from batchweave.errors import (
     ConfigError,
     LayoutError,
     ObjectExistsError,
+    SchemaError,
     SourceOffsetError,
     StoreError,
     StreamEndedError,
 )
 from batchweave.journal import DEFAULT_SNAPSHOT_EVERY, Journal
 from batchweave.keys import check_producer_id, data_key
-from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES, Piece, encode_tgb
+from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES, EncodedTGB, Piece, encode_tgb
 from batchweave.lifecycle.backpressure import MAX_BACKOFF_S, may_upload, own_share, poll_pause_s
 from batchweave.lifecycle.watermarks import MarkCache, global_watermark, read_watermarks
 from batchweave.log import LogState, ProducerState, TGBDescriptor
 from batchweave.mesh import Mesh
 from batchweave.reading.polling import HEAD_BUDGET_PER_S
+from batchweave.schema import Schema
 from batchweave.store import Store, open_store
 
 __all__ = ["Producer", "end_stream"]
@@ -96,6 +101,12 @@ class Producer:
             config keys such as ``region`` or ``endpoint``, ``client_options``, ``retry_config``;
             for a local directory only ``{"fsync": False}``, which skips the flushes that make
             each put durable (throwaway namespaces).
+        schema: the arrays every slice holds, as a ``Schema`` or ``{name: (dtype, shape)}``,
+            with ``None`` as a shape's first size where it varies from slice to slice (packed
+            sequences, variable-length audio): ``{"tokens": ("int32", (None, 2048))}``. A
+            namespace's first TGB of arrays fixes its schema: without a declaration, that
+            TGB's exact shapes. Refused with ``SchemaError`` here if the namespace already has
+            another schema (or holds bytes); ``append`` refuses slices that do not fit.
     """
 
     def __init__(
@@ -112,8 +123,10 @@ class Producer:
         publish_metrics: bool = False,
         max_lag: int | None = None,
         storage_options: dict[str, Any] | None = None,
+        schema: Schema | Mapping[str, tuple[Any, Sequence[int | None]]] | None = None,
     ) -> None:
         self.producer_id = check_producer_id(producer_id)
+        self._declared = Schema.declared(schema)
         self.mesh = Mesh(dp=dp, cp=cp)
         if max_object_bytes <= 0:
             raise ConfigError(f"max_object_bytes must be positive, got {max_object_bytes}")
@@ -140,6 +153,7 @@ class Producer:
         claim_window_s = without_stall(self._store, claim_window_s, stalled_before_s)
         # What this producer and its commit thread share, under shared.cond.
         self._shared = SharedState(self.producer_id, threading.Condition(), threading.Event(), state, me)
+        self._shared.schema = self._declared or state.schema
         if max_lag is not None:
             self._shared.committed_spans = []
         if self._group is not None:
@@ -164,6 +178,7 @@ class Producer:
             )
             self._intents.sweep_older_epochs(me.epoch)  # a crashed incarnation's, never foldable
         self._thread: threading.Thread | None = None
+        self._raised: Exception | None = None  # the commit thread's error, once append or flush raised it
         if background_commit:
             loop = self._commits.run if self._turns is None else self._turns.run
             self._thread = threading.Thread(target=loop, name=f"batchweave-commit-{producer_id}", daemon=True)
@@ -175,6 +190,13 @@ class Producer:
     def epoch(self) -> int:
         """This incarnation's epoch; a newer incarnation of the same id fences it."""
         return self._shared.me.epoch
+
+    @property
+    def schema(self) -> Schema | None:
+        """The schema this producer's TGBs of arrays fit: declared, the namespace's, or fixed
+        by its first TGB; None before that (and for bytes)."""
+        with self._shared.cond:
+            return self._shared.state.schema or self._shared.schema
 
     @property
     def resume_offset(self) -> int:
@@ -221,11 +243,15 @@ class Producer:
         mismatch = logrules.layout_mismatch(self._shared.state.layout, descriptor)
         if mismatch:  # before uploading anything: every consumer would fail at this step
             raise LayoutError(f"producer {self.producer_id!r}: {mismatch}; nothing was written")
+        schema = self._schema_for(encoded, offset)
+        if schema is not None:
+            descriptor = msgspec.structs.replace(descriptor, schema=schema.digest)
         self._put_objects(list(zip(keys, encoded.parts, encoded.sizes, strict=True)))
         with self._shared.cond:
             self._raise_if_unusable()
             if offset != self._next_offset:
                 raise SourceOffsetError(f"producer {self.producer_id!r}: offset {offset} was appended concurrently")
+            self._shared.schema = self._shared.schema or schema
             self._shared.pending.append(descriptor)
             self._next_offset = offset + 1
             self._shared.metrics["bytes_written"] += encoded.nbytes
@@ -256,13 +282,26 @@ class Producer:
             finally:
                 self._shared.flush_waiters -= 1
             if self._shared.error is not None:
+                self._raised = self._shared.error
                 raise self._shared.error
 
     def close(self, flush: bool = True) -> None:
-        """Flush (unless ``flush=False``) and stop the commit thread. Idempotent."""
+        """Flush (unless ``flush=False``) and stop the commit thread. Idempotent.
+
+        If the commit thread stopped with an error that no ``append`` or ``flush`` has raised
+        yet while TGBs were still uncommitted (a ``SchemaError`` found at commit, a
+        ``ProducerFencedError``), ``close()`` raises it after stopping: those TGBs were not
+        committed, and a close that returned would say they were."""
+        lost: Exception | None = None
         try:
-            if flush and not self._shared.closed and self._shared.error is None:
-                self.flush()
+            if flush and not self._shared.closed:
+                with self._shared.cond:
+                    error = self._shared.error
+                    # (an inline commit raises its errors in append and flush themselves)
+                    untold = error is not None and error is not self._raised and self._thread is not None
+                    lost = error if untold and self._shared.pending else None
+                if error is None:
+                    self.flush()
         finally:
             with self._shared.cond:
                 self._shared.closed = True
@@ -276,6 +315,8 @@ class Producer:
                 self._uploads.shutdown(wait=True)
             self._intents.close()
             self._store.release()
+        if lost is not None:
+            raise lost
 
     def _published_metrics(self, committing: int) -> dict[str, float] | None:
         """The counters as they stand once the version carrying them lands with
@@ -334,12 +375,64 @@ class Producer:
 
     def _raise_if_unusable(self) -> None:
         if self._shared.error is not None:
+            self._raised = self._shared.error  # told once: close() does not raise it again
             raise self._shared.error
         if self._shared.closed:
             raise ConfigError(f"producer {self.producer_id!r} is closed")
         if self._shared.state.end_of_stream:
             raise StreamEndedError(
                 f"namespace {self._store.url} was ended at log version {self._shared.state.version}; no TGB is accepted"
+            )
+
+    def _schema_for(self, encoded: EncodedTGB, offset: int) -> Schema | None:
+        """The schema a TGB's arrays fit, or SchemaError before anything is uploaded: the
+        namespace's (as of the newest log version we read), else ours (declared, or fixed
+        by our first TGB), else the first slice's exact one. None for bytes."""
+        with self._shared.cond:
+            namespace, own = self._shared.state.schema, self._shared.schema
+        where = f"{self._store.url}: TGB {self.producer_id}@{offset}"
+        if encoded.kind == "bytes":
+            if own is not None:
+                raise SchemaError(
+                    f"{where}: slices are bytes, but this producer's schema is of arrays ({own.describe()}); "
+                    "nothing was written. Give dicts of arrays, or write bytes to a namespace of bytes"
+                )
+            return None
+        if namespace is not None and own is not None and namespace != own:
+            problem = schemas.difference(namespace, own)
+            raise SchemaError(f"{where}: {problem}; nothing was written. {_SCHEMA_FIX}")
+        expected = namespace or own or schemas.derive(encoded.array_layouts[0])
+        whose = (
+            "the namespace's schema"
+            if namespace is not None
+            else "this producer's declared schema"
+            if self._declared is not None
+            else "the schema of this producer's first TGB"
+            if own is not None
+            else "the schema of this TGB's first slice"
+        )
+        for arrays in encoded.array_layouts:
+            problem = schemas.mismatch(expected, arrays, whose)
+            if problem:
+                raise SchemaError(f"{where}: {problem}; nothing was written. {_SCHEMA_FIX}")
+        return expected
+
+    def _check_declared(self, state: LogState) -> None:
+        """A declared schema must be the namespace's (when it has one), and not for bytes."""
+        declared = self._declared
+        if declared is None:
+            return
+        layout = state.layout
+        if layout is not None and layout.kind == "bytes":
+            raise SchemaError(
+                f"{self._store.url}: producer {self.producer_id!r} declares a schema of arrays "
+                f"({declared.describe()}), but the namespace holds bytes; drop schema=, or use a new namespace"
+            )
+        if state.schema is not None and state.schema != declared:
+            raise SchemaError(
+                f"{self._store.url}: producer {self.producer_id!r} declares another schema than the namespace's "
+                f"(log version {state.version}): {schemas.difference(state.schema, declared, 'the namespace')}; "
+                "declare the namespace's schema (batchweave.read_schema), or use a new namespace"
             )
 
     def _claim_epoch(self, incarnation: str) -> tuple[LogState, ProducerState, float]:
@@ -354,9 +447,12 @@ class Producer:
         layout = log.Layout(self.mesh.dp, self.mesh.cp)
         began = time.monotonic()
         state = self._journal.load_state()
+        self._check_declared(state)  # before claiming: a doomed incarnation must not fence a working one
         ticket = self._write_ticket(state, layout, incarnation)
         try:
-            return self._claim_by_ticket(ticket, state, layout, incarnation, time.monotonic() - began)
+            claimed = self._claim_by_ticket(ticket, state, layout, incarnation, time.monotonic() - began)
+            self._check_declared(claimed[0])  # another schema may have landed meanwhile
+            return claimed
         finally:
             # Folded or passed: dead either way; and a start that failed must not have its
             # ticket folded later for an incarnation that never ran. One that may not delete
@@ -528,6 +624,12 @@ class Producer:
             # followed our own write which the store applied before timing out.
             if self._store.size(key) != size:
                 raise
+
+
+_SCHEMA_FIX = (
+    "A namespace keeps the schema of its first TGB of arrays (batchweave.read_schema shows it): "
+    "convert the arrays to it, or write them to a new namespace"
+)
 
 
 def end_stream(url: str | Store, *, create: bool = True, storage_options: dict[str, Any] | None = None) -> int:

@@ -34,6 +34,7 @@ from batchweave import log, logrules
 from batchweave.errors import ConfigError, CorruptDataError
 from batchweave.log import LogState, LogVersion, ProducerState, TGBDescriptor
 from batchweave.reading.polling import HEAD_BUDGET_PER_S
+from batchweave.schema import Schema
 
 __all__ = [
     "INTENT_FORMAT",
@@ -119,11 +120,15 @@ def decode_intent(data: bytes | memoryview, key: str) -> Intent:
     return intent
 
 
-def fold_intents(state: LogState, intents: Iterable[Intent]) -> dict[str, list[TGBDescriptor]]:
+def fold_intents(
+    state: LogState, intents: Iterable[Intent], schema: Schema | None = None
+) -> dict[str, list[TGBDescriptor]]:
     """Per producer, the TGBs the next version may commit from ``intents``: those that
     continue the producer's offset in ``state`` under its current epoch, chained across
     consecutive intents. Anything else (folded already, a fenced epoch, a gap, a layout
-    that does not fit) is left out."""
+    that does not fit, arrays of another schema than the namespace's or, while it has
+    none, the committer's ``schema``) is left out: their producer's own turn says why."""
+    schema = state.schema or schema
     by_producer: dict[str, list[Intent]] = {}
     for intent in intents:
         by_producer.setdefault(intent.producer, []).append(intent)
@@ -133,7 +138,9 @@ def fold_intents(state: LogState, intents: Iterable[Intent]) -> dict[str, list[T
         if recorded is None:
             continue  # an intent is always written after its producer's claim: not caught up yet
         tgbs = _chain(recorded, sorted(mine, key=lambda i: i.first_offset))
-        tgbs = [t for t in tgbs if not logrules.layout_mismatch(state.layout, t)]
+        tgbs = [
+            t for t in tgbs if not logrules.layout_mismatch(state.layout, t) and not logrules.schema_mismatch(schema, t)
+        ]
         if tgbs:
             folded[producer] = tgbs
     return folded
@@ -157,10 +164,12 @@ def build_group_commit(
     intents: Iterable[Intent],
     committed_at: float,
     metrics: dict[str, float] | None = None,
+    schema: Schema | None = None,
 ) -> LogVersion | None:
     """The next version: the committer's own pending TGBs (already rebased) and every
-    other producer's foldable intents, producers in id order. None if there is nothing."""
-    folded = fold_intents(state, (i for i in intents if i.producer != producer_id))
+    other producer's foldable intents, producers in id order. None if there is nothing.
+    ``schema`` is the committer's (see ``logrules.build_commit``)."""
+    folded = fold_intents(state, (i for i in intents if i.producer != producer_id), schema)
     if own:
         folded[producer_id] = list(own)
     if not folded:
@@ -179,7 +188,9 @@ def build_group_commit(
                 offset=batch[-1].source_offset + 1,
                 last_version=0,  # stamped when applied
             )
-    return logrules.next_version(state, committed_at, tgbs=tgbs, producers=producers)
+    return logrules.next_version(
+        state, committed_at, tgbs=tgbs, producers=producers, schema=logrules.schema_to_set(state, schema, tgbs)
+    )
 
 
 def turn_rank(state: LogState, producer_id: str, active_versions: int) -> int:

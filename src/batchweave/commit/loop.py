@@ -162,12 +162,16 @@ class CommitLoop:
         shared = self._shared
 
         def commit(state: LogState) -> log.LogVersion | None:
-            remaining = logrules.pending_after_rebase(state, shared.producer_id, shared.me, batch)
+            remaining = logrules.pending_after_rebase(
+                state, shared.producer_id, shared.me, batch, shared.schema, self._store.url
+            )
             if not remaining:
                 return None
             shared.metrics["attempts"] += 1  # before publishing: the counters include this attempt
             published = self._published_metrics(len(remaining))
-            return logrules.build_commit(state, shared.producer_id, shared.me, remaining, time.time(), published)
+            return logrules.build_commit(
+                state, shared.producer_id, shared.me, remaining, time.time(), published, shared.schema
+            )
 
         result = self._journal.commit(shared.state, commit, max_attempts=1)
         committed = result.outcome == "committed"

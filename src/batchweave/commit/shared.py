@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from batchweave.lifecycle.backpressure import CommittedSpan
 from batchweave.log import LogState, ProducerState, TGBDescriptor
+from batchweave.schema import Schema
 
 if TYPE_CHECKING:
     import threading
@@ -43,6 +44,9 @@ class SharedState:
     state: LogState  # the newest log state this producer has read
     me: ProducerState  # this incarnation, as its claim left it (its epoch)
     pending: list[TGBDescriptor] = field(default_factory=list)
+    # The schema our TGBs of arrays fit: declared, the namespace's, or our first TGB's. Set
+    # before the first TGB that needs it is pending, and never changed after.
+    schema: Schema | None = None
     error: Exception | None = None  # the commit thread's final error, raised to the caller
     closed: bool = False
     abandon: bool = False  # close(flush=False): drop what is not committed

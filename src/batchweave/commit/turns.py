@@ -271,7 +271,9 @@ class GroupTurns:
             batch = list(shared.pending)
 
         def commit(state: LogState) -> log.LogVersion | None:
-            remaining = logrules.pending_after_rebase(state, shared.producer_id, shared.me, batch)
+            remaining = logrules.pending_after_rebase(
+                state, shared.producer_id, shared.me, batch, shared.schema, self._store.url
+            )
             if state.end_of_stream:
                 return None  # pending_after_rebase raised if any of ours were left
             if not forced and state.version > turn_version:
@@ -281,7 +283,9 @@ class GroupTurns:
                 return None
             shared.metrics["attempts"] += 1
             published = self._published_metrics(len(remaining))
-            return build_group_commit(state, shared.producer_id, shared.me, remaining, intents, time.time(), published)
+            return build_group_commit(
+                state, shared.producer_id, shared.me, remaining, intents, time.time(), published, shared.schema
+            )
 
         result = self._journal.commit(shared.state, commit, max_attempts=1)
         shared.metrics["successes"] += result.outcome == "committed"
