@@ -6,6 +6,8 @@ then "Debug source:" and the pretty-printed Debug of the error tree.
 
 from __future__ import annotations
 
+from xml.sax.saxutils import escape
+
 REASONS = {400: "Bad Request", 403: "Forbidden", 404: "Not Found", 409: "Conflict", 412: "Precondition Failed"}
 REASONS.update({429: "Too Many Requests", 500: "Internal Server Error", 501: "Not Implemented"})
 REASONS.update({502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"})
@@ -14,7 +16,8 @@ REASONS.update({502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Ti
 def obstore_status_message(key: str, status: int, *, method: str = "PUT", code: str = "AccessDenied") -> str:
     """The text of an obstore 0.12 error for an HTTP error answer (copied from real ones)."""
     uri = f"http://127.0.0.1:9000/bucket/run-1/{key}"
-    body = f"<Error><Code>{code}</Code><Message>try again</Message><Key>run-1/{key}</Key></Error>"
+    # A server escapes the key in its XML body, as it must (a key may hold '<').
+    body = f"<Error><Code>{code}</Code><Message>try again</Message><Key>run-1/{escape(key)}</Key></Error>"
     escaped = body.replace('"', '\\"')
     return (
         f"Generic S3 error: Error performing {method} {uri} in 1.2ms - Server returned non-2xx status code: "

@@ -204,3 +204,94 @@ def test_pool_names_a_missing_shards_file(tmp_path, capsys):
     args = ["pool", str(tmp_path / "ns"), "prep", "--fn", "pool_work:tgb_of_line", "--shards", str(tmp_path / "no")]
     assert main([*args, "--producers", "1", "--dp", "2"]) == 2
     assert "cannot read the shards file" in capsys.readouterr().err
+
+
+# -- startup cost, gc's report, an empty directory ---------------------------------------
+
+# What `batchweave --version` and `--help` must not import: each costs from tens of
+# milliseconds (numpy, obstore) to seconds under load (the demo, the benchmarks).
+HEAVY = ("numpy", "obstore", "msgspec", "rich", "batchweave.demo", "batchweave.consumer", "batchweave.producer")
+HEAVY += ("batchweave.store", "batchweave.pool", "benchmarks", "torch", "matplotlib")
+
+IMPORTED_BY = """
+import json, sys
+from batchweave.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+@pytest.mark.parametrize("args", [["--version"], ["--help"], ["gc", "--help"], ["demo", "--help"]])
+def test_version_and_help_import_no_heavy_module(args):
+    result = subprocess.run(
+        [sys.executable, "-c", IMPORTED_BY, *args], capture_output=True, text=True, timeout=60, check=True
+    )
+    imported = set(json.loads(result.stdout.splitlines()[-1]))
+    assert "batchweave.cli" in imported  # the check ran where it should
+    assert sorted(name for name in imported if name.split(".")[0] in HEAVY or name in HEAVY) == []
+
+
+def test_the_demo_default_the_parser_states_is_the_demo_s():
+    from batchweave import cli, demo
+
+    assert cli._DEMO_STEPS == demo.DEFAULT_STEPS
+    assert build_parser().parse_args(["demo"]).steps == demo.DEFAULT_STEPS
+
+
+def test_the_package_s_names_load_on_first_use():
+    code = "import sys, batchweave as bw; assert 'numpy' not in sys.modules; bw.Consumer; print('numpy' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.strip() == "True"
+    # Every name of the API is an error (errors.py is light: imported at once) or loads lazily.
+    assert set(batchweave.__all__) == {*batchweave.errors.__all__, *batchweave._LAZY, "__version__"}
+    assert set(batchweave._LAZY) <= set(dir(batchweave))
+    with pytest.raises(AttributeError, match="no_such_name"):
+        batchweave.no_such_name  # noqa: B018
+
+
+def test_gc_json_is_a_summary_and_lists_keys_only_when_asked(namespace):
+    url, _ = namespace
+    _mark(url, "step-3", 3)
+    dry = json.loads(run_cli("gc", url, "--dry-run", "--grace-s", "0", "--json").stdout)
+    assert "deleted_objects" not in dry and "orphans" not in dry  # no list of keys by default
+    assert dry["dry_run"] is True and dry["w_global_step"] == 3 and dry["deleted_object_count"] == 3
+    assert {"deleted_bytes", "deleted_versions", "deleted_snapshots", "orphan_count"} <= dry.keys()
+    listed = json.loads(run_cli("gc", url, "--dry-run", "--grace-s", "0", "--json", "--keys").stdout)
+    assert len(listed["deleted_objects"]) == 3 and listed["orphans"] == []
+    assert {k: v for k, v in listed.items() if k not in ("deleted_objects", "orphans")} == dry
+    done = run_cli("gc", url, "--grace-s", "0", "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["deleted_object_count"] == 3
+    _assert_error(run_cli("gc", url, "--keys"), "give --json too")
+
+
+def test_gc_dry_run_without_a_checkpoint_says_w_global_is_none_yet(namespace):
+    url, _ = namespace
+    result = run_cli("gc", url, "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("W_global: none yet (no live checkpoint); reclaimed below step 0; would delete 0")
+    _mark(url, "step-2", 2)
+    assert run_cli("gc", url, "--dry-run").stdout.startswith("W_global: step 2; ")
+
+
+def test_inspect_of_an_empty_directory_says_nothing_is_committed_as_on_s3(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    want = f"no BatchWeave namespace at {empty.as_uri()}: nothing committed yet ("
+    for command in (["inspect", str(empty)], ["inspect", str(empty), "--json"]):
+        _assert_error(run_cli(*command), want, "check the URL")
+    assert list(empty.iterdir()) == []
+
+
+@pytest.mark.s3
+def test_inspect_of_an_empty_prefix_says_the_same(moto_server, monkeypatch):
+    from batchweave.testing import servers
+
+    for var in servers.S3_ENV_UNSET:
+        monkeypatch.delenv(var, raising=False)
+    for var, value in servers.s3_env(moto_server).items():
+        monkeypatch.setenv(var, value)
+    url = "s3://batchweave-test/never-written"
+    _assert_error(run_cli("inspect", url), f"error: no BatchWeave namespace at {url}: nothing committed yet (")

@@ -767,7 +767,7 @@ def test_on_an_object_store_collection_refuses_a_namespace_that_never_was_unless
     """Nothing committed and no checkpoint: most likely a mistyped URL, refused, saying so.
     A checkpoint alone (released, here) makes it a namespace to tidy."""
     url = memory_url("gc-no-namespace")
-    with pytest.raises(ConfigError, match=r"no namespace at .*check the URL"):
+    with pytest.raises(ConfigError, match=r"no BatchWeave namespace at .*check the URL"):
         bw.collect_garbage(ObjectStoreLike(url))
     Store(url).put(released_key("ck"), b"{}")
     assert bw.collect_garbage(ObjectStoreLike(url), grace_s=0).deleted_watermarks == 1

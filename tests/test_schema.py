@@ -561,8 +561,9 @@ def test_inspect_shows_the_schema(tmp_path, capsys):
 def test_inspect_says_bytes_and_nothing_yet(tmp_path, capsys):
     url = str(tmp_path / "ns")
     (tmp_path / "ns").mkdir()
-    assert main(["inspect", url, "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["schema"] is None
+    assert main(["inspect", url, "--json"]) == 2  # the command refuses an empty directory, as an empty S3 prefix
+    assert "no BatchWeave namespace at" in capsys.readouterr().err
+    assert bw.inspect_namespace(url).to_dict()["schema"] is None  # the function describes it
     with bw.Producer(url, "p", dp=1) as producer:
         producer.append([b"x"])
     assert main(["inspect", url, "--json"]) == 0

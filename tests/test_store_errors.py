@@ -102,8 +102,15 @@ def test_a_status_phrase_inside_the_key_is_not_the_status():
 
 
 def test_messages_name_the_key_status_and_error_code():
-    got = translate_error(FileNotFoundError(obstore_status_message(RACE_KEY, 404, code="NoSuchBucket")), RACE_KEY)
-    assert str(got) == f"{RACE_KEY}: no such object (HTTP 404 NoSuchBucket)"
+    got = translate_error(FileNotFoundError(obstore_status_message(RACE_KEY, 404, code="NoSuchKey")), RACE_KEY)
+    assert str(got) == f"{RACE_KEY}: no such object (HTTP 404 NoSuchKey)"
+    got = translate_error(
+        FileNotFoundError(obstore_status_message(RACE_KEY, 404, code="NoSuchBucket")), RACE_KEY, store="s3://b/p"
+    )
+    assert str(got) == (
+        f"{RACE_KEY}: the bucket 'b' of s3://b/p does not exist (HTTP 404 NoSuchBucket): create it "
+        "(aws s3 mb s3://b), or fix the bucket name in the URL; BatchWeave never creates buckets"
+    )
     got = translate_error(
         obs_errors.PreconditionError(obstore_status_message(RACE_KEY, 412)), RACE_KEY, conditional=True
     )
@@ -290,3 +297,138 @@ def test_probe_counts_a_refused_first_put_as_honoured(fault_store, fresh_probe_c
     refusal is what the probe looks for."""
     fault_store(412).require_create_only()
     assert list(store_core._create_only_checked.values()) == [True]
+
+
+# -- the store's error code says what to fix --------------------------------------------
+
+FORGED_KEY = "data/<Code>NoSuchBucket</Code><Code>SignatureDoesNotMatch</Code>/x.bwb"
+
+
+def test_the_error_code_is_read_from_the_answer_not_from_the_key():
+    """A key holding `<Code>...</Code>` does not make a missing object a missing bucket,
+    nor a missing permission a wrong secret: the code comes from the body's field."""
+    store = "s3://bucket/run-1"
+    missing = translate_error(
+        FileNotFoundError(obstore_status_message(FORGED_KEY, 404, code="NoSuchKey")), FORGED_KEY, store=store
+    )
+    assert str(missing) == f"{FORGED_KEY}: no such object (HTTP 404 NoSuchKey)"
+    forbidden = obs_errors.PermissionDeniedError(obstore_status_message(FORGED_KEY, 403))
+    denied = translate_error(forbidden, FORGED_KEY, request="put", store=store)
+    assert type(denied) is bw.StorePermissionError and denied.action == "s3:PutObject"
+    assert "secret is wrong" not in str(denied)
+
+
+def test_a_403_without_an_error_code_names_the_permission_and_the_credentials():
+    """A HEAD's answer has no body: the message cannot tell a wrong secret from a missing grant."""
+    message = obstore_status_message(RACE_KEY, 403, method="HEAD").replace("<Code>AccessDenied</Code>", "")
+    got = translate_error(obs_errors.PermissionDeniedError(message), RACE_KEY, request="head", store="s3://b/p")
+    assert got.action == "s3:GetObject" and "or the access key or secret is wrong" in str(got)
+
+
+@pytest.fixture
+def moto_s3(moto_server, monkeypatch):
+    for var in services.S3_ENV_UNSET:
+        monkeypatch.delenv(var, raising=False)
+    for var, value in services.s3_env(moto_server).items():
+        monkeypatch.setenv(var, value)
+    return moto_server
+
+
+@pytest.mark.s3
+def test_real_missing_bucket_is_named_with_how_to_create_it(moto_s3, fresh_probe_cache):
+    store = Store("s3://no-such-bucket/run-1")
+    want = (
+        "the bucket 'no-such-bucket' of s3://no-such-bucket/run-1 does not exist (HTTP 404 NoSuchBucket): "
+        "create it (aws s3 mb s3://no-such-bucket), or fix the bucket name in the URL; "
+        "BatchWeave never creates buckets"
+    )
+    for key, call in (
+        (RACE_KEY, lambda: store.get(RACE_KEY)),
+        ("_log/", lambda: list(store.list("_log/"))),
+        (OUTAGE_KEY, lambda: store.put_if_absent(OUTAGE_KEY, b"{}")),
+    ):
+        with pytest.raises(bw.ObjectNotFoundError) as info:
+            call()
+        assert str(info.value) == f"{key}: {want}"
+    with pytest.raises(bw.ObjectNotFoundError, match="aws s3 mb"):  # not "conditional puts not supported"
+        store.require_create_only()
+
+
+@pytest.mark.s3
+def test_real_consumer_on_a_missing_bucket_names_it(moto_s3):
+    with pytest.raises(bw.ObjectNotFoundError, match=r"the bucket 'no-such-bucket' .*aws s3 mb s3://no-such-bucket"):
+        with bw.Consumer("s3://no-such-bucket/run-1", dp=1, rank=0, timeout_s=30) as consumer:
+            next(iter(consumer))
+
+
+@pytest.mark.azure
+def test_real_missing_container_is_named_with_how_to_create_it(azurite_server, monkeypatch):
+    for var in services.AZURE_ENV_UNSET:
+        monkeypatch.delenv(var, raising=False)
+    for var, value in services.azure_env(azurite_server).items():
+        monkeypatch.setenv(var, value)
+    store = Store("az://no-such-container/run-1")
+    for call in (lambda: store.get(RACE_KEY), lambda: list(store.list("_log/"))):
+        with pytest.raises(bw.ObjectNotFoundError) as info:
+            call()
+        assert "the container 'no-such-container' of az://no-such-container/run-1 does not exist (HTTP 404 " in str(
+            info.value
+        )
+        assert "ContainerNotFound): create it (az storage container create --name no-such-container)" in str(info.value)
+
+
+def test_an_expired_session_token_is_a_credentials_error_though_s3_answers_400():
+    message = obstore_status_message(RACE_KEY, 400, method="GET", code="ExpiredToken")
+    got = translate_error(obs_errors.GenericError(message), RACE_KEY, request="get", store="s3://b/p")
+    assert type(got) is bw.StorePermissionError and got.action == ""
+    assert str(got).startswith(f"{RACE_KEY}: access denied (HTTP 400 ExpiredToken): the session token has expired")
+
+
+def test_azure_authentication_failed_says_the_key_is_wrong():
+    """Azure answers a wrong account key or SAS with 403 AuthenticationFailed (Azurite says
+    AuthorizationFailure instead, Azure's code for a firewall or RBAC refusal: no real
+    server here can produce it)."""
+    message = obstore_status_message(RACE_KEY, 403, method="GET", code="AuthenticationFailed")
+    got = translate_error(obs_errors.PermissionDeniedError(message), RACE_KEY, request="get", store="az://c/p")
+    assert str(got).startswith(
+        f"{RACE_KEY}: access denied (HTTP 403 AuthenticationFailed): the account key or SAS token is wrong"
+    )
+    assert got.action == "" and "AZURE_STORAGE_ACCOUNT_KEY" in str(got)
+
+
+@pytest.mark.seaweedfs
+@pytest.mark.parametrize(
+    "variable,code",
+    [("AWS_SECRET_ACCESS_KEY", "SignatureDoesNotMatch"), ("AWS_ACCESS_KEY_ID", "InvalidAccessKeyId")],
+)
+def test_real_wrong_key_or_secret_says_so_not_a_permission(seaweedfs_server, monkeypatch, variable, code):
+    """SeaweedFS checks signatures (moto does not): a wrong secret is not a missing grant."""
+    for var in services.S3_ENV_UNSET:
+        monkeypatch.delenv(var, raising=False)
+    for var, value in services.s3_env(seaweedfs_server).items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setenv(variable, "wrong")
+    store = Store("s3://batchweave-test/run-1")
+    for key, call in ((RACE_KEY, lambda: store.get(RACE_KEY)), ("_log/", lambda: list(store.list("_log/")))):
+        with pytest.raises(bw.StorePermissionError) as info:
+            call()
+        message = str(info.value)
+        assert message.startswith(f"{key}: access denied (HTTP 403 {code}): the access key or secret is wrong")
+        assert "check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in message
+        assert info.value.action == "" and "s3:" not in message.split("The store's answer")[0]
+
+
+@pytest.mark.s3
+def test_real_plain_http_endpoint_without_allow_http_says_to_allow_it(moto_s3, monkeypatch):
+    monkeypatch.delenv("AWS_ALLOW_HTTP")
+    store = Store("s3://batchweave-test/run-1")
+    for key, call in ((RACE_KEY, lambda: store.get(RACE_KEY)), ("_log/", lambda: list(store.list("_log/")))):
+        with pytest.raises(bw.StoreError) as info:
+            call()
+        assert type(info.value) is bw.StoreError
+        assert str(info.value).startswith(
+            f"{key}: {moto_s3} is a plain-HTTP endpoint, which the store client refuses unless told to allow it: "
+            "set AWS_ALLOW_HTTP=true or pass storage_options={'client_options': {'allow_http': True}}"
+        )
+    allowed = Store("s3://batchweave-test/run-1", storage_options={"client_options": {"allow_http": True}})
+    assert allowed.size(RACE_KEY) is None  # the fix works

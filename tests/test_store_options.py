@@ -325,8 +325,8 @@ def test_on_an_object_store_a_namespace_exists_once_something_was_committed(back
         lambda: bw.collect_garbage(backend_url, grace_s=0),
         lambda: bw.release_checkpoint(backend_url, "ck"),
     ):
-        error = fails_fast(call, match="no namespace at")
-        assert backend_url in str(error) and "nothing was ever committed" in str(error)
+        error = fails_fast(call, match="no BatchWeave namespace at")
+        assert backend_url in str(error) and "nothing committed yet" in str(error)
     consumer = bw.Consumer(backend_url, dp=1, rank=0, timeout_s=0.5)  # started before any producer: fine
     with pytest.raises(bw.StepTimeoutError):
         next(consumer)

@@ -5,8 +5,11 @@ log version; training ranks read exactly their own slice of each step. The objec
 is the only shared component.
 """
 
-from batchweave.commit.policies import AIMD, DAC, INCR, CommitPolicy, Fixed, Manual, Naive
-from batchweave.consumer import Batch, Consumer
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from batchweave.errors import (
     BatchWeaveError,
     ConfigError,
@@ -25,18 +28,54 @@ from batchweave.errors import (
     StreamEndedError,
     TransientStoreError,
 )
-from batchweave.evaluation import evaluation_pass
-from batchweave.inspect import NamespaceInfo, inspect_namespace, read_schema
-from batchweave.lifecycle.gc import GCReport, collect_garbage
-from batchweave.lifecycle.watermarks import release_checkpoint
-from batchweave.mesh import Mesh
-from batchweave.mixing import MixPlan, Mixture, SampleRef, Step
-from batchweave.pool import PoolReport, run_pool
-from batchweave.producer import Producer, end_stream
-from batchweave.schema import ArraySchema, Schema
-from batchweave.shuffle import IndexedSource, ShardedSource
 
 __version__ = "0.1.0"
+
+# The rest of the API is imported on first use (PEP 562): `import batchweave.errors`, and
+# `batchweave --version` or `--help`, need neither numpy nor the store. Each name, by the
+# module that defines it; the imports below are the same for type checkers.
+_LAZY = {
+    **dict.fromkeys(("AIMD", "DAC", "INCR", "CommitPolicy", "Fixed", "Manual", "Naive"), "batchweave.commit.policies"),
+    **dict.fromkeys(("Batch", "Consumer"), "batchweave.consumer"),
+    "evaluation_pass": "batchweave.evaluation",
+    **dict.fromkeys(("NamespaceInfo", "inspect_namespace", "read_schema"), "batchweave.inspect"),
+    **dict.fromkeys(("GCReport", "collect_garbage"), "batchweave.lifecycle.gc"),
+    "release_checkpoint": "batchweave.lifecycle.watermarks",
+    "Mesh": "batchweave.mesh",
+    **dict.fromkeys(("MixPlan", "Mixture", "SampleRef", "Step"), "batchweave.mixing"),
+    **dict.fromkeys(("PoolReport", "run_pool"), "batchweave.pool"),
+    **dict.fromkeys(("Producer", "end_stream"), "batchweave.producer"),
+    **dict.fromkeys(("ArraySchema", "Schema"), "batchweave.schema"),
+    **dict.fromkeys(("IndexedSource", "ShardedSource"), "batchweave.shuffle"),
+}
+if TYPE_CHECKING:
+    from batchweave.commit.policies import AIMD, DAC, INCR, CommitPolicy, Fixed, Manual, Naive
+    from batchweave.consumer import Batch, Consumer
+    from batchweave.evaluation import evaluation_pass
+    from batchweave.inspect import NamespaceInfo, inspect_namespace, read_schema
+    from batchweave.lifecycle.gc import GCReport, collect_garbage
+    from batchweave.lifecycle.watermarks import release_checkpoint
+    from batchweave.mesh import Mesh
+    from batchweave.mixing import MixPlan, Mixture, SampleRef, Step
+    from batchweave.pool import PoolReport, run_pool
+    from batchweave.producer import Producer, end_stream
+    from batchweave.schema import ArraySchema, Schema
+    from batchweave.shuffle import IndexedSource, ShardedSource
+
+
+def __getattr__(name: str) -> Any:
+    """A name of the API, imported from its module on first use (then kept here)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'batchweave' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "AIMD",

@@ -4,7 +4,8 @@
     batchweave watch URL [--interval S] [--once] [--json]
                                         a live view of a running namespace
     batchweave end-stream URL           commit the end-of-stream marker
-    batchweave gc URL [--dry-run]       checkpoint-aligned garbage collection
+    batchweave gc URL [--dry-run] [--json [--keys]]
+                                        checkpoint-aligned garbage collection
     batchweave policy ROLE s3://B/P     the IAM policy a role needs on a namespace
     batchweave demo [...]               the whole story: kills, resume, GC, resharding, checks
     batchweave pool URL NAME --fn M:F --shards FILE --producers N --dp D
@@ -63,8 +64,11 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from batchweave.inspect import inspect_namespace, schema_text
+    from batchweave.lifecycle.watermarks import no_namespace_message
 
     info = inspect_namespace(args.url)
+    if info.latest_version == 0 and not info.checkpoints:  # an empty directory: what S3 says of an empty prefix
+        raise ConfigError(no_namespace_message(info.url))
     if args.json:
         print(json.dumps(info.to_dict(), sort_keys=True))
         return EXIT_OK
@@ -197,9 +201,12 @@ def _positive(text: str) -> int:
     return _positive_number(int, text)
 
 
-def _add_demo(sub: argparse._SubParsersAction) -> None:
-    from batchweave.demo import DEFAULT_STEPS
+# batchweave.demo.DEFAULT_STEPS, written out: building the parser must not import the demo
+# (`batchweave --version` would pay for it); tests/test_cli.py checks that they agree.
+_DEMO_STEPS = 200
 
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "demo",
         help="the whole story in a minute: crashes, checkpoints, GC, resharding, checks and a figure",
@@ -216,7 +223,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--producers", type=_positive, default=3, help="producer processes (default 3)")
     p.add_argument(
-        "--steps", type=_positive, default=DEFAULT_STEPS, help=f"steps in total, at least 40 (default {DEFAULT_STEPS})"
+        "--steps", type=_positive, default=_DEMO_STEPS, help=f"steps in total, at least 40 (default {_DEMO_STEPS})"
     )
     p.add_argument("--dp", type=_positive, default=2, help="data-parallel size (default 2)")
     p.add_argument("--cp", type=_positive, default=2, help="context-parallel size (default 2)")
@@ -255,20 +262,44 @@ def _add_gc(sub: argparse._SubParsersAction) -> None:
     p.add_argument("url", help="namespace URL")
     p.add_argument("--dry-run", action="store_true", help="only report what would be deleted")
     p.add_argument("--grace-s", type=float, default=3600.0, help="age before an unreferenced object is an orphan")
-    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the report as one JSON object: W_global, counts and bytes per kind of object",
+    )
+    p.add_argument(
+        "--keys",
+        action="store_true",
+        help="with --json, also list every deleted (or, with --dry-run, doomed) key and every orphan",
+    )
     p.set_defaults(func=_cmd_gc)
+
+
+# The report's lists of keys: thousands of entries after a long run, so counted unless --keys.
+_GC_KEY_LISTS = {"deleted_objects": "deleted_object_count", "orphans": "orphan_count"}
+
+
+def _gc_summary(report: dict[str, Any], keys: bool) -> dict[str, Any]:
+    """``GCReport.to_dict()`` as ``gc --json`` prints it: each list of keys as its count
+    (``deleted_object_count``, ``orphan_count``), and the lists as well with ``keys``."""
+    summary = {name: value for name, value in report.items() if keys or name not in _GC_KEY_LISTS}
+    summary.update((count, len(report[name])) for name, count in _GC_KEY_LISTS.items())
+    return summary
 
 
 def _cmd_gc(args: argparse.Namespace) -> int:
     from batchweave.lifecycle.gc import collect_garbage
 
+    if args.keys and not args.json:
+        raise ConfigError("gc --keys lists the keys in the JSON report: give --json too")
     report = collect_garbage(args.url, grace_s=args.grace_s, dry_run=args.dry_run)
     if args.json:
-        print(json.dumps(report.to_dict(), sort_keys=True))
+        print(json.dumps(_gc_summary(report.to_dict(), args.keys), sort_keys=True))
         return EXIT_OK
     verb = "would delete" if args.dry_run else "deleted"
+    w_global = "none yet (no live checkpoint)" if report.w_global_step is None else f"step {report.w_global_step}"
     print(
-        f"W_global: step {report.w_global_step}; reclaimed below step {report.reclaimed_steps}; {verb} "
+        f"W_global: {w_global}; reclaimed below step {report.reclaimed_steps}; {verb} "
         f"{len(report.deleted_objects)} objects ({report.deleted_bytes} bytes of TGBs), "
         f"{report.deleted_versions} log versions, {report.deleted_snapshots} snapshots, {len(report.orphans)} orphans, "
         f"{report.deleted_staging} staging files of killed puts ({report.deleted_staging_bytes} bytes)"

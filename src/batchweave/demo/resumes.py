@@ -73,7 +73,8 @@ def _resume_on(run: DemoRun, dp_new: int, checkpoint: str, cursor: dict[str, Any
         f"continues at step {new_step} (each TGB is now {_steps_per_tgb(plan.dp, dp_new)} steps), global "
         f"batch {before} -> {after} images per step; {dp_new * plan.cp} rank(s) read {steps_read} steps, "
         f"{len(reads)} slices",
-        "the cursor counts TGBs, not steps: another mesh resumes at the same data (paper 4.1)",
+        "the cursor counts TGBs, not steps: another mesh resumes at the same data (docs/guides/resharding.md, "
+        "'Why it works'; the consumer cursor of the BatchWeave paper, Sun et al., section 4.4)",
         checkpoint=checkpoint,
         dp_from=plan.dp,
         dp_to=dp_new,

@@ -40,6 +40,7 @@ __all__ = [
     "Watermark",
     "check_checkpoint_id",
     "global_watermark",
+    "no_namespace_message",
     "read_watermarks",
     "release_checkpoint",
     "released_key",
@@ -152,13 +153,19 @@ def require_namespace(store: Store, state: LogState, *, has_checkpoints: bool) -
     On an object store a prefix always "exists", so a namespace exists once something was
     committed there (log version 1 or a snapshot: ``state.version > 0``) or a checkpoint
     was marked there. Anything else is most likely a mistyped URL. (A ``Consumer`` does not
-    ask: on an object store it may start before the first producer and wait.)
+    ask: on an object store it may start before the first producer and wait; it warns
+    meanwhile. ``batchweave inspect`` says the same of a local directory with nothing in it.)
     """
     if store.object_store and state.version == 0 and not has_checkpoints:
-        raise ConfigError(
-            f"no namespace at {store.url}: nothing was ever committed there (no log version 1, no snapshot) "
-            "and no checkpoint marked; check the URL"
-        )
+        raise ConfigError(no_namespace_message(store.url))
+
+
+def no_namespace_message(url: str) -> str:
+    """What the tools say of a URL where nothing was committed yet (a waiting consumer too)."""
+    return (
+        f"no BatchWeave namespace at {url}: nothing committed yet (no log version 1, no snapshot, no checkpoint "
+        "marked); check the URL, prefix included, against the producers' one, or start the producers first"
+    )
 
 
 def release_checkpoint(url: str | Store, checkpoint_id: str, *, storage_options: dict[str, Any] | None = None) -> None:

@@ -114,7 +114,7 @@ class Pipeline:
         self._next_delivered = cursor.step  # for messages
         self._plan = StepPlan(mesh, rank, mesh.slice_index(rank), cursor, store.url)
         followers = node.nodes if node is not None else mesh.world_size
-        self._polling = HeadPolling(followers, max_poll_s=max_poll_interval_s, copies=store.head_copies)
+        self._polling = HeadPolling(followers, max_poll_s=max_poll_interval_s, copies=store.head_copies, url=self._url)
         self._ready: queue.SimpleQueue[Any] = queue.SimpleQueue()  # C-implemented: no lock hand-offs
         # The step taken from the queue whose proof or fetch was not done when next() timed
         # out: the next call waits for it again (a timeout never skips nor repeats a step).

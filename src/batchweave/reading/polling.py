@@ -28,7 +28,9 @@ The same floor bounds a follower's idle re-proof of its anchor (``idle_proof_s``
 GET goes to one key every follower of the job reads too; and it spreads the followers'
 first requests when a job starts (``start_pause_s``).
 
-Pure: no I/O, no clock; the follower passes times in.
+Pure: no I/O, no clock; the follower passes times in. Given the namespace's ``url``, it
+also tells a ``SilenceWatch`` (``reading.silence``) of each find and miss, which logs
+when the log stays silent (a mistyped prefix should not wait without a word).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from __future__ import annotations
 import random
 
 from batchweave.errors import ConfigError
+from batchweave.reading.silence import SilenceWatch
 
 __all__ = ["HEAD_BUDGET_PER_S", "IDLE_PROOF_S", "MIN_PAUSE_S", "HeadPolling"]
 
@@ -69,6 +72,7 @@ class HeadPolling:
             floor may be longer).
         rng: source of jitter (a seeded one in tests and simulations).
         copies: copies of each version near the head the writers keep (``Store.head_copies``).
+        url: the namespace; given, a long silence at the head is logged (``silence``).
     """
 
     def __init__(
@@ -79,6 +83,7 @@ class HeadPolling:
         max_poll_s: float = 1.0,
         rng: random.Random | None = None,
         copies: int = 0,
+        url: str = "",
     ) -> None:
         if followers < 1 or not budget_per_s > 0 or not max_poll_s > 0:
             raise ConfigError(
@@ -96,6 +101,7 @@ class HeadPolling:
         self._last_commit: float | None = None
         self._pause = 0.0  # the mean pause the next miss starts from (0: just found a version)
         self._rng = rng  # None: the random module's (which a simulation replaces)
+        self.silence = SilenceWatch(url) if url else None
 
     @property
     def idle_proof_s(self) -> float:
@@ -113,9 +119,13 @@ class HeadPolling:
                 self.commit_interval_s = interval if previous is None else previous + _SMOOTHING * (interval - previous)
             self._last_commit = max(committed_at, self._last_commit or 0.0)
         self._pause = 0.0
+        if self.silence is not None:
+            self.silence.found()
 
     def missed(self) -> float:
         """The pause before probing again after a probe found nothing new."""
+        if self.silence is not None:
+            self.silence.missed()
         if self._pause == 0.0:
             start = MIN_PAUSE_S if self.commit_interval_s is None else self.commit_interval_s / 4
             self._pause = min(self.max_poll_s, max(MIN_PAUSE_S, start))

@@ -1,9 +1,10 @@
 """obstore's errors translated into BatchWeave's: the one place that knows them.
 
 ``translate_error`` maps a failed request's exception to a ``StoreError`` (a lost race, a
-missing object, a denial naming the permission to grant, a transient failure, or a plain
-failure); ``translate_open_error`` the failure to build a store to a ``ConfigError``
-without the secrets of its options. ``throttling`` and ``never_reached`` tell the retry
+missing object or bucket, a denial naming the permission to grant or saying the key is
+wrong, a plain-HTTP endpoint that was not allowed, a transient failure, or a plain
+failure), each saying what to do about it; ``translate_open_error`` the failure to build
+a store to a ``ConfigError`` without the secrets of its options. ``throttling`` and ``never_reached`` tell the retry
 loop what kind of failure it saw.
 """
 
@@ -53,6 +54,12 @@ __all__ = ["never_reached", "required_permission", "throttling", "translate_erro
 # percent-encoded (no spaces, no newlines): once the quoted strings and URIs are dropped,
 # no copy of the key is left, and a line that is exactly `status: NNN,` can only be the
 # status field.
+#
+# The store's error code (NoSuchBucket, SignatureDoesNotMatch) is read the same way: from
+# the Debug part's `body: Some(\n "<escaped body>",` line, whose quoted string holds the
+# server's XML answer. A key or message inside that XML is XML-escaped by the server, so
+# the body's first `<Code>` tag is the error code and nothing a key can forge; and no
+# quoted path or percent-encoded URI can start a line of the Debug part.
 
 # A create-only put that lost: S3 and SeaweedFS answer 412, S3 also 409 ConditionalRequestConflict.
 _RACE_STATUSES = frozenset({409, 412})
@@ -78,8 +85,16 @@ _DEBUG_ERROR_BODY = re.compile(r"^\s*inner: Response \{$", re.MULTILINE)
 # field: "Server returned non-2xx status code: 503 ..." (object_store 0.11+) or
 # "Client error with status 409 ..." (object_store 0.10).
 _DISPLAY_STATUS = re.compile(r"(?:Server returned (?:non-2xx status code: )?|Client error with status )(\d{3})\b")
-# The error code of an S3 or Azure XML body (NoSuchBucket, SlowDown): for messages only.
+# The error code of an S3 or Azure XML body (NoSuchBucket, SlowDown), anywhere in the text:
+# for messages only, when there is no Debug part to read it from.
 _BODY_CODE = re.compile(r"<Code>(\w+)</Code>")
+# The answer's body in the Debug part (a quoted string, escapes and all; read before the
+# quoted strings are dropped), and the URI the request went to.
+_DEBUG_BODY = re.compile(r'^\s*body: Some\(\n\s*("(?:[^"\\]|\\.)*"),$', re.MULTILINE)
+_DEBUG_URI = re.compile(r"^\s*uri: Some\(\n\s*(\S+),$", re.MULTILINE)
+# reqwest's refusal to send to an http:// URL when the client allows only HTTPS (obstore's
+# default: `allow_http` is off), as a structured field of the Debug part.
+_DEBUG_PLAIN_HTTP = re.compile(r"^\s*kind: Builder,\n\s*source: BadScheme,$", re.MULTILINE)
 # obstore deletes S3 objects with DeleteObjects, which answers 200 and reports each key's
 # failure in the body: `DeleteFailed { path: "...", code: "AccessDenied", ... }` in the
 # Debug part (read before its quoted strings are dropped; the path's quotes are escaped).
@@ -95,6 +110,9 @@ class _Failure:
     error_body: bool = False  # a 2xx whose body was an S3 error (InternalError, SlowDown)
     code: str = ""  # the body's error code, for messages
     denied: bool = False  # a bulk delete that answered 200 and refused the key (AccessDenied)
+    store_code: str = ""  # the error code read from the answer's body in the Debug part
+    plain_http_refused: bool = False  # an http:// endpoint the client was not allowed to use
+    endpoint: str = ""  # scheme://host:port the request went to, if the Debug part says
 
     def answer(self) -> str:
         """`` (HTTP 412 PreconditionFailed)``, or as much of it as is known."""
@@ -109,7 +127,11 @@ def _failure_of(exc: BaseException, key: str) -> _Failure:
     display, separator, debug = text.partition(_DEBUG_SEPARATOR)
     if separator:
         deleted = _DEBUG_DELETE_CODE.search(debug)
-        code = deleted.group(1) if deleted else code
+        body = _DEBUG_BODY.search(debug)
+        body_code = _BODY_CODE.search(body.group(1)) if body else None
+        store_code = deleted.group(1) if deleted else body_code.group(1) if body_code else ""
+        code = store_code or code
+        uri = _DEBUG_URI.search(debug)
         # Quoted strings first (a URI inside a body goes with it), then the bare URIs:
         # together they hold every copy of the key in the Debug part.
         debug = _URI.sub("<uri>", _QUOTED.sub('""', debug))
@@ -121,6 +143,9 @@ def _failure_of(exc: BaseException, key: str) -> _Failure:
             error_body=_DEBUG_ERROR_BODY.search(debug) is not None,
             code=code,
             denied=deleted is not None and deleted.group(1) == "AccessDenied",
+            store_code=store_code,
+            plain_http_refused=_DEBUG_PLAIN_HTTP.search(debug) is not None,
+            endpoint=_endpoint_of(uri.group(1)) if uri else "",
         )
     # The Display part names the key raw ("Object at location <key> not found: ..."), in
     # the URI (percent-encoded) and in the body: drop the key, then the URIs.
@@ -128,6 +153,11 @@ def _failure_of(exc: BaseException, key: str) -> _Failure:
         display = display.replace(form, "<key>")
     status = _DISPLAY_STATUS.search(_URI.sub("<uri>", display))
     return _Failure(status=int(status.group(1)) if status else None, code=code)
+
+
+def _endpoint_of(uri: str) -> str:
+    parts = urlparse(uri)
+    return f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else ""
 
 
 # The permission each request kind needs, per store family: a denial names the one to
@@ -166,8 +196,9 @@ def required_permission(request: str, store: str = "") -> str:
     return _PERMISSIONS.get(family, {}).get(request, request)
 
 
-def _denied(key: str, request: str, store: str, answer: str, detail: str) -> StorePermissionError:
+def _denied(key: str, request: str, store: str, failure: _Failure, detail: str) -> StorePermissionError:
     """A denial that names the refused request and the permission it needs."""
+    answer = failure.answer()
     if not request:
         return StorePermissionError(key, f"access denied, check credentials{answer}: {detail}")
     action = required_permission(request, store)
@@ -175,11 +206,81 @@ def _denied(key: str, request: str, store: str, answer: str, detail: str) -> Sto
         lacks = f"this process may not {_REQUEST_WORDS.get(request, request)} it"
     else:
         lacks = f"these credentials lack {action} on this {'prefix' if request == 'list' else 'key'}"
+        if failure.status and not failure.code:
+            # A HEAD's answer has no body: a wrong key or secret looks the same.
+            lacks += " (or the access key or secret is wrong: the answer carried no error code to tell)"
     return StorePermissionError(
         key,
         f"access denied{answer} to {request}: {lacks} (docs/guides/permissions.md lists what each role needs): "
         f"{detail}",
         action=action,
+    )
+
+
+# A 404 for the bucket or container rather than the object: S3's and Azure's codes.
+_NO_BUCKET_CODES = frozenset({"NoSuchBucket", "ContainerNotFound"})
+# Credentials the store does not accept (not a permission they lack): S3's unknown key
+# and wrong secret (403), Azure's failed Shared Key or SAS signature (403), and a session
+# token that expired or was never valid (S3 answers those with 400).
+_BAD_CREDENTIAL_CODES = {
+    "InvalidAccessKeyId": "the access key or secret is wrong (the store knows no such access key id)",
+    "SignatureDoesNotMatch": "the access key or secret is wrong (the request's signature, made with the secret, "
+    "does not match the one the store computed)",
+    "AuthenticationFailed": "the account key or SAS token is wrong (the store could not authenticate the request)",
+    "ExpiredToken": "the session token has expired: get fresh credentials (aws sso login, a new role session)",
+    "TokenRefreshRequired": "the session token has expired: get fresh credentials (aws sso login, a new role session)",
+    "InvalidToken": "the session token is not valid: check AWS_SESSION_TOKEN or the profile's credentials",
+}
+# Where each store family's credentials come from, for the message that says they are wrong.
+_CREDENTIAL_SOURCES = {
+    "s3": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE and ~/.aws/credentials, or storage_options "
+    "access_key_id and secret_access_key)",
+    "az": "AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_KEY (or the same "
+    "storage_options)",
+    "gs": "GOOGLE_SERVICE_ACCOUNT or GOOGLE_APPLICATION_CREDENTIALS",
+}
+# What creates a missing bucket or container, per store family.
+_MAKE_BUCKET = {
+    "s3": ("bucket", "aws s3 mb s3://{name}"),
+    "az": ("container", "az storage container create --name {name}"),
+    "gs": ("bucket", "gcloud storage buckets create gs://{name}"),
+}
+
+
+def _family(store: str) -> str:
+    return SCHEME_FAMILY.get(urlparse(store).scheme, "")
+
+
+def _no_bucket(store: str, answer: str) -> str:
+    """A 404 for the bucket: name it and say how to make it (BatchWeave never does)."""
+    kind, command = _MAKE_BUCKET.get(_family(store), ("bucket", ""))
+    name = urlparse(store).netloc.split("@")[0]  # abfs://container@account.dfs.core.windows.net
+    if not name:
+        return f"the {kind} does not exist{answer}: create it, or fix the URL; BatchWeave never creates {kind}s"
+    make = f" ({command.format(name=name)})" if command else ""
+    return (
+        f"the {kind} {name!r} of {store} does not exist{answer}: create it{make}, or fix the {kind} name in the URL; "
+        f"BatchWeave never creates {kind}s"
+    )
+
+
+def _bad_credentials(code: str, store: str, answer: str, detail: str) -> str:
+    """A 403 for credentials the store rejects: which ones to check, not a permission to grant."""
+    sources = _CREDENTIAL_SOURCES.get(_family(store), "the store's credentials")
+    return (
+        f"access denied{answer}: {_BAD_CREDENTIAL_CODES[code]}; check {sources}. "
+        f"No permission to grant fixes this. The store's answer: {detail}"
+    )
+
+
+def _plain_http_refused(endpoint: str, store: str) -> str:
+    """A request to an http:// endpoint that the client was not allowed to send."""
+    where = endpoint or "the endpoint"
+    allow = "set AWS_ALLOW_HTTP=true or " if _family(store) == "s3" else ""
+    return (
+        f"{where} is a plain-HTTP endpoint, which the store client refuses unless told to allow it: "
+        f"{allow}pass storage_options={{'client_options': {{'allow_http': True}}}} (plain HTTP only for a "
+        "test server on a trusted network; otherwise use the https:// endpoint)"
     )
 
 
@@ -192,7 +293,12 @@ def translate_error(
     (obstore's AlreadyExists or Precondition, HTTP 409 or 412) mean that the put lost
     to another writer; on any other request it is a plain ``StoreError``. ``request``
     ("get", "put", "delete", "list", "head") and ``store`` (the namespace URL) let a
-    denial name the permission that is missing.
+    denial name the permission that is missing, and a missing bucket its name.
+
+    The store's error code in the answer's body tells a missing bucket from a missing
+    object (``NoSuchBucket``, ``ContainerNotFound``) and credentials the store rejects
+    from a permission they lack (``SignatureDoesNotMatch``, ``InvalidAccessKeyId``,
+    ``AuthenticationFailed``: a StorePermissionError whose ``action`` is "").
     """
     failure = _failure_of(exc, key)
     status, answer = failure.status, failure.answer()
@@ -205,13 +311,19 @@ def translate_error(
             return ObjectExistsError(key, f"already exists, the create-only put lost{answer}")
         return StoreError(key, f"conflict on a request that was not a create-only put{answer}: {detail}")
     if isinstance(exc, (obs_errors.NotFoundError, FileNotFoundError)) or status == 404:
+        if failure.store_code in _NO_BUCKET_CODES:
+            return ObjectNotFoundError(key, _no_bucket(store, answer))
         return ObjectNotFoundError(key, f"no such object{answer}")
+    if failure.store_code in _BAD_CREDENTIAL_CODES:  # a 403, or a 400 for an expired token
+        return StorePermissionError(key, _bad_credentials(failure.store_code, store, answer, detail))
     if (
         isinstance(exc, (obs_errors.PermissionDeniedError, obs_errors.UnauthenticatedError, PermissionError))
         or status in (401, 403)
         or failure.denied
     ):
-        return _denied(key, request, store, answer, detail)
+        return _denied(key, request, store, failure, detail)
+    if failure.plain_http_refused:
+        return StoreError(key, _plain_http_refused(failure.endpoint, store))
     if isinstance(exc, (obs_errors.UnknownConfigurationKeyError, obs_errors.InvalidPathError)):
         return StoreError(key, f"bad store configuration or key ({detail})")
     if isinstance(exc, obs_errors.NotSupportedError):

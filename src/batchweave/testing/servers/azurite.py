@@ -68,9 +68,14 @@ def azure_env(endpoint: str) -> dict[str, str]:
 
 
 def start_azurite(
-    workdir: Path, *, binary: str | os.PathLike[str] | None = None, timeout_s: float = STARTUP_TIMEOUT_S
+    workdir: Path,
+    *,
+    binary: str | os.PathLike[str] | None = None,
+    timeout_s: float = STARTUP_TIMEOUT_S,
+    port: int | None = None,
 ) -> Service:
-    """Start Azurite's blob service on a free 127.0.0.1 port, data and log under ``workdir``.
+    """Start Azurite's blob service on 127.0.0.1, on ``port`` (None: a free one), data and
+    log under ``workdir``.
 
     ``binary`` is the ``azurite-blob`` executable; by default the one ``npm install azurite``
     put in ``node_modules/.bin`` of the current directory or a parent, or else on PATH.
@@ -87,7 +92,7 @@ def start_azurite(
 
     make = on_port("Azurite blob emulator", Path(workdir) / "azurite", command)
     # GET on the account root answers (with an auth error) once the server is up.
-    return start_with_port_retry(make, lambda ep: http_answers(f"{ep}/{AZURITE_ACCOUNT}"), timeout_s)
+    return start_with_port_retry(make, lambda ep: http_answers(f"{ep}/{AZURITE_ACCOUNT}"), timeout_s, port=port)
 
 
 def create_container(endpoint: str, container: str) -> None:
@@ -133,12 +138,18 @@ def create_container(endpoint: str, container: str) -> None:
 
 @contextmanager
 def azurite_blob(
-    container: str = "batchweave", *, binary: str | os.PathLike[str] | None = None, timeout_s: float = STARTUP_TIMEOUT_S
+    container: str = "batchweave",
+    *,
+    binary: str | os.PathLike[str] | None = None,
+    timeout_s: float = STARTUP_TIMEOUT_S,
+    port: int | None = None,
 ) -> Iterator[str]:
-    """Start Azurite on 127.0.0.1 with container ``container``, point the AZURE_* variables
-    at it and yield ``az://CONTAINER``; on exit restore the environment, stop Azurite and
-    remove its data."""
-    with served("azurite", lambda workdir: start_azurite(workdir, binary=binary, timeout_s=timeout_s)) as service:
+    """Start Azurite on 127.0.0.1 (on ``port``; None: a free one) with container
+    ``container``, point the AZURE_* variables at it and yield ``az://CONTAINER``; on exit
+    restore the environment, stop Azurite and remove its data."""
+    with served(
+        "azurite", lambda workdir: start_azurite(workdir, binary=binary, timeout_s=timeout_s, port=port)
+    ) as service:
         create_container(service.endpoint, container)
         with environment(azure_env(service.endpoint), AZURE_ENV_UNSET):
             yield f"az://{container}"

@@ -37,9 +37,9 @@ _MOTO_MISSING = (
 )
 
 
-def start_moto(workdir: Path, timeout_s: float = STARTUP_TIMEOUT_S) -> Service:
+def start_moto(workdir: Path, timeout_s: float = STARTUP_TIMEOUT_S, *, port: int | None = None) -> Service:
     """Start a moto S3 server (create-only puts made atomic: ``batchweave.testing.moto_server``)
-    on a free 127.0.0.1 port, its log under ``workdir``. Needs ``moto[server]``."""
+    on 127.0.0.1, on ``port`` (None: a free one), its log under ``workdir``. Needs ``moto[server]``."""
     if importlib.util.find_spec("moto") is None:
         raise ConfigError(_MOTO_MISSING)
 
@@ -47,7 +47,7 @@ def start_moto(workdir: Path, timeout_s: float = STARTUP_TIMEOUT_S) -> Service:
         return [sys.executable, "-m", "batchweave.testing.moto_server", "-H", "127.0.0.1", "-p", str(port)]
 
     make = on_port("moto S3 server", Path(workdir) / "moto", command)
-    return start_with_port_retry(make, lambda ep: http_answers(ep + "/"), timeout_s)
+    return start_with_port_retry(make, lambda ep: http_answers(ep + "/"), timeout_s, port=port)
 
 
 def create_bucket(endpoint: str, bucket: str) -> None:
@@ -95,10 +95,13 @@ def enforce_moto_iam(endpoint: str, policies: dict[str, dict[str, Any]]) -> dict
 
 
 @contextmanager
-def moto_s3(bucket: str = "batchweave", timeout_s: float = STARTUP_TIMEOUT_S) -> Iterator[str]:
-    """Start moto on 127.0.0.1 with bucket ``bucket``, point the AWS_* variables at it and
-    yield ``s3://BUCKET``; on exit restore the environment, stop moto, remove its files."""
-    with served("moto", lambda workdir: start_moto(workdir, timeout_s)) as service:
+def moto_s3(
+    bucket: str = "batchweave", timeout_s: float = STARTUP_TIMEOUT_S, *, port: int | None = None
+) -> Iterator[str]:
+    """Start moto on 127.0.0.1 (on ``port``; None: a free one) with bucket ``bucket``, point
+    the AWS_* variables at it and yield ``s3://BUCKET``; on exit restore the environment,
+    stop moto, remove its files."""
+    with served("moto", lambda workdir: start_moto(workdir, timeout_s, port=port)) as service:
         create_bucket(service.endpoint, bucket)
         with environment(s3_env(service.endpoint), S3_ENV_UNSET):
             yield f"s3://{bucket}"

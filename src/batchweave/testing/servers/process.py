@@ -145,19 +145,41 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _require_free(port: int) -> None:
+    """ConfigError unless ``port`` is a TCP port free on 127.0.0.1 now: a server already
+    there would answer the readiness check for the one that could not bind it."""
+    if not 0 < port < 65536:
+        raise ConfigError(f"port {port} is not a TCP port (1 to 65535)")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise ConfigError(f"port {port} on 127.0.0.1 is taken ({exc.strerror}): choose another, or none") from None
+
+
 def start_with_port_retry(
-    make: Callable[[int], Service], ready: Callable[[str], bool], timeout_s: float, attempts: int = 3
+    make: Callable[[int], Service],
+    ready: Callable[[str], bool],
+    timeout_s: float,
+    attempts: int = 3,
+    *,
+    port: int | None = None,
 ) -> Service:
-    """Start a service; again on a fresh port if it dies during startup (the port taken meanwhile)."""
+    """Start a service; again on a fresh port if it dies during startup (the port taken
+    meanwhile). ``port``: that port, once (None: a free one)."""
+    if port is not None:
+        _require_free(port)
     last: ConfigError | None = None
-    for _ in range(attempts):
-        svc = make(_free_port())
+    for _ in range(1 if port is not None else attempts):
+        svc = make(_free_port() if port is None else port)
         try:
             return svc.start(ready, timeout_s)
         except ConfigError as exc:
             last = exc
             if not svc.crashed:
                 break  # timed out rather than crashed: retrying will not help
+    if port is not None and last is not None:
+        raise ConfigError(f"{last} (port {port} was asked for: is it free?)") from None
     assert last is not None
     raise last
 

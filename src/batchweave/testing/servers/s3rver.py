@@ -20,9 +20,14 @@ S3RVER_ACCESS_KEY = S3RVER_SECRET_KEY = "S3RVER"
 
 
 def start_s3rver(
-    workdir: Path, bucket: str, *, binary: str | os.PathLike[str] | None = None, timeout_s: float = STARTUP_TIMEOUT_S
+    workdir: Path,
+    bucket: str,
+    *,
+    binary: str | os.PathLike[str] | None = None,
+    timeout_s: float = STARTUP_TIMEOUT_S,
+    port: int | None = None,
 ) -> Service:
-    """Start s3rver on a free 127.0.0.1 port with bucket ``bucket``, data and log under
+    """Start s3rver on 127.0.0.1, on ``port`` (None: a free one), with bucket ``bucket``, data and log under
     ``workdir``; its one account has the keys :data:`S3RVER_ACCESS_KEY` and
     :data:`S3RVER_SECRET_KEY`.
 
@@ -47,4 +52,5 @@ def start_s3rver(
         )
         return status == 200
 
-    return start_with_port_retry(on_port("s3rver S3 emulator", Path(workdir) / "s3rver", command), ready, timeout_s)
+    make = on_port("s3rver S3 emulator", Path(workdir) / "s3rver", command)
+    return start_with_port_retry(make, ready, timeout_s, port=port)

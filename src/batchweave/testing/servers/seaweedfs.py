@@ -16,7 +16,7 @@ import tempfile
 import urllib.error
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +62,11 @@ def start_seaweedfs(
     timeout_s: float = STARTUP_TIMEOUT_S,
     *,
     identities: Sequence[S3Identity] = (),
+    port: int | None = None,
 ) -> Service:
     """Start SeaweedFS (master, volume server, filer and S3 gateway in one ``weed server``)
-    on 127.0.0.1 with bucket ``bucket``, data and log under ``workdir``.
+    on 127.0.0.1 with bucket ``bucket``, data and log under ``workdir``; its S3 endpoint on
+    ``port`` (None: a free one; its seven other ports are always free ones).
 
     Unlike moto it checks request signatures, against the identity whose keys are
     :data:`S3_ACCESS_KEY` and :data:`S3_SECRET_KEY` (allowed everything) and any
@@ -80,8 +82,8 @@ def start_seaweedfs(
     config = workdir / "seaweedfs-s3.json"
     config.write_text(_seaweedfs_identities(S3_ACCESS_KEY, S3_SECRET_KEY, extra=identities))
 
-    def make(_: int) -> Service:
-        ports = _SeaweedPorts.pick()
+    def make(s3_port: int) -> Service:
+        ports = _SeaweedPorts.pick(s3_port if port is not None else None)
         cmd, env = _seaweedfs_command(weed, workdir / f"seaweedfs-{ports.s3}", config, ports)
         return Service(
             name="SeaweedFS S3 server",
@@ -99,15 +101,18 @@ def start_seaweedfs(
     def ready(endpoint: str) -> bool:
         return _seaweedfs_ready(endpoint, bucket, S3_ACCESS_KEY, S3_SECRET_KEY)
 
-    return start_with_port_retry(make, ready, timeout_s)
+    return start_with_port_retry(make, ready, timeout_s, port=port)
 
 
 @contextmanager
-def seaweedfs_s3(bucket: str = "batchweave", timeout_s: float = STARTUP_TIMEOUT_S) -> Iterator[str]:
-    """Start SeaweedFS on 127.0.0.1 with bucket ``bucket``, point the AWS_* variables at it
-    and yield ``s3://BUCKET``; on exit restore the environment, kill the server and remove
-    its data (see :func:`start_seaweedfs`). ``timeout_s`` bounds the startup (seconds)."""
-    with served("seaweedfs", lambda workdir: start_seaweedfs(workdir, bucket, timeout_s)) as service:
+def seaweedfs_s3(
+    bucket: str = "batchweave", timeout_s: float = STARTUP_TIMEOUT_S, *, port: int | None = None
+) -> Iterator[str]:
+    """Start SeaweedFS on 127.0.0.1 with bucket ``bucket`` (its S3 endpoint on ``port``;
+    None: a free one), point the AWS_* variables at it and yield ``s3://BUCKET``; on exit
+    restore the environment, kill the server and remove its data (see
+    :func:`start_seaweedfs`). ``timeout_s`` bounds the startup (seconds)."""
+    with served("seaweedfs", lambda workdir: start_seaweedfs(workdir, bucket, timeout_s, port=port)) as service:
         with environment(s3_env(service.endpoint), S3_ENV_UNSET):
             yield f"s3://{bucket}"
 
@@ -119,12 +124,13 @@ def seaweedfs_s3(bucket: str = "batchweave", timeout_s: float = STARTUP_TIMEOUT_
 _LOW_PORTS = range(10000, 32768)
 
 
-def _free_low_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports on 127.0.0.1, below the ephemeral range, free a moment ago."""
+def _free_low_ports(count: int, avoid: set[int] | None = None) -> list[int]:
+    """``count`` distinct TCP ports on 127.0.0.1, below the ephemeral range, free a moment
+    ago, none of them in ``avoid``."""
     ports: list[int] = []
     while len(ports) < count:
         port = random.choice(_LOW_PORTS)
-        if port in ports:
+        if port in ports or port in (avoid or ()):
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
@@ -149,10 +155,12 @@ class _SeaweedPorts:
     s3_grpc: int
 
     @classmethod
-    def pick(cls) -> _SeaweedPorts:
+    def pick(cls, s3: int | None = None) -> _SeaweedPorts:
         """Eight free ports below the ephemeral range (the defaults, 9333, 8080, 8888, 8333
-        and each +10000 for gRPC, can be taken by anything on the machine)."""
-        return cls(*_free_low_ports(len(fields(cls))))
+        and each +10000 for gRPC, can be taken by anything on the machine); the S3 port
+        ``s3`` if given."""
+        picked = cls(*_free_low_ports(len(fields(cls)), avoid={s3} if s3 is not None else set()))
+        return picked if s3 is None else replace(picked, s3=s3)
 
     def grpc_sockets(self) -> list[Path]:
         """Each gRPC server also listens on a Unix socket named by its port in the temporary

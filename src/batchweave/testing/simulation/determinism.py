@@ -45,6 +45,7 @@ import batchweave.reading.follower
 import batchweave.reading.pipeline
 import batchweave.reading.polling
 import batchweave.reading.readahead
+import batchweave.reading.silence
 import batchweave.store.core
 import batchweave.store.requests
 
@@ -162,6 +163,7 @@ def deterministic(scheduler: Scheduler, noise: random.Random) -> Iterator[None]:
         (batchweave.reading.fetch, "time", fake_time),
         (batchweave.reading.follower, "time", fake_time),
         (batchweave.reading.polling, "random", fake_random),
+        (batchweave.reading.silence, "time", fake_time),  # when a silent log is logged
         (batchweave.reading.readahead, "random", fake_random),  # which key a probe at the head reads
         (batchweave.journal.proof, "random", fake_random),  # a spread anchor
         (batchweave.journal.core, "time", fake_time),
