@@ -17,10 +17,12 @@ from batchweave.latency import LatencyModel, LatencyStore
 from batchweave.metrics import FetchRecorder, PeriodicLog, describe, register_prometheus
 
 NO_LATENCY = LatencyModel(put_s=0, first_byte_s=0, head_s=0, list_s=0, delete_s=0, jitter_sigma=0)
+# The two ranks' slices differ in length, so the metrics can tell their bytes apart.
+RAGGED = {"x": ("int64", (None,))}
 
 
 def commit(store, steps: int) -> None:
-    with bw.Producer(store, "p", dp=2, commit_policy=Manual()) as producer:
+    with bw.Producer(store, "p", dp=2, commit_policy=Manual(), schema=RAGGED) as producer:
         for offset in range(steps):
             producer.append([{"x": np.full(10, offset, np.int64)}, {"x": np.zeros(3, np.int64)}], source_offset=offset)
         producer.flush()
@@ -91,7 +93,7 @@ def test_prometheus_scrapes_consumer_and_producer_metrics(tmp_path):
     prometheus_client = pytest.importorskip("prometheus_client")
     url = str(tmp_path / "ns")
     registry = prometheus_client.CollectorRegistry()
-    with bw.Producer(url, "p", dp=2, commit_policy=Manual()) as producer:
+    with bw.Producer(url, "p", dp=2, commit_policy=Manual(), schema=RAGGED) as producer:
         register_prometheus(producer, registry, producer_id="p")
         producer.append([{"x": np.zeros(10, np.int64)}, {"x": np.zeros(3, np.int64)}], source_offset=0)
         producer.flush()

@@ -163,7 +163,7 @@ def test_killed_and_resumed_run_matches_an_uninterrupted_one_step_for_step(proce
     report = json.loads(gc.stdout)
     # Live: B's step-20 and step-30 (step-10 was released), A's step-50 and step-60.
     assert report["w_global_step"] == 20 and report["reclaimed_steps"] == 20, report
-    assert len(report["deleted_objects"]) == 20, report
+    assert report["deleted_object_count"] == 20, report
     with bw.Consumer(url, dp=2, rank=0) as consumer, pytest.raises(bw.DataReclaimedError, match="20"):
         next(consumer)  # a run from step 0 is no longer possible; B resumes at 30
 
