@@ -356,6 +356,7 @@ def test_a_declared_variable_first_dimension_is_accepted_and_read_back(fast_url)
                     for d in range(2)
                 ]
             )
+        producer.flush()  # the namespace's schema (the declared one) is now known: named the same way
         with pytest.raises(SchemaError, match=r"array 'tokens' is int32 \(2, 5\), this producer's declared schema"):
             producer.append(arrays(tokens=np.zeros((2, 5), np.int32), lengths=np.zeros(2, np.int64)))
     # Another producer that declares nothing takes the namespace's schema, variable dimension too.
