@@ -372,7 +372,7 @@ class Pipeline:
         depth = DEFAULT_LOG_READ_AHEAD if self._store.remote else 1  # local reads are too quick to overlap
         reader = log_reader(self._journal, first, depth, self._polling, self._stop)
         if first == 1 and depth > 1:
-            reader.beside(self._journal.learn_namespace)  # for the first proof, while reading
+            reader.alongside(self._journal.learn_namespace)  # for the first proof, while reading
         started = time.monotonic()
         try:
             for item in ProvenLog(

@@ -11,11 +11,12 @@ so a miss discards every speculative read beyond it and the next call probes aga
 
 from __future__ import annotations
 
+import functools
 import random
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any, cast
 
 from batchweave import retry
 from batchweave.journal import Journal
@@ -80,6 +81,15 @@ class LogReadAhead:
         # Whole segments ahead are worth reading at a start and after a segment was found;
         # a reader that just caught one commit at the head reads one segment at most.
         self._deep = True
+        # At a start, whether the first segment exists is not known: its versions are probed
+        # one by one at the same time, and whichever answers first is used (a short log has
+        # no segment, and waiting for that miss cost a round trip before the first version).
+        self._racing = depth > 1
+        # The lowest version a finished single probe found missing: no probe goes past it
+        # (they would all miss; the reader stops there and probes again).
+        self._missing_from: int | None = None
+        self._misses = threading.Lock()
+        self._misses_since = 0  # counts the misses handed out: a probe issued before one is stale
         # ``stop`` set (the reader is closing): reads in flight stop retrying a failing store.
         self._pool = (
             ThreadPoolExecutor(
@@ -95,7 +105,7 @@ class LogReadAhead:
         # the reader closes (a pipeline delivers the steps read beside a proof once it is done).
         self._beside = (
             ThreadPoolExecutor(
-                max_workers=1,
+                max_workers=1,  # one proof at a time, in the order they were asked for
                 thread_name_prefix="batchweave-proof",
                 initializer=retry.stop_retrying_when,
                 initargs=(stop,),
@@ -120,6 +130,10 @@ class LogReadAhead:
             self._reads.clear()  # misses beyond this one are stale; hits are re-read cheaply
             self._segment_reads.clear()
             self._deep = False
+            self._racing = False
+            with self._misses:
+                self._missing_from = None
+                self._misses_since += 1
             return None
         self._next += 1
         self._hits += 1
@@ -141,6 +155,12 @@ class LogReadAhead:
             pending = self._segment_reads.get(segment_last(self._next))
         return pending is not None and pending.done()
 
+    def pending(self) -> bool:
+        """Whether a read that will give ``next()`` its version is in flight already."""
+        if self._next in self._found or self._next in self._reads:
+            return True
+        return self._in_backlog(self._next) and segment_last(self._next) in self._segment_reads
+
     def beside(self, work: Callable[..., None], *args: Any) -> Future[None]:
         """Run ``work(*args)`` on a thread of its own while reading goes on (a reader's proof
         of what it read, one at a time); in the caller's thread at depth 1. Closing the
@@ -155,6 +175,15 @@ class LogReadAhead:
         else:
             done.set_result(None)
         return done
+
+    def alongside(self, work: Callable[..., None], *args: Any) -> None:
+        """Run ``work(*args)`` on a read thread, best effort (a start's learning of what its
+        first proof needs: not queued before that proof, and cancelled by ``close``); in
+        the caller's thread at depth 1."""
+        if self._pool is not None:
+            self._pool.submit(work, *args)
+        else:
+            work(*args)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -180,7 +209,14 @@ class LogReadAhead:
             versions = self._journal.read_segment(last)
         else:
             self._issue()
+            pending = self._segment_reads[last]
+            single = self._reads.get(self._next)
+            if single is not None and not pending.done():
+                wait([cast("Future[Any]", pending), single], return_when=FIRST_COMPLETED)
+                if not pending.done():
+                    return None  # the single probe answered first (``_probe`` takes it)
             versions = self._segment_reads.pop(last).result()
+            self._racing = False  # known now: the segments decide from here on
         if versions is None:
             # Usually the head is in it, a few versions on: probe from a narrow window
             # again rather than its whole rest at once (a reader at the end of a stream
@@ -221,13 +257,22 @@ class LogReadAhead:
         end = self._next + self._window
         if self._next <= self._absent_segment:
             end = min(end, self._absent_segment + 1)  # the head may be in the missing segment: no further
+        with self._misses:
+            if self._missing_from is not None and self._missing_from < self._next:
+                self._missing_from = None  # passed since (committed after that probe, read from a segment)
+            if self._missing_from is not None:
+                end = max(self._next + 1, min(end, self._missing_from + 1))
+            since = self._misses_since
         for version in range(self._next, end):
             if version in self._found:
                 continue
             if self._in_backlog(version):
                 self._want_segment(segment_last(version))
-            elif version not in self._reads:
-                self._reads[version] = self._pool.submit(self._read_from, version, self._which_key(version))
+                if not self._racing:
+                    continue
+            if version not in self._reads:
+                self._reads[version] = read = self._pool.submit(self._read_from, version, self._which_key(version))
+                read.add_done_callback(functools.partial(self._note_miss, since, version))
         if self._deep:
             # Deep in a backlog, segments cover ``depth`` versions ahead whatever the window:
             # a start learns 64 versions in one round trip, and where the backlog ends (a
@@ -236,6 +281,16 @@ class LogReadAhead:
             for last in range(segment_last(self._next), last_ahead + 1, SEGMENT_VERSIONS):
                 if last > self._absent_segment:
                     self._want_segment(last)
+
+    def _note_miss(self, since: int, version: int, read: Future[ReadVersion | None]) -> None:
+        """A single probe finished (on a read thread): remember the lowest miss, unless
+        the reader has handed a miss out since the probe was issued (then it is stale)."""
+        if not read.cancelled() and read.exception() is None and read.result() is None:
+            with self._misses:
+                if since != self._misses_since:
+                    return
+                if self._missing_from is None or version < self._missing_from:
+                    self._missing_from = version
 
     def _want_segment(self, last: int) -> None:
         assert self._pool is not None
