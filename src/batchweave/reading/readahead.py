@@ -216,13 +216,15 @@ class LogReadAhead:
                 if not pending.done():
                     return None  # the single probe answered first (``_probe`` takes it)
             versions = self._segment_reads.pop(last).result()
-            self._racing = False  # known now: the segments decide from here on
+        raced, self._racing = self._racing, False  # known now: the segments decide from here on
         if versions is None:
             # Usually the head is in it, a few versions on: probe from a narrow window
             # again rather than its whole rest at once (a reader at the end of a stream
-            # would waste them all).
+            # would waste them all). A start's probes are in flight already, and stop at
+            # the first miss one of them finds.
             self._absent_segment = last
-            self._window = min(self._window, 2)
+            if not raced:
+                self._window = min(self._window, 2)
             return None
         self._deep = True
         for read in versions:
