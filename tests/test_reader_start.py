@@ -302,3 +302,20 @@ def test_a_queued_proof_never_grows_past_a_batch(monkeypatch, batch_versions):
         release.set()
         reader.close()
     assert proofs == [(2, 2), (3, 4), (5, 6), (7, 7)]
+
+
+def test_the_versions_after_a_backlogs_last_segment_are_probed_a_window_at_a_time():
+    """A backlog of 40 versions: segment 32, then the 8 versions after it, probed together
+    once segment 64 is found missing (two at a time, growing by one, took four round trips
+    for the last 16 versions of 80)."""
+    url = _url()
+    _commit(url, 39)  # versions 1-40: segment 32 only
+    store = RecordingStore(url)
+    reader = LogReadAhead(Journal(store, read_only=True), 1, depth=64)
+    try:
+        versions = [reader.next().delta.version for _ in range(33)]  # through the segment, to version 33
+        assert versions == list(range(1, 34))
+        issued = [v for v in reader._reads if v > 33]
+    finally:
+        reader.close()
+    assert set(range(34, 33 + FIRST_WINDOW)) <= set(issued)  # the window of 8 from version 33 on

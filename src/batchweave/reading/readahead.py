@@ -220,11 +220,14 @@ class LogReadAhead:
         if versions is None:
             # Usually the head is in it, a few versions on: probe from a narrow window
             # again rather than its whole rest at once (a reader at the end of a stream
-            # would waste them all). A start's probes are in flight already, and stop at
-            # the first miss one of them finds.
+            # would waste them all). After a backlog read by segments (``_deep``), the
+            # versions after the last segment exist up to the head: the first window's
+            # worth, as at a start (a backlog of 80 versions read its last 16 two at a
+            # time, four round trips at 25 ms). A start's probes are in flight already,
+            # and stop at the first miss one of them finds.
             self._absent_segment = last
             if not raced:
-                self._window = min(self._window, 2)
+                self._window = min(self._window, FIRST_WINDOW if self._deep else 2)
             return None
         self._deep = True
         for read in versions:
