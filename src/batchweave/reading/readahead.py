@@ -85,6 +85,10 @@ class LogReadAhead:
         # one by one at the same time, and whichever answers first is used (a short log has
         # no segment, and waiting for that miss cost a round trip before the first version).
         self._racing = depth > 1
+        # Racing, only the first window is probed one by one: the segment, asked for at the
+        # same time, usually answers with it, and then holds the rest (probes past the
+        # first window were spare requests, a dozen a start).
+        self._race_end = first_version + FIRST_WINDOW
         # The lowest version a finished single probe found missing: no probe goes past it
         # (they would all miss; the reader stops there and probes again).
         self._missing_from: int | None = None
@@ -216,18 +220,16 @@ class LogReadAhead:
                 if not pending.done():
                     return None  # the single probe answered first (``_probe`` takes it)
             versions = self._segment_reads.pop(last).result()
-        raced, self._racing = self._racing, False  # known now: the segments decide from here on
+        self._racing = False  # known now: the segments decide from here on
         if versions is None:
             # Usually the head is in it, a few versions on: probe from a narrow window
             # again rather than its whole rest at once (a reader at the end of a stream
-            # would waste them all). After a backlog read by segments (``_deep``), the
-            # versions after the last segment exist up to the head: the first window's
-            # worth, as at a start (a backlog of 80 versions read its last 16 two at a
-            # time, four round trips at 25 ms). A start's probes are in flight already,
-            # and stop at the first miss one of them finds.
+            # would waste them all). At a start, and after a backlog read by segments
+            # (``_deep``), the versions after the last segment exist up to the head: the
+            # first window's worth (a backlog of 80 versions read its last 16 two at a
+            # time, four round trips at 25 ms).
             self._absent_segment = last
-            if not raced:
-                self._window = min(self._window, FIRST_WINDOW if self._deep else 2)
+            self._window = min(self._window, FIRST_WINDOW if self._deep else 2)
             return None
         self._deep = True
         for read in versions:
@@ -273,7 +275,7 @@ class LogReadAhead:
                 continue
             if self._in_backlog(version):
                 self._want_segment(segment_last(version))
-                if not self._racing:
+                if not self._racing or version >= self._race_end:
                     continue
             if version not in self._reads:
                 self._reads[version] = read = self._pool.submit(self._read_from, version, self._which_key(version))
