@@ -30,7 +30,7 @@ __all__ = ["DEFAULT_LOG_READ_AHEAD", "LogReadAhead"]
 # 2,560 versions a second coming, ahead of what one rank consumes, while a reader at the
 # head probes only one.
 DEFAULT_LOG_READ_AHEAD = 64
-FIRST_WINDOW = 8  # probes at the start; at most 7 are wasted, once, by a reader at the head
+FIRST_WINDOW = 8  # probes at the start (beside the first segment): at most 8 spare requests, once
 # Near the head with copies, a follower catches up the few versions committed during its
 # pause (about 6 at 1,250 nodes) two at a time: a wider window probed past the head on
 # every visit (2.1 requests a version a node instead of about 1.3).
@@ -46,8 +46,11 @@ class LogReadAhead:
     back to one at the first miss; from there it grows again only from the second
     version found in a row, so a reader following the head probes one version at a time.
     While versions keep being found (a backlog), the window is read by segments; single
-    probes cover the versions of a segment found missing. ``depth`` 1 reads in the caller's thread (a local directory:
-    nothing to overlap), one segment or version at a time.
+    probes cover the versions of a segment found missing. At a start the first window is
+    probed one by one beside the first segment, whichever answers first (a short log has
+    no segment yet), and no probe goes past a miss another probe has already found.
+    ``depth`` 1 reads in the caller's thread (a local directory: nothing to overlap), one
+    segment or version at a time.
 
     With ``copies`` (``journal.headcopies``; a follower of a large job, whose head budget
     allows a probe only every few seconds per key), the versions near the head (fewer
