@@ -5,13 +5,17 @@ once, whatever the thread that reads the log is waiting for."""
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 
 import numpy as np
 
 import batchweave as bw
 from batchweave.commit.policies import Manual
-from batchweave.reading.window import FetchWindow
+from batchweave.journal import Journal
+from batchweave.reading import pipeline
+from batchweave.reading.window import FetchWindow, WindowRoom
+from batchweave.store import open_store
 from batchweave.testing.interleave import Background, PausingStore
 
 
@@ -85,3 +89,90 @@ def test_a_step_handed_out_starts_the_next_fetch_while_the_log_reader_waits():
     finally:
         store.release_all()
         consumer.close()
+
+
+def test_a_byte_budget_opens_as_many_steps_as_fit():
+    room = WindowRoom(depth=8, budget_bytes=100)
+    assert [list(room.queue(30)) for _ in range(4)] == [[0], [1], [2], []]  # 90 fit, 120 do not
+    assert list(room.queue(10)) == []  # in order: the fourth waits, so does the fifth
+    assert list(room.hand()) == [3, 4]  # 60 + 30 + 10
+    assert room.open_bytes == 100
+
+
+def test_the_first_step_not_handed_out_always_fits_however_large():
+    room = WindowRoom(depth=8, budget_bytes=100)
+    assert list(room.queue(500)) == [0]
+    assert list(room.queue(1)) == []  # nothing beside a step over the budget
+    assert list(room.hand()) == [1]
+
+
+def test_larger_steps_later_get_fewer_in_flight_never_more_bytes():
+    """The budget is fixed from the first step's size; later steps ten times larger
+    get a tenth of the steps in flight."""
+    room = WindowRoom(depth=64, budget_bytes=64 * 100_000)
+    opened = [t for _ in range(64) for t in room.queue(100_000)]
+    assert opened == list(range(64))
+    for _ in range(64):
+        room.queue(1_000_000)
+    for _ in range(64):
+        room.hand()
+        assert room.open_bytes <= 64 * 100_000 or room.opened - room.handed == 1
+    assert room.opened - room.handed == 6  # 6 steps of 1 MB in 6.4 MB
+
+
+def test_no_byte_budget_counts_steps_only():
+    room = WindowRoom(depth=2)
+    assert [list(room.queue(10**9)) for _ in range(3)] == [[0], [1], []]
+    assert list(room.hand()) == [2]
+
+
+def test_a_fetch_thread_waits_for_bytes_not_only_for_a_slot():
+    window = FetchWindow(8, threading.Event(), budget_bytes=100)
+    turns = [window.queue(60), window.queue(60)]
+    assert window.wait_turn(turns[0])
+    second = Background(window.wait_turn, turns[1])
+    assert not second.finished.wait(0.2), "a fetch started past the byte budget"
+    window.handed()
+    assert second.result(5) is True
+
+
+class InFlightStore(RemotePausingStore):
+    """Records the most bytes of slice reads in flight at once; each read takes a moment."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.most_bytes = 0
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get_range(self, key: str, start: int, length: int):
+        with self._lock:
+            self._bytes += length
+            self.most_bytes = max(self.most_bytes, self._bytes)
+        try:
+            time.sleep(0.02)
+            return super().get_range(key, start, length)
+        finally:
+            with self._lock:
+                self._bytes -= length
+
+
+def test_prefetch_none_bounds_the_bytes_in_flight_when_later_steps_are_larger(monkeypatch):
+    """The window's depth comes from the first step (4 steps of ~1 KB here); steps twice as
+    large later get half as many reads in flight, never twice the bytes."""
+    monkeypatch.setattr(pipeline, "AUTO_PREFETCH_BYTES", 3000)
+    url = f"memory://fetch-window-{uuid.uuid4().hex}"
+    with bw.Producer(url, "p", dp=1, commit_policy=Manual()) as producer:
+        for step, size in enumerate([1000] + [2000] * 12):
+            producer.append([{"x": np.full(size, step, np.uint8)}])
+        producer.flush()
+    store = InFlightStore(url)
+    first_slice = Journal(open_store(url)).read_version(2).tgbs[0].slices[0][2]
+    with bw.Consumer(store, dp=1, rank=0, timeout_s=30) as consumer:
+        assert [int(next(consumer).data["x"][0]) for _ in range(13)] == list(range(13))
+        assert consumer.inflight == 4
+    later_slice = Journal(open_store(url)).read_version(2).tgbs[1].slices[0][2]
+    budget = pipeline._auto_budget(first_slice)
+    assert budget < 3 * later_slice  # three of the later steps would not fit
+    # Ahead of the step next() waits for (handed out as the call takes it): the budget.
+    assert later_slice < store.most_bytes <= budget + later_slice

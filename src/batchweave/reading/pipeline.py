@@ -53,7 +53,10 @@ __all__ = [
 _logger = logging.getLogger("batchweave.consumer")
 # prefetch=None: as many steps ahead as fit in this budget, within these bounds. A
 # cloud store answers in about 25 ms whatever the size, so small slices need many
-# reads in flight to keep up; large ones are bandwidth-bound with a few.
+# reads in flight to keep up; large ones are bandwidth-bound with a few. Not more than
+# 64: each read in flight holds a fetch thread, and 128 of them ran slower than 64 in
+# ``bench consumers`` (100 KB slices, 25 ms: 36 against 70 MB/s a rank, raw reads alike),
+# the interpreter's lock, not the store, being what they wait for.
 AUTO_PREFETCH_BYTES = 64 << 20
 MIN_AUTO_PREFETCH = 4
 MAX_AUTO_PREFETCH = 64
@@ -372,7 +375,7 @@ class Pipeline:
         depth = DEFAULT_LOG_READ_AHEAD if self._store.remote else 1  # local reads are too quick to overlap
         reader = log_reader(self._journal, first, depth, self._polling, self._stop)
         if first == 1 and depth > 1:
-            reader.beside(self._journal.learn_namespace)  # for the first proof, while reading
+            reader.alongside(self._journal.learn_namespace)  # for the first proof, while reading
         started = time.monotonic()
         try:
             for item in ProvenLog(
@@ -452,7 +455,8 @@ class Pipeline:
             if not block or not window.wait_room(window.depth + LOG_LOOKAHEAD_TGBS):
                 return False
         assert self._pool is not None
-        fetched = self._pool.submit(self._fetch_in_turn, window, window.queue(), fetch)
+        turn = window.queue(step_bytes(planned.tgb, planned.read))
+        fetched = self._pool.submit(self._fetch_in_turn, window, turn, fetch)
         proven = gate is None or (gate.done() and not gate.exception())
         self._ready.put(_Gated(None if proven else gate, fetched))
         return True
@@ -460,7 +464,11 @@ class Pipeline:
     def _fetch_window(self, planned: PlannedStep) -> FetchWindow:
         """The window of fetches ahead, sized from the first step's bytes unless ``prefetch`` was given."""
         if self._window is None:
-            self.depth = self.depth or _auto_depth(step_bytes(planned.tgb, planned.read))
+            first_bytes = step_bytes(planned.tgb, planned.read)
+            # prefetch=None bounds the bytes ahead too (later steps may be larger than the
+            # first); an explicit prefetch is a number of steps, as documented.
+            budget = None if self.depth else _auto_budget(first_bytes)
+            self.depth = self.depth or _auto_depth(first_bytes)
             # One thread per step in the window: the steps queued past it wait in the pool's
             # queue, not on threads of their own.
             self._pool = ThreadPoolExecutor(
@@ -469,7 +477,7 @@ class Pipeline:
                 initializer=_fetch_thread,  # close() during a storm does not wait it out
                 initargs=(self._stop, self._fetch_threads),
             )
-            self._window = FetchWindow(self.depth, self._stop)
+            self._window = FetchWindow(self.depth, self._stop, budget)
         return self._window
 
     @staticmethod
@@ -564,3 +572,10 @@ threading._register_atexit(_stop_live_pipelines)  # pyright: ignore[reportAttrib
 def _auto_depth(step_bytes: int) -> int:
     """Steps to fetch ahead when ``prefetch`` is None: a 64 MiB budget, 4 to 64 steps."""
     return max(MIN_AUTO_PREFETCH, min(MAX_AUTO_PREFETCH, AUTO_PREFETCH_BYTES // max(step_bytes, 1)))
+
+
+def _auto_budget(step_bytes: int) -> int:
+    """Bytes fetched ahead at most when ``prefetch`` is None: 64 MiB, or the minimum of
+    steps of the first step's size where that is more (steps of 40 MB: 4 of them, 160 MB).
+    Fixed at the first step, so larger steps later get fewer in flight, never more memory."""
+    return max(AUTO_PREFETCH_BYTES, MIN_AUTO_PREFETCH * step_bytes)

@@ -11,11 +11,12 @@ so a miss discards every speculative read beyond it and the next call probes aga
 
 from __future__ import annotations
 
+import functools
 import random
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any, cast
 
 from batchweave import retry
 from batchweave.journal import Journal
@@ -29,7 +30,7 @@ __all__ = ["DEFAULT_LOG_READ_AHEAD", "LogReadAhead"]
 # 2,560 versions a second coming, ahead of what one rank consumes, while a reader at the
 # head probes only one.
 DEFAULT_LOG_READ_AHEAD = 64
-FIRST_WINDOW = 8  # probes at the start; at most 7 are wasted, once, by a reader at the head
+FIRST_WINDOW = 8  # probes at the start (beside the first segment): at most 8 spare requests, once
 # Near the head with copies, a follower catches up the few versions committed during its
 # pause (about 6 at 1,250 nodes) two at a time: a wider window probed past the head on
 # every visit (2.1 requests a version a node instead of about 1.3).
@@ -45,8 +46,11 @@ class LogReadAhead:
     back to one at the first miss; from there it grows again only from the second
     version found in a row, so a reader following the head probes one version at a time.
     While versions keep being found (a backlog), the window is read by segments; single
-    probes cover the versions of a segment found missing. ``depth`` 1 reads in the caller's thread (a local directory:
-    nothing to overlap), one segment or version at a time.
+    probes cover the versions of a segment found missing. At a start the first window is
+    probed one by one beside the first segment, whichever answers first (a short log has
+    no segment yet), and no probe goes past a miss another probe has already found.
+    ``depth`` 1 reads in the caller's thread (a local directory: nothing to overlap), one
+    segment or version at a time.
 
     With ``copies`` (``journal.headcopies``; a follower of a large job, whose head budget
     allows a probe only every few seconds per key), the versions near the head (fewer
@@ -80,6 +84,19 @@ class LogReadAhead:
         # Whole segments ahead are worth reading at a start and after a segment was found;
         # a reader that just caught one commit at the head reads one segment at most.
         self._deep = True
+        # At a start, whether the first segment exists is not known: its versions are probed
+        # one by one at the same time, and whichever answers first is used (a short log has
+        # no segment, and waiting for that miss cost a round trip before the first version).
+        self._racing = depth > 1
+        # Racing, only the first window is probed one by one: the segment, asked for at the
+        # same time, usually answers with it, and then holds the rest (probes past the
+        # first window were spare requests, a dozen a start).
+        self._race_end = first_version + FIRST_WINDOW
+        # The lowest version a finished single probe found missing: no probe goes past it
+        # (they would all miss; the reader stops there and probes again).
+        self._missing_from: int | None = None
+        self._misses = threading.Lock()
+        self._misses_since = 0  # counts the misses handed out: a probe issued before one is stale
         # ``stop`` set (the reader is closing): reads in flight stop retrying a failing store.
         self._pool = (
             ThreadPoolExecutor(
@@ -95,7 +112,7 @@ class LogReadAhead:
         # the reader closes (a pipeline delivers the steps read beside a proof once it is done).
         self._beside = (
             ThreadPoolExecutor(
-                max_workers=1,
+                max_workers=1,  # one proof at a time, in the order they were asked for
                 thread_name_prefix="batchweave-proof",
                 initializer=retry.stop_retrying_when,
                 initargs=(stop,),
@@ -120,6 +137,10 @@ class LogReadAhead:
             self._reads.clear()  # misses beyond this one are stale; hits are re-read cheaply
             self._segment_reads.clear()
             self._deep = False
+            self._racing = False
+            with self._misses:
+                self._missing_from = None
+                self._misses_since += 1
             return None
         self._next += 1
         self._hits += 1
@@ -141,6 +162,12 @@ class LogReadAhead:
             pending = self._segment_reads.get(segment_last(self._next))
         return pending is not None and pending.done()
 
+    def pending(self) -> bool:
+        """Whether a read that will give ``next()`` its version is in flight already."""
+        if self._next in self._found or self._next in self._reads:
+            return True
+        return self._in_backlog(self._next) and segment_last(self._next) in self._segment_reads
+
     def beside(self, work: Callable[..., None], *args: Any) -> Future[None]:
         """Run ``work(*args)`` on a thread of its own while reading goes on (a reader's proof
         of what it read, one at a time); in the caller's thread at depth 1. Closing the
@@ -155,6 +182,15 @@ class LogReadAhead:
         else:
             done.set_result(None)
         return done
+
+    def alongside(self, work: Callable[..., None], *args: Any) -> None:
+        """Run ``work(*args)`` on a read thread, best effort (a start's learning of what its
+        first proof needs: not queued before that proof, and cancelled by ``close``); in
+        the caller's thread at depth 1."""
+        if self._pool is not None:
+            self._pool.submit(work, *args)
+        else:
+            work(*args)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -180,13 +216,23 @@ class LogReadAhead:
             versions = self._journal.read_segment(last)
         else:
             self._issue()
+            pending = self._segment_reads[last]
+            single = self._reads.get(self._next)
+            if single is not None and not pending.done():
+                wait([cast("Future[Any]", pending), single], return_when=FIRST_COMPLETED)
+                if not pending.done():
+                    return None  # the single probe answered first (``_probe`` takes it)
             versions = self._segment_reads.pop(last).result()
+        self._racing = False  # known now: the segments decide from here on
         if versions is None:
             # Usually the head is in it, a few versions on: probe from a narrow window
             # again rather than its whole rest at once (a reader at the end of a stream
-            # would waste them all).
+            # would waste them all). At a start, and after a backlog read by segments
+            # (``_deep``), the versions after the last segment exist up to the head: the
+            # first window's worth (a backlog of 80 versions read its last 16 two at a
+            # time, four round trips at 25 ms).
             self._absent_segment = last
-            self._window = min(self._window, 2)
+            self._window = min(self._window, FIRST_WINDOW if self._deep else 2)
             return None
         self._deep = True
         for read in versions:
@@ -221,13 +267,22 @@ class LogReadAhead:
         end = self._next + self._window
         if self._next <= self._absent_segment:
             end = min(end, self._absent_segment + 1)  # the head may be in the missing segment: no further
+        with self._misses:
+            if self._missing_from is not None and self._missing_from < self._next:
+                self._missing_from = None  # passed since (committed after that probe, read from a segment)
+            if self._missing_from is not None:
+                end = max(self._next + 1, min(end, self._missing_from + 1))
+            since = self._misses_since
         for version in range(self._next, end):
             if version in self._found:
                 continue
             if self._in_backlog(version):
                 self._want_segment(segment_last(version))
-            elif version not in self._reads:
-                self._reads[version] = self._pool.submit(self._read_from, version, self._which_key(version))
+                if not self._racing or version >= self._race_end:
+                    continue
+            if version not in self._reads:
+                self._reads[version] = read = self._pool.submit(self._read_from, version, self._which_key(version))
+                read.add_done_callback(functools.partial(self._note_miss, since, version))
         if self._deep:
             # Deep in a backlog, segments cover ``depth`` versions ahead whatever the window:
             # a start learns 64 versions in one round trip, and where the backlog ends (a
@@ -236,6 +291,16 @@ class LogReadAhead:
             for last in range(segment_last(self._next), last_ahead + 1, SEGMENT_VERSIONS):
                 if last > self._absent_segment:
                     self._want_segment(last)
+
+    def _note_miss(self, since: int, version: int, read: Future[ReadVersion | None]) -> None:
+        """A single probe finished (on a read thread): remember the lowest miss, unless
+        the reader has handed a miss out since the probe was issued (then it is stale)."""
+        if not read.cancelled() and read.exception() is None and read.result() is None:
+            with self._misses:
+                if since != self._misses_since:
+                    return
+                if self._missing_from is None or version < self._missing_from:
+                    self._missing_from = version
 
     def _want_segment(self, last: int) -> None:
         assert self._pool is not None
