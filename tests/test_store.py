@@ -8,6 +8,7 @@ import pickle  # only to prove the Store handle crosses processes; never used on
 import re
 import subprocess
 import sys
+import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -346,3 +347,26 @@ def test_local_reads_take_the_fast_path_and_agree_with_obstore(monkeypatch, tmp_
     assert reads == []
     store.get_range("odd key%20.bin", 0, 1)
     assert reads == ["odd key%20.bin"]
+
+
+def test_threads_that_ask_for_the_client_at_once_share_one(monkeypatch):
+    # A reader's first fetch threads all need the client at once: each used to build its own.
+    built, release, cond = [], threading.Event(), threading.Condition()
+
+    def build(*args):
+        with cond:
+            built.append(object())
+            cond.notify_all()
+        release.wait(30)
+        return built[-1]
+
+    monkeypatch.setattr(store_core, "build_backend", build)
+    store = Store("memory://one-client")
+    with ThreadPoolExecutor(8) as pool:
+        handles = [pool.submit(lambda: store._store) for _ in range(8)]
+        with cond:  # while the first build is held, no second one starts
+            second = cond.wait_for(lambda: len(built) > 1, timeout=1.0)
+        release.set()
+        assert not second, f"{len(built)} clients built"
+        assert {id(handle.result()) for handle in handles} == {id(built[0])}
+    assert len(built) == 1

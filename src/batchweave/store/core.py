@@ -52,6 +52,19 @@ _logger = logging.getLogger("batchweave.store")
 _create_only_checked: dict[str, bool] = {}
 _create_only_lock = threading.Lock()
 
+# One store client per Store and process: a reader's first fetch threads all ask for it at
+# once, and each used to build its own (a tokio runtime and connection pool apiece). New in
+# a forked child, where a lock held by a parent thread would never be released.
+_handle_lock = threading.Lock()
+
+
+def _new_handle_lock() -> None:
+    global _handle_lock
+    _handle_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_handle_lock)
+
 # Where the create-only probe writes (require_create_only); the garbage collector deletes
 # what a writer without delete permission left there.
 PROBE_PREFIX = "_probe/"
@@ -212,10 +225,14 @@ class Store(Requester):
     @property
     def _store(self) -> Any:
         # A tokio runtime does not survive fork(): rebuild the handle in a child process.
-        if self._handle is None or self._pid != os.getpid():
-            self._handle = build_backend(self.url, self.storage_options, self.create, self._local_root)
-            self._pid = os.getpid()
-        return self._handle
+        handle, pid = self._handle, self._pid
+        if handle is not None and pid == os.getpid():
+            return handle
+        with _handle_lock:
+            if self._handle is None or self._pid != os.getpid():
+                self._handle = build_backend(self.url, self.storage_options, self.create, self._local_root)
+                self._pid = os.getpid()
+            return self._handle
 
     # -- writes ----------------------------------------------------------------------
 
