@@ -162,7 +162,7 @@ def test_prefetch_none_bounds_the_bytes_in_flight_when_later_steps_are_larger(mo
     large later get half as many reads in flight, never twice the bytes."""
     monkeypatch.setattr(pipeline, "AUTO_PREFETCH_BYTES", 3000)
     url = f"memory://fetch-window-{uuid.uuid4().hex}"
-    with bw.Producer(url, "p", dp=1, commit_policy=Manual()) as producer:
+    with bw.Producer(url, "p", dp=1, commit_policy=Manual(), schema={"x": ("uint8", (None,))}) as producer:
         for step, size in enumerate([1000] + [2000] * 12):
             producer.append([{"x": np.full(size, step, np.uint8)}])
         producer.flush()
