@@ -155,19 +155,7 @@ def test_a_version_read_while_a_proof_is_in_flight_is_handed_out_at_once(monkeyp
     meanwhile, and runs only after the held one (one proof at a time)."""
     url = _url()
     grow(url, 4)  # versions 1-5
-    release = threading.Event()
-    proofs: list[tuple[int, int | None]] = []
-    prove = ProvenLog.prove
-
-    def held_first(self, lowest, newest):
-        if not proofs:
-            assert release.wait(30)
-        proofs.append((lowest, None if newest is None else newest.delta.version))
-        prove(self, lowest, newest)
-
-    monkeypatch.setattr(ProvenLog, "prove", held_first)
-    monkeypatch.setattr(LogReadAhead, "ready", lambda reader: False)  # each version would be a batch
-    monkeypatch.setattr(LogReadAhead, "pending", lambda reader: False)
+    release, proofs = _hold_first_proof(monkeypatch)
     journal = Journal(open_store(url), read_only=True)
     reader = LogReadAhead(journal, 2, 4)
     follower = iter(ProvenLog(journal, reader, HeadPolling(1), lambda: 0, url, early=True))
@@ -277,19 +265,7 @@ def test_a_queued_proof_never_grows_past_a_batch(monkeypatch, batch_versions):
     monkeypatch.setattr(follower_module, "PROOF_BATCH_VERSIONS", batch_versions)
     url = _url()
     grow(url, 6)  # versions 1-7
-    release = threading.Event()
-    proofs: list[tuple[int, int | None]] = []
-    prove = ProvenLog.prove
-
-    def held_first(self, lowest, newest):
-        if not proofs:
-            assert release.wait(30)
-        proofs.append((lowest, None if newest is None else newest.delta.version))
-        prove(self, lowest, newest)
-
-    monkeypatch.setattr(ProvenLog, "prove", held_first)
-    monkeypatch.setattr(LogReadAhead, "ready", lambda reader: False)
-    monkeypatch.setattr(LogReadAhead, "pending", lambda reader: False)
+    release, proofs = _hold_first_proof(monkeypatch)
     journal = Journal(open_store(url), read_only=True)
     reader = LogReadAhead(journal, 2, 4)
     follower = iter(ProvenLog(journal, reader, HeadPolling(1), lambda: 0, url, early=True))
@@ -319,3 +295,22 @@ def test_the_versions_after_a_backlogs_last_segment_are_probed_a_window_at_a_tim
     finally:
         reader.close()
     assert set(range(34, 33 + FIRST_WINDOW)) <= set(issued)  # the window of 8 from version 33 on
+
+
+def _hold_first_proof(monkeypatch) -> tuple[threading.Event, list[tuple[int, int | None]]]:
+    """Hold the first proof until the returned event is set, record every proof's
+    (lowest, newest) versions, and make each version read its own batch."""
+    release = threading.Event()
+    proofs: list[tuple[int, int | None]] = []
+    prove = ProvenLog.prove
+
+    def held_first(self, lowest, newest):
+        if not proofs:
+            assert release.wait(30)
+        proofs.append((lowest, None if newest is None else newest.delta.version))
+        prove(self, lowest, newest)
+
+    monkeypatch.setattr(ProvenLog, "prove", held_first)
+    monkeypatch.setattr(LogReadAhead, "ready", lambda reader: False)  # each version would be a batch
+    monkeypatch.setattr(LogReadAhead, "pending", lambda reader: False)
+    return release, proofs
