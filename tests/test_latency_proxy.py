@@ -4,6 +4,7 @@ both ways (Content-Length, chunked, keep-alive) and adds the latency model's del
 from __future__ import annotations
 
 import http.client
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -11,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from batchweave.latency import LatencyModel
+from batchweave.testing.proxyprocess import ProxyProcess
 from benchmarks.latency_proxy import LatencyProxy
 
 BODY = bytes(range(256)) * 400  # 102,400 bytes
@@ -97,3 +99,24 @@ def test_delays_by_the_model_and_not_without_it(upstream):
             took = time.monotonic() - started
             assert low <= took <= high, (proxy.model, took)
             conn.close()
+
+
+def test_the_proxy_process_counts_delays_resets_and_stops(upstream):
+    # bench consumers' proxy: the same proxy, in a child process, driven over its pipes.
+    model = LatencyModel(first_byte_s=0.1, bandwidth_bytes_s=1e6, jitter_sigma=0.0)
+    with ProxyProcess(upstream, model, seed=1) as proxy:
+        child = proxy._child
+        assert child is not None and child.pid != os.getpid()
+        conn = http.client.HTTPConnection(proxy.endpoint.removeprefix("http://"), timeout=5)
+        _get(conn, "/bucket/warm")
+        started = time.monotonic()
+        assert _get(conn, "/bucket/plain") == BODY
+        assert 0.19 <= time.monotonic() - started <= 0.6  # the model applies in the child
+        counted = proxy.counters()
+        assert counted.requests == {"GET": 2} and counted.get_bytes == 2 * len(BODY)
+        proxy.reset()
+        assert proxy.counters().total_requests == 0
+        conn.close()
+    assert child.poll() == 0  # closing its stdin stopped it
+    with pytest.raises(RuntimeError, match="not running"):
+        proxy.counters()
