@@ -148,3 +148,23 @@ def test_a_real_consumer_on_an_empty_directory_warns_then_reads_what_is_committe
 def test_a_watch_needs_a_positive_bound(bad):
     with pytest.raises(bw.ConfigError, match="first_s"):
         SilenceWatch(URL, **bad)
+
+
+def test_a_timeout_on_an_empty_namespace_says_nothing_is_committed_and_what_to_check(tmp_path):
+    url = str(tmp_path)
+    with bw.Producer(url, "p", dp=1) as producer:
+        producer.append([{"x": np.zeros(2, np.int32)}])
+    with bw.Consumer(url, dp=1, rank=0, timeout_s=0.3) as consumer:
+        next(consumer)
+        with pytest.raises(
+            bw.StepTimeoutError, match=r"no step 1 within 0.3s \(log seen up to version \d+\); are producers"
+        ):
+            next(consumer)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with bw.Consumer(str(empty), dp=1, rank=0, timeout_s=0.3) as consumer:
+        with pytest.raises(
+            bw.StepTimeoutError,
+            match=r"no step 0 within 0.3s \(nothing committed yet\); check that this is the producers' URL",
+        ):
+            next(consumer)

@@ -230,9 +230,9 @@ class Pipeline:
         try:
             item = self._pull(deadline) if self._inline else self._ready.get(timeout=_left_s(deadline))
         except queue.Empty:
+            seen = f"log seen up to version {self.head_version}" if self.head_version else "nothing committed yet"
             raise StepTimeoutError(
-                f"{self._url}: no step {self._next_delivered} within {timeout_s}s "
-                f"(log seen up to version {self.head_version}); {self._likely_cause()}"
+                f"{self._url}: no step {self._next_delivered} within {timeout_s}s ({seen}); {self._likely_cause()}"
             ) from None
         if item is _END:
             self._ready.put(_END)  # stay exhausted on later calls
@@ -244,14 +244,18 @@ class Pipeline:
             self._window.handed()
         return item
 
-    def _likely_cause(self, otherwise: str = "are producers running?") -> str:
+    def _likely_cause(self, otherwise: str = "") -> str:
         stalled_s = self._store.stalled_now_s
         if stalled_s > 0:
             return (
                 f"the store has been throttled or unavailable for {stalled_s:.0f} s and is being retried "
                 "(WARNING lines of logger batchweave.store)"
             )
-        return otherwise
+        if otherwise:
+            return otherwise
+        if not self.head_version:
+            return "check that this is the producers' URL (prefix included) and that they are running"
+        return "are producers running?"
 
     def _pull(self, deadline: float | None) -> Any:
         """Inline mode: advance the log until a step is queued (or ``deadline`` passes)."""
