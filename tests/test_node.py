@@ -29,6 +29,7 @@ from batchweave.latency import LatencyModel, LatencyStore
 from batchweave.mesh import Mesh
 from batchweave.reading import node, nodeclient, nodehub
 from batchweave.reading.polling import HeadPolling
+from batchweave.reading.readahead import FIRST_WINDOW
 
 pytestmark = pytest.mark.skipif(not node.sharing_supported(), reason="node sharing needs Linux")
 
@@ -125,7 +126,10 @@ def test_tp_ranks_on_a_node_issue_one_read_per_slice_and_one_followers_log_reque
     fill(single, steps, dp)
     single.log_reads = 0
     read_node(single, range(1), dp=1, tp=1, sharing=False)  # one follower's log requests
-    assert shared.log_reads <= single.log_reads * 1.25  # read-ahead speculates a little differently each run
+    # One follower's log reads, give or take what read-ahead speculates: each run's start
+    # races up to FIRST_WINDOW probes beside the first segment and stops them at a miss at
+    # a different point (16 to 26 reads for either, 28 once under load). Eight followers: ~160.
+    assert shared.log_reads <= single.log_reads + 2 * FIRST_WINDOW
     # Eight followers at once race their first probes differently from one (a start probes
     # versions beside the first segment, and stops at the first miss one of them finds).
     assert shared.log_reads * 8 <= alone.log_reads * 1.5
