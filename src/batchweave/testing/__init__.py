@@ -9,6 +9,8 @@
 - :mod:`batchweave.testing.proxy`'s :class:`LatencyProxy`: an HTTP proxy in front of a
   real server that adds the latency model at the wire, counts requests, and answers a
   throttling storm (``storm(60)``: every request gets S3's ``503 SlowDown``);
+  :mod:`batchweave.testing.proxyprocess`'s :class:`ProxyProcess`: the same proxy in a
+  child process, for measuring readers (its CPU is then not charged to them);
 - :mod:`batchweave.testing.simulation`: a deterministic simulation of the whole protocol
   (the real producers, consumers and collectors on a simulated store and a virtual clock,
   every store operation a seeded scheduling point), with replay and shrinking; imported
@@ -27,6 +29,7 @@ from __future__ import annotations
 from batchweave.latency import CLOUD_DEFAULTS, LatencyModel, LatencyStore
 from batchweave.testing.interleave import Background, Gate, PausingStore, wait_for_any
 from batchweave.testing.proxy import LatencyProxy, ProxyCounters
+from batchweave.testing.proxyprocess import ProxyProcess
 from batchweave.testing.servers import azurite_blob, moto_s3, seaweedfs_s3
 
 __all__ = [
@@ -38,6 +41,7 @@ __all__ = [
     "LatencyStore",
     "PausingStore",
     "ProxyCounters",
+    "ProxyProcess",
     "azurite_blob",
     "moto_s3",
     "seaweedfs_s3",
