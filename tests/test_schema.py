@@ -582,3 +582,15 @@ def test_a_schema_from_torch_tensors_is_the_one_their_numpy_views_have():
     )
     with pytest.raises(SchemaError, match="torch dtype torch.bfloat16 has no numpy equivalent"):
         Schema.from_arrays({"x": torch.zeros(2, dtype=torch.bfloat16)})
+
+
+def test_a_tgb_is_held_to_the_declaration_the_namespace_or_its_first_slice_and_told_whose():
+    first = (("x", "<i4", (3,)),)
+    exact = Schema.of({"x": ("int32", (3,))})
+    declared = Schema.of({"x": ("int32", (None,))})
+    assert schemas.held_to(None, None, None, first) == (exact, "the schema of this TGB's first slice")
+    assert schemas.held_to(None, exact, None, first) == (exact, "the schema of this producer's first TGB")
+    assert schemas.held_to(exact, exact, None, first) == (exact, "the namespace's schema")
+    # The declaration by its name, whether the namespace's copy of it was read back or not.
+    assert schemas.held_to(None, declared, declared, first) == (declared, "this producer's declared schema")
+    assert schemas.held_to(declared, declared, declared, first) == (declared, "this producer's declared schema")

@@ -401,18 +401,7 @@ class Producer:
         if namespace is not None and own is not None and namespace != own:
             problem = schemas.difference(namespace, own)
             raise SchemaError(f"{where}: {problem}; nothing was written. {_SCHEMA_FIX}")
-        expected = namespace or own or schemas.derive(encoded.array_layouts[0])
-        # A declaration is named whenever it is what the TGB is held to, so the message does
-        # not depend on whether the commit thread has read our first commit back yet.
-        whose = (
-            "this producer's declared schema"
-            if self._declared is not None and expected == self._declared
-            else "the namespace's schema"
-            if namespace is not None
-            else "the schema of this producer's first TGB"
-            if own is not None
-            else "the schema of this TGB's first slice"
-        )
+        expected, whose = schemas.held_to(namespace, own, self._declared, encoded.array_layouts[0])
         for arrays in encoded.array_layouts:
             problem = schemas.mismatch(expected, arrays, whose)
             if problem:

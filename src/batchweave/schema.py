@@ -32,7 +32,7 @@ import numpy as np
 from batchweave.errors import SchemaError
 from batchweave.layout import ArraysLayout, dtype_problem
 
-__all__ = ["ArraySchema", "Schema", "derive", "difference", "mismatch", "problem", "schema_digest"]
+__all__ = ["ArraySchema", "Schema", "derive", "difference", "held_to", "mismatch", "problem", "schema_digest"]
 
 _MAX_DIMS = 32  # as layout's: a slice header with more is refused there
 
@@ -150,6 +150,23 @@ def problem(schema: Schema) -> str:
 def derive(arrays: ArraysLayout) -> Schema:
     """The exact schema of a slice of ``arrays`` (what an undeclared first TGB fixes)."""
     return Schema(tuple(ArraySchema(name, dtype, tuple(shape)) for name, dtype, shape in arrays))
+
+
+def held_to(
+    namespace: Schema | None, own: Schema | None, declared: Schema | None, first: ArraysLayout
+) -> tuple[Schema, str]:
+    """The schema a producer holds a TGB of arrays to, and whose it is (for messages): the
+    namespace's (as last read), else the producer's own (declared, or fixed by its first
+    TGB), else the exact one of the TGB's ``first`` slice. A declaration is named whenever
+    it is the one held to, so the words do not depend on whether the producer has read its
+    own first commit back yet."""
+    if declared is not None and (namespace or own) == declared:
+        return declared, "this producer's declared schema"
+    if namespace is not None:
+        return namespace, "the namespace's schema"
+    if own is not None:
+        return own, "the schema of this producer's first TGB"
+    return derive(first), "the schema of this TGB's first slice"
 
 
 def mismatch(schema: Schema, arrays: ArraysLayout, whose: str = "the namespace's schema") -> str:
