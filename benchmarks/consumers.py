@@ -3,8 +3,10 @@ time P50/P95, read amplification, requests per step, first-batch time and exact 
 of a training rank reading its slice of every step, against world size and payload.
 
 One SeaweedFS server holds each point's data once per format: as a BatchWeave namespace
-committed one TGB per log version (the hard case for a consumer: it learns where each
-step lives by reading versions one after another), and as MosaicML Streaming MDS
+committed as often as its producer can (the hard case for a consumer: it learns where each
+step lives by reading versions one after another): one TGB per log version, or one pack
+per version where the producer packs small TGBs by default (``batchweave.packing``: 10
+TGBs of 100 KB slices a pack), and as MosaicML Streaming MDS
 shards, LitData chunks and WebDataset tar shards of the same bytes (only the formats
 the measured systems read). Every reader reaches SeaweedFS through ``LatencyProxy``, run
 in a process of its own (``batchweave.testing.proxyprocess``: on a thread of this process it
@@ -20,7 +22,8 @@ Systems, over the same data:
 - ``raw-range``: obstore range reads of exactly the rank's byte ranges, taken from the
   log beforehand (the log costs it nothing), as many in flight as the consumer uses.
 - ``dense``: the paper's baseline: the whole TGB object(s) of each step, keeping the
-  rank's slice, the same number in flight; the log also given for free.
+  rank's slice, the same number in flight; the log also given for free. A pack's objects
+  are read once for all the steps they hold.
 - ``streaming-default`` / ``streaming-per-rank``: ``StreamingDataset`` in its default
   mode and configured so each rank gets exactly its step slices
   (``benchmarks.streaming_peer`` explains both), one process per rank pass.
@@ -213,7 +216,8 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
         "data_budget_bytes": DATA_BUDGET_BYTES,
         "ranks": "sequential systems: ranks 0, W/2 and W-1 one at a time (quick: W-1); 128 Streaming "
         "processes do not fit 2 cores; *-all-ranks: all W ranks at once as threads",
-        "commit": "one TGB per log version (Producer commit_policy='naive', inline commits), then end_stream",
+        "commit": "as often as the producer can (Producer commit_policy='naive', inline commits, default "
+        "packing): one TGB or one pack per log version, then end_stream",
         "streaming": "mosaicml-streaming MDSWriter (64 MiB shards, one bytes column), StreamingDataset per rank "
         "in its own process with a fresh cache, each rank its own node (LOCAL_WORLD_SIZE=1)",
         "litdata": "litdata optimize (64 MiB chunks, one writer, each sample a bytes leaf); per rank in its own "
@@ -453,9 +457,26 @@ def _dense_read(data: Data, proxy: ProxyProcess, rank: int) -> Reading:
     store = open_store(data.bw_url, storage_options={"endpoint": proxy.endpoint})
     started = time.monotonic()
 
+    held: dict[tuple[str, ...], Future[dict[str, Any]]] = {}  # a pack's objects, read once for its steps
+    lock = threading.Lock()
+
+    def objects_of(step: int) -> dict[str, Any]:
+        keys = tuple(data.objects[step])
+        with lock:
+            reading, first = held.get(keys), keys not in held
+            if reading is None:
+                reading = held[keys] = Future()
+        if first:
+            try:
+                reading.set_result({key: store.get(key) for key in keys})
+            except BaseException as exc:
+                reading.set_exception(exc)
+                raise
+        return reading.result()
+
     def whole_step(step: int) -> Callable[[], bytes]:
         def fetch() -> bytes:
-            blobs = {key: store.get(key) for key in data.objects[step]}
+            blobs = objects_of(step)
             key, offset, length = data.ranges[step][rank]
             return bytes(blobs[key][offset : offset + length])  # keep this rank's slice only
 
@@ -641,6 +662,7 @@ def _summarise(passes: list[Pass], data: Data, concurrent: bool) -> dict[str, An
         "read_amplification": sum(c.get_bytes for c in counted) / delivered,
         "requests_per_step": requests / (steps * len(passes)),
         "first_batch_s": statistics.fmean(p.times_s[0] for p in passes),
+        "tgbs_per_pack": data.point.steps / len({tuple(keys) for keys in data.objects}),
         "delivers_own_slices": all(p.own_slices for p in passes),
         "exact_resume": all(resumes) if resumes else None,
         "bytes_delivered": delivered,

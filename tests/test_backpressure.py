@@ -104,7 +104,7 @@ def test_fast_appends_stop_at_max_lag_uploaded_not_committed(tmp_path):
     """Appends are far faster than commits: counting committed steps only, a producer
     with max_lag=20 uploaded hundreds before it was held (229 at max_lag=80)."""
     url = str(tmp_path / "ns")
-    producer = bw.Producer(url, "p", dp=2, max_lag=20)
+    producer = bw.Producer(url, "p", dp=2, max_lag=20, pack_steps=1)
     errors: list[Exception] = []
     thread = append_forever(producer, errors)
     wait_committed(url, 20)  # all 20 committed: the producer is held now, nothing in flight
@@ -124,7 +124,7 @@ def test_fast_appends_stop_at_max_lag_uploaded_not_committed(tmp_path):
 
 def test_a_pool_of_producers_stays_within_max_lag_together(tmp_path):
     url = str(tmp_path / "ns")
-    producers = [bw.Producer(url, f"p{i}", dp=2, max_lag=30) for i in range(3)]
+    producers = [bw.Producer(url, f"p{i}", dp=2, max_lag=30, pack_steps=1) for i in range(3)]
     for producer in producers:  # each has seen the others' claims once it committed one
         producer.append(tgb(producer.producer_id, 0, 2))
         producer.flush()
@@ -149,7 +149,7 @@ def test_a_held_producer_reads_each_watermark_once_however_often_it_polls():
     marks = 40  # of a 64-position mesh: the checkpoint is not complete, so W_global stays at 0
     for d in range(marks):
         write_watermark(open_store(url), Watermark("ck", dp=64, cp=1, d=d, c=0, position=Fraction(0), version=1))
-    producer = bw.Producer(store, "p", dp=2, max_lag=4)
+    producer = bw.Producer(store, "p", dp=2, max_lag=4, pack_steps=1)
     errors: list[Exception] = []
     thread = append_forever(producer, errors)
     wait_committed(url, 4)

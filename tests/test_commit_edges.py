@@ -193,7 +193,7 @@ def test_an_inline_producer_commits_only_when_its_policy_says_so():
     url = memory_url()
     policy = WaitFor(0.5)
     started = time.monotonic()
-    with bw.Producer(url, "p", dp=1, commit_policy=policy, background_commit=False) as producer:
+    with bw.Producer(url, "p", dp=1, commit_policy=policy, background_commit=False, pack_steps=1) as producer:
         for offset in range(3):
             producer.append(tgb("p", offset, 1))
         elapsed = time.monotonic() - started
@@ -232,7 +232,7 @@ def test_an_inline_append_makes_one_attempt_and_a_flush_retries_with_backoff(pau
     draws = loop_module.random
     with (
         bw.Producer(url, "rival", dp=1, commit_policy=Manual(), background_commit=False) as rival,
-        bw.Producer(store, "p", dp=1, commit_policy=Naive(), background_commit=False) as producer,
+        bw.Producer(store, "p", dp=1, commit_policy=Naive(), background_commit=False, pack_steps=1) as producer,
     ):
         store.rival = rival
         store.races = 1
@@ -264,7 +264,7 @@ def test_an_inline_append_of_a_fenced_incarnation_raises_at_once():
     """When a newer incarnation has claimed the producer id, the append whose commit finds
     out raises ProducerFencedError itself, not a later call."""
     url = memory_url()
-    old = bw.Producer(url, "p", dp=1, commit_policy=Naive(), background_commit=False)
+    old = bw.Producer(url, "p", dp=1, commit_policy=Naive(), background_commit=False, pack_steps=1)
     new = bw.Producer(url, "p", dp=1, commit_policy=Manual())
     with pytest.raises(ProducerFencedError, match="fenced by a newer incarnation"):
         old.append(tgb("p", 0, 1))

@@ -73,7 +73,10 @@ def consume_all(url: str, ranks: int, tmp_path: Path, **kw) -> dict[int, list[di
 
 def test_producer_processes_racing_commits(process_backend_url, tmp_path):
     counts = {"a": 12, "b": 12, "c": 12}
-    procs = [spawn("produce", process_backend_url, pid, str(n), "--policy", "eager") for pid, n in counts.items()]
+    procs = [
+        spawn("produce", process_backend_url, pid, str(n), "--policy", "eager", "--pack-steps", "1")
+        for pid, n in counts.items()
+    ]
     for proc in procs:
         finish(proc)
     bw.end_stream(process_backend_url)
@@ -120,7 +123,11 @@ def test_sigkilled_producer_in_group_mode_restarts_exactly_once(process_backend_
     while the victim lies dead; SIGKILL anywhere, restart, and every offset is there once."""
     rng = random.Random(int.from_bytes(os.urandom(4), "little"))
     total = 30
-    steady = spawn("produce", process_backend_url, "steady", "40", "--policy", "group", "--pace", "0.1")
+    # steady writes each TGB at once (many turns to fold into); the victim packs by default,
+    # so a kill also drops TGBs held for a pack
+    steady = spawn(
+        "produce", process_backend_url, "steady", "40", "--policy", "group", "--pace", "0.1", "--pack-steps", "1"
+    )
     for _ in range(2):
         victim = spawn("produce", process_backend_url, "victim", str(total), "--policy", "group", "--pace", "0.05")
         assert victim.stdout.readline().startswith("started")

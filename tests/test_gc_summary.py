@@ -101,7 +101,7 @@ def test_reclaiming_from_a_summary_deletes_exactly_the_steps_below_w_global():
 def test_orphans_are_found_from_a_summary_too():
     url = namespace(30)
     counted_gc(url)
-    crashed = bw.Producer(url, "crashed", dp=2, commit_policy=Manual())
+    crashed = bw.Producer(url, "crashed", dp=2, commit_policy=Manual(), pack_steps=1)
     crashed.append(tgb("crashed", 0, 2))  # uploaded, never committed
     orphan = next(info.key for info in open_store(url).list("data/crashed/"))
     crashed.close(flush=False)

@@ -19,7 +19,9 @@ from batchweave.layout import (
     SliceRef,
     checksum,
     decode_slice,
+    encode_pack,
     encode_tgb,
+    frame_tgb,
     read_footer,
     slice_index,
 )
@@ -796,3 +798,80 @@ def test_hostile_footers(fields):
     with pytest.raises(CorruptDataError) as info:
         read_footer(_object_with_footer(b"x" * 20, _footer(**fields)), KEY)
     assert info.value.key == KEY
+
+
+# -- packs: consecutive TGBs in shared objects ----------------------------------------------
+
+
+def _pack_objects(pack) -> list[bytes]:
+    return [b"".join(bytes(piece) for piece in pieces) for pieces in pack.parts]
+
+
+def test_a_pack_puts_each_ranks_slices_of_every_tgb_back_to_back():
+    dp, count = 4, 5
+    tgbs = [frame_tgb([{"x": np.full(10 + t, 100 * t + r, np.int32)} for r in range(dp)], dp, 1) for t in range(count)]
+    pack = encode_pack(tgbs)
+    objects = _pack_objects(pack)
+    assert len(objects) == 1
+    for rank in range(dp):
+        refs = [pack.slices[t][rank] for t in range(count)]
+        for before, after in zip(refs, refs[1:], strict=False):
+            assert after.offset == before.offset + before.length  # one range for the rank
+        for t, ref in enumerate(refs):
+            got = decode_slice(objects[0][ref.offset : ref.offset + ref.length], KEY, ref.crc32c)
+            assert_same_array(got["x"], np.full(10 + t, 100 * t + rank, np.int32))
+    footer = read_footer(objects[0], KEY)
+    assert footer.tgbs == count
+    assert [fs.index for fs in footer.slices] == list(range(dp * count))
+    assert sum(pack.tgb_nbytes()) == sum(pack.sizes)
+
+
+def test_a_pack_of_one_is_byte_for_byte_the_tgbs_own_objects():
+    payloads = [{"x": np.arange(6, dtype=np.int64) + r} for r in range(3)]
+    single = encode_tgb(payloads, 3, 1, max_object_bytes=200)
+    pack = encode_pack([frame_tgb(payloads, 3, 1)], max_object_bytes=200)
+    assert _pack_objects(pack) == single.objects
+    assert pack.slices[0] == single.slices
+
+
+def test_a_pack_groups_slice_indices_into_objects_as_a_tgb_does():
+    dp, count = MAX_SLICES_PER_OBJECT + 6, 3
+    tgbs = [frame_tgb([bytes([t, r % 256]) * 8 for r in range(dp)], dp, 1) for t in range(count)]
+    pack = encode_pack(tgbs)
+    objects = _pack_objects(pack)
+    assert len(objects) == 2  # the slice indices of two objects, each holding every TGB's run
+    for t in range(count):
+        for rank in (0, MAX_SLICES_PER_OBJECT - 1, MAX_SLICES_PER_OBJECT, dp - 1):
+            ref = pack.slices[t][rank]
+            assert ref.object_index == (rank >= MAX_SLICES_PER_OBJECT)
+            body = objects[ref.object_index][ref.offset : ref.offset + ref.length]
+            assert decode_slice(body, KEY, ref.crc32c) == bytes([t, rank % 256]) * 8
+
+
+def test_owned_framing_survives_the_caller_reusing_its_arrays():
+    buffer = np.arange(8, dtype=np.int32)
+    owned = frame_tgb([{"x": buffer}], 1, 1).owned()
+    buffer[:] = -1  # the caller refills its batch buffer after append returned
+    pack = encode_pack([owned])
+    ref = pack.slices[0][0]
+    got = decode_slice(_pack_objects(pack)[0][ref.offset : ref.offset + ref.length], KEY, ref.crc32c)
+    assert_same_array(got["x"], np.arange(8, dtype=np.int32))
+
+
+def test_a_pack_refuses_tgbs_of_different_kinds_or_meshes():
+    arrays = frame_tgb([{"x": np.zeros(2)}], 1, 1)
+    with pytest.raises(LayoutError, match="TGB 1 of a pack is bytes"):
+        encode_pack([arrays, frame_tgb([b"ab"], 1, 1)])
+    with pytest.raises(LayoutError, match="dp=2"):
+        encode_pack([arrays, frame_tgb([{"x": np.zeros(2)}] * 2, 2, 1)])
+    with pytest.raises(LayoutError, match="at least one TGB"):
+        encode_pack([])
+
+
+def test_a_footer_index_past_the_packs_slices_is_refused():
+    pack = encode_pack([frame_tgb([b"a"], 1, 1), frame_tgb([b"b"], 1, 1)])
+    obj = _pack_objects(pack)[0]
+    assert read_footer(obj, KEY).tgbs == 2
+    forged = obj.replace(b'"tgbs":2', b'"tgbs":1')  # now index 1 is past the single TGB's slices
+    with pytest.raises(CorruptDataError, match="footer lists slice 1"):
+        read_footer(forged, KEY)

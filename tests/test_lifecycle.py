@@ -124,12 +124,12 @@ def test_marking_is_idempotent_and_ids_are_not_reused(backend_url):
 
 
 def test_orphans_are_collected_after_the_grace_period_and_live_pending_is_kept(backend_url):
-    crashed = bw.Producer(backend_url, "p", dp=2, commit_policy=Manual())
+    crashed = bw.Producer(backend_url, "p", dp=2, commit_policy=Manual(), pack_steps=1)
     crashed.append(tgb("p", 0, 2))
     crashed.flush()
     crashed.append(tgb("p", 1, 2))  # written, never committed: the process dies
     crashed.close(flush=False)
-    live = bw.Producer(backend_url, "p", dp=2, commit_policy=Manual())
+    live = bw.Producer(backend_url, "p", dp=2, commit_policy=Manual(), pack_steps=1)
     live.append(tgb("p", 1, 2))  # pending in the live incarnation
     store = open_store(backend_url)
     data = sorted(o.key for o in store.list("data/"))

@@ -476,7 +476,9 @@ class CommitProtocol(RuleBasedStateMachine):
         for inc in self.incarnations:
             assert inc.producer.epoch == inc.epoch
             if inc.error is None:
-                assert inc.producer.metrics()["pending_tgbs"] == len(inc.pending)
+                # appended and not committed: uploaded and pending, or held for a pack (packing.py)
+                metrics = inc.producer.metrics()
+                assert metrics["pending_tgbs"] + metrics["held_tgbs"] == len(inc.pending)
                 if not self.is_zombie(inc):
                     assert inc.producer.resume_offset == self.offsets[inc.pid]
 

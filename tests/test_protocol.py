@@ -28,15 +28,17 @@ def read_all(url, mesh, rank, **kw):
         return [{"step": b.step, "origin": list(origin_of(b.data)), "digest": digest(b.data)} for b in consumer]
 
 
-def produce(url, producer_id, count, dp=2, cp=1, policy=None):
-    with bw.Producer(url, producer_id, dp=dp, cp=cp, commit_policy=policy or Eager()) as producer:
+def produce(url, producer_id, count, dp=2, cp=1, policy=None, pack_steps=None):
+    with bw.Producer(
+        url, producer_id, dp=dp, cp=cp, commit_policy=policy or Eager(), pack_steps=pack_steps
+    ) as producer:
         for offset in range(producer.resume_offset, count):
             producer.append(tgb(producer_id, offset, dp * cp))
 
 
 def test_uncommitted_tgbs_are_invisible_until_commit(backend_url):
     """I1: objects written by append are invisible until a log version references them."""
-    producer = bw.Producer(backend_url, "p", dp=2, commit_policy=Manual())
+    producer = bw.Producer(backend_url, "p", dp=2, commit_policy=Manual(), pack_steps=1)
     for offset in range(3):
         producer.append(tgb("p", offset, 2))
     store = open_store(backend_url)
@@ -222,7 +224,7 @@ def read_all_until(url, steps):
 
 
 def test_corrupt_and_truncated_objects_raise_typed_errors_naming_the_key(backend_url):
-    produce(backend_url, "p", 3)
+    produce(backend_url, "p", 3, pack_steps=1)  # each step an object of its own, cut below
     store = open_store(backend_url)
     versions = list(Journal(store).versions_after(0))
     damaged = versions[-1].tgbs[-1]  # step 2
@@ -379,8 +381,9 @@ def test_idle_consumer_backs_off(backend_url):
 
 @pytest.mark.parametrize("policy", ["naive", "fixed10", "incr", "aimd", "dac"])
 def test_inline_commit_mode_with_every_policy(backend_url, policy):
-    """background_commit=False: the paper's single-loop producer, same guarantees."""
-    with bw.Producer(backend_url, "p", dp=2, commit_policy=policy, background_commit=False) as producer:
+    """background_commit=False: the paper's single-loop producer (each TGB written in its
+    append), same guarantees."""
+    with bw.Producer(backend_url, "p", dp=2, commit_policy=policy, background_commit=False, pack_steps=1) as producer:
         assert producer._thread is None
         for offset in range(25):
             producer.append(tgb("p", offset, 2))

@@ -72,6 +72,14 @@ def test_fixed_seeds_find_no_violation(shape):
     assert ops > 100 * SEEDS_PER_SHAPE  # the runs did something
 
 
+def test_producers_write_packs_in_the_simulation():
+    """Packs (several TGBs sharing objects) are part of the runs, so collection and readers
+    meet shared objects under every schedule (the sabotage of ``doomed_objects`` below
+    shows a collector that deletes one too early is caught)."""
+    packs = [simulate(Choices(seed=seed)).notes["packs"] for seed in range(6)]
+    assert sum(packs) > 0 and sum(count > 0 for count in packs) >= 3, packs
+
+
 def test_a_seed_replays_exactly_from_its_choices():
     first = simulate(Choices(seed=3))
     again = simulate(Choices(replay=first.choices))
@@ -109,6 +117,13 @@ def _one_step_too_far(plan):
         return batchweave.log.Reclaim(min(target.steps + 1, state.steps), target.versions, target.bytes)
 
     return plan_reclaim
+
+
+def _pack_deleted_with_its_first_tgb(doomed_objects):
+    def doomed_ignoring_later_readers(tgbs, below):  # as if each TGB had objects of its own
+        return doomed_objects({step: tgb for step, tgb in tgbs.items() if step < below}, below)
+
+    return doomed_ignoring_later_readers
 
 
 def _no_end_marker(build):
@@ -153,6 +168,12 @@ SABOTAGES = {
         batchweave.lifecycle.gc,
         "decode_summary",
         _unchecked_summary,
+        "deleted-reachable",
+    ),
+    "collection deletes a pack a later step still reads": (
+        batchweave.lifecycle.gc,
+        "doomed_objects",
+        _pack_deleted_with_its_first_tgb,
         "deleted-reachable",
     ),
     "end_stream writes no marker": (batchweave.logrules, "build_end_of_stream", _no_end_marker, "waits-forever"),

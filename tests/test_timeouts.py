@@ -42,8 +42,9 @@ class HeldStore(PausingStore, LatencyStore):
 
 
 def _commit(url: str, versions: int) -> None:
-    """``versions`` log versions of two TGBs of dp 1; step ``n`` holds ``n`` everywhere."""
-    with bw.Producer(url, "p", dp=1, commit_policy=Manual()) as producer:
+    """``versions`` log versions of two TGBs of dp 1; step ``n`` holds ``n`` everywhere, in
+    an object of its own (the tests hang the reads of one step's key)."""
+    with bw.Producer(url, "p", dp=1, commit_policy=Manual(), pack_steps=1) as producer:
         for offset in range(2 * versions):
             producer.append([{"x": np.full(8, offset, dtype=np.int64)}], source_offset=offset)
             if offset % 2:

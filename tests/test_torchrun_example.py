@@ -34,6 +34,18 @@ STEPS = 60
 WAIT_S = 180
 
 
+def objects_last_read(url: str) -> dict[str, int]:
+    """Each data object of the namespace, with the last step that reads it."""
+    from batchweave.journal import Journal
+    from batchweave.store import open_store
+
+    last: dict[str, int] = {}
+    for version in Journal(open_store(url)).versions_after(0):
+        for step, tgb in zip(version.steps(), version.tgbs, strict=True):
+            last.update(dict.fromkeys(tgb.objects, step))
+    return last
+
+
 def produce(url: str, tgbs: int) -> None:
     subprocess.run(
         [sys.executable, str(EXAMPLE), "produce", "--data", url, "--producers", "2", "--tgbs", str(tgbs)],
@@ -154,6 +166,7 @@ def test_killed_and_resumed_run_matches_an_uninterrupted_one_step_for_step(proce
     produce(url, STEPS)
     finish(torchrun(url, run_a, "a"), run_a)
 
+    last_reader = objects_last_read(url)  # before collection: the versions it reclaims go
     gc = subprocess.run(
         [sys.executable, "-m", "batchweave.cli", "gc", url, "--grace-s", "0", "--json"],
         capture_output=True,
@@ -163,7 +176,9 @@ def test_killed_and_resumed_run_matches_an_uninterrupted_one_step_for_step(proce
     report = json.loads(gc.stdout)
     # Live: B's step-20 and step-30 (step-10 was released), A's step-50 and step-60.
     assert report["w_global_step"] == 20 and report["reclaimed_steps"] == 20, report
-    assert report["deleted_object_count"] == 20, report
+    # The objects every step of which is below 20: the producers pack small TGBs, so a pack
+    # that a step from 20 on still reads stays
+    assert report["deleted_object_count"] == sum(step < 20 for step in last_reader.values()) > 0, report
     with bw.Consumer(url, dp=2, rank=0) as consumer, pytest.raises(bw.DataReclaimedError, match="20"):
         next(consumer)  # a run from step 0 is no longer possible; B resumes at 30
 

@@ -103,7 +103,7 @@ class Pool:
 
     def join(self, producer_id: str) -> Member:
         policy = GroupCommit(interval_s=INTERVAL_S, stagger_s=STAGGER_S, rng=NoJitter())  # type: ignore[arg-type]
-        producer = bw.Producer(self.url, producer_id, dp=1, commit_policy=policy)
+        producer = bw.Producer(self.url, producer_id, dp=1, commit_policy=policy, pack_steps=1)
         assert producer._turns is not None
         condition = ClockedCondition(self.clock)
         producer._shared.cond = condition  # type: ignore[assignment]

@@ -65,7 +65,7 @@ def test_the_objects_of_one_tgb_are_uploaded_at_once_and_read_back_whole():
 def test_a_failed_object_fails_the_append_after_the_others_ended_and_commits_nothing():
     url = f"memory://uploads-failed-{uuid.uuid4().hex}"
     store = TrackingStore(url, fail_part=".1.bwb")
-    producer = bw.Producer(store, "p", dp=150, commit_policy=Manual())
+    producer = bw.Producer(store, "p", dp=150, commit_policy=Manual(), pack_steps=1)
     with pytest.raises(StoreError, match=r"\.1\.bwb"):
         producer.append(tgb(150, 0), source_offset=0)
     assert store.in_flight == 0  # nothing still uploading once append raised

@@ -65,7 +65,8 @@ def digest(data: dict[str, np.ndarray]) -> str:
 def produce(args: argparse.Namespace) -> int:
     policy = Eager() if args.policy == "eager" else args.policy
     try:
-        with bw.Producer(args.url, args.producer_id, dp=args.dp, cp=args.cp, commit_policy=policy) as producer:
+        producer_options = {"commit_policy": policy, "pack_steps": args.pack_steps}
+        with bw.Producer(args.url, args.producer_id, dp=args.dp, cp=args.cp, **producer_options) as producer:
             print(f"started epoch={producer.epoch} resume={producer.resume_offset}", flush=True)
             for offset in range(producer.resume_offset, args.count):
                 producer.append(tgb(args.producer_id, offset, args.dp * args.cp), source_offset=offset)
@@ -116,6 +117,7 @@ def main() -> int:
     p.add_argument("--flush-every", type=int, default=0)
     p.add_argument("--hold", action="store_true")
     p.add_argument("--pace", type=float, default=0.0, help="seconds between appends")
+    p.add_argument("--pack-steps", type=int, default=None, help="Producer(pack_steps=); default: by size")
     p.set_defaults(run=produce)
     c = sub.add_parser("consume")
     c.add_argument("url")

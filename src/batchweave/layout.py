@@ -11,6 +11,11 @@ every slice the object holds with offset, length and CRC32C, so an object explai
 itself without the log. Slices are packed into objects of at most ``max_object_bytes``
 and ``MAX_SLICES_PER_OBJECT`` slices (a slice is never split; one larger than the cap
 gets an object to itself).
+
+A *pack* (``encode_pack``) lays out several consecutive TGBs of one producer in shared
+objects, slice-major: slice ``s`` of each TGB in turn, then slice ``s + 1``. A rank's slices
+of the whole pack are then one range, read with one request instead of one per step; each
+TGB's log entry points into the shared objects as it would into its own.
 Nothing is pickled: a consumer can be pointed at a namespace it does not trust.
 """
 
@@ -35,13 +40,17 @@ __all__ = [
     "DEFAULT_MAX_OBJECT_BYTES",
     "MAX_SLICES_PER_OBJECT",
     "ArraysLayout",
+    "EncodedPack",
     "EncodedTGB",
     "Footer",
+    "FramedTGB",
     "SliceRef",
     "checksum",
     "decode_slice",
     "dtype_problem",
+    "encode_pack",
     "encode_tgb",
+    "frame_tgb",
     "read_footer",
     "slice_index",
 ]
@@ -121,6 +130,54 @@ class EncodedTGB:
         return sum(self.sizes)
 
 
+@dataclass(frozen=True)
+class FramedTGB:
+    """A TGB's slices checked and framed (``frame_tgb``), not yet laid out in objects."""
+
+    kind: Kind
+    dp: int
+    cp: int
+    slices: list[_Framed]
+    array_layouts: tuple[ArraysLayout, ...]  # as ``EncodedTGB.array_layouts``
+
+    @property
+    def nbytes(self) -> int:
+        """The slices' bytes (an object adds a footer)."""
+        return sum(framed.nbytes for framed in self.slices)
+
+    @property
+    def largest_slice(self) -> int:
+        return max(framed.nbytes for framed in self.slices)
+
+    def owned(self) -> FramedTGB:
+        """A copy holding its own bytes: a TGB kept past ``append`` (to be packed with the
+        next ones) must not change when the caller reuses its arrays."""
+        slices = [_Framed(f.kind, f.signature, [b"".join(f.pieces)], f.nbytes, None, f.arrays) for f in self.slices]
+        return FramedTGB(self.kind, self.dp, self.cp, slices, self.array_layouts)
+
+
+@dataclass(frozen=True)
+class EncodedPack:
+    """Consecutive TGBs laid out in shared objects (``encode_pack``): each object as its
+    pieces, and each TGB's SliceRefs into them."""
+
+    kind: Kind
+    parts: list[list[Piece]]
+    slices: list[list[SliceRef]]  # per TGB, in slice order
+
+    @functools.cached_property
+    def sizes(self) -> list[int]:
+        """Each object's size in bytes."""
+        return [sum(len(piece) for piece in pieces) for pieces in self.parts]
+
+    def tgb_nbytes(self) -> list[int]:
+        """Each TGB's share of the objects' bytes: its slices, and the last TGB the footers,
+        so that the shares add up to the objects' sizes."""
+        shares = [sum(ref.length for ref in refs) for refs in self.slices]
+        shares[-1] += sum(self.sizes) - sum(shares)
+        return shares
+
+
 class _ArrayHeader(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     name: str
     dtype: str
@@ -142,8 +199,9 @@ class FooterSlice(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     crc32c: int
 
 
-class Footer(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """The index at the end of every TGB object."""
+class Footer(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """The index at the end of every TGB object. ``tgbs``: how many consecutive TGBs the
+    object packs (``encode_pack``); a slice's ``index`` is ``slice * tgbs + position``."""
 
     format: str
     part: int
@@ -152,6 +210,7 @@ class Footer(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     cp: int
     kind: Kind
     slices: list[FooterSlice]
+    tgbs: int = 1
 
 
 # Built once at import (see log._VERSION_DECODER: concurrent first use of a type can crash msgspec).
@@ -174,26 +233,59 @@ def checksum(data: bytes | memoryview) -> int:
 def encode_tgb(slices: Sequence[Any], dp: int, cp: int, max_object_bytes: int = DEFAULT_MAX_OBJECT_BYTES) -> EncodedTGB:
     """Encode ``dp * cp`` slice payloads into objects of at most ``max_object_bytes`` and
     ``MAX_SLICES_PER_OBJECT`` slices."""
+    framed = frame_tgb(slices, dp, cp)
+    if max_object_bytes <= 0:
+        raise LayoutError(f"max_object_bytes must be positive, got {max_object_bytes}")
+    pack = encode_pack([framed], max_object_bytes)
+    return EncodedTGB(framed.kind, pack.parts, pack.slices[0], framed.array_layouts)
+
+
+def frame_tgb(slices: Sequence[Any], dp: int, cp: int) -> FramedTGB:
+    """Check and frame ``dp * cp`` slice payloads, not yet laid out in objects (the pieces
+    view the caller's arrays: ``FramedTGB.owned`` copies them)."""
     if isinstance(slices, (bytes, bytearray, memoryview, Mapping)) or not isinstance(slices, Sequence):
         raise LayoutError(f"slices must be a list of dp*cp={dp * cp} payloads, got {type(slices).__name__}")
     if not all(isinstance(n, int) and n >= 1 for n in (dp, cp)):
         raise LayoutError(f"dp and cp must be positive integers, got dp={dp!r} cp={cp!r}")
     if len(slices) != dp * cp:
         raise LayoutError(f"a TGB needs dp*cp = {dp}*{cp} = {dp * cp} slices, got {len(slices)}")
-    if max_object_bytes <= 0:
-        raise LayoutError(f"max_object_bytes must be positive, got {max_object_bytes}")
     encoded = [_encode_slice(payload, index) for index, payload in enumerate(slices)]
     kind = _common_layout(encoded)
-    groups = _pack(len_of=[framed.nbytes for framed in encoded], cap=max_object_bytes)
+    return FramedTGB(kind, dp, cp, encoded, _distinct_arrays(encoded))
+
+
+def encode_pack(tgbs: Sequence[FramedTGB], max_object_bytes: int = DEFAULT_MAX_OBJECT_BYTES) -> EncodedPack:
+    """Lay out consecutive TGBs in shared objects, slice-major: slice ``s`` of every TGB,
+    in order, then slice ``s + 1``; so one rank's slices of all of them are one range.
+
+    Slice indices are grouped into objects as ``encode_tgb`` groups a single TGB's (at most
+    ``MAX_SLICES_PER_OBJECT`` slice indices, and ``max_object_bytes`` unless one index's run
+    is larger): an object is read by as many ranks as one TGB's, each reading once for
+    the whole pack. A footer entry's index is ``slice * len(tgbs) + position`` (the slice
+    index for a single TGB, whose objects are byte for byte ``encode_tgb``'s).
+    """
+    if not tgbs:
+        raise LayoutError("a pack needs at least one TGB")
+    first = tgbs[0]
+    for position, tgb in enumerate(tgbs):
+        if (tgb.kind, tgb.dp, tgb.cp) != (first.kind, first.dp, first.cp):
+            raise LayoutError(
+                f"TGB {position} of a pack is {tgb.kind} with dp={tgb.dp} cp={tgb.cp}; "
+                f"the first is {first.kind} with dp={first.dp} cp={first.cp}"
+            )
+    count, width = len(tgbs), first.dp * first.cp
+    runs = [sum(tgb.slices[index].nbytes for tgb in tgbs) for index in range(width)]
+    groups = _pack(len_of=runs, cap=max_object_bytes)
     parts: list[list[Piece]] = []
-    refs: list[SliceRef | None] = [None] * len(encoded)
+    refs: list[list[SliceRef]] = [[] for _ in tgbs]
     for part, members in enumerate(groups):
-        body, footer_slices = _build_object(encoded, members)
+        runs_of = [(index, [tgb.slices[index] for tgb in tgbs]) for index in members]
+        body, footer_slices = _build_object(runs_of, count)
         for fs in footer_slices:
-            refs[fs.index] = SliceRef(part, fs.offset, fs.length, fs.crc32c)
-        footer = Footer(FOOTER_FORMAT, part, len(groups), dp, cp, kind, footer_slices)
+            refs[fs.index % count].append(SliceRef(part, fs.offset, fs.length, fs.crc32c))
+        footer = Footer(FOOTER_FORMAT, part, len(groups), first.dp, first.cp, first.kind, footer_slices, count)
         parts.append(_with_footer(body, footer))
-    return EncodedTGB(kind, parts, [ref for ref in refs if ref is not None], _distinct_arrays(encoded))
+    return EncodedPack(first.kind, parts, refs)
 
 
 def _distinct_arrays(encoded: list[_Framed]) -> tuple[ArraysLayout, ...]:
@@ -221,16 +313,17 @@ def _pack(len_of: list[int], cap: int) -> list[list[int]]:
     return groups
 
 
-def _build_object(encoded: list[_Framed], members: list[int]) -> tuple[list[Piece], list[FooterSlice]]:
-    """The object's body as pieces (written back to back, with the footer) and its footer entries."""
+def _build_object(runs: list[tuple[int, list[_Framed]]], count: int) -> tuple[list[Piece], list[FooterSlice]]:
+    """An object's body as pieces (written back to back, with the footer) and its footer
+    entries: each slice index's run of ``count`` slices, one TGB after another."""
     pieces: list[Piece] = []
     footer_slices: list[FooterSlice] = []
     offset = 0
-    for index in members:
-        framed = encoded[index]
-        footer_slices.append(FooterSlice(index, offset, framed.nbytes, framed.crc32c()))
-        pieces.extend(framed.pieces)
-        offset += framed.nbytes
+    for index, run in runs:
+        for position, framed in enumerate(run):
+            footer_slices.append(FooterSlice(index * count + position, offset, framed.nbytes, framed.crc32c()))
+            pieces.extend(framed.pieces)
+            offset += framed.nbytes
     return pieces, footer_slices
 
 
@@ -529,11 +622,15 @@ def read_footer(obj: bytes | memoryview, key: str) -> Footer:
         raise CorruptDataError(key, "footer lists no slices")  # encode_tgb never writes an empty object
     # What encode_tgb writes: slices in index order, laid end to end in the body. Checked in
     # one pass, so a reader may index the body by any listed slice without checking again.
+    if footer.tgbs < 1:
+        raise CorruptDataError(key, f"footer says the object packs {footer.tgbs} TGBs")
     previous_index, previous_end = -1, 0
     for fs in footer.slices:
-        if not previous_index < fs.index < footer.dp * footer.cp:
+        if not previous_index < fs.index < footer.dp * footer.cp * footer.tgbs:
             raise CorruptDataError(
-                key, f"footer lists slice {fs.index} after slice {previous_index} (dp={footer.dp} cp={footer.cp})"
+                key,
+                f"footer lists slice {fs.index} after slice {previous_index} "
+                f"(dp={footer.dp} cp={footer.cp}, {footer.tgbs} TGB(s))",
             )
         if fs.offset < previous_end or fs.length < 0 or fs.offset + fs.length > start:
             raise CorruptDataError(key, f"footer places slice {fs.index} outside the object body or over another")

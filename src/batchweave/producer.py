@@ -27,8 +27,6 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
-import msgspec
-
 from batchweave import log, logrules
 from batchweave import schema as schemas
 from batchweave.commit.claims import (
@@ -57,11 +55,12 @@ from batchweave.errors import (
 )
 from batchweave.journal import DEFAULT_SNAPSHOT_EVERY, Journal
 from batchweave.keys import check_producer_id, data_key
-from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES, EncodedTGB, Piece, encode_tgb
+from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES, FramedTGB, Piece, encode_pack, frame_tgb
 from batchweave.lifecycle.backpressure import MAX_BACKOFF_S, may_upload, own_share, poll_pause_s
 from batchweave.lifecycle.watermarks import MarkCache, global_watermark, read_watermarks
 from batchweave.log import LogState, ProducerState, TGBDescriptor
 from batchweave.mesh import Mesh
+from batchweave.packing import DEFAULT_PACK_DELAY_S, Held, PackBuffer, check_pack_options, pack_limit
 from batchweave.reading.polling import HEAD_BUDGET_PER_S
 from batchweave.schema import Schema
 from batchweave.store import Store, open_store
@@ -101,6 +100,13 @@ class Producer:
             config keys such as ``region`` or ``endpoint``, ``client_options``, ``retry_config``;
             for a local directory only ``{"fsync": False}``, which skips the flushes that make
             each put durable (throwaway namespaces).
+        pack_steps: how many consecutive TGBs are written together as one pack, so that a
+            rank reads its slices of all of them with one request (``batchweave.packing``).
+            None (default): by size, up to 16 while a rank's run stays under 1 MiB (TGBs
+            with slices of 1 MiB or more are never held back); 1: every TGB written at once,
+            on its own. A held TGB becomes visible with its pack.
+        pack_delay_s: the longest a TGB is held back for its pack while appends keep coming
+            (default 1 s); a producer appending slower than this packs nothing.
         schema: the arrays every slice holds, as a ``Schema`` or ``{name: (dtype, shape)}``,
             with ``None`` as a shape's first size where it varies from slice to slice (packed
             sequences, variable-length audio): ``{"tokens": ("int32", (None, 2048))}``. A
@@ -124,8 +130,17 @@ class Producer:
         max_lag: int | None = None,
         storage_options: dict[str, Any] | None = None,
         schema: Schema | Mapping[str, tuple[Any, Sequence[int | None]]] | None = None,
+        pack_steps: int | None = None,
+        pack_delay_s: float = DEFAULT_PACK_DELAY_S,
     ) -> None:
         self.producer_id = check_producer_id(producer_id)
+        check_pack_options(pack_steps, pack_delay_s)
+        self.pack_steps = pack_steps
+        self._pack = PackBuffer(pack_delay_s)
+        # Held by append, flush, close and a stalled pack's deadline: one writer of packs
+        # at a time, so TGBs reach ``pending`` in offset order.
+        self._pack_lock = threading.Lock()
+        self._pack_taken = threading.Event()  # set when the pack begun last is written
         self._declared = Schema.declared(schema)
         self.mesh = Mesh(dp=dp, cp=cp)
         if max_object_bytes <= 0:
@@ -205,16 +220,43 @@ class Producer:
             return self._shared.committed_offset()
 
     def append(self, slices: Sequence[Any], source_offset: int | None = None) -> int:
-        """Write one TGB's objects now; it becomes visible at a later commit.
+        """Write one TGB's objects now, or hold it for its pack; it becomes visible at a
+        later commit.
 
         ``slices`` has ``dp * cp`` payloads (dicts of arrays, or bytes), slice ``(d, c)``
         at index ``d * cp + c``. ``source_offset``, when given, must be the next offset
         (``resume_offset`` after a restart, then +1 per append): offsets are dense, so a
         skipped or repeated offset is refused rather than silently lost or duplicated.
-        Returns the TGB's source offset.
+        Returns the TGB's source offset. A held TGB is a copy: the caller may reuse its
+        arrays once this returns.
         """
         if self.max_lag is not None:
             self._wait_for_checkpoints(self.max_lag)
+        with self._pack_lock:
+            offset = self._next_offset_or_raise(source_offset)
+            framed = frame_tgb(slices, self.mesh.dp, self.mesh.cp)
+            head = log.TGBHead(
+                self.producer_id, self._shared.me.epoch, offset, self.mesh.dp, self.mesh.cp, framed.kind, framed.nbytes
+            )
+            mismatch = logrules.layout_mismatch(self._shared.state.layout, head)
+            if mismatch:  # before uploading anything: every consumer would fail at this step
+                raise LayoutError(f"producer {self.producer_id!r}: {mismatch}; nothing was written")
+            schema = self._schema_for(framed, offset)
+            held = Held(offset, framed, "" if schema is None else schema.digest)
+            limit, now = pack_limit(framed, self.pack_steps), time.monotonic()
+            self._pack.appended(now)
+            if not self._pack.fits(limit):
+                self._write_pack()  # the held ones go first, alone: this TGB is not theirs to join
+            if limit == 1 and not self._pack:
+                self._write([held])  # the caller's arrays are written before append returns: no copy
+                self._appended(offset, schema)
+            else:
+                self._hold(Held(offset, framed.owned(), held.schema), limit, now, schema)
+        if self._thread is None:
+            self._commits.commit_inline(self._next_offset, forced=False)
+        return offset
+
+    def _next_offset_or_raise(self, source_offset: int | None) -> int:
         with self._shared.cond:
             self._raise_if_unusable()
             offset = self._next_offset if source_offset is None else source_offset
@@ -224,44 +266,99 @@ class Producer:
                     f"{self._next_offset} (offsets are dense: below it is appended or committed already, "
                     "above it would leave a gap)"
                 )
-        encoded = encode_tgb(slices, self.mesh.dp, self.mesh.cp, self.max_object_bytes)
-        token = secrets.token_hex(4)  # a retried append never collides with its own debris
-        keys = [
-            data_key(self.producer_id, self._shared.me.epoch, offset, token, part) for part in range(len(encoded.parts))
+            return offset
+
+    def _appended(self, offset: int, schema: Schema | None) -> None:
+        """The TGB at ``offset`` is appended (written, or held for its pack)."""
+        with self._shared.cond:
+            self._shared.schema = self._shared.schema or schema
+            self._next_offset = offset + 1
+
+    def _hold(self, held: Held, limit: int, now: float, schema: Schema | None) -> None:
+        """Under the pack lock: hold a TGB for its pack, and write the pack if it is due.
+        A failed write un-holds this TGB (the caller appends it again; the others stay)."""
+        self._pack.hold(held, limit, now)
+        if not self._pack.due(now):
+            if len(self._pack) == 1 and self._thread is not None:
+                self._watch_deadline()
+            self._appended(held.offset, schema)
+            return
+        try:
+            self._write_pack()
+        except BaseException:
+            self._pack.drop_last()
+            raise
+        self._appended(held.offset, schema)
+
+    def _write_pack(self) -> None:
+        """Under the pack lock: write the held TGBs as one pack, then forget them."""
+        if self._pack:
+            self._write(list(self._pack.held))
+            self._pack.take()
+            self._pack_taken.set()
+
+    def _write(self, helds: list[Held]) -> None:
+        """Upload consecutive TGBs as one pack and queue their descriptors for commit."""
+        tgbs: list[FramedTGB] = [held.tgb for held in helds]
+        pack = encode_pack(tgbs, self.max_object_bytes)
+        token = secrets.token_hex(4)  # a retried write never collides with its own debris
+        epoch, first = self._shared.me.epoch, helds[0].offset  # a pack is named by its first TGB
+        keys = [data_key(self.producer_id, epoch, first, token, part) for part in range(len(pack.parts))]
+        self._put_objects(list(zip(keys, pack.parts, pack.sizes, strict=True)))
+        descriptors = [
+            TGBDescriptor(
+                producer=self.producer_id,
+                epoch=self._shared.me.epoch,
+                source_offset=held.offset,
+                dp=self.mesh.dp,
+                cp=self.mesh.cp,
+                kind=pack.kind,
+                objects=keys,
+                slices=[(r.object_index, r.offset, r.length, r.crc32c) for r in refs],
+                nbytes=nbytes,
+                schema=held.schema,
+            )
+            for held, refs, nbytes in zip(helds, pack.slices, pack.tgb_nbytes(), strict=True)
         ]
-        descriptor = TGBDescriptor(
-            producer=self.producer_id,
-            epoch=self._shared.me.epoch,
-            source_offset=offset,
-            dp=self.mesh.dp,
-            cp=self.mesh.cp,
-            kind=encoded.kind,
-            objects=keys,
-            slices=[(r.object_index, r.offset, r.length, r.crc32c) for r in encoded.slices],
-            nbytes=encoded.nbytes,
-        )
-        mismatch = logrules.layout_mismatch(self._shared.state.layout, descriptor)
-        if mismatch:  # before uploading anything: every consumer would fail at this step
-            raise LayoutError(f"producer {self.producer_id!r}: {mismatch}; nothing was written")
-        schema = self._schema_for(encoded, offset)
-        if schema is not None:
-            descriptor = msgspec.structs.replace(descriptor, schema=schema.digest)
-        self._put_objects(list(zip(keys, encoded.parts, encoded.sizes, strict=True)))
         with self._shared.cond:
             self._raise_if_unusable()
-            if offset != self._next_offset:
-                raise SourceOffsetError(f"producer {self.producer_id!r}: offset {offset} was appended concurrently")
-            self._shared.schema = self._shared.schema or schema
-            self._shared.pending.append(descriptor)
-            self._next_offset = offset + 1
-            self._shared.metrics["bytes_written"] += encoded.nbytes
+            self._shared.pending.extend(descriptors)
+            self._shared.metrics["bytes_written"] += sum(pack.sizes)
             self._shared.cond.notify_all()
-        if self._thread is None:
-            self._commits.commit_inline(self._next_offset, forced=False)
-        return offset
+
+    def _watch_deadline(self) -> None:
+        """Write the pack just begun at its deadline if appends stop coming (a stalled
+        producer), on a thread of its own that ends when the pack is written."""
+        self._pack_taken = taken = threading.Event()
+        generation = self._pack.generation
+        threading.Thread(
+            target=self._write_at_deadline, args=(generation, taken), name="batchweave-pack", daemon=True
+        ).start()
+
+    def _write_at_deadline(self, generation: int, taken: threading.Event) -> None:
+        while not taken.wait(max(0.0, self._pack.deadline() - time.monotonic())):
+            with self._pack_lock:
+                if self._pack.generation != generation or self._shared.closed:
+                    return
+                if time.monotonic() < self._pack.deadline():
+                    continue
+                try:
+                    self._write_pack()
+                except Exception as exc:  # the TGBs stay held: the next append or flush writes them, or raises
+                    _logger.warning(
+                        "producer %r: writing a pack of %d held TGB(s) at its deadline failed; the next append "
+                        "or flush tries again: %s",
+                        self.producer_id,
+                        len(self._pack),
+                        exc,
+                    )
+                return
 
     def flush(self, timeout_s: float | None = None) -> None:
-        """Block until everything appended so far is committed (ignores the policy's gap)."""
+        """Block until everything appended so far is committed (ignores the policy's gap),
+        the TGBs held for a pack included."""
+        with self._pack_lock:
+            self._write_pack()
         if self._thread is None:
             self._commits.commit_inline(self._next_offset, forced=True)
             return
@@ -299,10 +396,13 @@ class Producer:
                     error = self._shared.error
                     # (an inline commit raises its errors in append and flush themselves)
                     untold = error is not None and error is not self._raised and self._thread is not None
-                    lost = error if untold and self._shared.pending else None
+                    lost = error if untold and (self._shared.pending or self._pack) else None
                 if error is None:
                     self.flush()
         finally:
+            with self._pack_lock:  # held TGBs not written by a flush are dropped, as pending ones are
+                self._pack.take()
+                self._pack_taken.set()
             with self._shared.cond:
                 self._shared.closed = True
                 self._shared.abandon = self._shared.abandon or not flush
@@ -340,6 +440,7 @@ class Producer:
         with self._shared.cond:
             out: dict[str, float] = dict(self._shared.metrics)
             out["pending_tgbs"] = len(self._shared.pending)
+            out["held_tgbs"] = len(self._pack)  # appended, waiting for the rest of their pack
             out["producers_seen"] = len(self._shared.state.producers)
             out["producers_active"] = self._committers.count(time.monotonic(), self._policy_gap_s())
             out["log_version"] = self._shared.state.version
@@ -384,7 +485,7 @@ class Producer:
                 f"namespace {self._store.url} was ended at log version {self._shared.state.version}; no TGB is accepted"
             )
 
-    def _schema_for(self, encoded: EncodedTGB, offset: int) -> Schema | None:
+    def _schema_for(self, encoded: FramedTGB, offset: int) -> Schema | None:
         """The schema a TGB's arrays fit, or SchemaError before anything is uploaded: the
         namespace's (as of the newest log version we read), else ours (declared, or fixed
         by our first TGB), else the first slice's exact one. None for bytes."""
@@ -590,7 +691,8 @@ class Producer:
         spans = shared.committed_spans or []
         if spans and spans[0].end <= w_global:
             spans = shared.committed_spans = [s for s in spans if s.end > w_global]
-        return may_upload(shared.state, self._share[1], len(shared.pending), spans, w_global, max_lag)
+        held = len(shared.pending) + len(self._pack)  # held for a pack: uploaded soon
+        return may_upload(shared.state, self._share[1], held, spans, w_global, max_lag)
 
     def _put_objects(self, uploads: list[tuple[str, list[Piece], int]]) -> None:
         """A TGB's objects, all at once on an object store: a TGB of 1,250 slices is 20

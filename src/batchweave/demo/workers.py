@@ -47,8 +47,17 @@ def producer_main(spec: dict[str, Any], appended: Any, conn: Connection) -> None
     record: dict[str, Any] = {"producer_id": pid, "incarnation": spec["incarnation"], "os_pid": os.getpid()}
     record["done"] = False
     try:
+        # pack_steps=1: each TGB's objects are uploaded in its append, so a worker killed at
+        # the gate leaves uploaded, uncommitted objects behind: the orphans the story shows
+        # (with packs, small TGBs would still be held in memory, and die with the process).
         with Producer(
-            spec["url"], pid, dp=spec["dp"], cp=spec["cp"], commit_policy="manual", background_commit=False
+            spec["url"],
+            pid,
+            dp=spec["dp"],
+            cp=spec["cp"],
+            commit_policy="manual",
+            background_commit=False,
+            pack_steps=1,
         ) as producer:
             start = producer.resume_offset
             record.update(resume_offset=start, epoch=producer.epoch)

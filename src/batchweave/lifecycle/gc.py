@@ -85,7 +85,8 @@ class _Plan:
 
     base: Reclaim  # the state's reclaim the plan was computed from
     target: Reclaim
-    doomed: list[tuple[str, int]]  # TGB objects of reclaimed steps, with their share of bytes
+    doomed: list[str]  # TGB objects no unreclaimed step reads (a pack's go with its last TGB)
+    doomed_bytes: int  # the reclaimed TGBs' bytes (a packed TGB's share of its pack)
     orphans: set[str]
     summary: GCSummary | None  # what the next collection may start from (None: steps read with gaps)
 
@@ -132,8 +133,8 @@ def collect_garbage(
     report.orphans = sorted(plan.orphans)
     released = [c for c in checkpoints if c.released]
     if dry_run:
-        report.deleted_objects = sorted({k for k, _ in plan.doomed} | plan.orphans)
-        report.deleted_bytes = sum(size for _, size in plan.doomed)
+        report.deleted_objects = sorted(set(plan.doomed) | plan.orphans)
+        report.deleted_bytes = plan.doomed_bytes
         report.deleted_versions = len(_old_versions(store, plan.target.versions))
         report.deleted_snapshots = len(_old_snapshots(store, journal, plan.target.versions))
         report.deleted_segments = len(_old_segments(store, plan.target.versions))
@@ -144,10 +145,10 @@ def collect_garbage(
         report.deleted_probes = len(_stale_probes(store, grace_s, now))
         report.deleted_tickets = len(_dead_tickets(store, state))
         return report
-    for key, size in plan.doomed:
+    for key in plan.doomed:
         store.delete(key)
         report.deleted_objects.append(key)
-        report.deleted_bytes += size
+    report.deleted_bytes = plan.doomed_bytes
     for key in sorted(plan.orphans):
         store.delete(key)
         report.deleted_objects.append(key)
@@ -283,16 +284,20 @@ def _plan(
 ) -> _Plan:
     target = _plan_reclaim(journal, state, w_global)
     tgbs = _unreclaimed_tgbs(journal, state, summary)
-    doomed = [
-        (key, tgb.nbytes // len(tgb.objects))
-        for step, tgb in tgbs.items()
-        if step < target.steps
-        for key in tgb.objects
-    ]
-    kept = {key for step, tgb in tgbs.items() if step >= target.steps for key in tgb.objects}
-    target = Reclaim(target.steps, target.versions, state.reclaimed.bytes + sum(size for _, size in doomed))
-    orphans = _orphans(listed, state, kept | {k for k, _ in doomed}, grace_s, now)
-    return _Plan(state.reclaimed, target, doomed, orphans, _next_summary(state, target, tgbs))
+    doomed, kept, doomed_bytes = doomed_objects(tgbs, target.steps)
+    target = Reclaim(target.steps, target.versions, state.reclaimed.bytes + doomed_bytes)
+    orphans = _orphans(listed, state, kept | set(doomed), grace_s, now)
+    return _Plan(state.reclaimed, target, doomed, doomed_bytes, orphans, _next_summary(state, target, tgbs))
+
+
+def doomed_objects(tgbs: dict[int, StepObjects], below: int) -> tuple[list[str], set[str], int]:
+    """The objects to delete when the steps below ``below`` are reclaimed, the objects kept
+    (read by a step at or above it), and the reclaimed TGBs' bytes. A pack's objects are
+    shared by consecutive TGBs (``batchweave.packing``): they go with the last of them."""
+    reclaimed = [tgb for step, tgb in tgbs.items() if step < below]
+    kept = {key for step, tgb in tgbs.items() if step >= below for key in tgb.objects}
+    doomed = list(dict.fromkeys(key for tgb in reclaimed for key in tgb.objects if key not in kept))
+    return doomed, kept, sum(tgb.nbytes for tgb in reclaimed)
 
 
 def _plan_reclaim(journal: Journal[LogVersion], state: LogState, w_global: Checkpoint | None) -> Reclaim:

@@ -145,7 +145,7 @@ def deterministic(scheduler: Scheduler, noise: random.Random) -> Iterator[None]:
     # Event: the producer's flag that stops its store retries at close; the simulated store
     # never fails transiently, so nothing ever waits on it.
     threading_shim = SimpleNamespace(
-        Condition=lambda: SimCondition(scheduler), Thread=InertThread, Event=threading.Event
+        Condition=lambda: SimCondition(scheduler), Thread=InertThread, Event=threading.Event, Lock=threading.Lock
     )
     patches: list[tuple[Any, str, Any]] = [
         (batchweave.producer, "time", fake_time),

@@ -49,6 +49,8 @@ class GroupProducerDriver:
     def flush(self) -> int:
         """Step until everything appended is committed; returns the offset flushed to."""
         p, shared = self.producer, self.producer._shared
+        with p._pack_lock:
+            p._write_pack()  # as Producer.flush: the TGBs held for a pack first
         target = p._next_offset
         shared.flush_waiters += 1
         try:

@@ -77,8 +77,18 @@ def simulate(choices: Choices, config: Config | None = None) -> Result:
             "steps": len(model.steps),
             "recreations": len(model.recreations),
             "crashes": sum(a.state == "crashed" for a in scheduler.actors),
+            "packs": _packs(model),
         },
     )
+
+
+def _packs(model: Model) -> int:
+    """Objects of the genuine log that several TGBs share (a producer's packs)."""
+    readers: dict[str, int] = {}
+    for tgb in model.steps:
+        for key in set(tgb.objects):
+            readers[key] = readers.get(key, 0) + 1
+    return sum(count > 1 for count in readers.values())
 
 
 def _judge_the_end(world: World) -> None:
