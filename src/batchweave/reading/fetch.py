@@ -4,7 +4,9 @@ A step's slices are read by ``SliceFetcher`` from the store, or through the node
 (``reading.node``) when another rank of the node reads the same bytes; ``decode_slice``
 checks each slice's CRC32C and returns arrays that view the read buffer. After a change of
 mesh (``reading.reshard``) a step may read several adjacent slices and join them, or one
-piece of a slice.
+piece of a slice. Where the ranges of consecutive steps lie back to back in one object
+(a producer's pack of TGBs), the fetcher reads them with one request (``reading.runs``),
+once the pipeline said which ranges are coming (``expect``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from batchweave.log import LogVersion, TGBDescriptor
 from batchweave.metrics import FetchRecorder
 from batchweave.reading.nodeclient import NodeUnavailableError
 from batchweave.reading.reshard import SliceRead
+from batchweave.reading.runs import RangeRuns
 from batchweave.store import Store
 
 __all__ = ["Batch", "NodeReads", "SliceFetcher", "step_bytes"]
@@ -69,6 +72,8 @@ class SliceFetcher:
         fetches: where each fetch's latency is recorded.
         start: the cursor's position, for the message of a DataReclaimedError.
         node: the node's hub, when another rank of the node reads the same slices.
+        runs: where the reads of expected back-to-back ranges are joined (None: every
+            range is read on its own).
     """
 
     def __init__(
@@ -81,6 +86,7 @@ class SliceFetcher:
         fetches: FetchRecorder,
         start: Fraction | int,
         node: NodeReads | None = None,
+        runs: RangeRuns | None = None,
     ) -> None:
         self._store = store
         self._journal = journal
@@ -89,6 +95,20 @@ class SliceFetcher:
         self._fetches = fetches
         self._start = start
         self._node = node
+        self._runs = runs
+
+    def expect(self, tgb: TGBDescriptor, read: SliceRead) -> None:
+        """A step that will be fetched (steps are expected in step order, before their
+        fetch starts): its ranges may join those of the steps before it in one read."""
+        if self._runs is None:
+            return
+        for group in _back_to_back(tgb, range(read.first_slice, read.first_slice + read.count)):
+            self._runs.expect(*_span(tgb, group))
+
+    def close(self) -> None:
+        """No more steps will be fetched: forget the ranges expected and not read."""
+        if self._runs is not None:
+            self._runs.close()
 
     def fetch(
         self, tgb: TGBDescriptor, read: SliceRead, step: int, version: int, position: Fraction | int
@@ -96,7 +116,7 @@ class SliceFetcher:
         """Step ``step``: the slices ``read`` names, joined or cut to this rank's mesh."""
         indices = range(read.first_slice, read.first_slice + read.count)
         started = time.perf_counter()
-        parts = [self._read_slice_run(tgb, run) for run in _runs_by_object(tgb, indices)]
+        parts = [self._read_adjacent(tgb, group) for group in _back_to_back(tgb, indices)]
         self._fetches.record(time.perf_counter() - started)
         decoded = [item for run in parts for item in run]
         if any(isinstance(item, bytes) != (tgb.kind == "bytes") for item in decoded):
@@ -118,13 +138,10 @@ class SliceFetcher:
             raise CorruptDataError(key, f"a slice's payload kind is not the log's {tgb.kind!r}")
         return Batch(step=step, data=data, version=version), step + 1
 
-    def _read_slice_run(self, tgb: TGBDescriptor, indices: list[int]) -> list[Any]:
+    def _read_adjacent(self, tgb: TGBDescriptor, indices: list[int]) -> list[Any]:
         """Decode slices that sit back to back in one object, with one range read."""
-        obj = tgb.slices[indices[0]][0]
-        key = tgb.objects[obj]
-        start = tgb.slices[indices[0]][1]
-        end = max(tgb.slices[i][1] + tgb.slices[i][2] for i in indices)
-        buf = self._range(key, start, end - start)
+        key, start, length = _span(tgb, indices)
+        buf = self._range(key, start, length)
         out = []
         for i in indices:
             _, offset, length, crc = tgb.slices[i]
@@ -132,7 +149,13 @@ class SliceFetcher:
         return out
 
     def _read(self, key: str, start: int, length: int) -> memoryview:
-        """Through the node's hub (one read per slice per node), else from the store."""
+        """A piece of its run's read if the range was expected, else a read of its own."""
+        if self._runs is None:
+            return self._read_through(key, start, length)
+        return self._runs.read(key, start, length, self._read_through)
+
+    def _read_through(self, key: str, start: int, length: int) -> memoryview:
+        """Through the node's hub (one read per range per node), else from the store."""
         if self._node is not None:
             try:
                 return self._node.read(key, start, length)
@@ -165,15 +188,28 @@ def step_bytes(tgb: TGBDescriptor, read: SliceRead) -> int:
     return sum(tgb.slices[i][2] for i in range(read.first_slice, read.first_slice + read.count))
 
 
-def _runs_by_object(tgb: TGBDescriptor, indices: range) -> list[list[int]]:
-    """Split consecutive slice indices where they cross into the next object."""
-    runs: list[list[int]] = []
+def _back_to_back(tgb: TGBDescriptor, indices: range) -> list[list[int]]:
+    """Split consecutive slice indices where the next slice does not start, in the same
+    object, where the one before it ends (the next object; or, in a pack of TGBs, the
+    same slice of the next TGB lies between them)."""
+    groups: list[list[int]] = []
     for i in indices:
-        if runs and tgb.slices[runs[-1][-1]][0] == tgb.slices[i][0]:
-            runs[-1].append(i)
+        if groups and _follows(tgb.slices[groups[-1][-1]], tgb.slices[i]):
+            groups[-1].append(i)
         else:
-            runs.append([i])
-    return runs
+            groups.append([i])
+    return groups
+
+
+def _follows(before: tuple[int, int, int, int], after: tuple[int, int, int, int]) -> bool:
+    return before[0] == after[0] and before[1] + before[2] == after[1]
+
+
+def _span(tgb: TGBDescriptor, indices: list[int]) -> tuple[str, int, int]:
+    """The object key, start and length of back-to-back slices."""
+    obj, start, _, _ = tgb.slices[indices[0]]
+    _, last, length, _ = tgb.slices[indices[-1]]
+    return tgb.objects[obj], start, last + length - start
 
 
 def _concat(parts: list[Any], axis: int, key: str) -> Any:

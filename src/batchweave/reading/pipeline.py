@@ -36,6 +36,7 @@ from batchweave.reading.node import NodePlan
 from batchweave.reading.nodeclient import NodeClient, NodeUnavailableError
 from batchweave.reading.polling import HeadPolling
 from batchweave.reading.readahead import DEFAULT_LOG_READ_AHEAD
+from batchweave.reading.runs import RangeRuns
 from batchweave.reading.sharedlog import InlineNode, NodeBehind
 from batchweave.reading.steps import PlannedStep, StepPlan
 from batchweave.reading.window import FetchWindow
@@ -135,6 +136,7 @@ class Pipeline:
             self._node = NodeClient(node.address, store, self._polling, node.sharers)
         # A slice no other rank of the node reads gains nothing from the hub: read directly.
         shares_reads = self._node is not None and (node is None or node.sharers > 1)
+        self._expected_until = 0  # the steps before this one were expected (``_expect_ready``)
         self._fetcher = SliceFetcher(
             store,
             self._journal,
@@ -143,6 +145,9 @@ class Pipeline:
             fetches=fetches,
             start=cursor.position,
             node=self._node if shares_reads else None,
+            # Inline mode reads without runs (``reading.runs``): a local read costs less
+            # than their bookkeeping, and there is no request's round trip to save.
+            runs=None if self._inline else RangeRuns(),
         )
         self._steps = self._follow_log()
         self._pool: ThreadPoolExecutor | None = None  # the fetch threads, made with the window
@@ -219,7 +224,9 @@ class Pipeline:
             self._release()  # else the follow thread does once its read ends (not both at once)
 
     def _release(self) -> None:
-        """Let the idle fetch threads end and the node's hub go (again: no harm)."""
+        """Let the idle fetch threads end and the node's hub go, and forget the ranges
+        expected and not read (again: no harm)."""
+        self._fetcher.close()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
         if self._node is not None:
@@ -431,11 +438,24 @@ class Pipeline:
         scheduled yet (so the log is read ahead of the fetches, boundedly). False when
         stopping."""
         plan = self._plan
+        self._expect_ready()
         while (planned := plan.next_read()) is not None:
             if not self._enqueue(planned, block=plan.unscheduled > block_until):
                 return not self._stop.is_set()  # no slot free now: the log is read on meanwhile
             plan.advance()
         return True
+
+    def _expect_ready(self) -> None:
+        """Tell the fetcher every ready step not told yet, before the first of them may be
+        fetched: the first read of a pack then covers all of its steps the log has shown,
+        not only those queued before a fetch thread took it up (in step order, once each)."""
+        if self._inline:
+            return
+        step = max(self._expected_until, self._plan.next_step)
+        while (planned := self._plan.read_at(step)) is not None:
+            self._fetcher.expect(planned.tgb, planned.read)
+            step += 1
+        self._expected_until = step
 
     def _enqueue(self, planned: PlannedStep, block: bool) -> bool:
         """Queue one step's fetch in step order: for ``next()`` to run itself (inline), or

@@ -91,7 +91,12 @@ class StepPlan:
 
     def next_read(self) -> PlannedStep | None:
         """The next step, once every TGB it touches is committed; else None."""
-        reshard, step = self._reshard, self.next_step
+        return self.read_at(self.next_step)
+
+    def read_at(self, step: int) -> PlannedStep | None:
+        """Step ``step`` (not before the next one), once every TGB it touches is
+        committed; else None. Steps become ready in order: if one is not, no later one is."""
+        reshard = self._reshard
         if reshard is None:
             return None
         if reshard.identity:  # the usual case, kept to a dict lookup
