@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 
 import batchweave as bw
-from batchweave import keys, layout, logrules
+from batchweave import keys, layout
 from batchweave.commit.policies import Manual
 from batchweave.errors import CorruptDataError, TransientStoreError
 from batchweave.journal import Journal
@@ -300,43 +300,14 @@ def counted_seaweedfs(seaweedfs_server, monkeypatch):
 
 def commit_packs(url: str | Store, steps: int, k: int, dp: int, repeat: int = 50) -> list[list[bytes]]:
     """Steps 0..steps-1 of ``dp`` bytes slices (about ``repeat`` * 17 bytes each), written k
-    steps per object slice-major (a producer's packs) and committed one pack per log
-    version; each step's payloads."""
-    with bw.Producer(url, "p", dp=dp, commit_policy=Manual()) as producer:
-        epoch = producer.epoch  # the claim: the log knows producer p at this epoch
-    store = open_store(url) if isinstance(url, str) else url
-    journal = Journal(store)
+    steps per object by the producer's packs (``Producer(pack_steps=k)``) and committed one
+    pack per log version; each step's payloads."""
     payloads = [[f"step {t} rank {r} ".encode() * (repeat + t % 7) for r in range(dp)] for t in range(steps)]
-    for first in range(0, steps, k):
-        members = range(first, min(first + k, steps))
-        key = keys.data_key("p", epoch, first, "ab", 0)
-        framed = {(t, r): _framed(payloads[t][r]) for t in members for r in range(dp)}
-        body, offsets = b"", {}
-        for r in range(dp):
-            for t in members:
-                offsets[t, r] = len(body)
-                body += framed[t, r][0]
-        store.put(key, body)
-        tgbs = [
-            TGBDescriptor(
-                producer="p",
-                epoch=epoch,
-                source_offset=t,
-                dp=dp,
-                cp=1,
-                kind="bytes",
-                objects=[key],
-                slices=[(0, offsets[t, r], len(framed[t, r][0]), framed[t, r][1]) for r in range(dp)],
-                nbytes=sum(len(framed[t, r][0]) for r in range(dp)),
-            )
-            for t in members
-        ]
-
-        def build(state, tgbs=tgbs, first=first):
-            me = state.producers["p"]
-            return None if me.offset > first else logrules.build_commit(state, "p", me, tgbs, time.time())
-
-        journal.commit(journal.load_state(), build)
+    with bw.Producer(url, "p", dp=dp, commit_policy=Manual(), pack_steps=k, pack_delay_s=3600) as producer:
+        for t in range(steps):
+            producer.append(payloads[t], source_offset=t)
+            if (t + 1) % k == 0:
+                producer.flush()
     bw.end_stream(url)
     return payloads
 
