@@ -119,7 +119,7 @@ def _measure_batchweave(history: int, samples: int, seed: int) -> dict[str, Any]
     journal.load_state()
     open_s, open_requests = time.perf_counter() - started, journal.requests
     windows = []
-    with Producer(store, "probe", dp=SLICES, commit_policy=Manual(), background_commit=False) as producer:
+    with Producer(store, "probe", dp=SLICES, commit_policy=Manual(), background_commit=False, pack_steps=1) as producer:
         for _ in range(samples):
             producer.append([b"x" * 1000] * SLICES)
             producer.flush()

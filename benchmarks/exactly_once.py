@@ -90,7 +90,9 @@ def _measure(slices: int, payload_bytes: int, pairs: int, seed: int) -> dict[str
     bare = _Control(Journal(bare_store), anchored=False)
     slice_payload = b"\0" * max(1, payload_bytes // slices)
     timings: dict[str, list[float]] = {"state": [], "control": [], "bare": []}
-    with Producer(state_store, "eo", dp=slices, commit_policy=Manual(), background_commit=False) as producer:
+    with Producer(
+        state_store, "eo", dp=slices, commit_policy=Manual(), background_commit=False, pack_steps=1
+    ) as producer:
         reader = Journal(state_store)
         producer.append([slice_payload] * slices)
         producer.flush()  # warm-up: the control copies the shape of a committed version

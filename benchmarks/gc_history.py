@@ -70,7 +70,7 @@ def collections_at(versions: int) -> list[dict[str, Any]]:
 
 def _commit(url: str, count: int) -> None:
     """``count`` versions of one small TGB each (after a claim, the first time)."""
-    with Producer(open_store(url), "p", dp=1, commit_policy=Manual()) as producer:
+    with Producer(open_store(url), "p", dp=1, commit_policy=Manual(), pack_steps=1) as producer:
         for _ in range(count):
             producer.append([{"x": np.zeros(4, dtype=np.float32)}])
             producer.flush()

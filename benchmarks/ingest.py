@@ -277,7 +277,12 @@ def _start_producers(spec: IngestSpec, store: Store, share: list[int]) -> list[P
         # The paper's single loop commits inline; group commit takes turns on its thread.
         inline = spec.policy != "group"
         producers[index] = Producer(
-            store, f"p{index:03d}", dp=spec.tgb_slices, commit_policy=spec.policy, background_commit=not inline
+            store,
+            f"p{index:03d}",
+            dp=spec.tgb_slices,
+            commit_policy=spec.policy,
+            background_commit=not inline,
+            pack_steps=1,  # the paper's producer: each TGB its own objects, uploaded in its append
         )
 
     threads = [threading.Thread(target=start, args=(index,)) for index in share]

@@ -76,7 +76,7 @@ def _run(steps: int, deletion: bool, tick: Any) -> list[dict[str, Any]]:
         producer_done = threading.Event()
 
         def produce() -> None:
-            with Producer(url, "prep", dp=DP, max_lag=MAX_LAG) as producer:
+            with Producer(url, "prep", dp=DP, max_lag=MAX_LAG, pack_steps=1) as producer:
                 for _ in range(steps):
                     producer.append(payload)
             end_stream(url)

@@ -125,9 +125,11 @@ def _row(dp: int, tp: int, slice_bytes: int, steps: int, sharing: bool, runs: li
 
 
 def _fill(store: CountingStore, dp: int, slice_bytes: int, steps: int) -> None:
-    """``steps`` TGBs of ``dp`` slices, committed in versions of 8 TGBs."""
+    """``steps`` TGBs of ``dp`` slices, each in objects of its own (what the hub shares is one
+    read per slice and step; packs would make it one per pack for hub and ranks alike),
+    committed in versions of 8 TGBs."""
     elements = slice_bytes // 4
-    with Producer(store, "bench", dp=dp, commit_policy=Manual()) as producer:
+    with Producer(store, "bench", dp=dp, commit_policy=Manual(), pack_steps=1) as producer:
         for step in range(steps):
             slices = [{"x": np.full(elements, step * dp + d, dtype=np.float32)} for d in range(dp)]
             producer.append(slices, source_offset=step)

@@ -137,7 +137,7 @@ def _slices() -> list[dict[str, np.ndarray]]:
 
 def _append_all(store: Store, tag: str, steps: int) -> None:
     slices = _slices()
-    producer = Producer(_sub(store, tag), "p0", dp=DP)
+    producer = Producer(_sub(store, tag), "p0", dp=DP, pack_steps=1)
     for step in range(steps):
         producer.append(slices, source_offset=step)
     producer.close()

@@ -71,7 +71,7 @@ def freshness(ranks: int, config: FreshConfig) -> dict[str, Any]:
     url = f"memory://scale-fresh-{uuid.uuid4().hex}"
     tally = Tally()
     store = CountingStore(url, tally, "committer", config.model)  # an object store's model: it keeps copies
-    producer = Producer(store, "p0", dp=dp, commit_policy=Manual())
+    producer = Producer(store, "p0", dp=dp, commit_policy=Manual(), pack_steps=1)
     slices = [{"x": np.full(8, d % 256, dtype=np.uint8)} for d in range(dp)]
     committed_at: dict[int, float] = {}
 

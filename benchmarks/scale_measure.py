@@ -257,7 +257,7 @@ def consumer_behind(config: MeasureConfig, sharing: bool = False) -> dict[str, A
     version, and far more versions than it reads (no head in sight). Counted until the
     last rank has them all (so with sharing, the hub's reads for every rank)."""
     url = f"memory://scale-behind-{uuid.uuid4().hex}"
-    with Producer(open_store(url), "p0", dp=config.dp, commit_policy=Manual()) as producer:
+    with Producer(open_store(url), "p0", dp=config.dp, commit_policy=Manual(), pack_steps=1) as producer:
         for offset in range(config.behind_steps + 64):
             _commit(producer, config, offset)
     tally = Tally()
@@ -314,7 +314,9 @@ def consumer_at_head(config: MeasureConfig, sharing: bool = False) -> list[dict[
     then the same ranks idle at the head once it stops."""
     url = f"memory://scale-head-{uuid.uuid4().hex}"
     tally = Tally()
-    producer = Producer(CountingStore(url, tally, "committer"), "p0", dp=config.dp, commit_policy=Manual())
+    producer = Producer(
+        CountingStore(url, tally, "committer"), "p0", dp=config.dp, commit_policy=Manual(), pack_steps=1
+    )
     for offset in range(3):
         _commit(producer, config, offset)
     ranks = Ranks(url, tally, config, sharing=sharing)
@@ -390,7 +392,11 @@ def producers(config: MeasureConfig, policy: str) -> dict[str, Any]:
     tally = Tally()
     pool = [
         Producer(
-            CountingStore(url, tally, "producer", seed=config.seed + i), f"p{i}", dp=config.dp, commit_policy=policy
+            CountingStore(url, tally, "producer", seed=config.seed + i),
+            f"p{i}",
+            dp=config.dp,
+            commit_policy=policy,
+            pack_steps=1,
         )
         for i in range(config.producers)
     ]
@@ -436,7 +442,7 @@ def gc_runs(config: MeasureConfig) -> list[dict[str, Any]]:
     reclaims, then a repeat with nothing new to reclaim."""
     url = f"memory://scale-gc-{uuid.uuid4().hex}"
     steps = config.gc_versions
-    with Producer(open_store(url), "p0", dp=config.dp, commit_policy=Manual()) as producer:
+    with Producer(open_store(url), "p0", dp=config.dp, commit_policy=Manual(), pack_steps=1) as producer:
         for offset in range(steps):
             _commit(producer, config, offset)
     for rank in range(config.dp):  # a checkpoint is complete with every d's watermark
@@ -469,7 +475,7 @@ def watch(config: MeasureConfig) -> dict[str, Any]:
     versions a second (the versions between refreshes are committed without waiting)."""
     url = f"memory://scale-watch-{uuid.uuid4().hex}"
     between = round(config.watch_interval_s * config.steps_per_s)
-    with Producer(open_store(url), "p0", dp=config.dp, commit_policy=Manual()) as producer:
+    with Producer(open_store(url), "p0", dp=config.dp, commit_policy=Manual(), pack_steps=1) as producer:
         for offset in range(20):
             _commit(producer, config, offset)
         tally = Tally()

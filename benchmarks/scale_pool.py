@@ -206,7 +206,7 @@ def _start_pool(
         if staggered:
             time.sleep(start_delay_s(i))
         with store.paused() if not counted else contextlib.nullcontext():
-            pool[i] = Producer(store, f"p{i:04d}", dp=2, commit_policy=policy, **options)
+            pool[i] = Producer(store, f"p{i:04d}", dp=2, commit_policy=policy, pack_steps=1, **options)
 
     _run_all([lambda i=i: start(i) for i in range(producers)])
     if any(p is None for p in pool):
@@ -423,7 +423,7 @@ def held(producers: int, config: PoolConfig, *, collected: bool = False) -> dict
 def _write_checkpoint(url: str, marks: int, collected: bool) -> None:
     """A checkpoint complete one step below the head: W_global = 0 with one TGB committed;
     or, ``collected``, 1 with two, and step 0 reclaimed."""
-    with Producer(open_store(url), "setup", dp=2, commit_policy=Manual()) as producer:
+    with Producer(open_store(url), "setup", dp=2, commit_policy=Manual(), pack_steps=1) as producer:
         for _ in range(1 + collected):
             producer.append(_slices())
         producer.flush()

@@ -162,7 +162,10 @@ def test_prefetch_none_bounds_the_bytes_in_flight_when_later_steps_are_larger(mo
     large later get half as many reads in flight, never twice the bytes."""
     monkeypatch.setattr(pipeline, "AUTO_PREFETCH_BYTES", 3000)
     url = f"memory://fetch-window-{uuid.uuid4().hex}"
-    with bw.Producer(url, "p", dp=1, commit_policy=Manual(), schema={"x": ("uint8", (None,))}) as producer:
+    # pack_steps=1: the bound is on steps' reads; a pack's steps read together may pass it
+    # by one read of up to reading.runs.MAX_RUN_BYTES (docs/reading.md)
+    schema = {"x": ("uint8", (None,))}
+    with bw.Producer(url, "p", dp=1, commit_policy=Manual(), schema=schema, pack_steps=1) as producer:
         for step, size in enumerate([1000] + [2000] * 12):
             producer.append([{"x": np.full(size, step, np.uint8)}])
         producer.flush()

@@ -176,8 +176,9 @@ def tgb(offset: int) -> list[dict[str, np.ndarray]]:
 
 
 def produce(url: str, upto: int, end: bool = False) -> None:
-    """Offsets up to ``upto`` from the one producer (its offset k is step k), then maybe the end."""
-    with bw.Producer(url, "prep", dp=MESH.dp) as producer:
+    """Offsets up to ``upto`` from the one producer (its offset k is step k), each TGB an
+    object of its own (the test counts a node's reads per step), then maybe the end."""
+    with bw.Producer(url, "prep", dp=MESH.dp, pack_steps=1) as producer:
         for offset in range(producer.resume_offset, upto):
             producer.append(tgb(offset), source_offset=offset)
     if end:

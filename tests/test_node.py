@@ -59,8 +59,10 @@ class CountingStore(LatencyStore):
 
 
 def fill(store, steps: int, dp: int, *, first: int = 0, end: bool = True) -> None:
-    """TGBs ``first`` to ``steps - 1`` of ``dp`` slices; slice d of step s holds ``s * dp + d``."""
-    with bw.Producer(store, "p", dp=dp, commit_policy=Manual()) as producer:
+    """TGBs ``first`` to ``steps - 1`` of ``dp`` slices; slice d of step s holds ``s * dp + d``,
+    each TGB in objects of its own (the tests count one read per slice and node; packs are
+    read together: test_runs)."""
+    with bw.Producer(store, "p", dp=dp, commit_policy=Manual(), pack_steps=1) as producer:
         for step in range(first, steps):
             producer.append([{"x": np.full(4, step * dp + d)} for d in range(dp)], source_offset=step)
             if step % 5 == 4:
