@@ -392,3 +392,41 @@ def test_a_consumer_closed_in_the_middle_of_a_pack_leaves_no_expected_range_behi
     wait_until(lambda: runs.pending >= 32 - 8)  # the packs after the first are expected, not read
     consumer.close()
     assert runs.pending == 0 and runs.open_runs == 0
+
+
+class HeldRangeStore(LatencyStore):
+    """Memory read as an object store, whose data range reads wait until ``release``;
+    ``in_flight`` counts those waiting."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url, model=FAST)
+        self.in_flight = 0
+        self.released = threading.Event()
+        self._changed = threading.Condition()
+
+    def get_range(self, key: str, start: int, length: int) -> memoryview:
+        if key.startswith("data/"):
+            with self._changed:
+                self.in_flight += 1
+                self._changed.notify_all()
+            self.released.wait(30)
+        return super().get_range(key, start, length)
+
+    def wait_in_flight(self, count: int) -> bool:
+        with self._changed:
+            return self._changed.wait_for(lambda: self.in_flight >= count, timeout=10)
+
+
+def test_the_window_counts_reads_so_the_later_steps_of_a_pack_take_no_slot():
+    """prefetch=2 is two reads in flight: two packs at once, not the first two steps of
+    one pack (the second of which only waits for the first's read)."""
+    store = HeldRangeStore(f"memory://runs/{uuid.uuid4().hex}")
+    payloads = commit_packs(store, steps=32, k=8, dp=1)
+    with bw.Consumer(store, dp=1, rank=0, prefetch=2, node_sharing=False, timeout_s=30) as consumer:
+        first = Background(lambda: next(consumer))
+        try:
+            assert store.wait_in_flight(2), f"{store.in_flight} read(s) in flight, not 2"
+        finally:
+            store.released.set()
+        assert first.result().data == payloads[0][0]
+        assert [batch.data for batch in consumer] == [payloads[t][0] for t in range(1, 32)]

@@ -45,8 +45,9 @@ class Consumer:
         url: namespace URL.
         dp, cp, tp, pp: mesh sizes; ``dp*cp*tp*pp`` must equal ``WORLD_SIZE`` when set.
         rank: this rank, default ``RANK`` from the environment (torchrun).
-        prefetch: steps fetched ahead, each on its own background thread (so also the
-            reads in flight at once). None (default) chooses: on an object store, as many
+        prefetch: reads fetched ahead, each on its own background thread (so also the
+            reads in flight at once): a step each, or the steps of a pack read together
+            (``batchweave.packing``). None (default) chooses: on an object store, as many
             of this rank's steps as fit in 64 MiB, from 4 to 64 (deep enough to hide 25 ms
             per request behind small slices, bounded for large ones), and never more than
             64 MiB of them (or 4 first steps) in flight when later steps are larger; on a local directory

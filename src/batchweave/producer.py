@@ -1,7 +1,8 @@
 """The producer: write TGB objects now, make them visible at a later commit.
 
 ``append`` encodes and uploads a TGB's objects in the caller's thread (so a slow store
-pushes back on preprocessing) and queues its descriptor; a background thread commits
+pushes back on preprocessing), or holds a small TGB back to write it with the next ones
+as one pack (``batchweave.packing``), and queues the descriptors of what it wrote; a background thread commits
 the queue as the next log version whenever the commit policy says so. Exactly-once
 (invariant I3) rests on three things: the log records each producer's next offset in
 the same version as its TGBs, a new incarnation claims a higher epoch through the log
@@ -91,7 +92,7 @@ class Producer:
         publish_metrics: record this producer's counters in the log with every commit,
             so ``batchweave inspect`` shows them (about 200 bytes per commit).
         max_lag: backpressure: ``append`` blocks while the TGBs above ``W_global`` (the
-            oldest live checkpoint), committed or only uploaded, would pass this many, so
+            oldest live checkpoint), committed, only uploaded or held for a pack, would pass this many, so
             storage stays bounded even when checkpoints stall; a pool of producers splits
             the room (``batchweave.lifecycle.backpressure``). Set it above the steps between
             two checkpoints plus the producers, or training waits for data a checkpoint

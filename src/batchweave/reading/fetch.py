@@ -97,13 +97,24 @@ class SliceFetcher:
         self._node = node
         self._runs = runs
 
-    def expect(self, tgb: TGBDescriptor, read: SliceRead) -> None:
+    def expect(self, tgb: TGBDescriptor, read: SliceRead) -> bool:
         """A step that will be fetched (steps are expected in step order, before their
-        fetch starts): its ranges may join those of the steps before it in one read."""
+        fetch starts): its ranges may join those of the steps before it in one read.
+        True when the step's one range joined the run of an earlier step's: that step's
+        read brings this one's bytes, and this step's fetch only takes them."""
         if self._runs is None:
-            return
-        for group in _back_to_back(tgb, range(read.first_slice, read.first_slice + read.count)):
-            self._runs.expect(*_span(tgb, group))
+            return False
+        groups = _back_to_back(tgb, range(read.first_slice, read.first_slice + read.count))
+        joined = [self._runs.expect(*_span(tgb, group)) for group in groups]
+        return joined == [True]
+
+    def read_bytes(self, tgb: TGBDescriptor, read: SliceRead) -> int:
+        """The bytes a step's fetch reads: with runs, all of its run's (the steps that
+        joined it take theirs from that read)."""
+        groups = _back_to_back(tgb, range(read.first_slice, read.first_slice + read.count))
+        if self._runs is None:
+            return sum(_span(tgb, group)[2] for group in groups)
+        return sum(self._runs.span(*_span(tgb, group)) for group in groups)
 
     def close(self) -> None:
         """No more steps will be fetched: forget the ranges expected and not read."""

@@ -137,6 +137,7 @@ class Pipeline:
         # A slice no other rank of the node reads gains nothing from the hub: read directly.
         shares_reads = self._node is not None and (node is None or node.sharers > 1)
         self._expected_until = 0  # the steps before this one were expected (``_expect_ready``)
+        self._joined: set[int] = set()  # expected steps whose bytes an earlier step's read brings
         self._fetcher = SliceFetcher(
             store,
             self._journal,
@@ -247,7 +248,7 @@ class Pipeline:
         if isinstance(item, BaseException):
             self._broken = item
             raise item
-        if self._window is not None:
+        if self._window is not None and not isinstance(item, _Joined):
             self._window.handed()
         return item
 
@@ -453,7 +454,8 @@ class Pipeline:
             return
         step = max(self._expected_until, self._plan.next_step)
         while (planned := self._plan.read_at(step)) is not None:
-            self._fetcher.expect(planned.tgb, planned.read)
+            if self._fetcher.expect(planned.tgb, planned.read):
+                self._joined.add(step)
             step += 1
         self._expected_until = step
 
@@ -473,13 +475,21 @@ class Pipeline:
         if self._inline:  # next() reads it; the log is advanced only when nothing is queued
             self._ready.put(_Deferred(fetch, gate))
             return True
+        if planned.step in self._joined:
+            # Its bytes come with an earlier step's read (a pack's run, ``reading.runs``),
+            # done by the time next() reaches this step: next() takes them itself. No fetch
+            # thread waits for that read, and no turn of the window is taken: the window
+            # counts reads in flight, and the first step's turn counted the run's bytes.
+            self._joined.discard(planned.step)
+            self._ready.put(_Joined(fetch, gate))
+            return True
         window = self._fetch_window(planned)
         if window.waiting > window.depth + LOG_LOOKAHEAD_TGBS:
             # The log is far ahead of the fetches: keep the rest in the plan, or wait.
             if not block or not window.wait_room(window.depth + LOG_LOOKAHEAD_TGBS):
                 return False
         assert self._pool is not None
-        turn = window.queue(step_bytes(planned.tgb, planned.read))
+        turn = window.queue(self._fetcher.read_bytes(planned.tgb, planned.read))
         fetched = self._pool.submit(self._fetch_in_turn, window, turn, fetch)
         proven = gate is None or (gate.done() and not gate.exception())
         self._ready.put(_Gated(None if proven else gate, fetched))
@@ -532,6 +542,13 @@ class _Deferred:
         # The deadline does not bound the read itself: the iterating thread makes it, and a
         # local read cannot be interrupted (nor does it hang as a request can).
         return self._fetch()
+
+
+class _Joined(_Deferred):
+    """A step whose bytes an earlier step's read brought (``reading.runs``): taken in the
+    iterating thread once that step was handed out (so its read is done)."""
+
+    __slots__ = ()
 
 
 class _Gated:

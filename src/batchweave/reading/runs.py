@@ -80,16 +80,27 @@ class RangeRuns:
         with self._lock:
             return len(self._open)
 
-    def expect(self, key: str, offset: int, length: int) -> None:
-        """A range the reader will read (ranges of later steps come later)."""
+    def expect(self, key: str, offset: int, length: int) -> bool:
+        """A range the reader will read (ranges of later steps come later). True when it
+        joined the run of a range expected before it: the read of that range (made
+        first, since ranges are read in the order expected) brings this one's bytes."""
         with self._lock:
             run = self._open.pop((key, offset), None)
-            if run is None or offset + length - run.start > self._max:
+            joined = run is not None and offset + length - run.start <= self._max
+            if run is None or not joined:
                 run = _Run(key, offset)
             run.end = offset + length
             run.members += 1
             self._open[(key, run.end)] = run
             self._expected.setdefault((key, offset, length), deque()).append(run)
+            return joined
+
+    def span(self, key: str, offset: int, length: int) -> int:
+        """The bytes the read of this expected range brings: its run's, so far (``length``
+        when it is not expected)."""
+        with self._lock:
+            runs = self._expected.get((key, offset, length))
+            return runs[0].end - runs[0].start if runs else length
 
     def read(self, key: str, offset: int, length: int, get: Read) -> memoryview:
         """``length`` bytes of ``key`` from ``offset``: a piece of its run's one read
