@@ -29,8 +29,9 @@ class ConsumerMetrics:
     training loop waited for data (on a local directory, where the iterating thread reads
     each step itself, that includes the read). ``behind_head_steps`` counts the steps
     the log had shown the consumer that it has not handed out yet (prefetched or not),
-    as of its newest log read. Fetch latencies are per step (its range reads, decoding
-    and checksum included), over the last 1024 steps fetched. ``store_retries`` counts
+    as of its newest log read. Fetch latencies are per read (a step's range reads, or a
+    pack's steps read together, decoding and checksum included; ``fetches`` counts them),
+    over the last 1024 reads. ``store_retries`` counts
     the store requests retried after throttling, server errors or timeouts, and
     ``store_stalled_s`` the seconds during which at least one request was being retried
     (wall-clock, not summed over threads; the consumer's store, in this process): a storm

@@ -122,13 +122,23 @@ class SliceFetcher:
             self._runs.close()
 
     def fetch(
-        self, tgb: TGBDescriptor, read: SliceRead, step: int, version: int, position: Fraction | int
+        self,
+        tgb: TGBDescriptor,
+        read: SliceRead,
+        step: int,
+        version: int,
+        position: Fraction | int,
+        *,
+        timed: bool = True,
     ) -> tuple[Batch, Fraction | int]:
-        """Step ``step``: the slices ``read`` names, joined or cut to this rank's mesh."""
+        """Step ``step``: the slices ``read`` names, joined or cut to this rank's mesh.
+        ``timed=False``: its latency is not a fetch's (a step that takes its bytes from
+        an earlier step's read of a pack, which recorded that read's)."""
         indices = range(read.first_slice, read.first_slice + read.count)
         started = time.perf_counter()
         parts = [self._read_adjacent(tgb, group) for group in _back_to_back(tgb, indices)]
-        self._fetches.record(time.perf_counter() - started)
+        if timed:
+            self._fetches.record(time.perf_counter() - started)
         decoded = [item for run in parts for item in run]
         if any(isinstance(item, bytes) != (tgb.kind == "bytes") for item in decoded):
             raise CorruptDataError(tgb.objects[0], f"a slice's payload kind is not the log's {tgb.kind!r}")
@@ -137,14 +147,15 @@ class SliceFetcher:
             data = _piece(data, read.piece, read.pieces, self._axis, tgb.objects[tgb.slices[read.first_slice][0]])
         return Batch(step=step, data=data, version=version), position
 
-    def fetch_as_written(self, tgb: TGBDescriptor, step: int, version: int) -> tuple[Batch, int]:
+    def fetch_as_written(self, tgb: TGBDescriptor, step: int, version: int, *, timed: bool = True) -> tuple[Batch, int]:
         """``fetch`` of this rank's one slice of TGB ``step`` (the mesh the TGBs were
         written for: none of the reshard arithmetic, which costs more than a local read)."""
         obj, offset, length, crc = tgb.slices[self._slice]
         key = tgb.objects[obj]
         started = time.perf_counter()
         data = decode_slice(self._range(key, offset, length), key, crc)
-        self._fetches.record(time.perf_counter() - started)
+        if timed:
+            self._fetches.record(time.perf_counter() - started)
         if isinstance(data, bytes) != (tgb.kind == "bytes"):
             raise CorruptDataError(key, f"a slice's payload kind is not the log's {tgb.kind!r}")
         return Batch(step=step, data=data, version=version), step + 1

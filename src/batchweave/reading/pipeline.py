@@ -481,7 +481,8 @@ class Pipeline:
             # thread waits for that read, and no turn of the window is taken: the window
             # counts reads in flight, and the first step's turn counted the run's bytes.
             self._joined.discard(planned.step)
-            self._ready.put(_Joined(fetch, gate))
+            # Not timed: the fetch latencies are the reads' (the run's was recorded).
+            self._ready.put(_Joined(functools.partial(fetch, timed=False), gate))
             return True
         window = self._fetch_window(planned)
         if window.waiting > window.depth + LOG_LOOKAHEAD_TGBS:
