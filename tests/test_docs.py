@@ -1,5 +1,7 @@
 """The documentation site builds with ``mkdocs build --strict``: no broken link or anchor
-between pages, no docstring the API reference cannot render, every nav entry present.
+between pages, no docstring the API reference cannot render, every nav entry present,
+every page in the nav. And no file of the checkout sends its reader to a file the
+checkout does not have.
 
 ``make docs`` runs the same build into ``site/``; this test builds into a temporary
 directory so it never touches the checkout.
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,12 +34,86 @@ def _missing() -> list[str]:
     return missing
 
 
-pytestmark = pytest.mark.skipif(
+needs_docs_extra = pytest.mark.skipif(
     bool(_missing()),
     reason=f"the docs extra is not installed (missing {', '.join(_missing())}): pip install -e '.[docs]'",
 )
 
+# The project's design notes, its style guide and the paper it implements are kept outside
+# the repository; a reader of a checkout (or of the site) has none of them. The paper is
+# cited on docs/from-the-paper.md instead.
+OUTSIDE_THE_REPOSITORY = ("DESIGN.md", "STYLE.md", "paper.tex", "../shared")
+DOCS_PATH = re.compile(r"\bdocs/[\w./-]*\w\.(?:md|png|json)\b")
+TEXT_SUFFIXES = {".py", ".md", ".yml", ".yaml", ".toml", ".txt", ".cfg", ".ini"}
+RESULTS = ROOT / "docs" / "benchmarks"  # its dated folders are kept as measured
 
+
+def _checkout_text_files() -> list[Path]:
+    """The text a checkout ships: code, tests, benchmarks, examples, docs and the root's
+    files, except the dated result folders and this file (which names what it forbids)."""
+    files = [ROOT / name for name in ("README.md", "Makefile", "mkdocs.yml", "pyproject.toml")]
+    for top in ("src", "tests", "benchmarks", "examples", "docs"):
+        files += [path for path in (ROOT / top).rglob("*") if path.suffix in TEXT_SUFFIXES and path.is_file()]
+    return [
+        path
+        for path in files
+        if path.is_file()
+        and path != Path(__file__).resolve()
+        and not (path.is_relative_to(RESULTS) and path.parent != RESULTS)
+    ]
+
+
+def _lines(path: Path):
+    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        yield f"{path.relative_to(ROOT)}:{number}", line
+
+
+def test_no_file_names_a_file_outside_the_repository():
+    named = [
+        f"{where}: {name}"
+        for path in _checkout_text_files()
+        for where, line in _lines(path)
+        for name in OUTSIDE_THE_REPOSITORY
+        if name in line
+    ]
+    assert not named, "these name files that are not in the repository; cite a page under docs/ instead:\n" + (
+        "\n".join(named)
+    )
+
+
+def test_every_docs_path_named_exists():
+    missing = [
+        f"{where}: {found}"
+        for path in _checkout_text_files()
+        for where, line in _lines(path)
+        for found in DOCS_PATH.findall(line)
+        if not (ROOT / found).exists()
+    ]
+    assert not missing, "these name files under docs/ that do not exist:\n" + "\n".join(missing)
+
+
+@needs_docs_extra
+def test_every_page_is_in_the_nav():
+    import yaml
+
+    def pages(entries) -> set[str]:
+        found: set[str] = set()
+        for entry in entries:
+            for value in entry.values() if isinstance(entry, dict) else [entry]:
+                found |= pages(value) if isinstance(value, list) else {value}
+        return found
+
+    nav = pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))["nav"])
+    docs = ROOT / "docs"
+    on_disk = {
+        str(path.relative_to(docs))
+        for path in docs.rglob("*.md")
+        if not (path.is_relative_to(RESULTS) and path.parent != RESULTS)
+    }
+    assert on_disk - nav == set(), f"pages missing from mkdocs.yml's nav: {sorted(on_disk - nav)}"
+
+
+@needs_docs_extra
 def test_site_builds_strict(tmp_path):
     site = tmp_path / "site"
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}  # mkdocs-material's banner about MkDocs 2.0
@@ -57,7 +134,13 @@ def test_site_builds_strict(tmp_path):
     assert "mark_checkpoint" in dataset
     for page, member in (("grain", "get_state"), ("tf", "deserialize")):  # the JAX and TensorFlow readers
         assert member in (site / "reference" / page / "index.html").read_text(encoding="utf-8"), page
-    for page in ("index.html", "concepts/index.html", "guides/resharding/index.html", "benchmark-figures/index.html"):
+    for page in (
+        "index.html",
+        "concepts/index.html",
+        "guides/resharding/index.html",
+        "benchmark-figures/index.html",
+        "from-the-paper/index.html",
+    ):
         assert (site / page).is_file(), page
     # Figures are copied next to the pages that show them.
     assert (site / "benchmarks" / "2026-11-25-725e758" / "consumers.png").is_file()

@@ -4,7 +4,8 @@ Each log version is a *delta*: the TGBs it makes visible (with every slice's off
 readers never touch a footer) and the producer states it changes. Applying deltas in
 order gives a ``LogState`` whose size depends on the number of producers, never on the
 number of TGBs, so a full-state snapshot every K versions stays small and a commit
-costs O(its TGBs + versions since the producer last looked). See DESIGN.md, cost model.
+costs O(its TGBs + versions since the producer last looked), where the paper's manifest,
+holding every TGB in every version, costs O(history): docs/from-the-paper.md.
 Applying a version and building the next one: ``logrules``. Where each version and
 snapshot is stored: ``keys``.
 """

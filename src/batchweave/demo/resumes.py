@@ -74,7 +74,7 @@ def _resume_on(run: DemoRun, dp_new: int, checkpoint: str, cursor: dict[str, Any
         f"batch {before} -> {after} images per step; {dp_new * plan.cp} rank(s) read {steps_read} steps, "
         f"{len(reads)} slices",
         "the cursor counts TGBs, not steps: another mesh resumes at the same data (docs/guides/resharding.md, "
-        "'Why it works'; the consumer cursor of the BatchWeave paper, Sun et al., section 4.4)",
+        "'Why it works'; how it differs from the paper's cursor: docs/from-the-paper.md)",
         checkpoint=checkpoint,
         dp_from=plan.dp,
         dp_to=dp_new,
