@@ -21,9 +21,9 @@ import batchweave.testing
 from batchweave.errors import ConfigError, ObjectExistsError
 from batchweave.store import open_store
 from batchweave.testing import servers
-from batchweave.testing.servers import azurite, moto, process, s3, s3rver, seaweedfs
+from batchweave.testing.servers import azurite, fakegcs, moto, process, s3, s3rver, seaweedfs
 
-SERVER_MODULES = [process, s3, moto, seaweedfs, azurite, s3rver]
+SERVER_MODULES = [process, s3, moto, seaweedfs, azurite, s3rver, fakegcs]
 
 
 def test_create_only_put_conflicts(backend_url):
