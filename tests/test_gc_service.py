@@ -282,6 +282,26 @@ def test_a_transient_store_error_is_logged_and_the_next_run_succeeds(request, tm
     assert warnings and warnings[0].startswith(f"collection {failed.number} failed after ")
 
 
+@pytest.mark.s3
+def test_sigterm_during_a_store_outage_abandons_the_run_at_once_and_exits_0(request, tmp_path, monkeypatch, service):
+    """The store throttles every request; the service's run is retrying (for up to 10
+    minutes); SIGTERM ends those retries and the service at once."""
+    from conftest import _make_backend_url, _point_s3_at
+
+    url = _make_backend_url("s3", request, tmp_path, monkeypatch)
+    produce(url, "p", 6)
+    with LatencyProxy(request.getfixturevalue("moto_server")) as proxy:
+        _point_s3_at(monkeypatch, proxy.endpoint)
+        proxy.storm(600)
+        svc = service(url, "--every", "60", "--json")
+        svc.err.wait_for(lambda line: "store throttled or unavailable: retrying" in line)
+        assert svc.stop(timeout_s=30) == 0
+    run = svc.run_where(lambda run: run["run"] == 1)
+    assert run["error"].startswith("abandoned: stopped while the store was failing")
+    assert run.keys() == RUN_KEYS and len(svc.runs()) == 1
+    svc.err.wait_for(lambda line: "stopped after 1 collections" in line)
+
+
 # -- two services, producers and a training job, on SeaweedFS -----------------------
 
 
