@@ -4,8 +4,9 @@
     batchweave watch URL [--interval S] [--once] [--json]
                                         a live view of a running namespace
     batchweave end-stream URL           commit the end-of-stream marker
-    batchweave gc URL [--dry-run] [--json [--keys]]
+    batchweave gc URL [--dry-run] [--json [--keys]] [--every S]
                                         checkpoint-aligned garbage collection
+                                        (with --every: every S seconds until SIGTERM)
     batchweave policy ROLE s3://B/P     the IAM policy a role needs on a namespace
     batchweave demo [...]               the whole story: kills, resume, GC, resharding, checks
     batchweave pool URL NAME --fn M:F --shards FILE --producers N --dp D
@@ -272,6 +273,14 @@ def _add_gc(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="with --json, also list every deleted (or, with --dry-run, doomed) key and every orphan",
     )
+    p.add_argument(
+        "--every",
+        type=float,
+        metavar="S",
+        help="run as a service: collect every S seconds, log a line per run (with --json: print one JSON "
+        "object per run, with started_at and duration_s), until SIGTERM or Ctrl-C; a store error that "
+        "waiting can cure is logged and the next run tries again, any other exits 2",
+    )
     p.set_defaults(func=_cmd_gc)
 
 
@@ -292,6 +301,8 @@ def _cmd_gc(args: argparse.Namespace) -> int:
 
     if args.keys and not args.json:
         raise ConfigError("gc --keys lists the keys in the JSON report: give --json too")
+    if args.every is not None:
+        return _gc_service(args)
     report = collect_garbage(args.url, grace_s=args.grace_s, dry_run=args.dry_run)
     if args.json:
         print(json.dumps(_gc_summary(report.to_dict(), args.keys), sort_keys=True))
@@ -304,6 +315,64 @@ def _cmd_gc(args: argparse.Namespace) -> int:
         f"{report.deleted_versions} log versions, {report.deleted_snapshots} snapshots, {len(report.orphans)} orphans, "
         f"{report.deleted_staging} staging files of killed puts ({report.deleted_staging_bytes} bytes)"
     )
+    return EXIT_OK
+
+
+class _Abandoned(Exception):
+    """A second SIGTERM or SIGINT: leave the collection in progress as it is."""
+
+
+def _gc_service(args: argparse.Namespace) -> int:
+    """``gc --every``: a ``Collector`` in a thread of its own, so that this (main) thread
+    is free to take SIGTERM and SIGINT. The first asks it to stop after the collection in
+    progress; a second abandons that collection (safe: the next one finishes it)."""
+    import logging
+    import signal
+    import threading
+
+    from batchweave.lifecycle.collector import CollectionRun, Collector, check_period_s
+
+    check_period_s(args.every, "gc --every")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
+
+    def print_run(run: CollectionRun) -> None:
+        line = _gc_summary(run.report.to_dict(), args.keys) if run.report is not None else {}
+        line.update(run=run.number, started_at=run.started_at, duration_s=run.duration_s, error=run.error)
+        print(json.dumps(line, sort_keys=True), flush=True)
+
+    collector = Collector(
+        args.url, args.every, grace_s=args.grace_s, dry_run=args.dry_run, on_run=print_run if args.json else None
+    )
+    failure: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            collector.run_forever()
+        except BaseException as exc:  # handed to the main thread, which reports it
+            failure.append(exc)
+
+    def on_signal(number: int, _frame: object) -> None:
+        if collector.stopping:
+            raise _Abandoned
+        logging.getLogger(__name__).info(
+            "%s: stopping (after the collection in progress, if any; a second one abandons it)",
+            signal.Signals(number).name,
+        )
+        collector.stop()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    worker = threading.Thread(target=serve, name="batchweave-gc", daemon=True)
+    try:
+        worker.start()
+        worker.join()
+    except _Abandoned:
+        logging.getLogger(__name__).info("abandoned the collection in progress (the next collection finishes it)")
+        return EXIT_OK
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if failure:
+        raise failure[0]
     return EXIT_OK
 
 

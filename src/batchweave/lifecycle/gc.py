@@ -26,7 +26,7 @@ from typing import Any
 from batchweave import keys, log, logrules
 from batchweave.commit.claims import CLAIM_PREFIX, dead_tickets
 from batchweave.commit.group import INTENT_PREFIX, decode_intent, parse_intent_key
-from batchweave.errors import CorruptDataError, ObjectExistsError, ObjectNotFoundError, StoreError
+from batchweave.errors import CorruptDataError, ObjectExistsError, ObjectNotFoundError, TransientStoreError
 from batchweave.journal import Journal
 from batchweave.keys import parse_data_key
 from batchweave.lifecycle.gcsummary import (
@@ -41,6 +41,7 @@ from batchweave.lifecycle.gcsummary import (
 )
 from batchweave.lifecycle.watermarks import (
     Checkpoint,
+    MarkCache,
     global_watermark,
     read_watermarks,
     released_key,
@@ -105,6 +106,7 @@ def collect_garbage(
     dry_run: bool = False,
     now: float | None = None,
     storage_options: dict[str, Any] | None = None,
+    marks: MarkCache | None = None,
 ) -> GCReport:
     """Delete what no live checkpoint and no producer recovery can reach; see the module doc.
 
@@ -123,7 +125,7 @@ def collect_garbage(
     # an incarnation whose claim is already in the log, so a producer that started while
     # we listed is known below and its uncommitted objects are not mistaken for orphans.
     listed = list(store.list(keys.DATA_PREFIX))
-    checkpoints = read_watermarks(store)
+    checkpoints = read_watermarks(store, marks)
     w_global = global_watermark(checkpoints)
     report = GCReport(w_global_step=None if w_global is None else int(w_global.position), dry_run=dry_run)
     summaries = _Summaries(store, journal)
@@ -260,7 +262,10 @@ def _settle(
         except _Replan:
             continue
         return result.state, plan
-    raise StoreError(keys.LOG_PREFIX, f"the log kept moving under garbage collection over {_PLAN_ATTEMPTS} plans")
+    # Transient: other writers were busy, and the next collection plans again.
+    raise TransientStoreError(
+        keys.LOG_PREFIX, f"the log kept moving under garbage collection over {_PLAN_ATTEMPTS} plans"
+    )
 
 
 def _reclaim_version(plan: _Plan, state: LogState) -> log.LogVersion | None:
