@@ -39,6 +39,7 @@ _LAZY = {
     **dict.fromkeys(("Batch", "Consumer"), "batchweave.consumer"),
     "evaluation_pass": "batchweave.evaluation",
     **dict.fromkeys(("NamespaceInfo", "inspect_namespace", "read_schema"), "batchweave.inspect"),
+    "Collector": "batchweave.lifecycle.collector",
     **dict.fromkeys(("GCReport", "collect_garbage"), "batchweave.lifecycle.gc"),
     "release_checkpoint": "batchweave.lifecycle.watermarks",
     "Mesh": "batchweave.mesh",
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     from batchweave.consumer import Batch, Consumer
     from batchweave.evaluation import evaluation_pass
     from batchweave.inspect import NamespaceInfo, inspect_namespace, read_schema
+    from batchweave.lifecycle.collector import Collector
     from batchweave.lifecycle.gc import GCReport, collect_garbage
     from batchweave.lifecycle.watermarks import release_checkpoint
     from batchweave.mesh import Mesh
@@ -84,6 +86,7 @@ __all__ = [
     "ArraySchema",
     "Batch",
     "BatchWeaveError",
+    "Collector",
     "CommitPolicy",
     "ConfigError",
     "Consumer",
