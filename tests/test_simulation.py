@@ -442,6 +442,9 @@ NOT_RUN_BY_ACTORS = {
     "batchweave.store.backends": "the simulated store never builds an obstore backend",
     "batchweave.store.credentials": "nor resolves credentials",
     "batchweave.store.localfs": "nor writes a local directory",
+    # Its loop, clock and thread are a service's; the collectors run collect_garbage with
+    # the watermark cache it keeps between runs (actors.collector).
+    "batchweave.lifecycle.collector": "collectors call collect_garbage as its loop does",
 }
 
 

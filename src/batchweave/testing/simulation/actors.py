@@ -361,11 +361,14 @@ def _read_unprotected(world: World, actor: Actor, consumer: Consumer) -> None:
 
 
 def collector(world: World, actor: Actor) -> None:
-    """Several collections, with a grace period that may be shorter than the clock skew."""
+    """Several collections, with a grace period that may be shorter than the clock skew;
+    half the collectors keep the watermarks they read from one collection to the next, as
+    the service (``batchweave.lifecycle.collector``) does."""
+    marks: dict | None = {} if world.choose(2) else None
     for _ in range(6):
         world.pause((30.0, 5.0, 120.0, 300.0))
         try:
-            collect_garbage(world.store, grace_s=world.choices.pick((600.0, 0.0, 60.0)))
+            collect_garbage(world.store, grace_s=world.choices.pick((600.0, 0.0, 60.0)), marks=marks)
         except CorruptDataError as exc:
             if not exc.key.startswith(_CKPT_PREFIX):  # a damaged watermark is refused by name
                 world.model.violation("unexpected-error", actor.name, f"CorruptDataError: {exc}")
