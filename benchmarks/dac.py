@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from batchweave.commit.policies import POLICY_NAMES
-from benchmarks.ingest import IngestSpec, bench_store, ingest_config, run_ingest
+from benchmarks.ingest import IngestSpec, bench_store, ingest_config, percent, run_ingest
 from benchmarks.report import BenchOptions, BenchResult
 
 NAME = "dac"
@@ -55,8 +55,10 @@ def verdict(results: list[dict[str, Any]]) -> list[str]:
     best = max(baselines, key=lambda r: r["throughput_mb_s"])
     ratio = dac["throughput_mb_s"] / best["throughput_mb_s"] if best["throughput_mb_s"] else float("inf")
     return [
-        f"DAC commit success {dac['window_commit_success_rate']:.1%} in the window, "
-        f"{dac['commit_success_rate']:.1%} including the final drain (target >= 90%)",
+        f"DAC commit success {percent(dac['window_commit_success_rate'])} in the window, "
+        f"{percent(dac['commit_success_rate'])} including the final drain (target >= 90%)",
+        "commit success in the window: "
+        + ", ".join(f"{r['policy']} {percent(r['window_commit_success_rate'])}" for r in results),
         f"DAC throughput {dac['throughput_mb_s']:.1f} MB/s = {ratio:.2f}x the best baseline "
         f"({best['policy']}, {best['throughput_mb_s']:.1f} MB/s; target >= 3x)",
         f"log reached {max(r['log_steps'] for r in results)} TGBs (target: past 20k in full mode)",

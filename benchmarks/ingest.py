@@ -11,7 +11,8 @@ finalization phase).
 
 Throughput is payload bytes committed over the whole run including the drain, so a
 policy cannot look good by leaving work uncommitted; the in-window figure is reported
-beside it. Commit success rate is successful attempts over all attempts.
+beside it. Commit success rate is successful attempts over all attempts, and none (null
+in the JSON) where nothing was attempted.
 """
 
 from __future__ import annotations
@@ -27,13 +28,13 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from batchweave import producer as producer_module
-from batchweave.commit.policies import RecentCommitters
+from batchweave.commit.policies import DAC, RecentCommitters
 from batchweave.journal import Journal
 from batchweave.latency import CLOUD_DEFAULTS, LatencyStore
 from batchweave.log import LogState
@@ -41,9 +42,20 @@ from batchweave.producer import Producer
 from batchweave.store import Store, open_store
 from benchmarks.report import BenchOptions, machine, visibility_percentiles
 
-__all__ = ["IngestSpec", "bench_store", "ingest_config", "run_ingest", "store_model"]
+__all__ = [
+    "IngestSpec",
+    "bench_store",
+    "commit_fields",
+    "ingest_config",
+    "percent",
+    "run_ingest",
+    "steady_counts",
+    "store_model",
+    "success_rate",
+]
 
-_COUNTERS = ("tgbs_committed", "attempts", "successes", "conflicts")
+_COUNTERS: tuple[str, ...] = ("tgbs_committed", "attempts", "successes", "conflicts")
+Counters = dict[str, int]  # one producer's (or a sum's) _COUNTERS
 _SWITCH_INTERVAL_S = 0.0005
 
 
@@ -137,10 +149,7 @@ def run_ingest(spec: IngestSpec, store: Store, processes: int | None = None) -> 
     for worker in workers:
         worker.join(timeout=60)
     errors = [e for r in reports for e in r["errors"]]
-    totals = {k: sum(r["totals"][k] for r in reports) for k in _COUNTERS}
-    window = {k: sum(r["window"][k] for r in reports) for k in _COUNTERS}
-    warmup = {k: sum(r["warmup"][k] for r in reports) for k in _COUNTERS}
-    steady = {k: window[k] - warmup[k] for k in _COUNTERS}
+    counts = commit_fields(reports)
     total_s = max(r["finished_s"] for r in reports)
     series = _merge_series([r["series"] for r in reports])
     with store.paused() if isinstance(store, LatencyStore) else nullcontext():
@@ -152,19 +161,9 @@ def run_ingest(spec: IngestSpec, store: Store, processes: int | None = None) -> 
         **asdict(spec),
         "processes": processes,
         "drain_s": total_s - spec.duration_s,
-        "tgbs_committed": totals["tgbs_committed"],
-        "tgbs_in_window": window["tgbs_committed"],
-        "throughput_mb_s": totals["tgbs_committed"] * spec.payload_bytes / total_s / 1e6,
-        "window_throughput_mb_s": window["tgbs_committed"] * spec.payload_bytes / spec.duration_s / 1e6,
-        "commit_success_rate": _rate(totals),
-        "window_commit_success_rate": _rate(window),
-        # The paper's measure ("producer benchmarks exclude warmup"): in the window, without
-        # each producer's first commit attempt (whose gap was drawn from its epoch claim).
-        "steady_commit_success_rate": _rate(steady),
-        "steady_attempts": steady["attempts"],
-        "attempts": totals["attempts"],
-        "window_attempts": window["attempts"],
-        "conflicts": totals["conflicts"],
+        **counts,
+        "throughput_mb_s": counts["tgbs_committed"] * spec.payload_bytes / total_s / 1e6,
+        "window_throughput_mb_s": counts["tgbs_in_window"] * spec.payload_bytes / spec.duration_s / 1e6,
         "log_versions": state.version,
         # CPU (user + system) of the producer processes during the window, per producer per
         # second of window: appends, uploads, log following and commits together.
@@ -207,6 +206,66 @@ def _after_leaving(spec: IngestSpec, leave_at_s: float, series: list[dict], surv
     }
 
 
+def commit_fields(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """The record's commit counts and success rates, from the workers' reports."""
+    totals = _sum(r["totals"] for r in reports)
+    window = {producer: c for r in reports for producer, c in r["window"].items()}
+    warmup = {producer: c for r in reports for producer, c in r["warmup"].items()}
+    in_window, steady = _sum(window.values()), steady_counts(window, warmup)
+    return {
+        "tgbs_committed": totals["tgbs_committed"],
+        "tgbs_in_window": in_window["tgbs_committed"],
+        "commit_success_rate": success_rate(totals),
+        "window_commit_success_rate": success_rate(in_window),
+        # The paper's measure ("producer benchmarks exclude warmup"): in the window, without
+        # each producer's first commit attempt (whose gap was drawn from its epoch claim).
+        "steady_commit_success_rate": success_rate(steady),
+        "steady_attempts": steady["attempts"],
+        "steady_successes": steady["successes"],
+        "attempts": totals["attempts"],
+        "window_attempts": in_window["attempts"],
+        "conflicts": totals["conflicts"],
+    }
+
+
+def steady_counts(window: Mapping[str, Counters], warmup: Mapping[str, Counters]) -> Counters:
+    """The window's counters without the warm-up: over the producers, each one's counters
+    at the window's close minus those at the end of its warm-up.
+
+    Each producer's thread notes its warm-up's end itself, so it can do so after the
+    window closed (its first attempt still running at the close); such a producer spent
+    the whole window warming up and adds nothing, as does one with no warm-up noted.
+    Counters only grow, so a warm-up noted after the close is at least the window's count
+    on every counter: a producer adds only differences >= 0, however the threads ran.
+    """
+    steady = dict.fromkeys(_COUNTERS, 0)
+    for producer, closed in window.items():
+        warm = warmup.get(producer)
+        if warm is None or any(warm[k] > closed[k] for k in _COUNTERS):
+            continue
+        for k in _COUNTERS:
+            steady[k] += closed[k] - warm[k]
+    return steady
+
+
+def success_rate(counts: Counters) -> float | None:
+    """Successful commit attempts over all attempts; None when nothing was attempted."""
+    return counts["successes"] / counts["attempts"] if counts["attempts"] else None
+
+
+def percent(rate: float | None, digits: int = 1) -> str:
+    """A success rate for a summary line: ``95.5%``, or ``no attempts`` where it is None."""
+    return "no attempts" if rate is None else f"{rate:.{digits}%}"
+
+
+class Clock(Protocol):
+    """What the sampler needs of a clock (the ``time`` module is one); tests pass their own."""
+
+    def monotonic(self) -> float: ...
+
+    def sleep(self, seconds: float, /) -> None: ...
+
+
 def _worker(spec: IngestSpec, store: Store, share: list[int], start: Any, results: Any) -> None:
     """One process: its share of the producers as threads, sampled once a second."""
     # Dozens of producer threads share one interpreter lock here (on their own hosts they
@@ -217,55 +276,92 @@ def _worker(spec: IngestSpec, store: Store, share: list[int], start: Any, result
         producer_module.RecentCommitters = functools.partial(RecentCommitters, min_window_s=math.inf)
     producers = _start_producers(spec, store, share)
     survivors = [p for index, p in zip(share, producers, strict=True) if spec.stay is None or index < spec.stay]
-    slice_bytes = max(1, spec.payload_bytes // spec.tgb_slices)
-    stop, leave = threading.Event(), threading.Event()
-    errors: list[str] = []
-    warmup: dict[str, dict[str, int]] = {}  # producer -> its counters after its first attempt
-    handed: list[tuple[str, int, float]] = []  # (producer, offset, wall time of the append call)
-    threads = [
-        threading.Thread(
-            target=_produce,
-            args=(
-                p,
-                [os.urandom(slice_bytes)] * spec.tgb_slices,
-                stop if p in survivors else leave,
-                errors,
-                handed,
-                warmup,
-                spec.pace_s,
-            ),
-        )
-        for p in producers
-    ]
+    run = _Share(spec, producers, survivors)
     start.wait(timeout=300)
-    started = time.monotonic()
-    cpu_started = _cpu_s()
-    if spec.leave_at_s is not None:
-        threading.Timer(spec.leave_at_s, leave.set).start()
-    for thread in threads:
-        thread.start()
-    series, window = _sample_until(producers, survivors, started, spec)
-    window_cpu_s = _cpu_s() - cpu_started  # the window only: the drain is a burst of flushes
-    stop.set()
-    leave.set()
-    for thread in threads:
-        thread.join()
-    report = {
-        "totals": _totals(producers),
-        "window": window,
-        "warmup": {k: sum(w[k] for w in warmup.values()) for k in _COUNTERS},
-        "series": series,
-        "errors": errors,
-        "handed": handed,
-        "finished_s": time.monotonic() - started,
-        "window_cpu_s": window_cpu_s,
-        "survivors": [
-            {"gap_s": p.metrics()["gap_s"], "producers_counted": p.policy.producers} for p in survivors if spec.stay
-        ],
-    }
+    report = run.run()
     for producer in producers:
         producer.close(flush=False)
     results.put(report)
+
+
+class _Share:
+    """One process's producers, each appending on a thread, through one window and the drain.
+
+    ``stop`` is set once the window's counters are taken; ``run`` returns the report.
+    """
+
+    def __init__(self, spec: IngestSpec, producers: list[Producer], survivors: list[Producer], clock: Clock = time):
+        self.spec = spec
+        self.producers = producers
+        self.survivors = survivors
+        self.clock = clock
+        self.stop, self.leave = threading.Event(), threading.Event()
+        self.errors: list[str] = []
+        self.warmup: dict[str, Counters] = {}  # producer -> its counters when its warm-up ended
+        self.handed: list[tuple[str, int, float]] = []  # (producer, offset, wall time of the append call)
+        slice_bytes = max(1, spec.payload_bytes // spec.tgb_slices)
+        self.threads = [  # built before the window starts: the payloads take time to draw
+            threading.Thread(
+                target=self._produce,
+                args=(p, [os.urandom(slice_bytes)] * spec.tgb_slices, self.stop if p in survivors else self.leave),
+            )
+            for p in producers
+        ]
+
+    def run(self) -> dict[str, Any]:
+        started = self.clock.monotonic()
+        cpu_started = _cpu_s()
+        if self.spec.leave_at_s is not None:
+            threading.Timer(self.spec.leave_at_s, self.leave.set).start()
+        for producer in self.producers:
+            # Group commit's first turn is not drawn from the claim: its warm-up is over at the start.
+            if producer.policy.name == "group":
+                self.warmup[producer.producer_id] = _counters(producer)
+        for thread in self.threads:
+            thread.start()
+        series, window = _sample_until(self.producers, self.survivors, started, self.spec, self.clock)
+        window_cpu_s = _cpu_s() - cpu_started  # the window only: the drain is a burst of flushes
+        self.stop.set()
+        self.leave.set()
+        for thread in self.threads:
+            thread.join()
+        return {
+            "totals": _totals(self.producers),
+            "window": window,
+            "warmup": self.warmup,
+            "series": series,
+            "errors": self.errors,
+            "handed": self.handed,
+            "finished_s": self.clock.monotonic() - started,
+            "window_cpu_s": window_cpu_s,
+            "survivors": [_counted(p) for p in self.survivors] if self.spec.stay else [],
+        }
+
+    def _produce(self, producer: Producer, slices: list[bytes], stop: threading.Event) -> None:
+        """Append until told to stop, noting when each TGB was handed over (wall clock, so
+        the log's commit times can be compared with it in the parent process), and the
+        counters once the producer's first commit attempt is done (its warm-up)."""
+        try:
+            while not stop.is_set():
+                started = time.time()
+                offset = producer.append(slices)
+                self.handed.append((producer.producer_id, offset, started))
+                if producer.producer_id not in self.warmup:
+                    counters = _counters(producer)
+                    if counters["attempts"]:
+                        self.warmup[producer.producer_id] = counters
+                if self.spec.pace_s:
+                    stop.wait(self.spec.pace_s)
+            producer.flush()  # finalization: drain what is still pending
+        except Exception as exc:
+            self.errors.append(f"{producer.producer_id}: {type(exc).__name__}: {exc}")
+
+
+def _counted(producer: Producer) -> dict[str, float]:
+    """A producer that stayed: its gap and the producer count its policy last used (DAC's N)."""
+    policy = producer.policy
+    counted = policy.producers if isinstance(policy, DAC) else math.nan
+    return {"gap_s": producer.metrics()["gap_s"], "producers_counted": counted}
 
 
 def _start_producers(spec: IngestSpec, store: Store, share: list[int]) -> list[Producer]:
@@ -296,35 +392,6 @@ def _start_producers(spec: IngestSpec, store: Store, share: list[int]) -> list[P
     return [producers[index] for index in share]
 
 
-def _produce(
-    producer: Producer,
-    slices: list[bytes],
-    stop: threading.Event,
-    errors: list[str],
-    handed: list[tuple],
-    warmup: dict[str, dict[str, int]],
-    pace_s: float,
-) -> None:
-    """Append until told to stop, noting when each TGB was handed over (wall clock, so
-    the log's commit times can be compared with it in the parent process), and the
-    counters once the producer's first commit attempt is done (its warm-up)."""
-    try:
-        while not stop.is_set():
-            started = time.time()
-            offset = producer.append(slices)
-            handed.append((producer.producer_id, offset, started))
-            # Group commit's first turn is not drawn from the claim: it has no warm-up.
-            if producer.producer_id not in warmup and producer.policy.name != "group":
-                counters = producer.metrics()
-                if counters["attempts"]:
-                    warmup[producer.producer_id] = {k: int(counters[k]) for k in _COUNTERS}
-            if pace_s:
-                stop.wait(pace_s)
-        producer.flush()  # finalization: drain what is still pending
-    except Exception as exc:
-        errors.append(f"{producer.producer_id}: {type(exc).__name__}: {exc}")
-
-
 def _follow_cpu_s(store: Store) -> float:
     """CPU seconds (this process, all threads) to follow the log from version 0 to its head."""
     started = time.process_time()
@@ -348,20 +415,21 @@ def _visibility(store: Store, handed: list[tuple[str, int, float]]) -> list[floa
 
 
 def _sample_until(
-    producers: list[Producer], survivors: list[Producer], started: float, spec: IngestSpec
-) -> tuple[list[dict], dict[str, int]]:
-    """Sample the counters every ``sample_s`` until the window closes; also the last sample.
+    producers: list[Producer], survivors: list[Producer], started: float, spec: IngestSpec, clock: Clock
+) -> tuple[list[dict], dict[str, Counters]]:
+    """Sample the counters every ``sample_s`` until the window closes; return the samples
+    and each producer's counters at the close.
 
     Each sample also sums the survivors' counters (``stay_*``), for runs where the pool shrinks.
     """
     series = []
     for tick in range(1, int(spec.duration_s / spec.sample_s) + 1):
-        time.sleep(max(0.0, started + tick * spec.sample_s - time.monotonic()))  # a fixed sampling clock
+        clock.sleep(max(0.0, started + tick * spec.sample_s - clock.monotonic()))  # a fixed sampling clock
         totals = _totals(producers)
         staying = {f"stay_{k}": v for k, v in _totals(survivors).items()}
         series.append({"t_s": tick * spec.sample_s, **totals, **staying})
-    time.sleep(max(0.0, started + spec.duration_s - time.monotonic()))
-    return series, _totals(producers)
+    clock.sleep(max(0.0, started + spec.duration_s - clock.monotonic()))
+    return series, {p.producer_id: _counters(p) for p in producers}
 
 
 def _merge_series(per_worker: list[list[dict]]) -> list[dict]:
@@ -378,15 +446,18 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _rate(totals: dict[str, int]) -> float:
-    """Commit success rate; 1.0 when nothing was attempted (no attempt failed)."""
-    return totals["successes"] / totals["attempts"] if totals["attempts"] else 1.0
+def _counters(producer: Producer) -> Counters:
+    metrics = producer.metrics()
+    return {k: int(metrics[k]) for k in _COUNTERS}
 
 
-def _totals(producers: list[Producer]) -> dict[str, int]:
+def _totals(producers: list[Producer]) -> Counters:
+    return _sum(_counters(p) for p in producers)
+
+
+def _sum(counters: Iterable[Counters]) -> Counters:
     totals = dict.fromkeys(_COUNTERS, 0)
-    for producer in producers:
-        metrics = producer.metrics()
+    for one in counters:
         for key in _COUNTERS:
-            totals[key] += int(metrics[key])
+            totals[key] += one[key]
     return totals

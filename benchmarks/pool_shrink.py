@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from benchmarks.ingest import IngestSpec, bench_store, ingest_config, run_ingest
+from benchmarks.ingest import IngestSpec, bench_store, ingest_config, percent, run_ingest
 from benchmarks.report import BenchOptions, BenchResult
 
 NAME = "pool-shrink"
@@ -82,7 +82,7 @@ def verdict(results: list[dict[str, Any]]) -> list[str]:
         f"{every['after_visibility_wait_s']:.2f} s ({ratio:.1f}x longer) when counting every id",
         f"throughput after the shrink {recent['after_throughput_mb_s']:.1f} vs {every['after_throughput_mb_s']:.1f} "
         "MB/s; commit success "
-        f"{recent['commit_success_rate']:.1%} vs {every['commit_success_rate']:.1%} over the whole run",
+        f"{percent(recent['commit_success_rate'])} vs {percent(every['commit_success_rate'])} over the whole run",
     ]
 
 

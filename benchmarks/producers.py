@@ -24,7 +24,7 @@ from typing import Any
 
 from batchweave.commit.policies import POLICY_NAMES
 from batchweave.store import Store
-from benchmarks.ingest import IngestSpec, bench_store, run_ingest, store_model
+from benchmarks.ingest import IngestSpec, bench_store, percent, run_ingest, store_model
 from benchmarks.report import BenchOptions, BenchResult, machine, visibility_percentiles
 
 NAME = "producers"
@@ -232,8 +232,8 @@ def _group_against_dac(rows: list[dict[str, Any]], payload: int) -> list[str]:
             continue
         lines.append(
             f"{payload // 1000} KB x{producers}: group commit P95 visible {grouped['visibility_p95_s']:.2f} s "
-            f"(DAC {dac['visibility_p95_s']:.2f} s), success {grouped['steady_commit_success_rate']:.0%} after warm-up "
-            f"(DAC {dac['steady_commit_success_rate']:.0%}), "
+            f"(DAC {dac['visibility_p95_s']:.2f} s), success {percent(grouped['steady_commit_success_rate'], 0)} "
+            f"after warm-up (DAC {percent(dac['steady_commit_success_rate'], 0)}), "
             f"throughput {grouped['throughput_mb_s'] / dac['throughput_mb_s']:.2f}x DAC"
         )
     return lines

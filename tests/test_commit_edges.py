@@ -297,19 +297,21 @@ def test_dac_refuses_an_infinite_jitter():
         DAC(rho=math.inf)
 
 
-def test_aimd_defaults_start_at_ten_tgbs_and_add_one_per_success():
-    """AIMD() commits at 10 pending TGBs, not 9; a success moves it to 11."""
+def test_aimd_defaults_start_at_ten_tgbs_and_take_one_off_per_success():
+    """AIMD() commits at 10 pending TGBs, not 9; a success moves it to 9, a conflict doubles it."""
     policy = AIMD()
     assert (policy.wait_s(9, 0.0), policy.wait_s(10, 0.0)) == (math.inf, 0.0)
     policy.observe(0.05, 4, True)
-    assert (policy.wait_s(10, 0.0), policy.wait_s(11, 0.0)) == (math.inf, 0.0)
+    assert (policy.wait_s(8, 0.0), policy.wait_s(9, 0.0)) == (math.inf, 0.0)
+    policy.observe(0.05, 4, False)
+    assert (policy.wait_s(17, 0.0), policy.wait_s(18, 0.0)) == (math.inf, 0.0)
 
 
-@pytest.mark.parametrize("kwargs", [{"increase": 0}, {"decrease": 0}, {"decrease": 1}, {"start": 0.5}])
+@pytest.mark.parametrize("kwargs", [{"step": 0}, {"backoff": 0}, {"backoff": 1}, {"start": 0.5}])
 def test_aimd_refuses_parameters_that_never_move_or_never_commit(kwargs):
-    """A zero increase, a decrease of 0 or 1, or a start below one TGB is refused, and the
+    """A zero step, a backoff of at most 1, or a start below one TGB is refused, and the
     message says what AIMD needs."""
-    with pytest.raises(ConfigError, match=r"AIMD needs start>=1, increase>0, 0<decrease<1"):
+    with pytest.raises(ConfigError, match=r"AIMD needs finite start>=1 TGB, step>0 TGBs, backoff>1"):
         AIMD(**kwargs)
 
 

@@ -392,17 +392,49 @@ def test_incr_starts_at_ten_and_adds_one_per_conflict():
     assert policy.wait_s(12, 0.0) == math.inf and policy.wait_s(13, 0.0) == 0.0
 
 
-def test_aimd_adds_on_success_and_halves_on_conflict():
-    policy = AIMD(start=10, increase=2, decrease=0.5)
-    interval = 10.0
-    for success in [True, True, False, True, False, False, False, False]:
+def test_aimd_doubles_the_interval_on_a_conflict_and_takes_one_tgb_off_on_a_success():
+    # The paper's AIMD (section 7.1) is TCP's rule: back off multiplicatively on a
+    # conflict, probe additively on a success; from INCR's start of 10 TGBs.
+    policy = AIMD()
+    outcomes = [False, True, True, False, *[True] * 40]
+    expected = [10.0, 20.0, 19.0, 18.0, 36.0, *[max(1.0, 36.0 - k) for k in range(1, 41)]]
+    assert policy.interval == expected[0]
+    for success, interval in zip(outcomes, expected[1:], strict=True):
         policy.observe(0.05, 8, success)
-        interval = interval + 2 if success else max(1.0, interval * 0.5)
-        assert policy.interval == pytest.approx(interval)
-    assert policy.interval == 1.0  # never below one TGB
-    assert policy.wait_s(1, 0.0) == 0.0
-    with pytest.raises(ConfigError):
-        AIMD(decrease=1.5)
+        assert policy.interval == interval
+    assert policy.interval == 1.0  # never below one TGB per commit
+    assert policy.wait_s(1, 0.0) == 0.0 and policy.wait_s(0, 0.0) == math.inf
+
+
+def test_aimd_commits_less_often_after_a_conflict():
+    # The literal reading of the paper's sentence (halve the interval on a conflict)
+    # committed more often after every conflict and reached 7.4% success.
+    policy = AIMD(start=10)
+    assert policy.wait_s(10, 0.0) == 0.0
+    policy.observe(0.05, 32, False)
+    assert policy.wait_s(19, 0.0) == math.inf and policy.wait_s(20, 0.0) == 0.0
+    policy.observe(0.05, 32, True)
+    assert policy.wait_s(18, 0.0) == math.inf and policy.wait_s(19, 0.0) == 0.0
+
+
+@given(st.lists(st.booleans(), max_size=60), st.floats(1, 50), st.floats(0.1, 5), st.floats(1.01, 4))
+def test_aimd_moves_the_interval_only_in_the_rules_directions(outcomes, start, step, backoff):
+    policy = AIMD(start=start, step=step, backoff=backoff)
+    for success in outcomes:
+        before = policy.interval
+        policy.observe(0.05, 8, success)
+        want = max(1.0, before - step) if success else before * backoff
+        assert policy.interval == want and policy.interval >= 1.0
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"start": 0.5}, {"step": 0}, {"backoff": 1}, {"backoff": 0.5}, {"start": math.inf}, {"backoff": math.nan}],
+    ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()),
+)
+def test_aimd_refuses_parameters_that_never_back_off_or_never_commit(kwargs):
+    with pytest.raises(ConfigError, match=r"AIMD needs finite start>=1 TGB, step>0 TGBs, backoff>1; got start="):
+        AIMD(**kwargs)
     with pytest.raises(ConfigError):
         Fixed(0)
 
