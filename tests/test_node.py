@@ -133,8 +133,10 @@ def test_tp_ranks_on_a_node_issue_one_read_per_slice_and_one_followers_log_reque
     # a different point (16 to 26 reads for either, 28 once under load). Eight followers: ~160.
     assert shared.log_reads <= single.log_reads + 2 * FIRST_WINDOW
     # Eight followers at once race their first probes differently from one (a start probes
-    # versions beside the first segment, and stops at the first miss one of them finds).
-    assert shared.log_reads * 8 <= alone.log_reads * 1.5
+    # versions beside the first segment, and stops at the first miss one of them finds):
+    # 16 to 28 reads each, so the node's one follower reads at least 4x less than eight
+    # (1.5x of an eighth failed once in CI: 26 x 8 against 137 x 1.5).
+    assert shared.log_reads * 4 <= alone.log_reads
 
 
 def test_shared_slices_are_read_only_views_of_one_shared_memory_copy():
