@@ -1,4 +1,4 @@
-"""Garbage collection as a service: ``batchweave gc URL --every S`` and ``lifecycle.Collector``.
+"""Garbage collection as a service: ``batchweave gc URL --every S`` and ``batchweave.Collector``.
 
 The command runs as a real process; its runs are waited for by their JSON or log lines,
 never by sleeping. Two services on one SeaweedFS namespace, beside producer processes
@@ -23,8 +23,7 @@ from test_lifecycle import produce, resume, train
 from worker import digest
 
 import batchweave as bw
-from batchweave.lifecycle import CollectionRun, Collector
-from batchweave.lifecycle.collector import check_period_s
+from batchweave.lifecycle.collector import CollectionRun, Collector, check_period_s
 from batchweave.lifecycle.watermarks import CHECKPOINT_PREFIX
 from batchweave.store import Store
 from batchweave.testing import Background, LatencyProxy, PausingStore

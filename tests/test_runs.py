@@ -183,28 +183,32 @@ class ShortNode:
         return memoryview(self.data[start : min(start + length, self.cut)])
 
 
-def packed(payloads: list[bytes], key: str) -> tuple[bytes, list[TGBDescriptor]]:
-    """One object holding one slice (dp=1) of each step, back to back, and the steps' descriptors."""
-    body, tgbs = b"", []
-    for offset, payload in enumerate(payloads):
-        encoded = layout.encode_tgb([payload], dp=1, cp=1)
-        ref = encoded.slices[0]
-        framed = encoded.objects[0][ref.offset : ref.offset + ref.length]
-        tgbs.append(
-            TGBDescriptor(
-                producer="p",
-                epoch=1,
-                source_offset=offset,
-                dp=1,
-                cp=1,
-                kind="bytes",
-                objects=[key],
-                slices=[(0, len(body), ref.length, ref.crc32c)],
-                nbytes=ref.length,
-            )
+def packed(steps: list[list[bytes]], key: str) -> tuple[bytes, list[TGBDescriptor]]:
+    """The steps' slices (dp=1, cp=len(slices)) as one pack under ``key``
+    (``layout.encode_pack``, as a producer writes it), and the steps' descriptors."""
+    cp = len(steps[0])
+    pack = layout.encode_pack([layout.frame_tgb(slices, 1, cp) for slices in steps])
+    body = b"".join(bytes(piece) for piece in pack.parts[0])
+    tgbs = [
+        TGBDescriptor(
+            producer="p",
+            epoch=1,
+            source_offset=t,
+            dp=1,
+            cp=cp,
+            kind="bytes",
+            objects=[key],
+            slices=[(r.object_index, r.offset, r.length, r.crc32c) for r in refs],
+            nbytes=nbytes,
         )
-        body += framed
+        for t, (refs, nbytes) in enumerate(zip(pack.slices, pack.tgb_nbytes(), strict=True))
+    ]
     return body, tgbs
+
+
+def _end(tgb: TGBDescriptor, index: int) -> int:
+    """Where slice ``index`` of ``tgb`` ends in its object."""
+    return tgb.slices[index][1] + tgb.slices[index][2]
 
 
 def fetcher_on(node: ShortNode, runs: RangeRuns) -> SliceFetcher:
@@ -224,7 +228,7 @@ def fetcher_on(node: ShortNode, runs: RangeRuns) -> SliceFetcher:
 def test_a_run_read_short_fails_each_step_past_the_cut_with_corrupt_data_and_serves_the_rest():
     key = keys.data_key("p", 1, 0, "ab", 0)
     payloads = [bytes([i]) * 200 for i in range(4)]
-    body, tgbs = packed(payloads, key)
+    body, tgbs = packed([[payload] for payload in payloads], key)
     cut = tgbs[2].slices[0][1] + 5  # the object ends 5 bytes into step 2's slice
     node, runs = ShortNode(body, cut), RangeRuns()
     fetcher = fetcher_on(node, runs)
@@ -234,7 +238,7 @@ def test_a_run_read_short_fails_each_step_past_the_cut_with_corrupt_data_and_ser
     for step in (2, 3):
         with pytest.raises(CorruptDataError, match="truncated"):
             fetcher.fetch_as_written(tgbs[step], step, 1)
-    assert node.calls == [(key, 0, len(body))]  # one read through the hub for the four steps
+    assert node.calls == [(key, 0, _end(tgbs[3], 0))]  # one read through the hub for the four steps
     assert runs.pending == 0 and runs.open_runs == 0
 
 
@@ -244,26 +248,7 @@ def test_a_reshard_read_of_slices_apart_in_a_pack_reads_each_back_to_back_group_
     join the same slice of the next step, and nothing between them is read twice."""
     key = keys.data_key("p", 1, 0, "ab", 0)
     payloads = [[bytes([10 * t + i]) * 64 for i in range(2)] for t in range(2)]
-    framed = [[_framed(p) for p in step] for step in payloads]  # [step][slice] -> (bytes, crc)
-    body, offsets = b"", {}
-    for i in range(2):
-        for t in range(2):
-            offsets[t, i] = len(body)
-            body += framed[t][i][0]
-    tgbs = [
-        TGBDescriptor(
-            producer="p",
-            epoch=1,
-            source_offset=t,
-            dp=1,
-            cp=2,
-            kind="bytes",
-            objects=[key],
-            slices=[(0, offsets[t, i], len(framed[t][i][0]), framed[t][i][1]) for i in range(2)],
-            nbytes=sum(len(f[0]) for f in framed[t]),
-        )
-        for t in range(2)
-    ]
+    body, tgbs = packed(payloads, key)  # slice 0 of both steps, then slice 1 of both
     node, runs = ShortNode(body, len(body)), RangeRuns()
     fetcher = fetcher_on(node, runs)
     reads = [SliceRead(t, 0, 2) for t in range(2)]
@@ -271,14 +256,8 @@ def test_a_reshard_read_of_slices_apart_in_a_pack_reads_each_back_to_back_group_
         fetcher.expect(tgb, read)
     got = [fetcher.fetch(tgb, read, t, 1, t + 1)[0].data for t, (tgb, read) in enumerate(zip(tgbs, reads, strict=True))]
     assert got == [b"".join(step) for step in payloads]
-    half = len(framed[0][0][0]) + len(framed[1][0][0])
-    assert node.calls == [(key, 0, half), (key, half, len(body) - half)]
-
-
-def _framed(payload: bytes) -> tuple[bytes, int]:
-    encoded = layout.encode_tgb([payload], dp=1, cp=1)
-    ref = encoded.slices[0]
-    return encoded.objects[0][ref.offset : ref.offset + ref.length], ref.crc32c
+    half = _end(tgbs[1], 0)
+    assert node.calls == [(key, 0, half), (key, half, _end(tgbs[1], 1) - half)]
 
 
 # -- end to end on SeaweedFS ------------------------------------------------------------

@@ -243,16 +243,16 @@ class Producer:
             if mismatch:  # before uploading anything: every consumer would fail at this step
                 raise LayoutError(f"producer {self.producer_id!r}: {mismatch}; nothing was written")
             schema = self._schema_for(framed, offset)
-            held = Held(offset, framed, "" if schema is None else schema.digest)
+            digest = "" if schema is None else schema.digest
             limit, now = pack_limit(framed, self.pack_steps), time.monotonic()
             self._pack.appended(now)
             if not self._pack.fits(limit):
                 self._write_pack()  # the held ones go first, alone: this TGB is not theirs to join
             if limit == 1 and not self._pack:
-                self._write([held])  # the caller's arrays are written before append returns: no copy
+                self._write([Held(offset, framed, digest)])  # written before append returns: no copy
                 self._appended(offset, schema)
             else:
-                self._hold(Held(offset, framed.owned(), held.schema), limit, now, schema)
+                self._hold(Held(offset, framed.owned(), digest), limit, now, schema)
         if self._thread is None:
             self._commits.commit_inline(self._next_offset, forced=False)
         return offset
@@ -279,16 +279,14 @@ class Producer:
         """Under the pack lock: hold a TGB for its pack, and write the pack if it is due.
         A failed write un-holds this TGB (the caller appends it again; the others stay)."""
         self._pack.hold(held, limit, now)
-        if not self._pack.due(now):
-            if len(self._pack) == 1 and self._thread is not None:
-                self._watch_deadline()
-            self._appended(held.offset, schema)
-            return
-        try:
-            self._write_pack()
-        except BaseException:
-            self._pack.drop_last()
-            raise
+        if self._pack.due(now):
+            try:
+                self._write_pack()
+            except BaseException:
+                self._pack.drop_last()
+                raise
+        elif len(self._pack) == 1 and self._thread is not None:
+            self._watch_deadline()
         self._appended(held.offset, schema)
 
     def _write_pack(self) -> None:
@@ -309,7 +307,7 @@ class Producer:
         descriptors = [
             TGBDescriptor(
                 producer=self.producer_id,
-                epoch=self._shared.me.epoch,
+                epoch=epoch,
                 source_offset=held.offset,
                 dp=self.mesh.dp,
                 cp=self.mesh.cp,
