@@ -12,7 +12,8 @@ from checks import assert_exactly_once, assert_referenced_objects_exist
 from worker import Eager, digest, origin_of, tgb
 
 import batchweave as bw
-from batchweave.latency import CLOUD_DEFAULTS, LatencyModel, LatencyStore
+from batchweave import keys
+from batchweave.latency import CLOUD_DEFAULTS, GrowingManifest, LatencyModel, LatencyStore, _is_version_key
 from batchweave.store import Store
 
 FAST = LatencyModel(put_s=0.002, first_byte_s=0.001, head_s=0.001, list_s=0.001, delete_s=0.001, jitter_sigma=0.0)
@@ -88,3 +89,31 @@ def test_protocol_survives_faults_and_ambiguous_writes():
         seen = [(b.step, origin_of(b.data), digest(b.data)) for b in consumer]
     assert [s for s, _, _ in seen] == list(range(75))
     assert all(d == digest(tgb(p, o, 2)[1]) for _, (p, o), d in seen)
+
+
+def test_a_growing_manifest_charges_each_commit_the_whole_list_read_and_written():
+    manifest = GrowingManifest(entry_bytes=100, history_tgbs=10)
+    assert manifest.commit_bytes(0, 0) == 2 * 10 * 100  # a claim still reads and rewrites the list
+    assert manifest.commit_bytes(5, 3) == (2 * 15 + 3) * 100
+    with pytest.raises(bw.ConfigError, match="entry_bytes"):
+        GrowingManifest(entry_bytes=0)
+    store = fresh(manifest=manifest)
+    assert pickle.loads(pickle.dumps(store)).manifest == manifest  # ingest workers are other processes
+
+
+def test_only_log_versions_pay_the_manifest():
+    assert _is_version_key(keys.version_key(7))
+    for key in (keys.snapshot_key(7), keys.HINT_KEY, keys.head_copy_key(7, 0), "data/p/e000001/x.bwb"):
+        assert not _is_version_key(key), key
+
+
+def test_the_manifest_cost_falls_inside_each_commits_fragile_window():
+    def window(manifest):
+        store = fresh(LatencyModel(**{**FAST.to_dict(), "bandwidth_bytes_s": 1e8}), manifest=manifest)
+        with bw.Producer(store, "p", dp=2, commit_policy=bw.Manual(), background_commit=False, pack_steps=1) as p:
+            p.append([b"a", b"b"])
+            p.flush()
+            return p.metrics()["last_fragile_window_s"]
+
+    # 10,000 TGBs of 1 KB: 20 MB read and written at 100 MB/s, 0.2 s on top of a few ms.
+    assert window(GrowingManifest(entry_bytes=1000, history_tgbs=10_000)) >= 0.2 > 4 * window(None)

@@ -12,6 +12,10 @@ long right tail of real object stores). Faults: ``error_rate`` fails a request b
 is applied (a 503 SlowDown), ``ambiguous_rate`` fails a write *after* it was applied (a
 timeout whose write landed); both go through the normal retry path of ``Store``.
 
+``GrowingManifest`` adds the paper's commit cost on top, for ablations: there every
+commit reads the whole manifest (every TGB so far) and writes it anew, so a commit's
+fragile window grows with history. Our log writes a delta instead, and its window is flat.
+
 Default figures, for S3 Standard in-region from one client connection:
 - first-byte latency of small GETs about 20-30 ms median with a long tail, and about
   80-90 MB/s per connection: Durner, Leis, Neumann, "Exploiting Cloud Object Storage
@@ -32,10 +36,11 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
+from batchweave import keys, log
 from batchweave.errors import ConfigError
 from batchweave.store import Store
 
-__all__ = ["CLOUD_DEFAULTS", "LatencyModel", "LatencyStore"]
+__all__ = ["CLOUD_DEFAULTS", "GrowingManifest", "LatencyModel", "LatencyStore"]
 
 T = TypeVar("T")
 
@@ -79,6 +84,33 @@ class LatencyModel:
 CLOUD_DEFAULTS = LatencyModel()
 
 
+@dataclass(frozen=True, slots=True)
+class GrowingManifest:
+    """The paper's commit cost (section 4.2): a manifest version holds every TGB so far.
+
+    Committing reads the newest manifest and writes a new one, both the size of the
+    whole TGB list, inside the fragile window. ``LatencyStore`` charges that transfer on
+    each log version's put, before the put applies, so conflicts and every policy's
+    measured window see it. ``entry_bytes`` is one TGB's entry; ``history_tgbs`` TGBs
+    are taken as committed before the run (a long job's manifest, from the first commit).
+    """
+
+    entry_bytes: int
+    history_tgbs: int = 0
+
+    def __post_init__(self) -> None:
+        if self.entry_bytes < 1 or self.history_tgbs < 0:
+            raise ConfigError(f"a growing manifest needs entry_bytes >= 1 and history_tgbs >= 0: {self}")
+
+    def commit_bytes(self, tgbs_before: int, tgbs_added: int) -> int:
+        """Bytes a commit moves: read the manifest before it, write the one after it."""
+        before = self.history_tgbs + tgbs_before
+        return (2 * before + tgbs_added) * self.entry_bytes
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
 class LatencyStore(Store):
     """``Store`` over ``url`` whose every request takes the time ``model`` says.
 
@@ -92,11 +124,13 @@ class LatencyStore(Store):
         *,
         seed: int | None = None,
         discard_prefix: str | None = None,
+        manifest: GrowingManifest | None = None,
         **options: Any,
     ) -> None:
         super().__init__(url, **options)
         self.model = model
         self.seed = seed
+        self.manifest = manifest
         # Ingestion benchmarks time every data write but need not keep gigabytes in memory.
         self.discard_prefix = discard_prefix
         self._rng = random.Random(seed)
@@ -105,7 +139,13 @@ class LatencyStore(Store):
         self.requests: dict[str, int] = {}
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**super().__getstate__(), "model": self.model, "seed": self.seed, "discard_prefix": self.discard_prefix}
+        return {
+            **super().__getstate__(),
+            "model": self.model,
+            "seed": self.seed,
+            "discard_prefix": self.discard_prefix,
+            "manifest": self.manifest,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         state = dict(state)
@@ -115,6 +155,7 @@ class LatencyStore(Store):
             model,
             seed=seed,
             discard_prefix=discard,
+            manifest=state.pop("manifest"),
             create=state["create"],
             max_attempts=state["max_attempts"],
             storage_options=state["storage_options"],
@@ -140,7 +181,16 @@ class LatencyStore(Store):
         if self.discard_prefix is not None and key.startswith(self.discard_prefix):
             self._call(key, lambda: None, "put", len(data), conditional=True)
             return
+        if self.manifest is not None and not self._paused and _is_version_key(key):
+            self._charge_manifest(key, data)
         super().put_if_absent(key, data)
+
+    def _charge_manifest(self, key: str, data: bytes | memoryview) -> None:
+        version = log.decode_version_head(data, key, int(key[len(keys.LOG_PREFIX) : -len(".json")]))
+        assert self.manifest is not None
+        nbytes = self.manifest.commit_bytes(version.first_step, len(version.tgbs))
+        factor, _, _ = self._draw()
+        time.sleep(nbytes / self.model.bandwidth_bytes_s * factor)
 
     def _draw(self) -> tuple[float, float, float]:
         with self._lock:  # random.Random is not safe to share between threads unguarded
@@ -173,3 +223,8 @@ class LatencyStore(Store):
         size = len(result) if isinstance(result, memoryview) else 0
         time.sleep(self.model.base_s(request, size) * factor)
         return result
+
+
+def _is_version_key(key: str) -> bool:
+    name = key[len(keys.LOG_PREFIX) :]
+    return key.startswith(keys.LOG_PREFIX) and "/" not in name and name.endswith(".json") and name[:-5].isdigit()
