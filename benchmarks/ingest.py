@@ -35,8 +35,9 @@ from typing import Any, Protocol
 
 from batchweave import producer as producer_module
 from batchweave.commit.policies import DAC, RecentCommitters
+from batchweave.errors import ConfigError
 from batchweave.journal import Journal
-from batchweave.latency import CLOUD_DEFAULTS, LatencyStore
+from batchweave.latency import CLOUD_DEFAULTS, GrowingManifest, LatencyStore
 from batchweave.log import LogState
 from batchweave.producer import Producer
 from batchweave.store import Store, open_store
@@ -80,9 +81,12 @@ class IngestSpec:
 
 
 @contextmanager
-def bench_store(options: BenchOptions, tag: str) -> Iterator[Store]:
+def bench_store(options: BenchOptions, tag: str, manifest: GrowingManifest | None = None) -> Iterator[Store]:
     """A fresh namespace that worker processes can share: latency model, local dir, or a
-    real S3 server on loopback (moto or SeaweedFS)."""
+    real S3 server on loopback (moto or SeaweedFS). ``manifest`` adds the paper's growing
+    commit cost to the latency model (ConfigError on any other store: it is a model)."""
+    if manifest is not None and options.store != "latency":
+        raise ConfigError(f"the paper's growing manifest is a latency-model cost; --store {options.store} has none")
     name = f"bench-{tag}-{uuid.uuid4().hex[:8]}"
     if options.store == "s3":
         from batchweave.testing.servers import moto_s3
@@ -101,7 +105,7 @@ def bench_store(options: BenchOptions, tag: str) -> Iterator[Store]:
         if options.store == "latency":
             # The log lives in a local directory so that every worker process sees it; the
             # model's latency is added on top, and data writes are timed but not kept.
-            yield LatencyStore(directory, CLOUD_DEFAULTS, seed=options.seed, discard_prefix="data/")
+            yield LatencyStore(directory, CLOUD_DEFAULTS, seed=options.seed, discard_prefix="data/", manifest=manifest)
         else:
             yield open_store(directory)
     finally:

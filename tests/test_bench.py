@@ -99,8 +99,11 @@ def test_quick_benchmark_writes_its_three_files(name, workload, tmp_path):
             for record in ours + [r for r in result["results"] if r["system"] == "raw-puts"]:
                 assert 0 < record["visibility_p50_s"] <= record["visibility_p95_s"], record
         policies = {(r["system"], r["policy"]) for r in result["results"]}
-        if name == "dac":  # every policy, however short the run
+        if name == "dac":  # every policy on both logs, however short the run
             assert policies == {("batchweave", p) for p in POLICY_NAMES}, policies
+            runs = {(r["log"], r["policy"]) for r in result["results"]}
+            assert runs == {(log, p) for log in ("manifest", "flat") for p in POLICY_NAMES}, runs
+            assert result["config"]["manifest"]["entry_bytes"] > 32 * 10  # 32 slices' offsets at least
         else:  # NATS at its default message limit and with the limit raised
             assert {("nats", "strict-tgb"), ("nats", "strict-tgb-64MiB")} <= policies, policies
     if name == "overhead":  # both sides on both stores, each timed against its plain requests

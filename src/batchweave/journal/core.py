@@ -329,7 +329,10 @@ class Journal(Generic[VersionT]):
         below what collection reclaimed are in a region no reader looks at, and deleting
         them keeps it empty (any left over, collection deletes)."""
         anchor = self._proof.anchor
-        if anchor is not None and anchor[0] == 0:
+        if anchor is None:
+            # Never loaded: a caller caught up from an empty state. Nothing was overtaken.
+            _logger.info("this journal had not loaded the log before reading it; loading")
+        elif anchor[0] == 0:
             # Opened on an empty log, which then grew its first snapshot: expected once.
             _logger.info("the log grew its first snapshot before this writer's first commit; reloading")
         else:
