@@ -55,7 +55,7 @@ from batchweave.journal import Journal
 from batchweave.log import Layout, LogState, ProducerState, TGBDescriptor
 from batchweave.schema import Schema
 from batchweave.store import Store, open_store
-from batchweave.testing.interleave import Background
+from batchweave.testing.interleave import Background, PausingStore
 
 VERSION_KEY = re.compile(r"_log/\d{20}\.json")
 
@@ -849,3 +849,30 @@ def test_a_journal_commit_counts_every_race_it_loses_before_it_commits():
         result = journal.commit(state, lambda newest: logrules.next_version(newest, time.time()), max_attempts=5)
     assert (result.outcome, result.conflicts) == ("committed", 2)
     assert result.state.version == state.version + 3  # the rival's two versions, then ours
+
+
+def test_a_closed_producer_says_so_with_its_own_error():
+    producer = bw.Producer(memory_url(), "p", dp=1, pack_steps=1)
+    producer.append(tgb("p", 0, 1))
+    producer.close()
+    with pytest.raises(bw.ProducerClosedError, match="producer 'p' is closed") as closed:
+        producer.append(tgb("p", 1, 1))
+    assert isinstance(closed.value, ValueError) and closed.value.producer_id == "p"
+
+
+def test_a_flush_that_runs_out_of_time_raises_flush_timeout_and_loses_nothing():
+    store = PausingStore(memory_url())
+    producer = bw.Producer(store, "p", dp=1, commit_policy=bw.Manual(), pack_steps=1)
+    try:
+        gate = store.pause("put_if_absent", re.escape(keys.LOG_PREFIX) + r"\d+\.json")
+        producer.append(tgb("p", 0, 1))
+        with pytest.raises(bw.FlushTimeoutError, match="1 TGB\\(s\\) uncommitted") as late:
+            producer.flush(timeout_s=0.2)
+        assert isinstance(late.value, TimeoutError) and late.value.uncommitted == 1
+        gate.wait_reached()
+        gate.release()
+        producer.flush(timeout_s=30)  # the pending TGB is committed after all
+        assert bw.inspect_namespace(store).producers["p"]["offset"] == 1
+    finally:
+        store.release_all()
+        producer.close()

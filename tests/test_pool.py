@@ -76,11 +76,13 @@ def test_a_pool_declares_a_variable_first_dimension_for_every_producer(tmp_path)
 
 def test_a_pool_without_the_declaration_stops_at_the_first_shard_of_another_length(tmp_path):
     url = (tmp_path / "ns").as_uri()
-    # The local pool reports a worker's error by its name and message (issue 33 types it).
-    with pytest.raises(bw.BatchWeaveError, match=r"SchemaError: .*array 'tokens' is int32 \(2, 3\)"):
+    # The worker's error crosses the process boundary as its type's name and its message.
+    with pytest.raises(bw.PoolFailedError, match=r"SchemaError: .*array 'tokens' is int32 \(2, 3\)") as failed:
         run_pool(
             url, "prep", [0, 1], pool_work.ragged_tgb_of, producers=1, dp=pool_work.DP, progress=False, max_restarts=0
         )
+    assert (failed.value.pool, failed.value.producer, failed.value.attempts) == ("prep", "prep.0000-of-0001", 1)
+    assert failed.value.cause_type == "SchemaError" and "array 'tokens'" in failed.value.cause
 
 
 def test_a_pool_refuses_a_bad_declaration_before_any_worker_starts(tmp_path):
@@ -134,8 +136,10 @@ def test_a_preprocessing_bug_surfaces_after_the_restarts_run_out(tmp_path):
     url = (tmp_path / "ns").as_uri()
     source = [(shard, 5) for shard in range(8)]
     failed = r"prep.0001-of-0002 failed 2 times .*ValueError: cannot parse shard 5"
-    with pytest.raises(bw.BatchWeaveError, match=failed):
+    with pytest.raises(bw.PoolFailedError, match=failed) as raised:
         run_pool(url, "prep", source, pool_work.fails_at, producers=2, dp=pool_work.DP, max_restarts=1, progress=False)
+    assert (raised.value.producer, raised.value.attempts) == ("prep.0001-of-0002", 2)
+    assert (raised.value.cause_type, raised.value.cause) == ("ValueError", "cannot parse shard 5")
     # What came before the bad shard is committed; the fixed pool resumes right there.
     state = bw.inspect_namespace(url).producers
     assert state["prep.0001-of-0002"]["offset"] == 2 and state["prep.0000-of-0002"]["offset"] == 4

@@ -97,11 +97,12 @@ def test_a_killed_producer_actor_is_restarted_by_ray_and_no_shard_repeats_or_goe
 def test_a_preprocessing_bug_surfaces_after_the_retries_run_out(tmp_path):
     url = (tmp_path / "ns").as_uri()
     source = [(shard, 5) for shard in range(8)]
-    with pytest.raises(bw.BatchWeaveError, match=r"prep.0001-of-0002 failed 2 times .*cannot parse shard 5"):
+    with pytest.raises(bw.PoolFailedError, match=r"prep.0001-of-0002 failed 2 times .*cannot parse shard 5") as raised:
         run_pool(
             url, "prep", source, pool_work.fails_at, producers=2, dp=pool_work.DP, backend="ray", max_restarts=1,
             progress=False,
         )  # fmt: skip
+    assert raised.value.attempts == 2 and "cannot parse shard 5" in raised.value.cause
     assert bw.inspect_namespace(url).producers["prep.0001-of-0002"]["offset"] == 2
 
 

@@ -7,6 +7,9 @@
     ├── SourceOffsetError (ValueError)      append() offset that is not the next one
     ├── CorruptDataError (ValueError)       checksum or format damage; names the object key
     ├── ProducerFencedError                 a newer incarnation of this producer_id took over
+    ├── ProducerClosedError (ValueError)    a call on a producer after close()
+    ├── FlushTimeoutError (TimeoutError)    flush(timeout_s) ran out with TGBs uncommitted
+    ├── PoolFailedError                     a pool's producer failed more often than it may restart
     ├── StreamEndedError                    the namespace was closed with end_stream()
     ├── StepTimeoutError (TimeoutError)     a consumer waited longer than its timeout_s
     ├── DataReclaimedError (LookupError)    a resume point whose data garbage collection deleted
@@ -28,10 +31,13 @@ __all__ = [
     "ConfigError",
     "CorruptDataError",
     "DataReclaimedError",
+    "FlushTimeoutError",
     "LayoutError",
     "NotDurableError",
     "ObjectExistsError",
     "ObjectNotFoundError",
+    "PoolFailedError",
+    "ProducerClosedError",
     "ProducerFencedError",
     "SchemaError",
     "SourceOffsetError",
@@ -78,6 +84,49 @@ class CorruptDataError(BatchWeaveError, ValueError):
 
 class ProducerFencedError(BatchWeaveError):
     """A newer incarnation of the same producer_id claimed a higher epoch."""
+
+
+class ProducerClosedError(BatchWeaveError, ValueError):
+    """A call on a producer after ``close()`` (a ValueError, as I/O on a closed file is)."""
+
+    def __init__(self, producer_id: str) -> None:
+        super().__init__(f"producer {producer_id!r} is closed: open a new Producer with the same id to go on")
+        self.producer_id = producer_id
+
+
+class FlushTimeoutError(BatchWeaveError, TimeoutError):
+    """``Producer.flush(timeout_s)`` ran out before every TGB was committed. The TGBs stay
+    pending, and a later flush or close commits them: nothing is lost."""
+
+    def __init__(self, producer_id: str, timeout_s: float, uncommitted: int) -> None:
+        super().__init__(
+            f"producer {producer_id!r}: flush timed out after {timeout_s}s with {uncommitted} TGB(s) uncommitted "
+            "(they stay pending: flush again, or close() to commit them)"
+        )
+        self.producer_id = producer_id
+        self.timeout_s = timeout_s
+        self.uncommitted = uncommitted
+
+
+class PoolFailedError(BatchWeaveError):
+    """A producer of a pool failed more often than ``max_restarts`` allows.
+
+    ``attempts`` counts its runs; ``cause_type`` and ``cause`` are the last failure's
+    exception type and message, as text (they come from another process; "" when the
+    process died without saying why, e.g. killed); ``exit_code`` is the last process's
+    exit code, where there was a process of ours to exit.
+    """
+
+    def __init__(
+        self, pool: str, producer: str, attempts: int, cause_type: str, cause: str, *, detail: str = ""
+    ) -> None:
+        said = f": {cause_type}: {cause}" if cause_type else " (killed?)"
+        super().__init__(f"pool {pool!r}: producer {producer} failed {attempts} times{detail}{said}")
+        self.pool = pool
+        self.producer = producer
+        self.attempts = attempts
+        self.cause_type = cause_type
+        self.cause = cause
 
 
 class StreamEndedError(BatchWeaveError):

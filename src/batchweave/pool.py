@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from batchweave import shardlist
-from batchweave.errors import BatchWeaveError, ConfigError, ObjectExistsError, StoreError
+from batchweave.errors import ConfigError, ObjectExistsError, PoolFailedError, StoreError
 from batchweave.journal import Journal
 from batchweave.pooljob import PoolJob, PoolPlan, PoolReport, Progress, produce_shards
 from batchweave.producer import end_stream
@@ -75,7 +75,8 @@ def run_pool(
 
     ``commit_policy`` is a policy name (``"dac"`` by default; names cross processes).
     ``end_of_stream`` commits the end marker once every shard is committed. Raises the
-    first worker error that restarts did not cure (a ``BatchWeaveError`` as it is).
+    first worker error that restarts did not cure, as a ``PoolFailedError`` naming the
+    producer, its attempts and the error (type and message).
     ``ray_remote_args`` (Ray backend only): Ray actor options for every producer actor
     (``resources``, ``scheduling_strategy``, ``num_cpus``, ``runtime_env``, ...), or a function
     of the producer index returning them; see ``batchweave.ray_pool``. ``schema``: what
@@ -188,7 +189,7 @@ class _LocalPool:
         self._context = multiprocessing.get_context("spawn")
         self._job = job
         self._plan = job.plan
-        self._errors: dict[str, str] = {}  # producer id -> its worker's last error
+        self._errors: dict[str, tuple[str, str]] = {}  # producer id -> its worker's last error: type, message
 
     def run(self, report: PoolReport, progress: bool) -> None:
         workers = {i: self._start(i) for i in range(self._plan.producers)}
@@ -224,10 +225,14 @@ class _LocalPool:
     def _restart(self, index: int, exitcode: int, report: PoolReport) -> tuple[Any, Any]:
         pid = self._plan.producer_id(index)
         if report.restarts[pid] >= self._job.max_restarts:
-            detail = f": {self._errors[pid]}" if pid in self._errors else " (killed?)"
-            raise BatchWeaveError(
-                f"pool {self._plan.name!r}: producer {pid} failed {report.restarts[pid] + 1} times "
-                f"(last exit code {exitcode}){detail}"
+            cause_type, cause = self._errors.get(pid, ("", ""))
+            raise PoolFailedError(
+                self._plan.name,
+                pid,
+                report.restarts[pid] + 1,
+                cause_type,
+                cause,
+                detail=f" (last exit code {exitcode})",
             )
         report.restarts[pid] += 1
         return self._start(index)
@@ -249,14 +254,14 @@ class _LocalPool:
                 report.resumed_at.setdefault(pid, resumed_at)
                 report.metrics[pid] = metrics
             else:  # "error": kept for the message if the restarts run out
-                self._errors[pid] = body
+                self._errors[pid] = (str(body[0]), str(body[1]))
 
 
 def _local_worker(job: PoolJob, index: int, pipe: Any) -> None:
     try:
         resumed_at, metrics = job.produce(index, on_append=lambda i, offset: pipe.send(("appended", offset)))
     except BaseException as exc:
-        pipe.send(("error", f"{type(exc).__name__}: {exc}"))
+        pipe.send(("error", (type(exc).__name__, str(exc))))
         raise
     pipe.send(("done", (resumed_at, metrics)))
     pipe.close()

@@ -47,8 +47,10 @@ from batchweave.commit.shared import SharedState
 from batchweave.commit.turns import GroupTurns
 from batchweave.errors import (
     ConfigError,
+    FlushTimeoutError,
     LayoutError,
     ObjectExistsError,
+    ProducerClosedError,
     SchemaError,
     SourceOffsetError,
     StoreError,
@@ -355,7 +357,8 @@ class Producer:
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Block until everything appended so far is committed (ignores the policy's gap),
-        the TGBs held for a pack included."""
+        the TGBs held for a pack included. Past ``timeout_s`` it raises ``FlushTimeoutError``
+        (a ``TimeoutError``); the TGBs stay pending for the next flush or ``close()``."""
         with self._pack_lock:
             self._write_pack()
         if self._thread is None:
@@ -369,11 +372,8 @@ class Producer:
             try:
                 while self._shared.committed_offset() < target and self._shared.error is None:
                     remaining = None if deadline is None else deadline - time.monotonic()
-                    if remaining is not None and remaining <= 0:
-                        raise TimeoutError(
-                            f"producer {self.producer_id!r}: flush timed out after {timeout_s}s with "
-                            f"{len(self._shared.pending)} TGB(s) uncommitted"
-                        )
+                    if timeout_s is not None and remaining is not None and remaining <= 0:
+                        raise FlushTimeoutError(self.producer_id, timeout_s, len(self._shared.pending))
                     self._shared.cond.wait(remaining)
             finally:
                 self._shared.flush_waiters -= 1
@@ -478,7 +478,7 @@ class Producer:
             self._raised = self._shared.error  # told once: close() does not raise it again
             raise self._shared.error
         if self._shared.closed:
-            raise ConfigError(f"producer {self.producer_id!r} is closed")
+            raise ProducerClosedError(self.producer_id)
         if self._shared.state.end_of_stream:
             raise StreamEndedError(
                 f"namespace {self._store.url} was ended at log version {self._shared.state.version}; no TGB is accepted"

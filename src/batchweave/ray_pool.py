@@ -46,7 +46,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from batchweave.errors import BatchWeaveError, ConfigError
+from batchweave.errors import ConfigError, PoolFailedError
 from batchweave.pooljob import PoolJob, PoolPlan, PoolReport, Progress
 
 __all__ = ["actor_name", "producer_options", "run_ray_pool"]
@@ -212,9 +212,6 @@ def _end(actor: Any) -> None:
     ray.kill(actor, no_restart=True)
 
 
-def _failed(plan: PoolPlan, pid: str, max_restarts: int, exc: BaseException) -> BatchWeaveError:
+def _failed(plan: PoolPlan, pid: str, max_restarts: int, exc: BaseException) -> PoolFailedError:
     cause = getattr(exc, "cause", None) or exc
-    return BatchWeaveError(
-        f"pool {plan.name!r}: producer {pid} failed {max_restarts + 1} times (Ray backend): "
-        f"{type(cause).__name__}: {cause}"
-    )
+    return PoolFailedError(plan.name, pid, max_restarts + 1, type(cause).__name__, str(cause), detail=" (Ray backend)")
