@@ -25,20 +25,13 @@ from checks import RecordingStore
 from worker import payload, tgb
 
 import batchweave as bw
+from batchweave import intent as intent_module
 from batchweave import keys, logrules
 from batchweave.commit import group as group_module
 from batchweave.commit import loop as loop_module
 from batchweave.commit import turns as turns_module
 from batchweave.commit.claims import CLAIM_TICKET, claim_key
-from batchweave.commit.group import (
-    INTENT_FORMAT,
-    GroupCommit,
-    Intent,
-    TurnDelay,
-    decode_intent,
-    encode_intent,
-    intent_key,
-)
+from batchweave.commit.group import GroupCommit, TurnDelay
 from batchweave.commit.intents import IntentBoard
 from batchweave.commit.loop import note_store_failure
 from batchweave.commit.policies import AIMD, DAC, ClaimBackoff, Fixed, Manual, Naive
@@ -51,6 +44,7 @@ from batchweave.errors import (
     StorePermissionError,
     TransientStoreError,
 )
+from batchweave.intent import INTENT_FORMAT, Intent, decode_intent, encode_intent, intent_key
 from batchweave.journal import Journal
 from batchweave.log import Layout, LogState, ProducerState, TGBDescriptor
 from batchweave.schema import Schema
@@ -769,7 +763,7 @@ def test_producers_two_or_more_turns_away_look_again_half_an_interval_before_sta
 def test_intent_keys_parse_only_under_the_prefix_and_with_the_json_suffix(key, parsed):
     """Only ``_intents/<producer>/e<epoch>/<offset>.json`` names an intent; its epoch is
     every digit after the ``e``."""
-    assert group_module.parse_intent_key(key) == parsed
+    assert intent_module.parse_intent_key(key) == parsed
 
 
 def test_group_commit_defaults_and_limits():

@@ -20,10 +20,12 @@ from hypothesis import strategies as st
 from worker import origin_of, tgb
 
 import batchweave as bw
+from batchweave import intent as intents
 from batchweave import keys, logrules
 from batchweave.commit import group
-from batchweave.commit.group import INTENT_FORMAT, GroupCommit, Intent
+from batchweave.commit.group import GroupCommit
 from batchweave.errors import ConfigError, CorruptDataError, ProducerFencedError
+from batchweave.intent import INTENT_FORMAT, Intent
 from batchweave.journal import Journal
 from batchweave.log import Layout, LogState, ProducerState, TGBDescriptor
 from batchweave.store import open_store
@@ -64,24 +66,24 @@ def state_with(**producers: tuple[int, int]) -> LogState:
 
 
 def test_intent_key_round_trips_and_rejects_other_keys():
-    key = group.intent_key("pool.0003-of-0008", 12, 345)
+    key = intents.intent_key("pool.0003-of-0008", 12, 345)
     assert key == "_intents/pool.0003-of-0008/e000012/000000000345.json"
-    assert group.parse_intent_key(key) == ("pool.0003-of-0008", 12, 345)
+    assert intents.parse_intent_key(key) == ("pool.0003-of-0008", 12, 345)
     for other in (
         "_log/00000000000000000001.json",
         "_intents/p/e1/x.json",
         "_intents/p/000001.json",
         "_intents/p/7/1.json",
     ):
-        assert group.parse_intent_key(other) is None
+        assert intents.parse_intent_key(other) is None
 
 
 def test_intent_decodes_back_and_damage_names_the_key():
     it = intent("a", 3, 2)
-    key = group.intent_key("a", 1, 3)
-    assert group.decode_intent(group.encode_intent(it), key) == it
+    key = intents.intent_key("a", 1, 3)
+    assert intents.decode_intent(intents.encode_intent(it), key) == it
     with pytest.raises(CorruptDataError, match="e000001/000000000003"):
-        group.decode_intent(b"{not json", key)
+        intents.decode_intent(b"{not json", key)
 
 
 @pytest.mark.parametrize(
@@ -96,7 +98,7 @@ def test_intent_decodes_back_and_damage_names_the_key():
 )
 def test_malformed_intents_are_refused(bad, problem):
     with pytest.raises(CorruptDataError, match=problem):
-        group.decode_intent(msgspec.json.encode(bad), group.intent_key("b", 1, 0))
+        intents.decode_intent(msgspec.json.encode(bad), intents.intent_key("b", 1, 0))
 
 
 def test_fold_takes_intents_that_continue_each_producer_in_order():
@@ -292,7 +294,7 @@ def quiet(**kwargs) -> GroupCommit:
 
 
 def intents_of(store, producer: str | None = None) -> list[str]:
-    prefix = group.INTENT_PREFIX + (f"{producer}/" if producer else "")
+    prefix = keys.INTENT_PREFIX + (f"{producer}/" if producer else "")
     return sorted(info.key for info in store.list(prefix))
 
 

@@ -23,14 +23,15 @@ from worker import tgb
 import batchweave as bw
 from batchweave import keys, log, logrules
 from batchweave.commit.claims import claim_key
-from batchweave.commit.group import INTENT_FORMAT, INTENT_PREFIX, Intent, encode_intent, intent_key
 from batchweave.commit.policies import Manual
 from batchweave.errors import ConfigError, CorruptDataError, StoreError
+from batchweave.intent import INTENT_FORMAT, Intent, encode_intent, intent_key
 from batchweave.journal import Journal
 from batchweave.journal.headcopies import CopyWriter, read_copy
 from batchweave.journal.objects import LogObjects
 from batchweave.journal.segments import RecentVersions, read_segment
 from batchweave.journal.snapshots import Snapshots
+from batchweave.keys import INTENT_PREFIX
 from batchweave.lifecycle.gc import GCReport
 from batchweave.lifecycle.gcsummary import GC_PREFIX, summary_key
 from batchweave.lifecycle.watermarks import CHECKPOINT_PREFIX, released_key

@@ -23,12 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import obstore.exceptions as obs_errors
+import pool_work
 import pytest
 from conftest import _serve
 from obstore_errors import obstore_status_message
 
 import batchweave as bw
-from batchweave import cli
+from batchweave import cli, keys
 from batchweave.permissions import ROLES, s3_policy
 from batchweave.store import Store, translate_error
 from batchweave.store import core as store_core
@@ -241,6 +242,45 @@ def test_producer_without_delete_permission_commits_directly_and_by_group_commit
     report = bw.collect_garbage(namespace.store("collector"), grace_s=0)
     assert report.deleted_intents >= 1 and report.deleted_probes >= 1
     assert _keys(namespace.store("consumer"), "_intents/") == _keys(namespace.store("consumer"), "_probe/") == []
+
+
+@pytest.mark.parametrize("namespace", _server_params(), indirect=True)
+def test_a_producer_pool_runs_with_the_producer_policy(namespace):
+    """Regression: the pool's driver records its shard list under ``_pools/``, which the
+    producer policy did not grant before the policies were derived from ``keys.WRITERS``."""
+    identity = namespace.server.identities[(namespace.prefix, "producer")]
+    report = bw.run_pool(
+        namespace.url,
+        "prep",
+        list(range(6)),
+        pool_work.tgb_of,
+        producers=2,
+        dp=pool_work.DP,
+        progress=False,
+        end_of_stream=True,
+        storage_options=identity.storage_options(),
+    )
+    assert report.produced == 6
+    assert _keys(namespace.store("consumer"), keys.POOL_PREFIX)  # the shard list's record
+
+
+def test_every_key_prefix_has_writers_and_lives_in_keys():
+    """Each prefix constant is one of ``keys.WRITERS`` or under one, and no module of the
+    package spells a prefix out instead of naming it from ``keys``."""
+    prefixes = {name: value for name, value in vars(keys).items() if name.endswith("_PREFIX")}
+    assert set(keys.WRITERS) <= set(prefixes.values())
+    for name, prefix in prefixes.items():
+        assert any(prefix.startswith(top) for top in keys.WRITERS), name
+    spelled = re.compile(r"[\"'](" + "|".join(re.escape(p) for p in prefixes.values()) + r")")
+    package = Path(bw.__file__).parent
+    found = [
+        f"{path.relative_to(package)}:{number}: {line.strip()}"
+        for path in package.rglob("*.py")
+        if path.name != "keys.py"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if spelled.search(line) and not line.lstrip().startswith("#")
+    ]
+    assert found == [], "\n".join(found)
 
 
 class AmbiguousCountingStore(AmbiguousOnceStore, CountingStore):

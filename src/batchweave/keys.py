@@ -1,12 +1,21 @@
-"""The object keys of a namespace's log and data, and the checks of names and keys. Pure.
+"""Every object key prefix of a namespace, who writes under each, and the checks of
+names and keys. Pure. A new kind of object gets its prefix here, with its writers in
+``WRITERS`` (the IAM policies of ``permissions`` are derived from it).
 
 Keys, relative to the namespace root:
     _log/00000000000000000007.json          version 7 (create-only; the commit point)
     _log/_snapshots/00000000000000000100.json   LogState after version 100
+    _log/_segments/...                      a backlog of versions in one object (``segment``)
     _log/_last_snapshot.json                advisory hint: newest snapshot version, namespace id
     data/<producer>/e<epoch>/<offset>-<token>.<part>.bwb    TGB objects
     _head/03/0007.json                      copy 3 of the newest versions' ring, slot 7
                                             (``journal.headcopies``: version 7, 71, ...)
+    _intents/<producer>/e<epoch>/<offset>.json   group commit's published TGBs (``intent``)
+    _claims/...                             epoch-claim tickets (``commit.claims``)
+    _pools/<pool>/...                       a producer pool's shard lists (``shardlist``)
+    _checkpoints/<checkpoint>/...           training checkpoints' watermarks (``lifecycle.watermarks``)
+    _gc/...                                 garbage collection's run summaries (``lifecycle.gcsummary``)
+    _probe/...                              the create-only probe of a store (``store``)
 The hint is never trusted: readers probe forward from it, so a stale or missing hint
 only costs extra reads. The head copies' slots are overwritten as the log grows; a
 copy counts only for the version number it holds, and is proven like the version.
@@ -20,13 +29,21 @@ from dataclasses import dataclass
 from batchweave.errors import ConfigError, CorruptDataError
 
 __all__ = [
+    "CHECKPOINT_PREFIX",
+    "CLAIM_PREFIX",
     "DATA_PREFIX",
+    "GC_PREFIX",
     "HEAD_COPIES",
     "HEAD_PREFIX",
     "HEAD_RING",
     "HINT_KEY",
+    "INTENT_PREFIX",
     "LOG_PREFIX",
+    "POOL_PREFIX",
+    "PROBE_PREFIX",
+    "SEGMENT_PREFIX",
     "SNAPSHOT_PREFIX",
+    "WRITERS",
     "DataKey",
     "check_data_key",
     "check_name",
@@ -40,9 +57,29 @@ __all__ = [
 
 LOG_PREFIX = "_log/"
 SNAPSHOT_PREFIX = "_log/_snapshots/"
+SEGMENT_PREFIX = "_log/_segments/"
 HINT_KEY = "_log/_last_snapshot.json"
 DATA_PREFIX = "data/"
 HEAD_PREFIX = "_head/"
+INTENT_PREFIX = "_intents/"
+CLAIM_PREFIX = "_claims/"
+POOL_PREFIX = "_pools/"
+CHECKPOINT_PREFIX = "_checkpoints/"
+PROBE_PREFIX = "_probe/"
+GC_PREFIX = "_gc/"
+# Who creates objects under each top-level prefix: the writing roles of ``permissions``
+# (an object store grants puts by prefix). Every prefix above is one of these or under one.
+WRITERS: dict[str, tuple[str, ...]] = {
+    DATA_PREFIX: ("producer",),
+    LOG_PREFIX: ("producer", "collector"),  # versions, snapshots, segments, the hint
+    HEAD_PREFIX: ("producer", "collector"),  # copies of each version a commit writes
+    INTENT_PREFIX: ("producer",),
+    CLAIM_PREFIX: ("producer",),
+    POOL_PREFIX: ("producer",),  # written by run_pool's driver, beside its producers
+    CHECKPOINT_PREFIX: ("trainer", "collector"),  # marks; the collector's releases of dead ones
+    PROBE_PREFIX: ("producer", "collector"),  # every writer of create-only puts probes the store once
+    GC_PREFIX: ("collector",),
+}
 # Slots of each copy's ring: the newest 64 versions (seconds of commits) have copies;
 # readers use them only at the head, and the ring bounds what they cost to keep.
 HEAD_RING = 64

@@ -29,18 +29,15 @@ from __future__ import annotations
 from typing import Any
 
 from batchweave.errors import ConfigError
+from batchweave.keys import WRITERS
 
 __all__ = ["ROLES", "s3_policy"]
 
 ROLES = ("consumer", "trainer", "producer", "collector")
 
-# The object prefixes (relative to the namespace) each writing role creates objects under.
-_PUTS = {
-    "consumer": (),
-    "trainer": ("_checkpoints/",),
-    "producer": ("data/", "_log/", "_head/", "_intents/", "_claims/", "_probe/"),
-    "collector": ("_log/", "_head/", "_checkpoints/", "_probe/", "_gc/"),
-}
+# The object prefixes (relative to the namespace) each role creates objects under, from
+# the one table of prefixes and their writers.
+_PUTS = {role: tuple(prefix for prefix, writers in WRITERS.items() if role in writers) for role in ROLES}
 
 
 def s3_policy(role: str, bucket: str, prefix: str = "") -> dict[str, Any]:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import msgspec
 
 from batchweave.errors import CorruptDataError
-from batchweave.keys import LOG_PREFIX
+from batchweave.keys import SEGMENT_PREFIX
 from batchweave.log import LOG_FORMAT, LogVersion, ReadVersion, check_descriptors
 
 __all__ = [
@@ -35,7 +35,6 @@ __all__ = [
 ]
 
 SEGMENT_FORMAT = "batchweave.segment/1"
-SEGMENT_PREFIX = f"{LOG_PREFIX}_segments/"
 # 32 versions: a reader behind the head makes 1 + 1/32 requests per step with one TGB per
 # version, and a writer copies 32 versions' bytes once per 32 commits.
 SEGMENT_VERSIONS = 32

@@ -57,6 +57,7 @@ from typing import Any, Literal
 import msgspec
 
 from batchweave.errors import ConfigError, CorruptDataError
+from batchweave.keys import POOL_PREFIX
 
 __all__ = [
     "POOL_PREFIX",
@@ -74,7 +75,6 @@ __all__ = [
 ]
 
 SHARDS_FORMAT = "batchweave.pool-shards/1"
-POOL_PREFIX = "_pools/"
 _MAX_DEPTH = 16  # nesting of lists and dicts inside one shard; deeper is a mistake (or a cycle)
 _DIGEST = re.compile(r"[0-9a-f]{32}")  # BLAKE2b with 16-byte digests, in hex
 _RECORD_NAME = re.compile(r"^(\d{20})\.json$")

@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from batchweave import logrules
+from batchweave.keys import CLAIM_PREFIX
 from batchweave.log import Layout, LogState, LogVersion, ProducerState
 from batchweave.logrules import next_epoch
 
@@ -46,7 +47,6 @@ __all__ = [
     "parse_claim_key",
 ]
 
-CLAIM_PREFIX = "_claims/"
 CLAIM_TICKET = b"batchweave.claim/1\n"  # what a ticket holds: its key says everything
 _KEY = re.compile(
     r"^_claims/(?P<producer>[^/]+)/e(?P<epoch>\d{6,})/(?P<dp>\d+)x(?P<cp>\d+)-(?P<incarnation>[0-9a-f]+)$"

@@ -30,94 +30,26 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 
-from batchweave import log, logrules
-from batchweave.errors import ConfigError, CorruptDataError
+from batchweave import logrules
+from batchweave.errors import ConfigError
+from batchweave.intent import Intent
 from batchweave.log import LogState, LogVersion, ProducerState, TGBDescriptor
 from batchweave.reading.polling import HEAD_BUDGET_PER_S
 from batchweave.schema import Schema
 
 __all__ = [
-    "INTENT_FORMAT",
-    "INTENT_PREFIX",
     "GroupCommit",
-    "Intent",
     "TurnDelay",
     "build_group_commit",
-    "decode_intent",
-    "encode_intent",
     "fold_intents",
     "follow_pause_s",
-    "intent_key",
-    "parse_intent_key",
     "rotation",
     "turn_rank",
 ]
 
-INTENT_FORMAT = "batchweave.intent/1"
-INTENT_PREFIX = "_intents/"
 _MIN_STAGGER_S = 0.05
 _MAX_STAGGER_S = 2.0  # the least cap of a learned stagger; see GroupCommit.max_stagger_s
 _DEFAULT_COMMIT_S = 0.25  # before any commit was timed: a few cloud round trips
-
-
-class Intent(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """Descriptors of consecutive TGBs of one producer incarnation, waiting to be folded."""
-
-    format: str
-    producer: str
-    epoch: int
-    tgbs: list[TGBDescriptor]
-
-    @property
-    def first_offset(self) -> int:
-        return self.tgbs[0].source_offset
-
-    @property
-    def end_offset(self) -> int:
-        """One past the last offset it carries."""
-        return self.tgbs[-1].source_offset + 1
-
-
-def intent_key(producer: str, epoch: int, first_offset: int) -> str:
-    return f"{INTENT_PREFIX}{producer}/e{epoch:06d}/{first_offset:012d}.json"
-
-
-def parse_intent_key(key: str) -> tuple[str, int, int] | None:
-    """(producer, epoch, first offset) of an intent key; None for anything else."""
-    parts = key[len(INTENT_PREFIX) :].split("/") if key.startswith(INTENT_PREFIX) else []
-    if len(parts) != 3 or not parts[1].startswith("e") or not parts[2].endswith(".json"):
-        return None
-    epoch, offset = parts[1][1:], parts[2][: -len(".json")]
-    if not (epoch.isdigit() and offset.isdigit()):
-        return None
-    return parts[0], int(epoch), int(offset)
-
-
-_encoder = msgspec.json.Encoder()
-_INTENT_DECODER = msgspec.json.Decoder(Intent)  # built once at import: see log._VERSION_DECODER
-
-
-def encode_intent(intent: Intent) -> bytes:
-    return _encoder.encode(intent)
-
-
-def decode_intent(data: bytes | memoryview, key: str) -> Intent:
-    """Parse an intent and check it against its key: one producer, one epoch, dense offsets."""
-    try:
-        intent = _INTENT_DECODER.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError) as exc:
-        raise CorruptDataError(key, f"damaged intent: {exc}") from exc
-    if intent.format != INTENT_FORMAT:
-        raise CorruptDataError(key, f"unsupported intent format {intent.format!r} (this reader knows {INTENT_FORMAT})")
-    if not intent.tgbs:
-        raise CorruptDataError(key, "intent carries no TGB")
-    if parse_intent_key(key) != (intent.producer, intent.epoch, intent.first_offset):
-        raise CorruptDataError(key, f"intent of {intent.producer}@{intent.first_offset} e{intent.epoch} under this key")
-    for expected, tgb in enumerate(intent.tgbs, start=intent.first_offset):
-        if (tgb.producer, tgb.epoch, tgb.source_offset) != (intent.producer, intent.epoch, expected):
-            raise CorruptDataError(key, f"TGB {tgb.producer}@{tgb.source_offset} e{tgb.epoch} breaks the intent")
-    log.check_descriptors(intent.tgbs, key)
-    return intent
 
 
 def fold_intents(

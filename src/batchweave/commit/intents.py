@@ -12,16 +12,9 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from batchweave.commit.group import (
-    INTENT_FORMAT,
-    INTENT_PREFIX,
-    Intent,
-    decode_intent,
-    encode_intent,
-    intent_key,
-    parse_intent_key,
-)
 from batchweave.errors import CorruptDataError, ObjectExistsError, ObjectNotFoundError, StoreError
+from batchweave.intent import INTENT_FORMAT, Intent, decode_intent, encode_intent, intent_key, parse_intent_key
+from batchweave.keys import INTENT_PREFIX
 from batchweave.log import LogState, TGBDescriptor
 from batchweave.store import Store
 

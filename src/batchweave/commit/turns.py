@@ -13,18 +13,12 @@ import random
 import time
 
 from batchweave import log, logrules, retry
-from batchweave.commit.group import (
-    GroupCommit,
-    Intent,
-    build_group_commit,
-    follow_pause_s,
-    intent_key,
-    turn_rank,
-)
+from batchweave.commit.group import GroupCommit, build_group_commit, follow_pause_s, turn_rank
 from batchweave.commit.intents import IntentBoard
 from batchweave.commit.loop import PublishedMetrics, note_store_failure, without_stall
 from batchweave.commit.shared import SharedState
 from batchweave.errors import StoreError
+from batchweave.intent import Intent, intent_key
 from batchweave.journal import Journal
 from batchweave.log import LogState
 from batchweave.store import Store

@@ -12,7 +12,7 @@ from batchweave.demo.processes import Processes
 from batchweave.demo.render import render_live
 from batchweave.demo.story import Story
 from batchweave.journal import Journal
-from batchweave.keys import parse_data_key
+from batchweave.keys import DATA_PREFIX, parse_data_key
 from batchweave.lifecycle.gc import collect_garbage
 from batchweave.lifecycle.watermarks import CHECKPOINT_PREFIX, read_watermarks, release_checkpoint
 from batchweave.log import LogState
@@ -95,7 +95,7 @@ class DemoRun:
         """This incarnation's data objects at offsets the log has not committed: in the
         store, but named by no log version (it records the producer's next offset)."""
         found = []
-        for info in self.store.list(f"data/{pid}/"):
+        for info in self.store.list(f"{DATA_PREFIX}{pid}/"):
             parsed = parse_data_key(info.key)
             if parsed and parsed.epoch == epoch and parsed.offset >= committed:
                 found.append((info.key, info.size))

@@ -24,11 +24,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from batchweave import keys, log, logrules
-from batchweave.commit.claims import CLAIM_PREFIX, dead_tickets
-from batchweave.commit.group import INTENT_PREFIX, decode_intent, parse_intent_key
+from batchweave.commit.claims import dead_tickets
 from batchweave.errors import CorruptDataError, ObjectExistsError, ObjectNotFoundError, TransientStoreError
+from batchweave.intent import decode_intent, parse_intent_key
 from batchweave.journal import Journal
-from batchweave.keys import parse_data_key
+from batchweave.keys import CLAIM_PREFIX, INTENT_PREFIX, parse_data_key
 from batchweave.lifecycle.gcsummary import (
     GC_PREFIX,
     SUMMARY_FORMAT,

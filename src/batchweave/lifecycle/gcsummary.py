@@ -25,6 +25,7 @@ from __future__ import annotations
 import msgspec
 
 from batchweave.errors import CorruptDataError
+from batchweave.keys import GC_PREFIX
 from batchweave.log import digest
 
 __all__ = [
@@ -38,7 +39,6 @@ __all__ = [
     "summary_version",
 ]
 
-GC_PREFIX = "_gc/"
 SUMMARY_FORMAT = "batchweave.gc-summary/1"
 
 

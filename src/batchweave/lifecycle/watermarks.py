@@ -29,6 +29,7 @@ import msgspec
 from batchweave import keys
 from batchweave.errors import ConfigError, CorruptDataError, ObjectExistsError, ObjectNotFoundError
 from batchweave.journal import Journal
+from batchweave.keys import CHECKPOINT_PREFIX
 from batchweave.log import LogState
 from batchweave.store import ObjectInfo, Store, open_store
 
@@ -48,7 +49,6 @@ __all__ = [
     "write_watermark",
 ]
 
-CHECKPOINT_PREFIX = "_checkpoints/"
 WATERMARK_FORMAT = "batchweave.watermark/1"
 _RELEASED = "_released"
 

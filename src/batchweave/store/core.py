@@ -23,7 +23,7 @@ from batchweave.errors import (
     StorePermissionError,
     TransientStoreError,
 )
-from batchweave.keys import HEAD_COPIES
+from batchweave.keys import HEAD_COPIES, PROBE_PREFIX
 from batchweave.store.backends import build_backend
 from batchweave.store.identity import store_identity
 from batchweave.store.info import ObjectInfo
@@ -67,7 +67,6 @@ os.register_at_fork(after_in_child=_new_handle_lock)
 
 # Where the create-only probe writes (require_create_only); the garbage collector deletes
 # what a writer without delete permission left there.
-PROBE_PREFIX = "_probe/"
 _CONDITIONAL_STORES = (
     "Use a store (or a newer version of this server) that supports conditional writes: "
     "AWS S3, MinIO, SeaweedFS, GCS or Azure Blob Storage."

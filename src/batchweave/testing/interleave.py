@@ -3,7 +3,7 @@
     from batchweave.testing import Background, PausingStore
 
     store = PausingStore(url)
-    gate = store.pause("put_if_absent", r"_log/\\d+\\.json")   # the next commit attempt
+    gate = store.pause("put_if_absent", keys.LOG_PREFIX + r"\\d+\\.json")  # the next commit attempt
     gc = Background(collect_garbage, store)                # runs until it reaches the put
     gate.wait_reached()                                     # ... and is held there
     ...                                                     # anything else happens now
@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from batchweave import keys
 from batchweave.errors import TransientStoreError
 from batchweave.store import Store
 
@@ -143,7 +144,7 @@ class AmbiguousOnceStore(Store):
 
     def put_if_absent(self, key: str, data: bytes | memoryview) -> None:
         super().put_if_absent(key, data)
-        if self.armed and self.fired is None and key.startswith("_log/0"):
+        if self.armed and self.fired is None and key.startswith(keys.LOG_PREFIX + "0"):
             self.fired = key
             raise TransientStoreError(key, "simulated timeout after the write was applied")
 

@@ -18,8 +18,8 @@ from typing import Any
 import msgspec
 
 from batchweave import keys, log
-from batchweave.commit.claims import CLAIM_PREFIX, CLAIM_TICKET, claim_key
-from batchweave.commit.group import INTENT_PREFIX, GroupCommit, build_group_commit, decode_intent
+from batchweave.commit.claims import CLAIM_TICKET, claim_key
+from batchweave.commit.group import GroupCommit, build_group_commit
 from batchweave.commit.policies import DAC, Manual
 from batchweave.consumer import Consumer
 from batchweave.errors import (
@@ -31,10 +31,10 @@ from batchweave.errors import (
     StreamEndedError,
     TransientStoreError,
 )
+from batchweave.intent import decode_intent
 from batchweave.journal import Journal
 from batchweave.keys import version_key
 from batchweave.lifecycle.gc import collect_garbage
-from batchweave.lifecycle.gcsummary import GC_PREFIX
 from batchweave.lifecycle.watermarks import release_checkpoint
 from batchweave.log import Layout, ProducerState
 from batchweave.producer import Producer, end_stream
@@ -48,8 +48,6 @@ from batchweave.testing.simulation.scheduler import Actor
 from batchweave.testing.simulation.world import ALIGNED, World, role
 
 __all__ = ["spawn_all"]
-
-_CKPT_PREFIX = "_checkpoints/"
 
 
 def spawn_all(world: World) -> None:
@@ -370,7 +368,7 @@ def collector(world: World, actor: Actor) -> None:
         try:
             collect_garbage(world.store, grace_s=world.choices.pick((600.0, 0.0, 60.0)), marks=marks)
         except CorruptDataError as exc:
-            if not exc.key.startswith(_CKPT_PREFIX):  # a damaged watermark is refused by name
+            if not exc.key.startswith(keys.CHECKPOINT_PREFIX):  # a damaged watermark is refused by name
                 world.model.violation("unexpected-error", actor.name, f"CorruptDataError: {exc}")
         except StoreError:
             pass  # the log kept moving under it (several collectors): typed, and it tries again
@@ -396,13 +394,13 @@ def damager(world: World, actor: Actor) -> None:
         elif what == 5:
             _forge_summary(world)
         elif what == 0:
-            store.put("_log/_last_snapshot.json", b'{"version": [')
+            store.put(keys.HINT_KEY, b'{"version": [')
         elif what == 1:
-            _damage_one(world, "_log/_segments/", b"\x78\x9c garbage")
+            _damage_one(world, keys.SEGMENT_PREFIX, b"\x78\x9c garbage")
         elif what == 2:
-            _damage_one(world, "_intents/", b'{"format": "batchweave.intent/1", "tgbs": [')
+            _damage_one(world, keys.INTENT_PREFIX, b'{"format": "batchweave.intent/1", "tgbs": [')
         elif what == 3:
-            key, original = _damage_one(world, _CKPT_PREFIX, b'{"format": 7}', suffix=".json")
+            key, original = _damage_one(world, keys.CHECKPOINT_PREFIX, b'{"format": 7}', suffix=".json")
             if key is not None and original is not None:
                 world.pause((30.0, 300.0))
                 store.put(key, original)  # restored: collection may go on
@@ -430,7 +428,7 @@ def _stale_ticket(world: World) -> None:
     producer = sorted(epochs)[world.choose(len(epochs))]
     layout = Layout(world.config.dp, 1)
     world.store.put(claim_key(producer, epochs[producer], layout, f"{world.choose(1 << 16):x}"), CLAIM_TICKET)
-    world.store.put(f"{CLAIM_PREFIX}{producer}/not-a-ticket", b"")
+    world.store.put(f"{keys.CLAIM_PREFIX}{producer}/not-a-ticket", b"")
 
 
 def _forge_summary(world: World) -> None:
@@ -438,10 +436,10 @@ def _forge_summary(world: World) -> None:
     digest line. Believed, it would make every stored TGB an orphan; the next collection
     must see that the digest does not match, read the log instead, and delete nothing
     the log references."""
-    keys = [info.key for info in world.store.list(GC_PREFIX)]
-    if not keys:
+    summaries = [info.key for info in world.store.list(keys.GC_PREFIX)]
+    if not summaries:
         return
-    key = keys[world.choose(len(keys))]
+    key = summaries[world.choose(len(summaries))]
     original = world.store.peek(key)
     if original is None:
         return
@@ -534,7 +532,7 @@ def _stale_fold(world: World, version: int) -> log.LogVersion | None:
         return None
     intents = []
     for key, (body, _) in sorted(world.store.objects.items()):
-        if key.startswith(INTENT_PREFIX):
+        if key.startswith(keys.INTENT_PREFIX):
             try:
                 intents.append(decode_intent(body, key))
             except CorruptDataError:

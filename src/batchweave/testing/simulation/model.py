@@ -33,9 +33,9 @@ from batchweave.log import LogState, LogVersion, TGBDescriptor
 
 __all__ = ["Model", "Violation", "payload"]
 
-VERSION_KEY = re.compile(r"_log/(\d{20})\.json")  # a log version's key; group 1: its number
-_MARK_KEY = re.compile(r"_checkpoints/([^/]+)/(\d+)-(\d+)\.json")
-_RELEASED_KEY = re.compile(r"_checkpoints/([^/]+)/_released")
+VERSION_KEY = re.compile(re.escape(keys.LOG_PREFIX) + r"(\d{20})\.json")  # a log version's key; group 1: its number
+_MARK_KEY = re.compile(re.escape(keys.CHECKPOINT_PREFIX) + r"([^/]+)/(\d+)-(\d+)\.json")
+_RELEASED_KEY = re.compile(re.escape(keys.CHECKPOINT_PREFIX) + r"([^/]+)/_released")
 
 
 def payload(producer_id: str, offset: int, index: int) -> bytes:

@@ -23,6 +23,7 @@ from typing import Any
 
 import greenlet
 
+from batchweave import keys
 from batchweave.errors import TransientStoreError
 from batchweave.testing.simulation.choices import Choices
 
@@ -151,7 +152,7 @@ class Scheduler:
         assert op is not None
         if actor.ambiguous_at == 0 or actor.ops < actor.ambiguous_at:
             return
-        if op.name != "put_if_absent" or not op.key.startswith("_log/0"):
+        if op.name != "put_if_absent" or not op.key.startswith(keys.LOG_PREFIX + "0"):
             return  # the first log-version put from its ambiguous_at-th operation on
         actor.ambiguous_at = 0
         op.timeout = "applied" if self.choices.choose(2) == 1 else "lost"

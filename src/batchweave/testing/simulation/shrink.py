@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from batchweave import keys
 from batchweave.testing.simulation.choices import Choices
 from batchweave.testing.simulation.run import Result, simulate
 from batchweave.testing.simulation.world import Config, role
@@ -134,7 +135,12 @@ def _in_story(entry: tuple[float, str, str, str], culprits: set[str]) -> bool:
     _, actor, op, key = entry
     if actor in culprits or op in ("CRASH", "exit", "HUB"):
         return True
-    return op != "get" and op != "list" and op != "size" and (key.startswith(("_log/0", "_checkpoints/")))
+    return (
+        op != "get"
+        and op != "list"
+        and op != "size"
+        and (key.startswith((keys.LOG_PREFIX + "0", keys.CHECKPOINT_PREFIX)))
+    )
 
 
 def format_trace(result: Result, last: int | None = None, story: bool = False) -> str:
