@@ -1,11 +1,13 @@
 """``bench exactly-once`` (benchmarks/exactly_once.py): the control's versions are well
 formed and as large as the producer's, the run over time keeps both arms of each log on
 a manifest of the same size and charges the growing manifest to both, and the windows
-summarise by medians without the last round's overrun.
+summarise by medians without the last round's overrun; a point's margin is its paired
+differences' 95% interval.
 """
 
 from __future__ import annotations
 
+import math
 import uuid
 
 import msgspec
@@ -19,6 +21,7 @@ from benchmarks.exactly_once import (
     SERIES_MODEL,
     SeriesPlan,
     _control_body,
+    _margin,
     _producer,
     _warm_up,
     run_series,
@@ -97,10 +100,18 @@ def test_the_verdict_gives_each_log_its_first_and_last_window_beside_the_paper()
         "tgb_slices": 8,
         "payload_bytes": 100_000,
         "overhead": 0.04,
+        "overhead_ci95": 0.025,
         "anchor_check_cost": 0.3,
     }
     rows = [point, window_row(GROWING, 1, 0.05), window_row(GROWING, 40_000, 0.01), window_row(FLAT, 1, 0.04)]
     rows.append(window_row(FLAT, 40_000, 0.039))
-    *_, over_run = verdict(rows)
+    points, _, over_run = verdict(rows)
+    assert "mean +4.0%, worst +4.0% at 8 slices / 100 KB, each point within +-2.5% (95%" in points
     assert f"{GROWING} +5.0% -> +1.0% (manifest 1 -> 40,000 TGBs" in over_run
     assert f"{FLAT} +4.0% -> +3.9%" in over_run and "+40.6% -> +32.4%" in over_run
+
+
+def test_a_points_margin_is_the_paired_differences_confidence_interval():
+    assert _margin([1.1, 1.2], [1.0, 1.0]) == pytest.approx(1.96 * 0.0707107 / 2**0.5, rel=1e-5)
+    assert _margin([1.0, 1.0, 1.0], [0.5, 0.5, 0.5]) == 0  # a steady difference is certain
+    assert math.isnan(_margin([1.0], [0.9]))  # one pair says nothing of its spread
