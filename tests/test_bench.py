@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -31,12 +32,8 @@ REQUIRED = {
     "producer-scale": INGESTION | {"set", "visibility_p95_s", "cpu_per_producer_s_per_s", "follow_cpu_s_per_s"},
     "commit-cost": {"history_tgbs", "fragile_window_p50_s", "fragile_window_p95_s"},
     "exactly-once": {
-        "tgb_slices",
-        "payload_bytes",
-        "commit_latency_state_s",
-        "commit_latency_control_s",
-        "commit_latency_unanchored_s",
-        "anchor_check_cost",
+        *("kind", "log", "tgb_slices", "payload_bytes"),
+        *("commit_latency_state_s", "commit_latency_control_s", "overhead", "samples"),
     },
     "lifecycle": {"deletion", "step", "bytes_stored"},
     "gc-history": {"versions", "run", "requests", "log_version_reads"},
@@ -156,12 +153,29 @@ def test_quick_benchmark_writes_its_three_files(name, workload, tmp_path):
         (latency,) = [r for r in result["results"] if r["kind"] == "latency"]
         ordered = [latency[f"latency_{q}_s"] for q in ("p50", "p95", "p99", "max")]
         assert 0 < ordered[0] and ordered == sorted(ordered) and latency["samples"] == len(result["series"]["latency"])
+    if name == "exactly-once":  # the points, and the run over time on both logs
+        check_exactly_once(result, (out / f"{stem}.md").read_text())
     if name == "shuffle-quality":  # ours mixes like a uniform shuffle, and keeps every share within 2
         check_shuffle_quality(result["results"])
     assert (out / f"{stem}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (out / f"{stem}.md").read_text()
     assert table.startswith(f"# {stem}") and table.count("\n|") >= len(result["results"]) + 1
     assert str(out / f"{stem}.json") in done.stdout  # the paths are printed for scripts
+
+
+def check_exactly_once(result: dict, table: str) -> None:
+    """The points carry the anchor check's cost and their margin; each log has windows over the run, its
+    manifest growing; the verdict names both logs beside the paper's decline."""
+    rows = result["results"]
+    points = [r for r in rows if r["kind"] == "point"]
+    assert len(points) == 4 and all(r["commit_latency_unanchored_s"] > 0 <= r["overhead_ci95"] for r in points), points
+    for name in ("growing manifest (paper)", "delta log (ours)"):
+        mine = [r for r in rows if r["kind"] == "window" and r["log"] == name]
+        assert len(mine) >= 2 and all(r["samples"] >= 1 and r["commit_latency_control_s"] > 0 for r in mine), mine
+        assert [r["manifest_tgbs"] for r in mine] == sorted(r["manifest_tgbs"] for r in mine), mine
+        assert mine[-1]["manifest_tgbs"] > mine[0]["manifest_tgbs"] and mine[-1]["elapsed_s"] > mine[0]["elapsed_s"]
+        assert result["series"][name], name
+        assert re.search(rf"{re.escape(name)} [+-][0-9.]+% -> [+-][0-9.]+%", table), table
 
 
 def check_shuffle_quality(rows: list[dict]) -> None:
