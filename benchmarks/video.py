@@ -402,7 +402,7 @@ def plot(result: BenchResult, figure: Any) -> None:
     rows = result.results
     figure.suptitle(
         "Paper Fig. 1: training-time preprocessing inflates data by configuration-dependent factors "
-        "(ready-to-train bytes / raw bytes, log scale)",
+        "(ready-to-train bytes / raw bytes, log scale, one y scale for all four)",
         fontsize=12,
     )
     crf = axis_rows(rows, "video", CRF_AXIS)
@@ -412,28 +412,48 @@ def plot(result: BenchResult, figure: Any) -> None:
     _ratio_line(panels["clip_res"], [r["image_size"] for r in images], images, "training resolution (px)")
     panels["clip_res"].set_title(f"(b) image-text\n{PAPER_RANGES['image-text', CLIP_RESOLUTION_AXIS]}", fontsize=9)
     grid = axis_rows(rows, "video", GRID_AXIS)
-    for frames in sorted({r["frames"] for r in grid}):
+    histories = sorted({r["frames"] for r in grid})
+    for frames in histories:  # the top line's values above it, the others' below (near lines would collide)
         line = [r for r in grid if r["frames"] == frames]
         sizes = [r["image_size"] for r in line]
-        _ratio_line(panels["grid"], sizes, line, "resize resolution (px)", f"{frames}-frame history")
+        above = frames == histories[-1]
+        _ratio_line(panels["grid"], sizes, line, "resize resolution (px)", f"{frames}-frame history", above)
     panels["grid"].legend(fontsize=7, loc="upper left")
     panels["grid"].set_title(f"(c) robot video, resize x history\n{PAPER_RANGES['video', GRID_AXIS]}", fontsize=9)
     length = axis_rows(rows, "video", CLIP_AXIS)
     _ratio_line(panels["length"], [r["clip_s"] for r in length], length, "clip length (s) at 2 FPS")
     panels["length"].set_title("(d) robot video, clip length\n(frames and packets read grow together)", fontsize=9)
+    # One y scale for the four, so that a flat axis looks flat and the ranges compare at a glance.
+    ratios = [r["expansion"] for r in crf + images + grid + length]
+    for name in ("clip_res", "grid", "length"):
+        panels[name].sharey(panels["crf"])
+    panels["crf"].set_ylim(min(1.0, min(ratios)) / 2, max(ratios) * 4)
     _latency_panel(panels["latency"], result)
 
 
-def _ratio_line(axes: Any, xs: list[float], rows: list[dict], xlabel: str, label: str | None = None) -> None:
-    """Expansion against a configuration value, each point annotated with its ratio."""
+def _ratio_line(
+    axes: Any, xs: list[float], rows: list[dict], xlabel: str, label: str | None = None, above: bool = True
+) -> None:
+    """Expansion against a configuration value, each point annotated with its ratio; 1x (no growth) dashed."""
     ys = [r["expansion"] for r in rows]
-    axes.plot(xs, ys, marker="o", label=label)
-    for x, y in zip(xs, ys, strict=True):
-        axes.annotate(ratio(y), (x, y), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
+    (drawn,) = axes.plot(xs, ys, marker="o", label=label)
+    offset, align = ((0, 6), "bottom") if above else ((0, -8), "top")
+    for x, y in zip(xs, ys, strict=True):  # in the line's colour, so a label near another line is still its own
+        axes.annotate(
+            ratio(y),
+            (x, y),
+            textcoords="offset points",
+            xytext=offset,
+            ha="center",
+            va=align,
+            fontsize=7,
+            color=drawn.get_color(),
+        )
+    axes.axhline(1.0, color="tab:grey", linestyle="--", linewidth=0.8)
     axes.set_yscale("log")
     axes.set_xlabel(xlabel)
     axes.set_ylabel("ready / raw (x, log)")
-    axes.margins(x=0.1, y=0.25)
+    axes.margins(x=0.1)
 
 
 def _latency_panel(axes: Any, result: BenchResult) -> None:
