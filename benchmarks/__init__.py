@@ -12,6 +12,10 @@ Each benchmark is a module here with ``run(options, progress) -> BenchResult`` a
 (``WORKLOADS``: ``bench e2e --workload video``); its files are then named after the
 result (``e2e-video.json``). Benchmarks measure ratios between things run side by side in one
 process, since absolute times on a shared 2-core machine are noisy.
+
+``batchweave bench --replot DIR/NAME.json`` (or ``python -m benchmarks --replot ...``) draws
+a written result's figure again from its JSON alone, into ``DIR/NAME.png``, with the plot of
+the benchmark the JSON names (``replot``): a figure made more legible keeps its numbers.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import os
 import sys
 from pathlib import Path
 
-__all__ = ["BENCHMARKS", "WORKLOADS", "load", "main", "missing", "workload_of"]
+__all__ = ["BENCHMARKS", "WORKLOADS", "benchmark_of", "load", "main", "missing", "replot", "workload_of"]
 
 # name -> (module here, what it imports beyond batchweave's own dependencies). Every one
 # draws its figure with matplotlib; the modules are imported only to run one.
@@ -70,6 +74,63 @@ _PIP_NAMES = {
 def load(name: str):
     """The benchmark module for ``name``."""
     return importlib.import_module(f"benchmarks.{BENCHMARKS[name][0]}")
+
+
+def benchmark_of(result_name: str) -> str:
+    """The benchmark (a ``BENCHMARKS`` name) that writes results named ``result_name``: its own
+    name, or NAME-WORKLOAD for a workload other than its default (``e2e-video``: ``e2e``).
+    ConfigError for any other name."""
+    from batchweave.errors import ConfigError
+
+    if result_name in BENCHMARKS:
+        return result_name
+    for name, workloads in WORKLOADS.items():
+        if result_name in {f"{name}-{w}" for w in list(workloads)[1:]}:  # the default's files are NAME.*
+            return name
+    known = sorted([*BENCHMARKS, *(f"{n}-{w}" for n, ws in WORKLOADS.items() for w in list(ws)[1:])])
+    raise ConfigError(f"no benchmark writes results named {result_name!r}; known: {', '.join(known)}")
+
+
+def replot(json_paths: list[Path]) -> list[Path]:
+    """Draw each written result's figure again from its JSON alone, into the PNG beside it
+    (``DIR/NAME.json`` -> ``DIR/NAME.png``), with the plot of the benchmark the JSON names.
+    Nothing is measured and the JSON and Markdown are left as they are.
+
+    Every JSON is read and checked before any figure is drawn: ConfigError (naming the
+    file) if one is absent, not a benchmark's result, or names no benchmark here, or if
+    what drawing needs is not installed.
+    """
+    from batchweave.errors import ConfigError
+    from benchmarks.report import draw_figure, load_result
+
+    jobs = []
+    for path in json_paths:
+        result = load_result(path)
+        try:
+            name = benchmark_of(result.benchmark)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+        jobs.append((path, result, _plot_of(name)))
+    return [draw_figure(result, plot, path.with_suffix(".png")) for path, result, plot in jobs]
+
+
+def _plot_of(name: str):
+    """Benchmark ``name``'s ``plot``; ConfigError naming what pip must install if its module
+    (or matplotlib) cannot be imported here."""
+    from batchweave.errors import ConfigError
+
+    try:
+        importlib.import_module("matplotlib")
+        return load(name).plot
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").split(".")[0]
+        if top in ("benchmarks", "batchweave", "examples"):  # ours: a bug, not a missing dependency
+            raise
+        needed = _PIP_NAMES.get(top, top)
+        raise ConfigError(
+            f"drawing bench {name}'s figure needs {needed}, not installed here: "
+            "pip install -e '.[bench]' in the checkout (or pip install 'batchweave[bench]')"
+        ) from None
 
 
 def workload_of(name: str, workload: str | None) -> str | None:

@@ -1,5 +1,6 @@
-"""``python -m benchmarks NAME [--quick] --out DIR [--store ...] [--workload ...]``: ``batchweave bench``
-from the root of a checkout (the same command line, the same checks)."""
+"""``python -m benchmarks NAME [--quick] --out DIR [--store ...] [--workload ...]`` or
+``python -m benchmarks --replot DIR/NAME.json ...``: ``batchweave bench`` from the root of a
+checkout (the same command line, the same checks)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``bench consumers``: the reading side (paper 7.4, Fig. 12). Per-rank throughput, step
+"""``bench consumers``: the reading side (paper 7.4, Fig. 10). Per-rank throughput, step
 time P50/P95, read amplification, requests per step, first-batch time and exact resume
 of a training rank reading its slice of every step, against world size and payload.
 
@@ -46,6 +46,7 @@ import os
 import statistics
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -749,42 +750,195 @@ def _met(ok: bool) -> str:
 # ---------------------------------------------------------------------- figure
 
 
+@dataclass(frozen=True, slots=True)
+class Style:
+    """How one system is drawn, and what the legend (and, shorter, a note) calls it."""
+
+    label: str
+    short: str
+    colour: str
+    marker: str
+    line: str | tuple[float, tuple[float, ...]]
+    width: float = 1.3
+    on_top: int = 2  # zorder: the headline comparison above the rest
+
+
+# One colour (tab10, and black) and one marker per system, so no two look alike; the line
+# says the kind (solid: one rank alone, dashed: all W ranks at once, dotted and dash-dot:
+# the other libraries). BatchWeave and the whole-TGB reads (the paper's dense baseline,
+# the comparison its Fig. 10 makes) are thick; the whole-TGB line is drawn last, on top:
+# its read amplification equals Streaming per-rank's, which used to hide it.
+WHOLE_TGB = "dense"
+STYLES: dict[str, Style] = {
+    "batchweave": Style("BatchWeave, one rank", "BatchWeave", "tab:blue", "o", "-", 2.6, on_top=4),
+    "batchweave-all-ranks": Style(
+        "BatchWeave, all W ranks at once", "BatchWeave, all ranks", "tab:cyan", "o", "--", 2.0, on_top=3
+    ),
+    WHOLE_TGB: Style(
+        "whole-TGB reads (the paper's dense baseline)", "whole-TGB reads", "tab:red", "D", "-", 2.6, on_top=5
+    ),
+    "raw-range": Style("raw range reads, one rank", "raw range reads", "tab:green", "s", "-"),
+    "raw-range-all-ranks": Style(
+        "raw range reads, all W ranks at once", "raw range reads, all ranks", "tab:olive", "s", "--"
+    ),
+    "streaming-default": Style("MosaicML Streaming, default", "Streaming", "tab:orange", "^", ":"),
+    "streaming-per-rank": Style("MosaicML Streaming, per rank", "Streaming per rank", "tab:brown", "v", ":"),
+    "litdata-default": Style("LitData, default", "LitData", "tab:purple", "<", "-."),
+    "litdata-per-rank": Style("LitData, per rank", "LitData per rank", "tab:pink", ">", "-."),
+    "webdataset": Style("WebDataset, global-order shards", "WebDataset", "tab:gray", "P", (0, (6, 2))),
+    "webdataset-per-rank": Style("WebDataset, per-rank shards", "WebDataset per rank", "black", "X", (0, (6, 2))),
+}
+# Read amplification up to this is drawn under BatchWeave's line (about 1x on a log axis);
+# values this close (relative) to another line's are drawn under it.
+NEAR_ONE, SAME = 1.1, 0.02
+# (record key, row label, factor to the unit shown): one row of panels each.
+MEASURES = (
+    ("throughput_mb_s", "throughput per rank\n(MB/s, log)", 1.0),
+    ("step_p95_s", "P95 wait between steps\n(ms, log)", 1e3),
+    ("read_amplification", "read amplification\n(GET bytes / bytes used, log)", 1.0),
+)
+# Each store's name in the title, and in a column's title (short) when both were measured.
+STORE_NAMES = {
+    "latency": ("SeaweedFS behind a cloud latency model", "cloud latency model"),
+    "seaweedfs": ("SeaweedFS on this machine, no added latency", "SeaweedFS, no added latency"),
+}
+
+
 def plot(result: BenchResult, figure: Any) -> None:
-    """Per-rank throughput by world size, one panel per payload and store (Fig. 12), and
-    read amplification in the last column."""
+    """The paper's Fig. 10: per-rank throughput, P95 step time and read amplification
+    against world size; one row per measure, one column per payload (and store)."""
     rows = result.results
-    payloads = sorted({r["payload_bytes"] for r in rows})
     stores = [s for s in STORES if any(r["store"] == s for r in rows)]
-    axes = figure.subplots(len(stores), len(payloads) + 1, squeeze=False)
-    for i, store in enumerate(stores):
-        for j, payload in enumerate(payloads):
-            ax = axes[i][j]
-            _lines(ax, [r for r in rows if r["store"] == store and r["payload_bytes"] == payload], "throughput_mb_s")
-            ax.set(title=f"{store}, {payload // 1000} KB/rank", xlabel="world size", ylabel="MB/s per rank")
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")  # the systems differ by orders of magnitude
-        amp = axes[i][-1]
-        _lines(amp, [r for r in rows if r["store"] == store], "read_amplification", by_payload=True)
-        amp.set(title=f"{store}: read amplification", xlabel="world size", ylabel="GET bytes / delivered")
-        amp.set_xscale("log", base=2)
-        amp.set_yscale("log")
-    axes[0][0].legend(fontsize="x-small")
+    cells = [(s, p) for s in stores for p in sorted({r["payload_bytes"] for r in rows if r["store"] == s})]
+    figure.set_size_inches(max(12.0, 4.0 * len(cells)), 12.5)
+    figure.set_layout_engine("constrained")
+    axes = figure.subplots(len(MEASURES), len(cells), squeeze=False, sharex="col", sharey="row")
+    for column, (store, payload) in enumerate(cells):
+        cell = [r for r in rows if r["store"] == store and r["payload_bytes"] == payload]
+        for row, measure in enumerate(MEASURES):
+            _panel(axes[row][column], cell, measure)
+        where = f"\n{STORE_NAMES.get(store, (store, store))[1]}" if len(stores) > 1 else ""
+        axes[0][column].set_title(f"{_size(payload)} per rank{where}", fontweight="bold")
+        axes[-1][column].set_xlabel("world size W (ranks)")
+    for row, (_, label, _) in enumerate(MEASURES):
+        axes[row][0].set_ylabel(label)
+    for column, (store, payload) in enumerate(cells):
+        cell = [r for r in rows if r["store"] == store and r["payload_bytes"] == payload]
+        _name_the_hidden(axes[-1][column], cell)
+    store = f"store: {STORE_NAMES.get(stores[0], (stores[0],))[0]}; " if len(stores) == 1 else ""
+    figure.suptitle(
+        "Consumer throughput, P95 latency and read amplification (paper Fig. 10)\n"
+        f"{store}ranks 0, W/2 and W-1 measured one at a time, except 'all W ranks at once'",
+        fontsize="large",
+    )
+    present = [s for s in STYLES if any(r["system"] == s for r in rows)]
+    figure.legend(
+        [_handle(STYLES[s]) for s in present],
+        [STYLES[s].label for s in present],
+        loc="outside lower center",
+        ncols=3,
+        frameon=False,
+    )
 
 
-def _lines(ax: Any, rows: list[dict[str, Any]], metric: str, by_payload: bool = False) -> None:
-    from matplotlib import colormaps
+def _panel(ax: Any, rows: list[dict[str, Any]], measure: tuple[str, str, float]) -> None:
+    """One measure against world size, a line per system, the whole-TGB line last and named."""
+    from matplotlib.ticker import NullLocator
 
-    colours = colormaps["tab20"]  # one colour per system: more systems than the default cycle has
-    for index, system in enumerate([*SEQUENTIAL, *ALL_RANKS]):
-        groups = sorted({r["payload_bytes"] for r in rows}) if by_payload else [None]
-        for payload in groups:
-            line = sorted(
-                (r["world_size"], r[metric])
-                for r in rows
-                if r["system"] == system and (payload is None or r["payload_bytes"] == payload)
-            )
-            if line:
-                xs, ys = zip(*line, strict=True)
-                label = system if payload is None else f"{system} {payload // 1000} KB"
-                style = "o-" if system.startswith("batchweave") else ".--"
-                ax.plot(xs, ys, style, color=colours(index % 20), label=label)
+    key, _, factor = measure
+    lines = {s: points for s in STYLES if (points := _points(rows, s, key, factor))}
+    for system in sorted(lines, key=lambda s: s == WHOLE_TGB):  # the whole-TGB line last, on top
+        xs, ys = zip(*lines[system], strict=True)
+        ax.plot(xs, ys, **_line_kwargs(STYLES[system]))
+    if WHOLE_TGB in lines:
+        _name_whole_tgb(ax, lines)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")  # the systems differ by orders of magnitude
+    worlds = sorted({r["world_size"] for r in rows})
+    ax.set_xticks(worlds, [str(w) for w in worlds])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.margins(x=0.12, y=0.15)  # room for the markers and the whole-TGB label at the ends
+    ax.grid(True, which="major", color="0.9", linewidth=0.6)
+
+
+def _name_whole_tgb(ax: Any, lines: dict[str, list[tuple[int, float]]]) -> None:
+    """Label the whole-TGB line at its last point, up and left: inside the panel, clear of
+    the line's end."""
+    style = STYLES[WHOLE_TGB]
+    ax.annotate(
+        "whole TGB",
+        xy=lines[WHOLE_TGB][-1],
+        xytext=(-7, 7),
+        textcoords="offset points",
+        ha="right",
+        va="bottom",
+        color=style.colour,
+        fontweight="bold",
+        fontsize="small",
+        bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "none", "alpha": 0.8},
+        zorder=style.on_top + 1,
+    )
+
+
+def _name_the_hidden(ax: Any, rows: list[dict[str, Any]]) -> None:
+    """A line at 1x (a rank reads only its own bytes), and a note naming the systems no one
+    can see: those at about 1x, under BatchWeave's thick line, and those whose every value
+    is the whole-TGB reads', under that one."""
+    ax.axhline(1.0, color="0.55", linewidth=0.8, zorder=1)
+    lines = {s: points for s in STYLES if (points := _points(rows, s, "read_amplification", 1.0))}
+    at_one = [STYLES[s].short for s, points in lines.items() if s != "batchweave" and _all_near(points, 1.0)]
+    whole = dict(lines.get(WHOLE_TGB, []))
+    under_whole = [
+        STYLES[s].short
+        for s, points in lines.items()
+        if s != WHOLE_TGB and {w for w, _ in points} == set(whole) and all(_same(v, whole[w]) for w, v in points)
+    ]
+    sentences = [
+        f"{where}: {', '.join(names)}."
+        for where, names in (("Under BatchWeave's line (1x)", at_one), ("Under the whole-TGB line", under_whole))
+        if names
+    ]
+    if sentences:  # top left: the whole-TGB line rises to the right, the rest stay low
+        note = "\n".join(textwrap.fill(sentence, width=40) for sentence in sentences)
+        ax.text(0.03, 0.97, note, transform=ax.transAxes, va="top", fontsize="x-small", color="0.25")
+
+
+def _all_near(points: list[tuple[int, float]], value: float) -> bool:
+    return all(v <= value * NEAR_ONE for _, v in points)
+
+
+def _same(value: float, other: float) -> bool:
+    return abs(value / other - 1) <= SAME
+
+
+def _points(rows: list[dict[str, Any]], system: str, key: str, factor: float) -> list[tuple[int, float]]:
+    """(world size, value) of one system, in order; values a log axis cannot show left out."""
+    values = sorted((r["world_size"], r[key] * factor) for r in rows if r["system"] == system and r.get(key))
+    return [(w, v) for w, v in values if v > 0 and v == v]  # v == v: not NaN
+
+
+def _line_kwargs(style: Style) -> dict[str, Any]:
+    return {
+        "color": style.colour,
+        "marker": style.marker,
+        "linestyle": style.line,
+        "linewidth": style.width,
+        "markersize": 5 + style.width,
+        "markeredgecolor": "white",  # overlapping markers stay apart
+        "markeredgewidth": 0.7,
+        "zorder": style.on_top,
+    }
+
+
+def _handle(style: Style) -> Any:
+    from matplotlib.lines import Line2D
+
+    return Line2D([], [], **_line_kwargs(style))
+
+
+def _size(payload: int) -> str:
+    """100000 -> '100 KB', 10000000 -> '10 MB'."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if payload >= scale:
+            return f"{payload / scale:g} {unit}"
+    return f"{payload} B"

@@ -1,4 +1,4 @@
-"""``bench e2e --workload video``: the video workload of ``bench e2e`` (paper Fig. 13).
+"""``bench e2e --workload video``: the video workload of ``bench e2e`` (paper Fig. 5).
 
 The harness is ``benchmarks.e2e`` (the same three feeds, the same emulation of a
 training node on core 0 and a preprocessing node on core 1, the same figures); this

@@ -1,4 +1,5 @@
-"""Benchmark results and the three files each benchmark writes: JSON, PNG, Markdown."""
+"""Benchmark results and the three files each benchmark writes: JSON, PNG, Markdown; and a
+result read back from its JSON, to draw its figure again without measuring anything."""
 
 from __future__ import annotations
 
@@ -11,7 +12,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BenchOptions", "BenchResult", "machine", "markdown_table", "visibility_percentiles", "write_outputs"]
+__all__ = [
+    "BenchOptions",
+    "BenchResult",
+    "draw_figure",
+    "load_result",
+    "machine",
+    "markdown_table",
+    "visibility_percentiles",
+    "write_outputs",
+]
+
+# Every figure starts at this size; a plot that needs more room sets its own.
+FIGURE_INCHES, FIGURE_DPI = (11.0, 6.0), 110
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +51,28 @@ class BenchResult:
     def to_json(self) -> dict[str, Any]:
         return {"benchmark": self.benchmark, "config": self.config, "results": self.results, "series": self.series}
 
+    @classmethod
+    def from_json(cls, data: Any, source: str) -> BenchResult:
+        """The result ``to_json`` wrote, read back (``source`` names the file in errors).
+
+        The JSON keeps no ``columns`` or ``summary`` (they live in the Markdown), so both come
+        back empty: enough to draw the figure again. ConfigError if ``data`` is not a result.
+        """
+        from batchweave.errors import ConfigError
+
+        shape = {"benchmark": str, "config": dict, "results": list}
+        if not isinstance(data, dict) or not all(isinstance(data.get(k), t) for k, t in shape.items()):
+            raise ConfigError(
+                f"{source} is not a benchmark's result: it needs a JSON object with 'benchmark' (a name), "
+                "'config' (an object) and 'results' (a list), as `batchweave bench NAME --out DIR` writes NAME.json"
+            )
+        if not all(isinstance(record, dict) for record in data["results"]):
+            raise ConfigError(f"{source}: every entry of 'results' must be a JSON object (a record)")
+        series = data.get("series") or {}  # results written before series existed have none
+        if not isinstance(series, dict):
+            raise ConfigError(f"{source}: 'series' must be a JSON object (name -> list of points)")
+        return cls(data["benchmark"], data["config"], data["results"], columns=(), series=series)
+
 
 def machine() -> dict[str, Any]:
     """Facts about the machine that belong in every result's config."""
@@ -57,7 +92,10 @@ def _cell(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def write_outputs(result: BenchResult, out: Path, plot: Callable[[BenchResult, Any], None]) -> list[Path]:
+Plot = Callable[[BenchResult, Any], None]
+
+
+def write_outputs(result: BenchResult, out: Path, plot: Plot) -> list[Path]:
     """Write ``NAME.json``, ``NAME.md`` and ``NAME.png`` into ``out``; return their paths."""
     out.mkdir(parents=True, exist_ok=True)
     stem = out / result.benchmark
@@ -66,17 +104,55 @@ def write_outputs(result: BenchResult, out: Path, plot: Callable[[BenchResult, A
     md = [f"# {result.benchmark}", "", *[f"- {line}" for line in result.summary], ""]
     md.append(markdown_table(result.results, result.columns))
     md_path.write_text("\n".join(md) + "\n")
+    draw_figure(result, plot, png_path)
+    return [json_path, png_path, md_path]
+
+
+def draw_figure(result: BenchResult, plot: Plot, png_path: Path) -> Path:
+    """``plot`` the result onto a new figure and save it as ``png_path``.
+
+    The PNG is written beside its final name and renamed over it, so a plot that fails
+    leaves the figure already there (a committed one, when re-drawing) as it was.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure = plt.figure(figsize=(11, 6), dpi=110)
-    plot(result, figure)
-    figure.tight_layout()
-    figure.savefig(png_path)
-    plt.close(figure)
-    return [json_path, png_path, md_path]
+    figure = plt.figure(figsize=FIGURE_INCHES, dpi=FIGURE_DPI)
+    partial = png_path.with_name(f".{png_path.name}.partial")
+    try:
+        plot(result, figure)
+        if figure.get_layout_engine() is None:  # a plot that chose a layout (constrained) keeps it
+            figure.tight_layout()
+        figure.savefig(partial, format="png")
+        partial.replace(png_path)
+    finally:
+        plt.close(figure)
+        partial.unlink(missing_ok=True)
+    return png_path
+
+
+def load_result(json_path: Path) -> BenchResult:
+    """The result a benchmark wrote to ``json_path`` (its ``NAME.json``).
+
+    ConfigError if the file is absent, unreadable, not JSON, or not a benchmark's result.
+    """
+    from batchweave.errors import ConfigError
+
+    try:
+        text = json_path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{json_path}: no such file; name the NAME.json a benchmark wrote (docs/benchmarks/<folder>/NAME.json)"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"{json_path} cannot be read ({exc}); name a readable NAME.json") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{json_path} is not JSON ({exc}); name the NAME.json a benchmark wrote") from None
+    return BenchResult.from_json(data, source=str(json_path))
 
 
 def visibility_percentiles(latencies_s: list[float]) -> dict[str, float]:

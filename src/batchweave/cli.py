@@ -12,6 +12,8 @@
     batchweave pool URL NAME --fn M:F --shards FILE --producers N --dp D
                                         a producer pool over a list of shards
     batchweave bench NAME --out DIR     a benchmark, in a checkout of the repository
+    batchweave bench --replot DIR/NAME.json ...
+                                        its figure drawn again from a written result
 
 Each subcommand is registered by one ``_add_<name>`` function that builds its parser
 and points ``func`` at its handler, so new subcommands slot in the same way.
@@ -499,26 +501,35 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "bench",
         help="run a benchmark (from a checkout of the repository); writes OUT/NAME.json, .png and .md",
-        description="Run a benchmark and write its JSON result, PNG figure and Markdown table into --out. "
+        description="Run a benchmark and write its JSON result, PNG figure and Markdown table into --out; "
+        "or, with --replot, draw the figure of results already written again from their JSON alone. "
         "The benchmarks are the `benchmarks` package of a checkout of the repository: the first of the "
         "current directory and its parents that holds benchmarks/__init__.py, or else a `benchmarks` "
         "package importable from sys.path (PYTHONPATH).",
     )
-    p.add_argument("name", help="which benchmark (benchmarks.BENCHMARKS; an unknown name lists them)")
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("name", nargs="?", help="which benchmark (benchmarks.BENCHMARKS; an unknown name lists them)")
+    p.add_argument("--out", help="output directory (needed to run a benchmark)")
     p.add_argument("--quick", action="store_true", help="a short run: checks the plumbing, not the figures")
     p.add_argument(
         "--store",
         choices=("latency", "local", "s3", "seaweedfs"),
-        default="latency",
         help="latency: the cloud latency model over memory (default); local: a directory on this "
         "disk; s3: a moto server on loopback; seaweedfs: a SeaweedFS S3 server on loopback",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the latency model's jitter")
+    p.add_argument("--seed", type=int, help="seed of the latency model's jitter (default 0)")
     p.add_argument(
         "--workload",
         help="what a benchmark that has several trains on (e2e: image, the default, or video); "
         "a workload other than the default names the files NAME-WORKLOAD (e2e-video.json)",
+    )
+    p.add_argument(
+        "--replot",
+        nargs="+",
+        type=Path,
+        metavar="JSON",
+        help="draw the figure of each result already written (DIR/NAME.json) again, from the JSON alone, "
+        "into the PNG beside it (DIR/NAME.png), with the plot of the benchmark the JSON names; runs "
+        "nothing and leaves the JSON and Markdown as they are (no NAME, --out or run options with it)",
     )
     p.set_defaults(func=_cmd_bench)
 
@@ -545,12 +556,38 @@ def _benchmarks_package() -> types.ModuleType:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.replot:
+        return _replot(args)
+    if args.name is None or args.out is None:
+        raise ConfigError(
+            "batchweave bench needs a benchmark NAME and --out DIR (or --replot DIR/NAME.json to draw a "
+            "written result's figure again)"
+        )
     # Everything else, the benchmark's name and dependencies first, is checked there.
     package = _benchmarks_package()
-    options = {"quick": args.quick, "store": args.store, "seed": args.seed}
+    store = "latency" if args.store is None else args.store
+    options = {"quick": args.quick, "store": store, "seed": 0 if args.seed is None else args.seed}
     if args.workload is not None:  # a checkout whose benchmarks predate --workload still runs without it
         options["workload"] = args.workload
     return package.main(args.name, Path(args.out), **options)
+
+
+def _replot(args: argparse.Namespace) -> int:
+    # A run's options would be silently ignored: the JSON says what was run, the PNG goes beside it.
+    given = [
+        flag
+        for flag, value in (("NAME", args.name), ("--out", args.out), ("--store", args.store), ("--seed", args.seed))
+        if value is not None
+    ]
+    given += [flag for flag, value in (("--quick", args.quick), ("--workload", args.workload)) if value]
+    if given:
+        raise ConfigError(f"--replot draws from the JSON alone and writes the PNG beside it: drop {', '.join(given)}")
+    package = _benchmarks_package()
+    if not callable(getattr(package, "replot", None)):
+        raise ConfigError(f"{package.__file__} predates --replot: update the checkout")
+    for path in package.replot(list(args.replot)):
+        print(path)
+    return EXIT_OK
 
 
 # -- entry point ----------------------------------------------------------------------
