@@ -451,7 +451,8 @@ def _plot_points(axes: Any, points: list[dict[str, Any]]) -> None:
         ("commit_latency_unanchored_s", "control without the anchor re-read (I8)"),
     )
     for offset, (column, label) in zip((-0.27, 0.0, 0.27), arms, strict=True):
-        axes.bar([x + offset for x in xs], [r[column] * 1e3 for r in points], 0.27, label=label)
+        bars = axes.bar([x + offset for x in xs], [r[column] * 1e3 for r in points], 0.27, label=label)
+        axes.bar_label(bars, fmt="%.0f", fontsize=7)
     axes.set_xticks(list(xs), labels)
     top = max(r[column] for r in points for column, _ in arms) * 1e3
     axes.set_ylim(0, top * 1.35)  # room for the legend above the bars

@@ -1,5 +1,5 @@
 """``bench lifecycle``: stored bytes over a run with and without checkpoint-driven deletion
-(paper Fig. 11: 1010 steps, a checkpoint every 10, ``max_lag=80``, the last few live).
+(paper Fig. 9: 1010 steps, a checkpoint every 10, ``max_lag=80``, the last few live).
 
 One producer (``max_lag`` backpressure) and the ranks of a dp=2 job run as threads on a
 local directory, so the bytes are real files. After each checkpoint every rank marks it,
@@ -127,5 +127,7 @@ def plot(result: BenchResult, figure: Any) -> None:
             [r["bytes_stored"] / 1e6 for r in rows],
             label="deletion on" if deletion else "deletion off",
         )
-    axes.set(xlabel="training step", ylabel="stored TGB bytes (MB)", title="checkpoint-driven reclamation")
+    axes.set(
+        xlabel="training step", ylabel="stored TGB bytes (MB)", title="checkpoint-driven reclamation (paper Fig. 9)"
+    )
     axes.legend()

@@ -190,9 +190,12 @@ def plot(result: BenchResult, figure: Any) -> None:
     x = np.arange(len(on))
     ax = figure.add_subplot(1, 1, 1)
     width = 0.27
-    ax.bar(x - width, [r["reads_ratio"] for r in on], width, label="slice reads (on / off)")
-    ax.bar(x, [r["log_ratio"] for r in on], width, label="log requests (on / off)")
-    ax.bar(x + width, [r["time_ratio"] for r in on], width, label="time to read (on / off)")
+    for offset, column, label in (
+        (-width, "reads_ratio", "slice reads (on / off)"),
+        (0.0, "log_ratio", "log requests (on / off)"),
+        (width, "time_ratio", "time to read (on / off)"),
+    ):
+        ax.bar_label(ax.bar(x + offset, [r[column] for r in on], width, label=label), fmt="%.2f", fontsize=7)
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.axhline(1 / RANKS_PER_NODE, color="grey", linestyle=":", linewidth=0.8, label="1/8")
     ax.set_xticks(x, labels)

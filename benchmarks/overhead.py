@@ -326,8 +326,10 @@ def plot(result: BenchResult, figure: Any) -> None:
     rows = result.results
     labels = [f"{r['side']}\n{r['store']}" for r in rows]
     xs = np.arange(len(rows))
-    ax.bar(xs - 0.2, [r["batchweave_us_per_step"] for r in rows], 0.4, label="BatchWeave")
-    ax.bar(xs + 0.2, [r["plain_us_per_step"] for r in rows], 0.4, label="plain obstore requests")
+    ours = ax.bar(xs - 0.2, [r["batchweave_us_per_step"] for r in rows], 0.4, label="BatchWeave")
+    plain = ax.bar(xs + 0.2, [r["plain_us_per_step"] for r in rows], 0.4, label="plain obstore requests")
+    for bars in (ours, plain):
+        ax.bar_label(bars, fmt="%.0f", fontsize=7)
     for x, r in zip(xs, rows, strict=True):
         ax.annotate(f"{r['ratio']:.2f}x", (x, max(r["batchweave_us_per_step"], r["plain_us_per_step"])), ha="center")
     ax.set_xticks(xs, labels)

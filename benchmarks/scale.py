@@ -632,7 +632,8 @@ def plot(result: BenchResult, figure: Any) -> None:
             next(r["hot_key_per_s"] for r in rows if r["ranks"] == n and r["setup"] == column and r["state"] == state)
             for n in scales
         ]
-        ax1.bar([x + (i - 1.5) * width for x in range(len(scales))], values, width, label=f"{column}: {state}")
+        bars = ax1.bar([x + (i - 1.5) * width for x in range(len(scales))], values, width, label=f"{column}: {state}")
+        ax1.bar_label(bars, fmt="%.3g", fontsize=6)
     for name, per_s, style in (
         ("Azure per blob 500/s", 500, ":"),
         ("S3 per prefix 5,500/s", 5500, "--"),

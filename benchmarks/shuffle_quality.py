@@ -247,8 +247,8 @@ def plot(result: BenchResult, figure: Any) -> None:
     left, right = figure.subplots(1, 2)
     names = [r["algorithm"] for r in shuffles]
     y = np.arange(len(names))
-    left.barh(y - 0.2, [r["mean_distance"] for r in shuffles], 0.4, label="mean")
-    left.barh(y + 0.2, [r["median_distance"] for r in shuffles], 0.4, label="median")
+    for offset, column, label in ((-0.2, "mean_distance", "mean"), (0.2, "median_distance", "median")):
+        left.bar_label(left.barh(y + offset, [r[column] for r in shuffles], 0.4, label=label), fmt="%.3g", fontsize=7)
     left.axvline(1 / 3, color="gray", linestyle="--", linewidth=1, label="uniform mean (1/3)")
     left.set_yticks(y, names, fontsize=8)
     left.invert_yaxis()
@@ -263,7 +263,8 @@ def plot(result: BenchResult, figure: Any) -> None:
     for i, label in enumerate(weights):
         rows = {r["algorithm"]: r for r in mixing if r["weights"] == label}
         values = [max(rows[a]["worst_deviation_1024"], 0.01) for a in labels]
-        right.bar(x + i * width - 0.4 + width / 2, values, width, label=f"weights {label}")
+        bars = right.bar(x + i * width - 0.4 + width / 2, values, width, label=f"weights {label}")
+        right.bar_label(bars, fmt="%.3g", fontsize=6)
     right.set_yscale("log")
     right.set_xticks(x, labels, rotation=20, ha="right", fontsize=8)
     right.set_ylabel("worst |count - 1024 x weight| over windows of 1024")
