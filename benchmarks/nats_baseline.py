@@ -28,6 +28,10 @@ limit to :data:`MAX_PAYLOAD_CAP` (64 MiB) and report the limit the server announ
 
 JetStream file storage acks a message once it is written to the stream's files (the
 server syncs to disk on its own interval, like Kafka's default flush policy).
+
+The server runs on 127.0.0.1 beside the producers and keeps its files on this machine's
+disk, so the like-for-like comparison with BatchWeave is ``bench producers --store
+local``; ``benchmarks.producers`` says why it is not put behind the latency model.
 """
 
 from __future__ import annotations
@@ -118,6 +122,7 @@ def nats_server(workdir: Path, max_payload_bytes: int | None = None) -> Iterator
         args += ["-c", str(conf)]
     log_path = workdir / "nats-server.log"
 
+    tail = ""  # the server log's end, once a start failed
     for _attempt in range(3):  # a free port can be taken between probing and binding
         port = _free_port()
         with open(log_path, "ab") as log:
@@ -167,7 +172,7 @@ async def _quiet(*_args: Any) -> None:
 
 
 async def run_nats_ingest(
-    url: str, producers: int, payload_bytes: int, duration_s: float, tgb_slices: int = 8
+    url: str, producers: int, payload_bytes: int, duration_s: float, tgb_slices: int = 32
 ) -> dict[str, Any]:
     """Strict-TGB ingest into JetStream: ``producers`` concurrent publishers, each on its
     own connection, each publishing one whole TGB per message and awaiting the ack before
@@ -278,6 +283,7 @@ async def run_nats_ingest(
         "policy": "strict-tgb",
         "producers": producers,
         "payload_bytes": payload_bytes,
+        "tgb_slices": tgb_slices,
         "duration_s": duration_s,
         "tgbs_committed": committed,
         "tgbs_failed": failed,
@@ -295,7 +301,7 @@ def measure_nats(
     duration_s: float,
     workdir: Path,
     max_payload_bytes: int | None = None,
-    tgb_slices: int = 8,
+    tgb_slices: int = 32,
 ) -> dict[str, Any]:
     """Start a fresh server in ``workdir``, run :func:`run_nats_ingest`, stop the server
     and delete its JetStream data. Returns the ingest record."""

@@ -101,8 +101,9 @@ def test_quick_benchmark_writes_its_three_files(name, workload, tmp_path):
             runs = {(r["log"], r["policy"]) for r in result["results"]}
             assert runs == {(log, p) for log in ("manifest", "flat") for p in POLICY_NAMES}, runs
             assert result["config"]["manifest"]["entry_bytes"] > 32 * 10  # 32 slices' offsets at least
-        else:  # NATS at its default message limit and with the limit raised
+        else:  # NATS at its default message limit and with the limit raised, TGBs of the paper's 32 slices
             assert {("nats", "strict-tgb"), ("nats", "strict-tgb-64MiB")} <= policies, policies
+            assert result["config"]["tgb_slices"] == 32 and all(r["tgb_slices"] == 32 for r in ours)
     if name == "overhead":  # both sides on both stores, each timed against its plain requests
         assert {(r["store"], r["side"]) for r in result["results"]} == {
             (store, side) for store in ("local", "latency") for side in ("producer", "consumer")
