@@ -268,6 +268,7 @@ class Journal(Generic[VersionT]):
         if self.read_only:
             raise ConfigError(f"{self.store.url}: this journal only reads the log (a reader's); it cannot commit")
         self._check_store()
+        self.store.wait_staged()  # the objects it names are durable before the window opens
         if self._proof.anchor is None:
             state = self.load_state()
         conflicts = 0

@@ -235,6 +235,15 @@ class Store(Requester):
 
     # -- writes ----------------------------------------------------------------------
 
+    def wait_staged(self) -> None:
+        """Return once every object staged so far (``stage_if_absent``) is durable; at once
+        on an object store, where a put is durable when it returns. A commit calls it before
+        it reads the log: the fsyncs of the objects its version names are then waited for
+        outside its fragile window, which they would otherwise stretch (on a local disk,
+        DAC measured 65% commit success and half the throughput with them inside)."""
+        if self._local_root is not None:
+            self._syncs.wait()
+
     def put_if_absent(self, key: str, data: bytes | memoryview) -> None:
         """Create ``key`` with ``data``; raise ObjectExistsError if it already exists.
 
