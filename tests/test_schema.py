@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import batchweave as bw
+from batchweave import intent as intent_format
 from batchweave import keys, logrules
 from batchweave import schema as schemas
 from batchweave.cli import main
@@ -268,8 +269,10 @@ def test_group_commit_folds_only_intents_of_the_schema_its_version_has():
     state = claimed("a", "b", "c")
     other = Schema.of({"tokens": ("int64", (2048,))})
 
-    def intent(producer: str, schema: Schema) -> group.Intent:
-        return group.Intent(group.INTENT_FORMAT, producer, 1, [descriptor(producer, 0, schema=schema.digest)])
+    def intent(producer: str, schema: Schema) -> intent_format.Intent:
+        return intent_format.Intent(
+            intent_format.INTENT_FORMAT, producer, 1, [descriptor(producer, 0, schema=schema.digest)]
+        )
 
     intents = [intent("b", other), intent("c", TOKENS)]
     version = group.build_group_commit(

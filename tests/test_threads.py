@@ -18,7 +18,7 @@ FIRST_DECODES = textwrap.dedent(
     """
     import threading
     from batchweave import layout, log
-    from batchweave.commit import group
+    from batchweave import intent as intents
     tgbs = [
         log.TGBDescriptor("p", 1, i, 8, 1, "bytes", [f"data/p/e000001/{i:012d}-t.0.bwb"],
                           [(0, k * 10, 10, 0) for k in range(8)], 80)
@@ -26,7 +26,7 @@ FIRST_DECODES = textwrap.dedent(
     ]
     version = log.encode(log.LogVersion(log.LOG_FORMAT, 1, 0, tgbs, {}))
     state = log.encode(log.LogState(producers={"p": log.ProducerState(3, 1, "x")}))
-    intent = group.encode_intent(group.Intent(group.INTENT_FORMAT, "p", 1, tgbs))
+    intent = intents.encode_intent(intents.Intent(intents.INTENT_FORMAT, "p", 1, tgbs))
     tgb = layout.encode_tgb([b"x" * 10] * 4, 4, 1).objects[0]
     start = threading.Barrier(64)
 
@@ -36,7 +36,7 @@ FIRST_DECODES = textwrap.dedent(
             log.decode_version_head(version, "v", 1)
             log.decode_version(version, "v", 1)
             log.decode_snapshot(state, "s")
-            group.decode_intent(intent, group.intent_key("p", 1, 0))
+            intents.decode_intent(intent, intents.intent_key("p", 1, 0))
             layout.read_footer(tgb, "t")
 
     threads = [threading.Thread(target=decode) for _ in range(64)]
