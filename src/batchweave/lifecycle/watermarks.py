@@ -27,6 +27,7 @@ from typing import Annotated, Any
 import msgspec
 
 from batchweave import keys
+from batchweave.decoding import decoding
 from batchweave.errors import ConfigError, CorruptDataError, ObjectExistsError, ObjectNotFoundError
 from batchweave.journal import Journal
 from batchweave.keys import CHECKPOINT_PREFIX
@@ -82,10 +83,8 @@ class Watermark:
         ``key`` and the damage. Strict, because GC trusts what it returns: a mark that a
         later step would trip over (a string ``dp``, ``d >= dp``, a mark filed under
         another checkpoint or position) is refused here, in time linear in ``len(data)``."""
-        try:
+        with decoding(key, "damaged watermark"):
             body = _WATERMARK_DECODER.decode(data)
-        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:  # as layout._JSON_ERRORS says
-            raise CorruptDataError(key, f"damaged watermark: {exc}") from exc
         if body.format != WATERMARK_FORMAT:
             raise CorruptDataError(key, f"watermark format {body.format[:80]!r} is not {WATERMARK_FORMAT}")
         if body.d >= body.dp or body.c >= body.cp:
