@@ -11,7 +11,7 @@ those escape untyped (a garbage-collection summary once caught only the first).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator
 from contextlib import contextmanager
 
 import msgspec
@@ -24,7 +24,7 @@ DECODE_ERRORS: tuple[type[Exception], ...] = (msgspec.DecodeError, UnicodeDecode
 
 
 @contextmanager
-def decoding(key: str, what: str, also: tuple[type[Exception], ...] = ()) -> Iterator[None]:
+def decoding(key: str, what: str, also: tuple[type[Exception], ...] = ()) -> Generator[None]:
     """Raise ``CorruptDataError(key, "<what>: <cause>")`` for any decode failure in the
     block (and for the exception types in ``also``, e.g. ``zlib.error`` for compressed
     formats)."""
