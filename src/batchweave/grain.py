@@ -41,10 +41,10 @@ class TGBIterDataset(grain.IterDataset):
             how Grain's checkpoint handler names each process's state file. Call
             ``jax.distributed.initialize()`` before creating the dataset (JAX requires it
             before any other JAX call, and this one asks JAX for the process index).
-        options, and the reading options as keywords (``prefetch``, ``timeout_s``,
-            ``max_poll_interval_s``, ``sequence_axis``, ``log_metrics_s``,
-            ``storage_options``, ``local_rank``, ``local_world_size``, ``node_sharing``):
-            as for ``batchweave.Consumer`` (``batchweave.ReadOptions``) (the consumer
+        options: every reading option as one ``batchweave.ReadOptions``, or give them as
+            keywords (``prefetch``, ``timeout_s``, ``max_poll_interval_s``,
+            ``sequence_axis``, ``log_metrics_s``, ``storage_options``, ``local_rank``,
+            ``local_world_size``, ``node_sharing``), as for ``batchweave.Consumer`` (the consumer
             prefetches on its own threads; Grain's ``mp_prefetch`` would add nothing and
             cannot split one rank's stream, so it is refused).
 

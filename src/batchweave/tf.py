@@ -54,10 +54,10 @@ class TGBReader(tf.train.experimental.PythonState):
             of ``tf.string`` for raw-bytes namespaces). None (default): inferred from the
             first step when the dataset is first built (one read), with every dimension
             left unknown (``None``), since shapes may differ from step to step.
-        options, and the reading options as keywords (``prefetch``, ``timeout_s``,
-            ``max_poll_interval_s``, ``sequence_axis``, ``log_metrics_s``,
-            ``storage_options``, ``local_rank``, ``local_world_size``, ``node_sharing``):
-            as for ``batchweave.Consumer`` (``batchweave.ReadOptions``).
+        options: every reading option as one ``batchweave.ReadOptions``, or give them as
+            keywords (``prefetch``, ``timeout_s``, ``max_poll_interval_s``,
+            ``sequence_axis``, ``log_metrics_s``, ``storage_options``, ``local_rank``,
+            ``local_world_size``, ``node_sharing``), as for ``batchweave.Consumer``.
 
     The URL and ``storage_options`` are checked here (ConfigError), but no request is
     made before the dataset is first built or iterated. Errors of reading (a cursor of

@@ -49,10 +49,10 @@ class TGBDataset(torch.utils.data.IterableDataset):
         dp, cp, tp, pp: mesh sizes, when no ``mesh`` is given.
         rank: this rank in BatchWeave's order (``pp, dp, cp, tp``, outermost first);
             default: from ``mesh``, else ``RANK`` from the environment.
-        options, and the reading options as keywords (``prefetch``, ``timeout_s``,
-            ``max_poll_interval_s``, ``sequence_axis``, ``log_metrics_s``,
-            ``storage_options``, ``local_rank``, ``local_world_size``, ``node_sharing``):
-            as for ``batchweave.Consumer`` (``batchweave.ReadOptions``); the ranks of a node
+        options: every reading option as one ``batchweave.ReadOptions``, or give them as
+            keywords (``prefetch``, ``timeout_s``, ``max_poll_interval_s``,
+            ``sequence_axis``, ``log_metrics_s``, ``storage_options``, ``local_rank``,
+            ``local_world_size``, ``node_sharing``), as for ``batchweave.Consumer``; the ranks of a node
             share one log follower and one read per slice, by default under torchrun
             with several ranks per node on an object store.
         copy: False (default) wraps the consumer's read-only numpy arrays without copying
