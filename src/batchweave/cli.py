@@ -67,7 +67,7 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from batchweave.inspect import inspect_namespace, schema_text
-    from batchweave.lifecycle.watermarks import no_namespace_message
+    from batchweave.journal.namespace import no_namespace_message
 
     info = inspect_namespace(args.url)
     if info.latest_version == 0 and not info.checkpoints:  # an empty directory: what S3 says of an empty prefix
