@@ -53,12 +53,16 @@ def test_keywords_and_options_give_the_same_options_and_round_trip():
         ({"log_metrics_s": True}, "log_metrics_s must be a positive number"),
         ({"sequence_axis": "last"}, "sequence_axis must be an axis number"),
         ({"node_sharing": "yes"}, "node_sharing must be True, False or None"),
-        ({"prefetsh": 4}, "unknown reading option\\(s\\) prefetsh: the options are prefetch, "),
     ],
 )
 def test_a_bad_option_is_a_config_error_naming_it(keywords, problem):
     with pytest.raises(bw.ConfigError, match=problem):
         ReadOptions.build(**keywords)
+
+
+def test_a_misspelt_option_is_a_type_error_at_the_call_naming_it_and_the_options():
+    with pytest.raises(TypeError, match="unknown reading option\\(s\\) prefetsh: the options are prefetch, "):
+        ReadOptions.build(prefetsh=4)
 
 
 def test_options_and_keywords_together_are_refused():
@@ -117,7 +121,7 @@ def test_every_reader_takes_one_options_value_and_only_keywords_after_the_url(re
         pytest.importorskip(needs)
     options = ReadOptions(prefetch=2, max_poll_interval_s=0.5, node=NodeSharing(enabled=False))
     assert make(tmp_path.as_uri(), options=options).options == options
-    with pytest.raises(bw.ConfigError, match="unknown reading option"):
+    with pytest.raises(TypeError, match="unknown reading option"):
         make(tmp_path.as_uri(), prefetsh=2)
     # Everything after the URL is a keyword: TGBDataset(url, 4) once took 4 for a DeviceMesh.
     with pytest.raises(TypeError, match="positional"):

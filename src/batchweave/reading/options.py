@@ -72,13 +72,14 @@ class ReadOptions:
     def build(cls, options: ReadOptions | None = None, /, **keywords: Any) -> ReadOptions:
         """``options``, or the options the keywords give (``ReadKeywords``); not both.
 
-        ConfigError names a keyword no reader knows (a misspelt ``prefetch`` must not be
-        ignored), and a call that gives both ``options`` and keywords.
+        A keyword no reader knows is a TypeError at the call, as for any function (a
+        misspelt ``prefetch`` must not be ignored), naming it and the options there are;
+        a call that gives both ``options`` and keywords is a ConfigError.
         """
         unknown = sorted(set(keywords) - set(ReadKeywords.__annotations__))
         if unknown:
             known = ", ".join(ReadKeywords.__annotations__)
-            raise ConfigError(f"unknown reading option(s) {', '.join(unknown)}: the options are {known}")
+            raise TypeError(f"unknown reading option(s) {', '.join(unknown)}: the options are {known}")
         if options is not None:
             if keywords:
                 raise ConfigError(f"give options=ReadOptions(...) or the keywords {', '.join(keywords)}, not both")
