@@ -45,13 +45,14 @@ dev: $(VENV)/.installed-dev
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.installed: pyproject.toml | $(PY)
-	$(PY) $(PIP_INSTALL) -e '.[demo]'
+# The demo is its own package (demo/), kept out of the batchweave wheel: both are installed.
+$(VENV)/.installed: pyproject.toml demo/pyproject.toml | $(PY)
+	$(PY) $(PIP_INSTALL) -e '.[demo]' -e ./demo
 	$(PY) $(COMPILE) >/dev/null || true
 	touch $@
 
-$(VENV)/.installed-dev: pyproject.toml | $(PY)
-	$(PY) $(PIP_INSTALL) -e '.[dev]'
+$(VENV)/.installed-dev: pyproject.toml demo/pyproject.toml | $(PY)
+	$(PY) $(PIP_INSTALL) -e '.[dev]' -e ./demo
 # bench consumers' baseline without its declared dependencies (torchvision, transformers,
 # cloud SDKs: 2.5 min of CI, and a numpy downgrade); the few it imports are in the dev extra.
 	$(PY) $(PIP_INSTALL) --no-deps mosaicml-streaming==0.13.0
@@ -75,8 +76,8 @@ demo: venv
 	$(VENV)/bin/batchweave demo
 
 test: dev $(NODE) $(NATS)
-	$(VENV)/bin/ruff check src tests benchmarks examples tools
-	$(VENV)/bin/ruff format --check src tests benchmarks examples tools
+	$(VENV)/bin/ruff check src demo tests benchmarks examples tools
+	$(VENV)/bin/ruff format --check src demo tests benchmarks examples tools
 	node_modules/.bin/pyright
 	node_modules/.bin/pyright -p tools/pyright-strict.json --outputjson | $(PY) tools/pyright_ratchet.py
 	$(PY) -m pytest -q --numprocesses=$(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
