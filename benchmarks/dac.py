@@ -178,7 +178,7 @@ def _bars(axes: Any, records: list[dict], colours: dict[str, str]) -> None:
     policies = [r["policy"] for r in records]
     bars = axes.bar(policies, [r["throughput_mb_s"] for r in records], color=[colours[p] for p in policies])
     axes.bar_label(
-        bars, labels=[f"{r['throughput_mb_s']:.0f}\n{percent(r['commit_success_rate'], 0)}" for r in records]
+        bars, labels=[f"{r['throughput_mb_s']:.0f}\n{percent(r['window_commit_success_rate'], 0)}" for r in records]
     )
-    axes.set(title="throughput over the run, and commit success", ylabel="MB/s")
+    axes.set(title="throughput (drain included), commit success in the window", ylabel="MB/s")
     axes.margins(y=0.2)

@@ -94,3 +94,15 @@ def test_every_name_the_page_points_to_exists():
         else:
             missing.append(name)
     assert missing == []
+
+
+def test_the_producer_names_no_commit_mode():
+    """A commit mode is one change in ``commit/`` (the page's "Adding a commit mode"): the
+    producer imports none of the modes or their policies, only ``committer_for``."""
+    graph = import_graph()
+    modes = {f"batchweave.commit.{name}" for name in ("loop", "turns", "group", "intents")}
+    assert "batchweave.commit.committer" in graph["batchweave.producer"]
+    assert graph["batchweave.producer"] & modes <= {"batchweave.commit.loop"}  # its ``without_stall`` helper
+    source = (PAGE.parents[1] / "src" / "batchweave" / "producer.py").read_text()
+    assert "GroupCommit" not in source.replace("``batchweave.commit.group.GroupCommit``", "")
+    assert "CommitLoop" not in source and "GroupTurns" not in source

@@ -210,7 +210,7 @@ def test_pool_names_a_missing_shards_file(tmp_path, capsys):
 
 # What `batchweave --version` and `--help` must not import: each costs from tens of
 # milliseconds (numpy, obstore) to seconds under load (the demo, the benchmarks).
-HEAVY = ("numpy", "obstore", "msgspec", "rich", "batchweave.demo", "batchweave.consumer", "batchweave.producer")
+HEAVY = ("numpy", "obstore", "msgspec", "rich", "batchweave_demo", "batchweave.consumer", "batchweave.producer")
 HEAVY += ("batchweave.store", "batchweave.pool", "benchmarks", "torch", "matplotlib")
 
 IMPORTED_BY = """
@@ -235,10 +235,27 @@ def test_version_and_help_import_no_heavy_module(args):
 
 
 def test_the_demo_default_the_parser_states_is_the_demo_s():
-    from batchweave import cli, demo
+    import batchweave_demo as demo
+
+    from batchweave import cli
 
     assert cli._DEMO_STEPS == demo.DEFAULT_STEPS
     assert build_parser().parse_args(["demo"]).steps == demo.DEFAULT_STEPS
+
+
+def test_the_demo_is_not_in_the_batchweave_wheel_and_its_absence_is_said():
+    import setuptools
+
+    root = Path(__file__).resolve().parents[1]
+    packages = setuptools.find_packages(str(root / "src"))
+    assert "batchweave" in packages and not [p for p in packages if "demo" in p], packages
+    code = (
+        "import sys; sys.modules['batchweave_demo'] = None; "  # as if only the batchweave wheel were installed
+        "from batchweave.cli import main; sys.exit(main(['demo', '--dir', sys.argv[1]]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(root / "never-made")], capture_output=True, text=True)
+    assert done.returncode == 2 and "batchweave demo is its own package" in done.stderr, done.stderr
+    assert "make demo" in done.stderr and not (root / "never-made").exists()
 
 
 def test_the_package_s_names_load_on_first_use():

@@ -16,11 +16,8 @@ import time
 
 import numpy as np
 import pytest
-from rich.console import Console
-
-import batchweave
-from batchweave.demo import workload
-from batchweave.demo.checks import (
+from batchweave_demo import workload
+from batchweave_demo.checks import (
     consumer_kill_check,
     gc_check,
     payload_check,
@@ -28,10 +25,13 @@ from batchweave.demo.checks import (
     reshard_check,
     stream_checks,
 )
-from batchweave.demo.directory import default_demo_dir, prepare_demo_dir
-from batchweave.demo.figure import draw_figure
-from batchweave.demo.plan import COMMIT_EVERY, plan_demo, producer_id
-from batchweave.demo.run import run_demo
+from batchweave_demo.directory import default_demo_dir, prepare_demo_dir
+from batchweave_demo.figure import draw_figure
+from batchweave_demo.plan import COMMIT_EVERY, plan_demo, producer_id
+from batchweave_demo.run import run_demo
+from rich.console import Console
+
+import batchweave
 from batchweave.testing.servers.seaweedfs import weed_binary
 
 SMALL = ["--producers", "2", "--steps", "40", "--dp", "2", "--cp", "1"]

@@ -9,6 +9,7 @@ import logging
 import uuid
 
 import msgspec
+import pytest
 from checks import RecordingStore
 from worker import tgb
 
@@ -18,7 +19,7 @@ from batchweave.commit.policies import Manual
 from batchweave.journal import Journal
 from batchweave.lifecycle import gc
 from batchweave.lifecycle.gcsummary import GC_PREFIX, decode_summary, encode_summary, summary_key
-from batchweave.log import LogState
+from batchweave.log import LogState, digest
 from batchweave.store import open_store
 from benchmarks.scale_count import LOG_VERSION, CountingStore, Tally, by_class
 from benchmarks.scale_measure import INSTANT
@@ -216,3 +217,11 @@ def test_the_tgbs_not_reclaimed_are_read_from_the_reclaim_point_on_around_versio
     store.calls.clear()
     assert sorted(gc._unreclaimed_tgbs(journal, later, None)) == list(range(6, 12))
     assert store.calls == [("get", keys.version_key(v)) for v in range(8, state.version + 1)]
+
+
+@pytest.mark.parametrize("body", [b'{"format": "\xff"}', b"[" * 10_000 + b"]" * 10_000, b"{not json"])
+def test_a_summary_that_does_not_decode_is_corrupt_data_naming_its_key(body):
+    # Regression: only msgspec.DecodeError was caught; invalid UTF-8 escaped untyped.
+    key = summary_key(7)
+    with pytest.raises(bw.CorruptDataError, match=f"{key}: not a garbage-collection summary"):
+        decode_summary(body + b"\n" + digest(body).encode(), key)

@@ -97,6 +97,9 @@ def test_a_copy_counts_only_for_the_version_it_holds(url, three_copies, caplog):
     with caplog.at_level(logging.WARNING):
         assert read_copy(objects, 72, 2) is True  # damaged: read around it, by the own key
     assert "damaged copy of log version 72" in caplog.text
+    # Invalid UTF-8 is damage like any other: read around.
+    Store(url).put(keys.head_copy_key(73, 2), b'{"\xff": 1, "version": 73}')
+    assert read_copy(objects, 73, 2) is True
 
 
 def _follow_one_by_one(url: str, versions: int, store: CountingStore, copies: int) -> list[int]:

@@ -638,3 +638,13 @@ def test_a_whole_message_is_cut_by_its_own_lengths_within_the_readers_limits():
             nodewire.unframe(broken, nodewire.REPLY_LIMITS)
     with pytest.raises(nodewire.HubLost, match="over the limit"):
         nodewire.unframe(message, nodewire.Limits(header=8, payload=1 << 20))
+
+
+@pytest.mark.parametrize(
+    "header",
+    [b"{not json", b'{"op": "\xff"}', b'{"op": "hello", "protocol": 1, "identity": "\xff"}', b"[" * 10_000],
+)
+def test_a_header_that_does_not_decode_is_a_bad_request_whatever_breaks(header):
+    # Regression: invalid UTF-8 from a peer escaped as a bare UnicodeDecodeError.
+    with pytest.raises(nodewire.BadRequest, match="request"):
+        nodewire.parse_request(header)

@@ -104,10 +104,10 @@ class Pool:
     def join(self, producer_id: str) -> Member:
         policy = GroupCommit(interval_s=INTERVAL_S, stagger_s=STAGGER_S, rng=NoJitter())  # type: ignore[arg-type]
         producer = bw.Producer(self.url, producer_id, dp=1, commit_policy=policy, pack_steps=1)
-        assert producer._turns is not None
+        assert producer._committer is not None
         condition = ClockedCondition(self.clock)
         producer._shared.cond = condition  # type: ignore[assignment]
-        self.members[producer_id] = Member(producer, producer._turns, condition)
+        self.members[producer_id] = Member(producer, producer._committer, condition)
         return self.members[producer_id]
 
     def at(self) -> float:

@@ -49,6 +49,7 @@ _LAZY = {
     **dict.fromkeys(("MixPlan", "Mixture", "SampleRef", "Step"), "batchweave.mixing"),
     **dict.fromkeys(("PoolReport", "run_pool"), "batchweave.pool"),
     **dict.fromkeys(("Producer", "end_stream"), "batchweave.producer"),
+    **dict.fromkeys(("NodeSharing", "ReadOptions"), "batchweave.reading.options"),
     **dict.fromkeys(("ArraySchema", "Schema"), "batchweave.schema"),
     **dict.fromkeys(("IndexedSource", "ShardedSource"), "batchweave.shuffle"),
 }
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
     from batchweave.mixing import MixPlan, Mixture, SampleRef, Step
     from batchweave.pool import PoolReport, run_pool
     from batchweave.producer import Producer, end_stream
+    from batchweave.reading.options import NodeSharing, ReadOptions
     from batchweave.schema import ArraySchema, Schema
     from batchweave.shuffle import IndexedSource, ShardedSource
 
@@ -106,6 +108,7 @@ __all__ = [
     "Mixture",
     "Naive",
     "NamespaceInfo",
+    "NodeSharing",
     "NotDurableError",
     "ObjectExistsError",
     "ObjectNotFoundError",
@@ -114,6 +117,7 @@ __all__ = [
     "Producer",
     "ProducerClosedError",
     "ProducerFencedError",
+    "ReadOptions",
     "SampleRef",
     "Schema",
     "SchemaError",

@@ -67,7 +67,7 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from batchweave.inspect import inspect_namespace, schema_text
-    from batchweave.lifecycle.watermarks import no_namespace_message
+    from batchweave.journal.namespace import no_namespace_message
 
     info = inspect_namespace(args.url)
     if info.latest_version == 0 and not info.checkpoints:  # an empty directory: what S3 says of an empty prefix
@@ -204,7 +204,7 @@ def _positive(text: str) -> int:
     return _positive_number(int, text)
 
 
-# batchweave.demo.DEFAULT_STEPS, written out: building the parser must not import the demo
+# batchweave_demo.DEFAULT_STEPS, written out: building the parser must not import the demo
 # (`batchweave --version` would pay for it); tests/test_cli.py checks that they agree.
 _DEMO_STEPS = 200
 
@@ -242,7 +242,15 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from batchweave.demo import default_demo_dir, run_demo
+    try:
+        from batchweave_demo import default_demo_dir, run_demo
+    except ModuleNotFoundError as exc:
+        if exc.name != "batchweave_demo":
+            raise
+        raise ConfigError(
+            "batchweave demo is its own package, not part of batchweave: in a checkout of the repository, "
+            "run `make demo` (or pip install -e demo)"
+        ) from None
 
     directory = args.dir if args.dir is not None else default_demo_dir()
     summary = run_demo(directory, producers=args.producers, steps=args.steps, dp=args.dp, cp=args.cp, store=args.store)

@@ -18,11 +18,10 @@ import math
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
-from typing import Any
+from typing import Any, Unpack
 
-from batchweave.errors import ConfigError
 from batchweave.journal import Journal
 from batchweave.lifecycle.watermarks import Watermark, check_checkpoint_id, write_watermark
 from batchweave.mesh import Mesh, resolve_rank
@@ -30,10 +29,11 @@ from batchweave.metrics import ConsumerMetrics, FetchRecorder, PeriodicLog, desc
 from batchweave.reading.cursor import CURSOR_FORMAT, Cursor, checked_cursor, cursor_state, parse_cursor
 from batchweave.reading.fetch import Batch
 from batchweave.reading.node import resolve_plan
+from batchweave.reading.options import ReadKeywords, ReadOptions
 from batchweave.reading.pipeline import Pipeline
 from batchweave.store import Store, open_store
 
-__all__ = ["CURSOR_FORMAT", "Batch", "Consumer", "RankReading", "check_prefetch"]
+__all__ = ["CURSOR_FORMAT", "Batch", "Consumer", "RankReading"]
 
 _logger = logging.getLogger(__name__)
 
@@ -41,10 +41,16 @@ _logger = logging.getLogger(__name__)
 class Consumer:
     """Iterates this rank's slice of every committed step, from step 0 or a saved cursor.
 
+    Everything after the URL is a keyword. The reading options (from ``prefetch`` on)
+    come as keywords or as one ``options=ReadOptions(...)`` (``batchweave.ReadOptions``);
+    the framework readers take the same ones.
+
     Args:
         url: namespace URL.
         dp, cp, tp, pp: mesh sizes; ``dp*cp*tp*pp`` must equal ``WORLD_SIZE`` when set.
         rank: this rank, default ``RANK`` from the environment (torchrun).
+        options: all the reading options below as one ``ReadOptions`` (then give none of
+            them as keywords).
         prefetch: reads fetched ahead, each on its own background thread (so also the
             reads in flight at once): a step each, or the steps of a pack read together
             (``batchweave.packing``). None (default) chooses: on an object store, as many
@@ -78,31 +84,29 @@ class Consumer:
     def __init__(
         self,
         url: str | Store,
+        *,
         dp: int,
         cp: int = 1,
         tp: int = 1,
         pp: int = 1,
         rank: int | None = None,
-        prefetch: int | None = None,
-        *,
-        timeout_s: float | None = None,
-        max_poll_interval_s: float = 1.0,
-        sequence_axis: int = -1,
-        storage_options: dict[str, Any] | None = None,
-        log_metrics_s: float | None = None,
-        local_rank: int | None = None,
-        local_world_size: int | None = None,
-        node_sharing: bool | None = None,
+        options: ReadOptions | None = None,
+        **keywords: Unpack[ReadKeywords],
     ) -> None:
+        self.options = ReadOptions.build(options, **keywords)
         self.mesh = Mesh(dp=dp, cp=cp, tp=tp, pp=pp)
         self.rank = resolve_rank(rank, self.mesh)
         self.slice_index = self.mesh.slice_index(self.rank)
-        self.prefetch = check_prefetch(prefetch)
-        self.timeout_s = timeout_s
-        self.max_poll_interval_s = max_poll_interval_s
-        self.sequence_axis = sequence_axis
+        self.prefetch = self.options.prefetch
+        self.timeout_s = self.options.timeout_s
+        self.max_poll_interval_s = self.options.max_poll_interval_s
+        self.sequence_axis = self.options.sequence_axis
+        storage_options = None if self.options.storage_options is None else dict(self.options.storage_options)
         self._store = open_store(url, create=False, storage_options=storage_options)
-        self.node = resolve_plan(self._store, self.mesh, self.rank, local_rank, local_world_size, node_sharing)
+        node = self.options.node
+        self.node = resolve_plan(
+            self._store, self.mesh, self.rank, node.local_rank, node.local_world_size, node.enabled
+        )
         self._node_override: Any = None  # a node follower given in-process (the deterministic simulation)
         self._cursor = Cursor(version=0, position=Fraction(0), step=0)
         self._pipeline: Pipeline | None = None
@@ -111,7 +115,7 @@ class Consumer:
         self._pipeline_lock = threading.Lock()
         self._fetches = FetchRecorder()  # recorded by the fetching threads
         self._delivered = (0, 0, 0.0)  # steps, bytes, seconds next() waited
-        self.log_metrics_s = _check_interval(log_metrics_s)
+        self.log_metrics_s = self.options.log_metrics_s
         self._periodic_log = self._new_periodic_log()
 
     # -- iteration -------------------------------------------------------------------
@@ -284,19 +288,6 @@ class Consumer:
         return f"Consumer({self._store.url!r}, rank={self.rank}, mesh={self.mesh}, next_step={self._cursor.step})"
 
 
-def _check_interval(seconds: Any) -> float | None:
-    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0):
-        raise ConfigError(f"log_metrics_s must be a positive number of seconds or None, got {seconds!r}")
-    return seconds
-
-
-def check_prefetch(prefetch: Any) -> int | None:
-    """``prefetch`` as ``Consumer`` and ``TGBDataset`` take it: steps, or None to choose."""
-    if prefetch is not None and (not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 1):
-        raise ConfigError(f"prefetch must be a positive number of steps or None, got {prefetch!r}")
-    return prefetch
-
-
 @dataclass(frozen=True)
 class RankReading:
     """A ``Consumer``'s arguments for one rank, checked, kept by a framework's reader
@@ -306,38 +297,17 @@ class RankReading:
     store: Store
     mesh: Mesh
     rank: int
-    prefetch: int | None
-    timeout_s: float | None
-    sequence_axis: int
-    node: dict[str, Any]  # local_rank, local_world_size, node_sharing
+    options: ReadOptions
 
     @classmethod
-    def checked(
-        cls,
-        url: str | Store,
-        mesh: Mesh,
-        rank: int | None,
-        prefetch: Any,
-        timeout_s: float | None,
-        sequence_axis: int,
-        storage_options: dict[str, Any] | None,
-        **node: Any,
-    ) -> RankReading:
+    def checked(cls, url: str | Store, mesh: Mesh, rank: int | None, options: ReadOptions) -> RankReading:
+        storage_options = None if options.storage_options is None else dict(options.storage_options)
         store = open_store(url, create=False, storage_options=storage_options)  # checked now, no I/O
-        return cls(store, mesh, resolve_rank(rank, mesh), check_prefetch(prefetch), timeout_s, sequence_axis, node)
+        return cls(store, mesh, resolve_rank(rank, mesh), replace(options, storage_options=None))
 
     def consumer(self) -> Consumer:
         """A new ``Consumer`` for this rank, from step 0."""
         mesh = self.mesh
         return Consumer(
-            self.store,
-            dp=mesh.dp,
-            cp=mesh.cp,
-            tp=mesh.tp,
-            pp=mesh.pp,
-            rank=self.rank,
-            prefetch=self.prefetch,
-            timeout_s=self.timeout_s,
-            sequence_axis=self.sequence_axis,
-            **self.node,
+            self.store, dp=mesh.dp, cp=mesh.cp, tp=mesh.tp, pp=mesh.pp, rank=self.rank, options=self.options
         )

@@ -46,7 +46,7 @@ def evaluation_pass(
             f"{store.url} has not ended: an evaluation pass reads a namespace to its end, so write the "
             "evaluation set once and end it with bw.end_stream(url) (or batchweave end-stream URL)"
         )
-    return _one_pass(Consumer(store, dp, cp, tp, pp, rank, timeout_s=timeout_s))
+    return _one_pass(Consumer(store, dp=dp, cp=cp, tp=tp, pp=pp, rank=rank, timeout_s=timeout_s))
 
 
 def _one_pass(reader: Consumer) -> Iterator[Batch]:

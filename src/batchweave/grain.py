@@ -10,7 +10,7 @@ step the iterator handed out.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Unpack
 
 import grain
 import numpy as np
@@ -18,6 +18,7 @@ import numpy as np
 from batchweave.consumer import CURSOR_FORMAT, Consumer, RankReading
 from batchweave.errors import ConfigError, LayoutError
 from batchweave.mesh import Mesh
+from batchweave.reading.options import ReadKeywords, ReadOptions
 from batchweave.store import Store
 
 __all__ = ["TGBDatasetIterator", "TGBIterDataset", "to_jax"]
@@ -40,10 +41,12 @@ class TGBIterDataset(grain.IterDataset):
             how Grain's checkpoint handler names each process's state file. Call
             ``jax.distributed.initialize()`` before creating the dataset (JAX requires it
             before any other JAX call, and this one asks JAX for the process index).
-        prefetch, timeout_s, sequence_axis, storage_options: as for ``batchweave.Consumer``
-            (the consumer prefetches on its own threads; Grain's ``mp_prefetch`` would
-            add nothing and cannot split one rank's stream, so it is refused).
-        local_rank, local_world_size, node_sharing: as for ``batchweave.Consumer``.
+        options: every reading option as one ``batchweave.ReadOptions``, or give them as
+            keywords (``prefetch``, ``timeout_s``, ``max_poll_interval_s``,
+            ``sequence_axis``, ``log_metrics_s``, ``storage_options``, ``local_rank``,
+            ``local_world_size``, ``node_sharing``), as for ``batchweave.Consumer`` (the consumer
+            prefetches on its own threads; Grain's ``mp_prefetch`` would add nothing and
+            cannot split one rank's stream, so it is refused).
 
     The URL and ``storage_options`` are checked here (ConfigError), but no request is
     made before the first element is asked for.
@@ -52,37 +55,22 @@ class TGBIterDataset(grain.IterDataset):
     def __init__(
         self,
         url: str | Store,
+        *,
         dp: int,
         cp: int = 1,
         tp: int = 1,
         pp: int = 1,
         rank: int | None = None,
-        prefetch: int | None = None,
-        timeout_s: float | None = None,
-        sequence_axis: int = -1,
-        *,
-        storage_options: dict[str, Any] | None = None,
-        local_rank: int | None = None,
-        local_world_size: int | None = None,
-        node_sharing: bool | None = None,
+        options: ReadOptions | None = None,
+        **keywords: Unpack[ReadKeywords],
     ) -> None:
         super().__init__()
         mesh = Mesh(dp=dp, cp=cp, tp=tp, pp=pp)
         rank = _jax_process_rank(mesh) if rank is None else rank
         # The consumer's settings stay in _reading: an attribute `prefetch` would hide IterDataset.prefetch().
-        self._reading = RankReading.checked(
-            url,
-            mesh,
-            rank,
-            prefetch,
-            timeout_s,
-            sequence_axis,
-            storage_options,
-            local_rank=local_rank,
-            local_world_size=local_world_size,
-            node_sharing=node_sharing,
-        )
+        self._reading = RankReading.checked(url, mesh, rank, ReadOptions.build(options, **keywords))
         self.mesh, self.rank, self.url = mesh, self._reading.rank, url
+        self.options = self._reading.options  # every reading option, as the consumer gets them
 
     def __iter__(self) -> TGBDatasetIterator:
         return TGBDatasetIterator(self)

@@ -10,7 +10,8 @@ from typing import Any, Literal
 import msgspec
 
 from batchweave.journal import Journal
-from batchweave.lifecycle.watermarks import Checkpoint, read_watermarks, require_namespace
+from batchweave.journal.namespace import require_namespace
+from batchweave.lifecycle.watermarks import Checkpoint, read_watermarks
 from batchweave.log import LogState, ProducerState
 from batchweave.schema import ArraySchema, Schema
 from batchweave.store import Store, open_store

@@ -12,6 +12,7 @@ from __future__ import annotations
 import msgspec
 
 from batchweave import log
+from batchweave.decoding import decoding
 from batchweave.errors import CorruptDataError
 from batchweave.keys import INTENT_PREFIX
 from batchweave.log import TGBDescriptor
@@ -64,10 +65,8 @@ def encode_intent(intent: Intent) -> bytes:
 
 def decode_intent(data: bytes | memoryview, key: str) -> Intent:
     """Parse an intent and check it against its key: one producer, one epoch, dense offsets."""
-    try:
+    with decoding(key, "damaged intent"):
         intent = _INTENT_DECODER.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError) as exc:
-        raise CorruptDataError(key, f"damaged intent: {exc}") from exc
     if intent.format != INTENT_FORMAT:
         raise CorruptDataError(key, f"unsupported intent format {intent.format!r} (this reader knows {INTENT_FORMAT})")
     if not intent.tgbs:

@@ -34,6 +34,7 @@ import crc32c
 import msgspec
 import numpy as np
 
+from batchweave.decoding import decoding
 from batchweave.errors import CorruptDataError, LayoutError
 
 __all__ = [
@@ -80,11 +81,6 @@ _ALLOWED_DTYPE_KINDS = set("biufcSU")  # no object or structured dtypes: they hi
 _DTYPE_STR = re.compile(r"[<>|][biufcSU][1-9][0-9]{0,9}")
 _MAX_DIMS = 32
 _MAX_UNICODE = 0x10FFFF  # numpy's "U" stores UCS-4 code points; larger ones crash on access
-# What msgspec raises for bad JSON besides DecodeError: UnicodeDecodeError for invalid
-# UTF-8 in an object key or a string value it turns into str (not a DecodeError in msgspec
-# 0.22), RecursionError defensively (it nests on the C stack; the Structs here forbid the
-# unknown fields it would otherwise skip by recursing).
-_JSON_ERRORS = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -505,10 +501,8 @@ def decode_slice(buf: bytes | memoryview, key: str, expected_crc32c: int | None 
     (header_len,) = _U32.unpack_from(view, 4)
     if 8 + header_len > len(view):
         raise CorruptDataError(key, f"slice header length {header_len} runs past the slice ({len(view)} bytes)")
-    try:
+    with decoding(key, "unreadable slice header"):
         header = _SLICE_HEADER_DECODER.decode(view[8 : 8 + header_len])
-    except _JSON_ERRORS as exc:
-        raise CorruptDataError(key, f"unreadable slice header: {exc}") from exc
     data = view[_align(8 + header_len) :]
     if header.kind == "bytes":
         if header.arrays:
@@ -606,10 +600,8 @@ def read_footer(obj: bytes | memoryview, key: str) -> Footer:
     if footer_len > len(view) - tail:
         raise CorruptDataError(key, f"footer length {footer_len} exceeds the object size {len(view)}")
     start = len(view) - tail - footer_len
-    try:
+    with decoding(key, "unreadable footer"):
         footer = _FOOTER_DECODER.decode(view[start : len(view) - tail])
-    except _JSON_ERRORS as exc:
-        raise CorruptDataError(key, f"unreadable footer: {exc}") from exc
     if footer.format != FOOTER_FORMAT:
         raise CorruptDataError(
             key, f"unsupported TGB format {footer.format[:80]!r} (this reader knows {FOOTER_FORMAT})"

@@ -19,6 +19,7 @@ from typing import Generic, NamedTuple, TypeVar
 import msgspec
 
 from batchweave import keys
+from batchweave.decoding import decoding
 from batchweave.errors import CorruptDataError
 from batchweave.layout import Kind
 from batchweave.schema import Schema
@@ -208,10 +209,8 @@ def decode_version_head(data: bytes | memoryview, key: str, expected_version: in
 
 
 def _decode(data: bytes | memoryview, key: str, expected_version: int, decoder: msgspec.json.Decoder[_V]) -> _V:
-    try:
+    with decoding(key, "damaged log version"):
         version = decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError) as exc:
-        raise CorruptDataError(key, f"damaged log version: {exc}") from exc
     if version.format != LOG_FORMAT:
         raise CorruptDataError(key, f"unsupported log format {version.format!r} (this reader knows {LOG_FORMAT})")
     if version.version != expected_version:
@@ -243,20 +242,16 @@ def encode_hint(state: LogState) -> bytes:
 
 def decode_hint(data: bytes | memoryview, key: str = keys.HINT_KEY) -> Hint:
     """The hint; CorruptDataError if it is not one."""
-    try:
+    with decoding(key, "damaged snapshot hint"):
         hint = _HINT_DECODER.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError) as exc:
-        raise CorruptDataError(key, f"damaged snapshot hint: {exc}") from exc
     if hint.version < 0:
         raise CorruptDataError(key, f"snapshot hint names version {hint.version}")
     return hint
 
 
 def decode_snapshot(data: bytes | memoryview, key: str) -> LogState:
-    try:
+    with decoding(key, "damaged snapshot"):
         state = _STATE_DECODER.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError) as exc:
-        raise CorruptDataError(key, f"damaged snapshot: {exc}") from exc
     if state.format != SNAPSHOT_FORMAT:
         raise CorruptDataError(key, f"unsupported snapshot format {state.format!r}")
     return state

@@ -39,12 +39,10 @@ from batchweave.commit.claims import (
     next_epoch,
     parse_claim_key,
 )
-from batchweave.commit.group import GroupCommit
-from batchweave.commit.intents import IntentBoard
-from batchweave.commit.loop import CommitLoop, without_stall
+from batchweave.commit.committer import CommitContext, check_mode, committer_for
+from batchweave.commit.loop import without_stall
 from batchweave.commit.policies import ClaimBackoff, CommitPolicy, RecentCommitters, resolve_policy
 from batchweave.commit.shared import SharedState
-from batchweave.commit.turns import GroupTurns
 from batchweave.errors import (
     ConfigError,
     FlushTimeoutError,
@@ -158,12 +156,7 @@ class Producer:
         self._reclaim_view: tuple[Journal[Any], LogState] | None = None  # the log as a held producer reads it
         self._share = (-1, 0)  # (log version, this producer's share of max_lag then)
         self.policy = resolve_policy(commit_policy)
-        self._group = self.policy if isinstance(self.policy, GroupCommit) else None
-        if self._group is not None and not background_commit:
-            raise ConfigError(
-                f"producer {producer_id!r}: group commit takes turns on the background commit thread; "
-                "use background_commit=True (the default) with commit_policy='group'"
-            )
+        check_mode(self.policy, producer_id, background_commit)
         self._store = open_store(url, storage_options=storage_options)
         self._journal = Journal(self._store, snapshot_every, heads_only=True)
         stalled_before_s = self._store.stalled_s
@@ -174,32 +167,30 @@ class Producer:
         self._shared.schema = self._declared or state.schema
         if max_lag is not None:
             self._shared.committed_spans = []
-        if self._group is not None:
-            # The claim's successful attempt was a probe and a put, as a commit's is; it
-            # seeds how long a put takes, and how late turns come until the log shows it.
-            self._group.observe_commit(claim_window_s)
         # The claim was a commit through the log: it primes the policy with a first
         # fragile-window sample and the producer count, so a pool that starts together
         # spreads its first commits instead of colliding on them.
         self._committers = RecentCommitters()
         self.policy.observe(claim_window_s, self._active_producers(), True)
-        self._commits = CommitLoop(  # one-producer policies; group commit takes turns instead
-            self._shared, self._journal, self._store, self.policy, self._active_producers, self._published_metrics
+        # The commit mode (direct, or group commit's turns: ``batchweave.commit.committer``).
+        self._committer = committer_for(
+            self.policy,
+            CommitContext(
+                self._shared,
+                self._journal,
+                self._store,
+                self._active_producers,
+                self._published_metrics,
+                claim_window_s,
+            ),
         )
         self._next_offset = me.offset
-        self._intents = IntentBoard(self._store, self.producer_id)
         self._uploads: ThreadPoolExecutor | None = None  # started by the first TGB of several objects
-        self._turns: GroupTurns | None = None  # group commit's turn-taking (batchweave.commit.turns)
-        if self._group is not None:
-            self._turns = GroupTurns(
-                self._shared, self._journal, self._store, self._intents, self._group, self._published_metrics
-            )
-            self._intents.sweep_older_epochs(me.epoch)  # a crashed incarnation's, never foldable
         self._thread: threading.Thread | None = None
         self._raised: Exception | None = None  # the commit thread's error, once append or flush raised it
         if background_commit:
-            loop = self._commits.run if self._turns is None else self._turns.run
-            self._thread = threading.Thread(target=loop, name=f"batchweave-commit-{producer_id}", daemon=True)
+            run = self._committer.run
+            self._thread = threading.Thread(target=run, name=f"batchweave-commit-{producer_id}", daemon=True)
             self._thread.start()
 
     # -- public API ------------------------------------------------------------------
@@ -256,7 +247,7 @@ class Producer:
             else:
                 self._hold(Held(offset, framed.owned(), digest), limit, now, schema)
         if self._thread is None:
-            self._commits.commit_inline(self._next_offset, forced=False)
+            self._committer.commit_inline(self._next_offset, forced=False)
         return offset
 
     def _next_offset_or_raise(self, source_offset: int | None) -> int:
@@ -362,7 +353,7 @@ class Producer:
         with self._pack_lock:
             self._write_pack()
         if self._thread is None:
-            self._commits.commit_inline(self._next_offset, forced=True)
+            self._committer.commit_inline(self._next_offset, forced=True)
             return
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._shared.cond:
@@ -412,7 +403,7 @@ class Producer:
                 self._thread.join()
             if self._uploads is not None:
                 self._uploads.shutdown(wait=True)
-            self._intents.close()
+            self._committer.close()
             self._store.release()
         if lost is not None:
             raise lost

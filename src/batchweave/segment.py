@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import msgspec
 
+from batchweave.decoding import decoding
 from batchweave.errors import CorruptDataError
 from batchweave.keys import SEGMENT_PREFIX
 from batchweave.log import LOG_FORMAT, LogVersion, ReadVersion, check_descriptors
@@ -82,14 +83,12 @@ def decode_segment(data: bytes | memoryview, last: int) -> list[ReadVersion]:
     log holds them (a reader anchors its proof on them); CorruptDataError naming the
     segment's key if it is not exactly those versions, well formed."""
     key = segment_key(last)
-    try:
+    with decoding(key, "damaged log segment", also=(zlib.error,)):
         segment = _DECODER.decode(_inflate(data, key))
         if segment.format != SEGMENT_FORMAT:
             raise CorruptDataError(key, f"unsupported segment format {segment.format!r} (reader: {SEGMENT_FORMAT})")
         # Each version's bytes as a view into the inflated segment: no copy per version.
         versions = [ReadVersion(_VERSION.decode(raw), memoryview(raw)) for raw in segment.versions]
-    except (zlib.error, msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError) as exc:
-        raise CorruptDataError(key, f"damaged log segment: {exc}") from exc
     first = last - SEGMENT_VERSIONS + 1
     numbers = [v.delta.version for v in versions]
     if (segment.first, segment.last) != (first, last) or numbers != list(range(first, last + 1)):

@@ -56,6 +56,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from batchweave.decoding import decoding
 from batchweave.errors import ConfigError, CorruptDataError
 from batchweave.keys import POOL_PREFIX
 
@@ -235,10 +236,8 @@ def encode_record(record: ShardListRecord) -> bytes:
 
 def decode_record(data: bytes | memoryview, key: str, pool: str) -> ShardListRecord:
     """Parse and validate the record read from ``key``; CorruptDataError naming it if damaged."""
-    try:
+    with decoding(key, "damaged pool shard-list record"):
         record = _DECODER.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError) as exc:
-        raise CorruptDataError(key, f"damaged pool shard-list record: {exc}") from exc
     if record.format != SHARDS_FORMAT:
         raise CorruptDataError(key, f"unsupported pool shard-list format {record.format!r}")
     if record.pool != pool or key != record_key(pool, record.version):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Generator, Iterator, Mapping
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 import tensorflow as tf
@@ -25,6 +25,7 @@ import tensorflow as tf
 from batchweave.consumer import CURSOR_FORMAT, Batch, Consumer, RankReading
 from batchweave.errors import BatchWeaveError, ConfigError, LayoutError
 from batchweave.mesh import Mesh
+from batchweave.reading.options import ReadKeywords, ReadOptions
 from batchweave.store import Store
 
 __all__ = ["TGBReader"]
@@ -53,8 +54,10 @@ class TGBReader(tf.train.experimental.PythonState):
             of ``tf.string`` for raw-bytes namespaces). None (default): inferred from the
             first step when the dataset is first built (one read), with every dimension
             left unknown (``None``), since shapes may differ from step to step.
-        prefetch, timeout_s, sequence_axis, storage_options: as for ``batchweave.Consumer``.
-        local_rank, local_world_size, node_sharing: as for ``batchweave.Consumer``.
+        options: every reading option as one ``batchweave.ReadOptions``, or give them as
+            keywords (``prefetch``, ``timeout_s``, ``max_poll_interval_s``,
+            ``sequence_axis``, ``log_metrics_s``, ``storage_options``, ``local_rank``,
+            ``local_world_size``, ``node_sharing``), as for ``batchweave.Consumer``.
 
     The URL and ``storage_options`` are checked here (ConfigError), but no request is
     made before the dataset is first built or iterated. Errors of reading (a cursor of
@@ -65,35 +68,20 @@ class TGBReader(tf.train.experimental.PythonState):
     def __init__(
         self,
         url: str | Store,
+        *,
         dp: int,
         cp: int = 1,
         tp: int = 1,
         pp: int = 1,
         rank: int | None = None,
-        prefetch: int | None = None,
-        timeout_s: float | None = None,
-        sequence_axis: int = -1,
-        *,
         element_spec: Mapping[str, tf.TensorSpec] | tf.TensorSpec | None = None,
-        storage_options: dict[str, Any] | None = None,
-        local_rank: int | None = None,
-        local_world_size: int | None = None,
-        node_sharing: bool | None = None,
+        options: ReadOptions | None = None,
+        **keywords: Unpack[ReadKeywords],
     ) -> None:
         mesh = Mesh(dp=dp, cp=cp, tp=tp, pp=pp)
-        self._reading = RankReading.checked(
-            url,
-            mesh,
-            rank,
-            prefetch,
-            timeout_s,
-            sequence_axis,
-            storage_options,
-            local_rank=local_rank,
-            local_world_size=local_world_size,
-            node_sharing=node_sharing,
-        )
+        self._reading = RankReading.checked(url, mesh, rank, ReadOptions.build(options, **keywords))
         self.mesh, self.rank, self.url = mesh, self._reading.rank, url
+        self.options = self._reading.options  # every reading option, as the consumer gets them
         self._spec = _checked_spec(element_spec)
         start = {"format": CURSOR_FORMAT, "version": 0, "position_numerator": 0, "position_denominator": 1}
         self._consumed = Consumer.state_on_mesh({**start, "step": 0, "dp": dp, "cp": cp}, self.mesh)

@@ -12,7 +12,7 @@ import sys
 import types
 import warnings
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 import torch
@@ -21,6 +21,7 @@ import torch.utils.data
 from batchweave.consumer import CURSOR_FORMAT, Consumer, RankReading
 from batchweave.errors import ConfigError, LayoutError
 from batchweave.mesh import Coords, Mesh
+from batchweave.reading.options import ReadKeywords, ReadOptions
 from batchweave.store import Store
 
 try:  # what a DataLoader iterates an IterableDataset with; private, so only if it is there
@@ -48,10 +49,12 @@ class TGBDataset(torch.utils.data.IterableDataset):
         dp, cp, tp, pp: mesh sizes, when no ``mesh`` is given.
         rank: this rank in BatchWeave's order (``pp, dp, cp, tp``, outermost first);
             default: from ``mesh``, else ``RANK`` from the environment.
-        prefetch, timeout_s, sequence_axis, storage_options: as for ``batchweave.Consumer``.
-        local_rank, local_world_size, node_sharing: as for ``batchweave.Consumer``: the
-            ranks of a node share one log follower and one read per slice, by default
-            under torchrun with several ranks per node on an object store.
+        options: every reading option as one ``batchweave.ReadOptions``, or give them as
+            keywords (``prefetch``, ``timeout_s``, ``max_poll_interval_s``,
+            ``sequence_axis``, ``log_metrics_s``, ``storage_options``, ``local_rank``,
+            ``local_world_size``, ``node_sharing``), as for ``batchweave.Consumer``; the ranks of a node
+            share one log follower and one read per slice, by default under torchrun
+            with several ranks per node on an object store.
         copy: False (default) wraps the consumer's read-only numpy arrays without copying
             (``torch.from_numpy``; torch's not-writable warning is suppressed): do not
             modify the tensors in place, move them (``.to(device)``) or copy them first.
@@ -74,22 +77,17 @@ class TGBDataset(torch.utils.data.IterableDataset):
     def __init__(
         self,
         url: str | Store,
+        *,
         mesh: Any = None,
         dp: int | None = None,
         cp: int = 1,
         tp: int = 1,
         pp: int = 1,
         rank: int | None = None,
-        prefetch: int | None = None,
-        timeout_s: float | None = None,
-        sequence_axis: int = -1,
-        *,
         dim_names: Mapping[str, str] | None = None,
         copy: bool = False,
-        storage_options: dict[str, Any] | None = None,
-        local_rank: int | None = None,
-        local_world_size: int | None = None,
-        node_sharing: bool | None = None,
+        options: ReadOptions | None = None,
+        **keywords: Unpack[ReadKeywords],
     ) -> None:
         super().__init__()
         if mesh is not None:
@@ -103,19 +101,9 @@ class TGBDataset(torch.utils.data.IterableDataset):
             if dp is None:
                 raise ConfigError("give a DeviceMesh (mesh=...) or the data-parallel size dp")
             self.mesh = Mesh(dp=dp, cp=cp, tp=tp, pp=pp)
-        self._reading = RankReading.checked(
-            url,
-            self.mesh,
-            rank,
-            prefetch,
-            timeout_s,
-            sequence_axis,
-            storage_options,
-            local_rank=local_rank,
-            local_world_size=local_world_size,
-            node_sharing=node_sharing,
-        )
+        self._reading = RankReading.checked(url, self.mesh, rank, ReadOptions.build(options, **keywords))
         self.rank, self.url, self.copy = self._reading.rank, url, copy
+        self.options = self._reading.options  # every reading option, as the consumer gets them
         self.last_step: int | None = None
         self._consumer: Consumer | None = None
         self._state: dict[str, Any] | None = None  # a cursor to apply when the consumer is built

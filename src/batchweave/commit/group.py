@@ -237,6 +237,7 @@ class GroupCommit:
     """
 
     name = "group"
+    background_only = True  # its turns are taken on the producer's commit thread
 
     def __init__(
         self,

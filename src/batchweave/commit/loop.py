@@ -116,6 +116,9 @@ class CommitLoop:
         if shared.error is not None:
             raise shared.error
 
+    def close(self) -> None:
+        """Nothing to release: the loop holds no thread or cache of its own."""
+
     def _wait_for_work(self) -> list[TGBDescriptor] | None:
         """Under the lock: the batch to commit now, or None when the thread should stop."""
         shared = self._shared

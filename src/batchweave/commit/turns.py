@@ -71,6 +71,13 @@ class GroupTurns:
             if not self.take_a_pass(forced):
                 return
 
+    def commit_inline(self, target: int, forced: bool) -> None:
+        """Never called: group commit needs the commit thread (``GroupCommit.background_only``)."""
+        raise RuntimeError("group commit takes turns on the commit thread; it has no inline commit")
+
+    def close(self) -> None:
+        self._intents.close()
+
     def take_a_pass(self, forced: bool) -> bool:
         """One pass with its failure bookkeeping; False once the producer has failed for good."""
         try:

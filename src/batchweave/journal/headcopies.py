@@ -41,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 import msgspec
 
 from batchweave import keys, log, retry
+from batchweave.decoding import DECODE_ERRORS
 from batchweave.errors import CorruptDataError, StoreError
 from batchweave.journal.objects import LogObjects
 from batchweave.log import ReadVersion
@@ -101,7 +102,7 @@ def read_copy(objects: LogObjects, version: int, copy: int) -> ReadVersion | boo
         if held != version:
             return None if held < version else True
         return ReadVersion(log.decode_version(data, key, version), data)
-    except (msgspec.DecodeError, msgspec.ValidationError, CorruptDataError) as exc:
+    except (*DECODE_ERRORS, CorruptDataError) as exc:
         _logger.warning("read around a damaged copy of log version %d (%s): %s", version, key, exc)
         return True
 

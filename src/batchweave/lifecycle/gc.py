@@ -28,6 +28,7 @@ from batchweave.commit.claims import dead_tickets
 from batchweave.errors import CorruptDataError, ObjectExistsError, ObjectNotFoundError, TransientStoreError
 from batchweave.intent import decode_intent, parse_intent_key
 from batchweave.journal import Journal
+from batchweave.journal.namespace import require_namespace
 from batchweave.keys import CLAIM_PREFIX, INTENT_PREFIX, parse_data_key
 from batchweave.lifecycle.gcsummary import (
     GC_PREFIX,
@@ -45,7 +46,6 @@ from batchweave.lifecycle.watermarks import (
     global_watermark,
     read_watermarks,
     released_key,
-    require_namespace,
 )
 from batchweave.log import LogState, LogVersion, Reclaim
 from batchweave.segment import SEGMENT_PREFIX

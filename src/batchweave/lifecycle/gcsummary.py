@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import msgspec
 
+from batchweave.decoding import decoding
 from batchweave.errors import CorruptDataError
 from batchweave.keys import GC_PREFIX
 from batchweave.log import digest
@@ -89,10 +90,8 @@ def decode_summary(data: bytes | memoryview, key: str) -> GCSummary:
     body, _, check = bytes(data).rpartition(b"\n")
     if not body or digest(body).encode() != check:
         raise CorruptDataError(key, "a garbage-collection summary whose digest does not match its bytes")
-    try:
+    with decoding(key, "not a garbage-collection summary"):
         summary = _decoder.decode(body)
-    except msgspec.DecodeError as exc:
-        raise CorruptDataError(key, f"not a garbage-collection summary ({exc})") from None
     if summary.format != SUMMARY_FORMAT or summary_version(key) != summary.version:
         raise CorruptDataError(key, f"format {summary.format!r} for version {summary.version}, not ours")
     return summary

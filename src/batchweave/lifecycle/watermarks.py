@@ -11,10 +11,6 @@ which is what garbage collection (``batchweave.lifecycle.gc``) and producer back
 
     _checkpoints/<id>/<d>-<c>.json     the watermark of position (d, c) (create-only)
     _checkpoints/<id>/_released        the checkpoint was deleted (create-only)
-
-Also here: ``require_namespace``, the rule the tools that only read or tidy a namespace
-use to tell one from a mistyped URL (a namespace is something committed or a
-checkpoint marked).
 """
 
 from __future__ import annotations
@@ -27,10 +23,11 @@ from typing import Annotated, Any
 import msgspec
 
 from batchweave import keys
+from batchweave.decoding import decoding
 from batchweave.errors import ConfigError, CorruptDataError, ObjectExistsError, ObjectNotFoundError
 from batchweave.journal import Journal
+from batchweave.journal.namespace import require_namespace
 from batchweave.keys import CHECKPOINT_PREFIX
-from batchweave.log import LogState
 from batchweave.store import ObjectInfo, Store, open_store
 
 __all__ = [
@@ -41,11 +38,9 @@ __all__ = [
     "Watermark",
     "check_checkpoint_id",
     "global_watermark",
-    "no_namespace_message",
     "read_watermarks",
     "release_checkpoint",
     "released_key",
-    "require_namespace",
     "write_watermark",
 ]
 
@@ -82,10 +77,8 @@ class Watermark:
         ``key`` and the damage. Strict, because GC trusts what it returns: a mark that a
         later step would trip over (a string ``dp``, ``d >= dp``, a mark filed under
         another checkpoint or position) is refused here, in time linear in ``len(data)``."""
-        try:
+        with decoding(key, "damaged watermark"):
             body = _WATERMARK_DECODER.decode(data)
-        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:  # as layout._JSON_ERRORS says
-            raise CorruptDataError(key, f"damaged watermark: {exc}") from exc
         if body.format != WATERMARK_FORMAT:
             raise CorruptDataError(key, f"watermark format {body.format[:80]!r} is not {WATERMARK_FORMAT}")
         if body.d >= body.dp or body.c >= body.cp:
@@ -144,28 +137,6 @@ def write_watermark(store: Store, mark: Watermark) -> None:
                 f"checkpoint {mark.checkpoint!r} position ({mark.d}, {mark.c}) was already marked at TGB position "
                 f"{existing.position} (dp={existing.dp} cp={existing.cp}); checkpoint ids must not be reused"
             ) from None
-
-
-def require_namespace(store: Store, state: LogState, *, has_checkpoints: bool) -> None:
-    """Refuse a namespace that does not exist, for the tools that only read or tidy one.
-
-    A local directory exists or not (``open_store(create=False)`` refuses a missing one).
-    On an object store a prefix always "exists", so a namespace exists once something was
-    committed there (log version 1 or a snapshot: ``state.version > 0``) or a checkpoint
-    was marked there. Anything else is most likely a mistyped URL. (A ``Consumer`` does not
-    ask: on an object store it may start before the first producer and wait; it warns
-    meanwhile. ``batchweave inspect`` says the same of a local directory with nothing in it.)
-    """
-    if store.object_store and state.version == 0 and not has_checkpoints:
-        raise ConfigError(no_namespace_message(store.url))
-
-
-def no_namespace_message(url: str) -> str:
-    """What the tools say of a URL where nothing was committed yet (a waiting consumer too)."""
-    return (
-        f"no BatchWeave namespace at {url}: nothing committed yet (no log version 1, no snapshot, no checkpoint "
-        "marked); check the URL, prefix included, against the producers' one, or start the producers first"
-    )
 
 
 def release_checkpoint(url: str | Store, checkpoint_id: str, *, storage_options: dict[str, Any] | None = None) -> None:

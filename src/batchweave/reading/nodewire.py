@@ -28,6 +28,7 @@ from typing import Annotated, Any
 
 import msgspec
 
+from batchweave.decoding import DECODE_ERRORS
 from batchweave.errors import (
     CorruptDataError,
     DataReclaimedError,
@@ -132,7 +133,7 @@ def parse_request(header: bytes) -> Hello | LogRequest | RangeRequest:
         return _requests.decode(header)
     except msgspec.ValidationError as exc:
         raise BadRequest(f"invalid request: {exc}") from None
-    except msgspec.DecodeError as exc:
+    except DECODE_ERRORS as exc:  # a peer's bytes: invalid UTF-8 too, not only bad JSON
         raise BadRequest(f"not a request: {exc}") from None
 
 

@@ -1,7 +1,7 @@
 """The reading pipeline: follows the log from a cursor and prefetches one rank's steps in order.
 
-It joins the reading side's parts: the follower (``reading.follower``: proven versions,
-paced at the head; or the node's, ``reading.node``), the plan of steps
+It joins the reading side's parts: the log source (``reading.logsource``: the rank's own
+follower, proven versions paced at the head, or the node's), the plan of steps
 (``reading.steps``) and the fetcher (``reading.fetch``). ``follow_log`` is a generator
 that reads the log, queues the steps it finds and yields how long to pause before probing
 again (0 after progress). On an object store a background thread drives it and a thread
@@ -23,21 +23,21 @@ from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from fractions import Fraction
 from typing import Any
 
-from batchweave import log, retry
+from batchweave import retry
 from batchweave.errors import StepTimeoutError
 from batchweave.journal import Journal
 from batchweave.log import LogVersion, ReadVersion
 from batchweave.mesh import Mesh
 from batchweave.metrics import FetchRecorder
-from batchweave.reading.cursor import Cursor, checked_cursor
+from batchweave.reading.cursor import Cursor
 from batchweave.reading.fetch import Batch, SliceFetcher, step_bytes
-from batchweave.reading.follower import FollowItem, ProvenLog, Unproven, log_reader
+from batchweave.reading.follower import Unproven
+from batchweave.reading.logsource import LogSource
 from batchweave.reading.node import NodePlan
-from batchweave.reading.nodeclient import NodeClient, NodeUnavailableError
+from batchweave.reading.nodeclient import NodeClient
 from batchweave.reading.polling import HeadPolling
-from batchweave.reading.readahead import DEFAULT_LOG_READ_AHEAD
 from batchweave.reading.runs import RangeRuns
-from batchweave.reading.sharedlog import InlineNode, NodeBehind
+from batchweave.reading.sharedlog import InlineNode
 from batchweave.reading.steps import PlannedStep, StepPlan
 from batchweave.reading.window import FetchWindow
 from batchweave.store import Store
@@ -47,7 +47,6 @@ __all__ = [
     "LOG_LOOKAHEAD_TGBS",
     "MAX_AUTO_PREFETCH",
     "MIN_AUTO_PREFETCH",
-    "REJOIN_S",
     "Pipeline",
 ]
 
@@ -69,10 +68,6 @@ LOG_LOOKAHEAD_TGBS = 256
 # Seconds close() waits for the threads: a read hung longer ends on its own (the threads
 # stop retrying once the reader is closing), and a consumer may start reading again meanwhile.
 CLOSE_WAIT_S = 10.0
-# A rank its node sent to read alone asks the node again once it is at the head, at most
-# this often: from the first second, doubling up to the second while the node keeps
-# sending it away (a rank far ahead of the node's follower, say), so it never spins.
-REJOIN_S = (1.0, 64.0)
 
 _END = object()
 Fetched = tuple[Batch, Fraction | int]
@@ -114,7 +109,6 @@ class Pipeline:
             self._journal.anchor_on(cursor.version, cursor.digest)
         self._url = store.url
         self._rank = rank
-        self._cursor = cursor  # where this pipeline started
         self._next_delivered = cursor.step  # for messages
         self._plan = StepPlan(mesh, rank, mesh.slice_index(rank), cursor, store.url)
         followers = node.nodes if node is not None else mesh.world_size
@@ -136,6 +130,17 @@ class Pipeline:
             self._node = NodeClient(node.address, store, self._polling, node.sharers)
         # A slice no other rank of the node reads gains nothing from the hub: read directly.
         shares_reads = self._node is not None and (node is None or node.sharers > 1)
+        self._source = LogSource(
+            store,
+            self._journal,
+            cursor,
+            self._node,
+            self._polling,
+            self._first_needed,
+            self._stop,
+            rank,
+            checked=self._cursor_checked,
+        )
         self._expected_until = 0  # the steps before this one were expected (``_expect_ready``)
         self._joined: set[int] = set()  # expected steps whose bytes an earlier step's read brings
         self._fetcher = SliceFetcher(
@@ -303,26 +308,9 @@ class Pipeline:
             if self._stop.is_set():  # closing, or stopped without close(): nothing else may release them
                 self._release()
 
-    def _open(self) -> None:
-        """Check the cursor against the namespace before reading from it (one load).
-
-        A cursor checked already (by ``load_state_dict``) carries its version's digest and
-        needs no second load; a cursor from the start has nothing to check, and the first
-        proof of what the reader reads (I10) finds a reclaimed start.
-        """
-        if self._cursor.digest or (self._cursor.version == 0 and self._cursor.position == 0):
-            return
-        self._cursor = checked_cursor(self._cursor, self._journal, self._url)
-        self._plan.namespace = self._cursor.namespace or self._plan.namespace
-        if self._cursor.digest:
-            self._journal.anchor_on(self._cursor.version, self._cursor.digest)
-
     def _follow_log(self) -> Generator[float, None, None]:
         """Queue every step as the log shows it; yield the pause before the next probe."""
-        self._open()
-        source: Generator[FollowItem, None, Any] = (
-            self._own_log(max(self._cursor.version, 1)) if self._node is None else self._shared_log()
-        )
+        source = self._source.versions()
         try:
             for item in source:
                 if isinstance(item, Unproven):
@@ -345,64 +333,11 @@ class Pipeline:
         finally:
             source.close()
 
-    def _shared_log(self) -> Generator[FollowItem, None, None]:
-        """The node's follower (``batchweave.reading.node``); this rank's own from where it
-        stood while the node cannot serve it: for good once no hub can be had; until it
-        has caught up with the head when it is far from the node's other ranks (or its
-        own check of what the node handed it failed), asking the node again at most every
-        ``REJOIN_S`` seconds (doubling while the node keeps sending it away)."""
-        assert self._node is not None
-        version = max(self._cursor.version, 1)
-        anchor = (self._cursor.version, self._cursor.digest) if self._cursor.digest else None
-        present_through = self._cursor.version
-        rejoin_after_s = REJOIN_S[0]
-        while True:
-            last: ReadVersion | None = None  # the newest version the hub proved for this rank
-            caught_up: int | None = None
-            try:
-                for item in self._node.log(version, anchor, present_through, self._first_needed, self._url, self._stop):
-                    if isinstance(item, list):
-                        last = item[-1]
-                        rejoin_after_s = REJOIN_S[0]  # served again: a later parting starts afresh
-                    yield item
-                return
-            except (NodeUnavailableError, NodeBehind) as exc:  # an unreachable hub is logged by the client
-                rejoin = isinstance(exc, NodeBehind)
-                if rejoin:
-                    _logger.info("%s rank %d: %s; following the log on its own", self._url, self._rank, exc)
-                if last is not None:  # proven by the hub: this rank's own proofs go on from there (I10)
-                    self._journal.anchor_on(last.delta.version, log.digest(last.data))
-                caught_up = yield from self._own_log(
-                    exc.next_version, rejoin_after_s=rejoin_after_s if rejoin else None
-                )
-            if caught_up is None:
-                return
-            rejoin_after_s = min(2 * rejoin_after_s, REJOIN_S[1])
-            version, anchor, present_through = caught_up, None, 0  # the node's again, from the head
-
-    def _own_log(self, first: int, *, rejoin_after_s: float | None = None) -> Generator[FollowItem, None, int | None]:
-        """This rank's own follower: reads ahead, proves every batch (I10), paces probes.
-        With ``rejoin_after_s``, it stops at the first miss (the head) once that long has
-        passed, and returns the next version (the rank asks its node again from there)."""
-        depth = DEFAULT_LOG_READ_AHEAD if self._store.remote else 1  # local reads are too quick to overlap
-        reader = log_reader(self._journal, first, depth, self._polling, self._stop)
-        if first == 1 and depth > 1:
-            reader.alongside(self._journal.learn_namespace)  # for the first proof, while reading
-        started = time.monotonic()
-        try:
-            for item in ProvenLog(
-                self._journal, reader, self._polling, self._first_needed, self._url, self._cursor.version, early=True
-            ):
-                at_head = isinstance(item, float) and item > 0
-                if at_head and rejoin_after_s is not None and time.monotonic() - started >= rejoin_after_s:
-                    return reader.next_version  # what was read is handed out (its proof runs)
-                yield item
-        finally:
-            reader.close()
-        return None
-
     def _first_needed(self) -> int:
         return self._plan.first_needed
+
+    def _cursor_checked(self, cursor: Cursor) -> None:
+        self._plan.namespace = cursor.namespace or self._plan.namespace
 
     def _take_all(self, batch: list[ReadVersion], proof: Future[None] | None = None) -> bool:
         """Take each version in order and queue its steps, delivered once ``proof`` is done

@@ -42,6 +42,7 @@ import batchweave.logrules
 import batchweave.producer
 import batchweave.reading.fetch
 import batchweave.reading.follower
+import batchweave.reading.logsource
 import batchweave.reading.pipeline
 import batchweave.reading.polling
 import batchweave.reading.readahead
@@ -160,6 +161,7 @@ def deterministic(scheduler: Scheduler, noise: random.Random) -> Iterator[None]:
         (batchweave.commit.turns, "random", fake_random),
         (batchweave.consumer, "time", fake_time),
         (batchweave.reading.pipeline, "time", fake_time),
+        (batchweave.reading.logsource, "time", fake_time),  # when a rank that left its node asks again
         (batchweave.reading.fetch, "time", fake_time),
         (batchweave.reading.follower, "time", fake_time),
         (batchweave.reading.polling, "random", fake_random),

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from batchweave.commit.group import GroupCommit
+from batchweave.commit.turns import GroupTurns
 from batchweave.producer import Producer
 from batchweave.store import Store
 
@@ -36,8 +37,8 @@ class GroupProducerDriver:
 
     def step(self) -> None:
         """One pass of ``GroupTurns.run``: publish, follow, commit if our turn came."""
-        shared, turns = self.producer._shared, self.producer._turns
-        assert turns is not None
+        shared, turns = self.producer._shared, self.producer._committer
+        assert isinstance(turns, GroupTurns)
         if shared.error is not None:
             raise shared.error
         if not shared.pending:

@@ -7,16 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from batchweave.demo.plan import DemoPlan, checkpoint_id, producer_id
-from batchweave.demo.processes import Processes
-from batchweave.demo.render import render_live
-from batchweave.demo.story import Story
 from batchweave.journal import Journal
 from batchweave.keys import DATA_PREFIX, parse_data_key
 from batchweave.lifecycle.gc import collect_garbage
 from batchweave.lifecycle.watermarks import CHECKPOINT_PREFIX, read_watermarks, release_checkpoint
 from batchweave.log import LogState
 from batchweave.store import Store, open_store
+from batchweave_demo.plan import DemoPlan, checkpoint_id, producer_id
+from batchweave_demo.processes import Processes
+from batchweave_demo.render import render_live
+from batchweave_demo.story import Story
 
 _POLL_S = 0.25
 

@@ -11,16 +11,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from batchweave.demo.directory import prepare_demo_dir, write_json
-from batchweave.demo.figure import draw_figure
-from batchweave.demo.orchestrator import DemoRun
-from batchweave.demo.plan import DEFAULT_STEPS, plan_demo
-from batchweave.demo.render import render_summary
-from batchweave.demo.resumes import refuse_released, resume_on_other_dp
-from batchweave.demo.summary import summarize
-from batchweave.demo.workload import IMAGES_PER_SLICE
 from batchweave.errors import ConfigError
 from batchweave.producer import end_stream
+from batchweave_demo.directory import prepare_demo_dir, write_json
+from batchweave_demo.figure import draw_figure
+from batchweave_demo.orchestrator import DemoRun
+from batchweave_demo.plan import DEFAULT_STEPS, plan_demo
+from batchweave_demo.render import render_summary
+from batchweave_demo.resumes import refuse_released, resume_on_other_dp
+from batchweave_demo.summary import summarize
+from batchweave_demo.workload import IMAGES_PER_SLICE
 
 _RUN_TIMEOUT_S = 900.0  # the whole streaming phase; a hung child fails the demo, not the terminal
 

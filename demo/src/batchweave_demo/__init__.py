@@ -50,11 +50,11 @@ docs/demo.md explains how to read the output and the figure.
 
 from __future__ import annotations
 
-from batchweave.demo.directory import default_demo_dir, prepare_demo_dir
-from batchweave.demo.plan import DEFAULT_STEPS, DemoPlan, plan_demo
-from batchweave.demo.render import render_summary
-from batchweave.demo.run import run_demo
-from batchweave.demo.workload import build_slice, build_tgb, slice_checksum
+from batchweave_demo.directory import default_demo_dir, prepare_demo_dir
+from batchweave_demo.plan import DEFAULT_STEPS, DemoPlan, plan_demo
+from batchweave_demo.render import render_summary
+from batchweave_demo.run import run_demo
+from batchweave_demo.workload import build_slice, build_tgb, slice_checksum
 
 __all__ = [
     "DEFAULT_STEPS",

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from batchweave.demo.plan import DemoPlan, producer_id
 from batchweave.log import LogState
+from batchweave_demo.plan import DemoPlan, producer_id
 
 
 def render_live(plan: DemoPlan, state: LogState | None, appended: Any, progress: Any) -> Any:

@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from batchweave.demo.checks import (
+from batchweave.log import LogState
+from batchweave_demo.checks import (
     check,
     consumer_kill_check,
     first_event,
@@ -17,9 +18,8 @@ from batchweave.demo.checks import (
     stream_checks,
     uploaded_offsets,
 )
-from batchweave.demo.directory import read_json
-from batchweave.demo.plan import DemoPlan
-from batchweave.log import LogState
+from batchweave_demo.directory import read_json
+from batchweave_demo.plan import DemoPlan
 
 _LISTS = ("steps", "sources", "checksums", "epochs")
 

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from batchweave.demo.directory import read_json
-from batchweave.demo.plan import producer_id
-from batchweave.demo.workload import build_slice, slice_checksum
+from batchweave_demo.directory import read_json
+from batchweave_demo.plan import producer_id
+from batchweave_demo.workload import build_slice, slice_checksum
 
 
 def check(name: str, ok: bool, detail: str) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from batchweave.demo.plan import DemoPlan
+from batchweave_demo.plan import DemoPlan
 
 _MARKS = {  # event kind -> (colour, line style, label)
     "producer_killed_with_uncommitted": ("tab:red", "-", "SIGKILL {producer_id} ({uncommitted_objects} uncommitted)"),

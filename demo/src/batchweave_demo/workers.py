@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 
 from batchweave.consumer import Consumer
-from batchweave.demo.directory import write_json
-from batchweave.demo.plan import COMMIT_EVERY, checkpoint_id, producer_id
-from batchweave.demo.workload import WRITER_EPOCH, build_tgb, payload_checksum
 from batchweave.errors import BatchWeaveError
 from batchweave.producer import Producer
+from batchweave_demo.directory import write_json
+from batchweave_demo.plan import COMMIT_EVERY, checkpoint_id, producer_id
+from batchweave_demo.workload import WRITER_EPOCH, build_tgb, payload_checksum
 
 CONSUMER_TIMEOUT_S = 120.0
 

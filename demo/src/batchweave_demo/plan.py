@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from batchweave.demo.workload import IMAGES_PER_SLICE
 from batchweave.errors import ConfigError
+from batchweave_demo.workload import IMAGES_PER_SLICE
 
 DEFAULT_STEPS = 200
 COMMIT_EVERY = 4  # TGBs a producer uploads before each flush()

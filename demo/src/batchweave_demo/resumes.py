@@ -8,12 +8,12 @@ import json
 from typing import Any
 
 from batchweave.consumer import Consumer
-from batchweave.demo.directory import write_json
-from batchweave.demo.orchestrator import DemoRun
-from batchweave.demo.workers import CONSUMER_TIMEOUT_S
-from batchweave.demo.workload import payload_checksum
 from batchweave.errors import DataReclaimedError
 from batchweave.lifecycle.watermarks import global_watermark, read_watermarks
+from batchweave_demo.directory import write_json
+from batchweave_demo.orchestrator import DemoRun
+from batchweave_demo.workers import CONSUMER_TIMEOUT_S
+from batchweave_demo.workload import payload_checksum
 
 
 def refuse_released(run: DemoRun) -> None:

@@ -1,5 +1,5 @@
 """The parent's side of the demo's child processes: starting producers and ranks (each a
-``spawn``ed OS process, see ``batchweave.demo.workers``), their pipes, and the kills.
+``spawn``ed OS process, see ``batchweave_demo.workers``), their pipes, and the kills.
 
 Progress crosses processes in lock-free shared counters: a SIGKILLed writer cannot
 wedge a lock. Only processes the demo started are killed, by their handle.
@@ -15,8 +15,8 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-from batchweave.demo.plan import DemoPlan, producer_id
-from batchweave.demo.workers import consumer_main, producer_main
+from batchweave_demo.plan import DemoPlan, producer_id
+from batchweave_demo.workers import consumer_main, producer_main
 
 
 class Processes:
