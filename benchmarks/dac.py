@@ -180,5 +180,5 @@ def _bars(axes: Any, records: list[dict], colours: dict[str, str]) -> None:
     axes.bar_label(
         bars, labels=[f"{r['throughput_mb_s']:.0f}\n{percent(r['window_commit_success_rate'], 0)}" for r in records]
     )
-    axes.set(title="throughput (drain included), commit success in the window", ylabel="MB/s")
+    axes.set(title="MB/s over the run; success in the window", ylabel="MB/s (drain included)")
     axes.margins(y=0.2)
