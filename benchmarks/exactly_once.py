@@ -84,6 +84,9 @@ class SeriesPlan:
     filler_tgbs: int
     tgb_slices: int = 8
     payload_bytes: int = 100_000
+    # Rounds run even past ``duration_s`` (a test's short run on a busy machine still
+    # measures a series, not one pair).
+    min_rounds: int = 1
 
 
 # Full: about 390 rounds, the manifest near 40,000 TGBs at the end. A round takes 0.5 s
@@ -372,7 +375,7 @@ def run_series(
     pairs: dict[str, list[dict[str, float]]] = {GROWING: [], FLAT: []}
     started = time.perf_counter()
     try:
-        for round_ in _rounds(started, plan.duration_s):
+        for round_ in _rounds(started, plan.duration_s, plan.min_rounds):
             # Each round swaps which log goes first, every other round which arm: drift
             # and the previous commit's aftermath fall on all four alike.
             for paired in logs if round_ % 2 == 0 else logs[::-1]:
@@ -389,9 +392,9 @@ def run_series(
     return pairs, manifest
 
 
-def _rounds(started: float, duration_s: float) -> Iterable[int]:
+def _rounds(started: float, duration_s: float, min_rounds: int) -> Iterable[int]:
     round_ = 0
-    while time.perf_counter() - started < duration_s:
+    while round_ < min_rounds or time.perf_counter() - started < duration_s:
         yield round_
         round_ += 1
 

@@ -65,7 +65,7 @@ def test_a_window_is_the_median_of_its_pairs_and_the_overrun_is_left_out():
 
 
 def test_the_run_keeps_both_arms_in_step_and_charges_the_growing_manifest_to_both():
-    plan = SeriesPlan(duration_s=1.5, window_s=0.5, filler_tgbs=3000, tgb_slices=2, payload_bytes=64)
+    plan = SeriesPlan(duration_s=1.5, window_s=0.5, filler_tgbs=3000, tgb_slices=2, payload_bytes=64, min_rounds=2)
     pairs, manifest = run_series(plan, seed=3)
     growing, flat = pairs[GROWING], pairs[FLAT]
     assert len(growing) >= 2 and len(flat) >= 2, pairs

@@ -13,7 +13,7 @@ import numpy as np
 import batchweave as bw
 from batchweave.commit.policies import Manual
 from batchweave.journal import Journal
-from batchweave.reading import pipeline
+from batchweave.reading import driver
 from batchweave.reading.window import FetchWindow, WindowRoom
 from batchweave.store import open_store
 from batchweave.testing.interleave import Background, PausingStore
@@ -160,7 +160,7 @@ class InFlightStore(RemotePausingStore):
 def test_prefetch_none_bounds_the_bytes_in_flight_when_later_steps_are_larger(monkeypatch):
     """The window's depth comes from the first step (4 steps of ~1 KB here); steps twice as
     large later get half as many reads in flight, never twice the bytes."""
-    monkeypatch.setattr(pipeline, "AUTO_PREFETCH_BYTES", 3000)
+    monkeypatch.setattr(driver, "AUTO_PREFETCH_BYTES", 3000)
     url = f"memory://fetch-window-{uuid.uuid4().hex}"
     # pack_steps=1: the bound is on steps' reads; a pack's steps read together may pass it
     # by one read of up to reading.runs.MAX_RUN_BYTES (docs/reading.md)
@@ -175,7 +175,7 @@ def test_prefetch_none_bounds_the_bytes_in_flight_when_later_steps_are_larger(mo
         assert [int(next(consumer).data["x"][0]) for _ in range(13)] == list(range(13))
         assert consumer.inflight == 4
     later_slice = Journal(open_store(url)).read_version(2).tgbs[1].slices[0][2]
-    budget = pipeline._auto_budget(first_slice)
+    budget = driver.auto_budget(first_slice)
     assert budget < 3 * later_slice  # three of the later steps would not fit
     # Ahead of the step next() waits for (handed out as the call takes it): the budget.
     assert later_slice < store.most_bytes <= budget + later_slice

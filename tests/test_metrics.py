@@ -126,3 +126,31 @@ def test_a_consumer_logs_its_metrics_at_info_while_iterating(tmp_path, caplog, m
 def test_a_bad_log_interval_is_refused(tmp_path, interval):
     with pytest.raises(bw.ConfigError, match="log_metrics_s must be a positive number"):
         bw.Consumer(str(tmp_path), dp=1, rank=0, log_metrics_s=interval)
+
+
+@pytest.mark.parametrize("remote", [False, True])
+def test_log_requests_count_the_ranks_own_log_reads_across_restarts(tmp_path, remote):
+    store = LatencyStore(f"memory://metrics-{uuid.uuid4().hex}", NO_LATENCY) if remote else str(tmp_path / "ns")
+    commit(store, 4)
+    consumer = bw.Consumer(store, dp=2, rank=0, timeout_s=30)
+    assert consumer.metrics().log_requests == 0  # nothing read before the first step
+    next(consumer)
+    first = consumer.metrics().log_requests
+    assert first >= 2  # at least the two versions it read (the claim and the commit)
+    consumer.close()
+    assert consumer.metrics().log_requests == first  # a closed reader's requests stay counted
+    next(consumer)  # reading again from the cursor: a new reader, counted on top
+    assert consumer.metrics().log_requests > first
+    consumer.close()
+
+
+def test_reading_version_is_the_running_readers_proven_view(tmp_path):
+    url = str(tmp_path / "ns")
+    commit(url, 3)
+    consumer = bw.Consumer(url, dp=2, rank=0, timeout_s=10)
+    assert consumer.reading_version is None  # not reading yet
+    next(consumer)
+    assert consumer.reading_version == 2  # the claim, then the commit that named all three
+    consumer.close()
+    assert consumer.reading_version is None
+    assert consumer.metrics().head_version == 2  # the metrics keep what the cursor reached

@@ -9,6 +9,7 @@ import fcntl
 import json
 import mmap
 import os
+import pickle
 import re
 import signal
 import socket
@@ -30,6 +31,7 @@ from batchweave.mesh import Mesh
 from batchweave.reading import node, nodeclient, nodehub
 from batchweave.reading.polling import HeadPolling
 from batchweave.reading.readahead import FIRST_WINDOW
+from batchweave.store import open_store
 
 pytestmark = pytest.mark.skipif(not node.sharing_supported(), reason="node sharing needs Linux")
 
@@ -430,7 +432,8 @@ def test_a_rank_left_by_its_hub_proves_from_what_the_hub_gave_it_not_from_its_ol
             cursor = early.state_dict()
         rank = bw.Consumer(store, dp=1, rank=0, timeout_s=10, max_poll_interval_s=0.05)
         rank.load_state_dict(cursor)
-        hub = rank._node_override = _HubThatGoesAway(store)
+        hub = _HubThatGoesAway(store)
+        rank.attach_node(hub)
         assert [next(rank).step for _ in range(4)] == [2, 3, 4, 5]
         rank.mark_checkpoint("later")
         bw.release_checkpoint(store, "early")
@@ -459,3 +462,30 @@ def test_a_nodes_first_follower_waits_its_start_pause_before_its_first_request(m
     fill(store, 6, 2)
     assert_each_rank_read_its_slice(read_node(store, range(8), dp=2, tp=4, sharing=True), 6, 2, 4)
     assert pauses == [pytest.approx(1 / 70)]  # one node of one: its floor is a 70th of a second
+
+
+class _AskedHub(_HubThatGoesAway):
+    """A hub that notes from which version each rank asked it for the log."""
+
+    def __init__(self, store) -> None:
+        super().__init__(store)
+        self.asked: list[int] = []
+
+    def log(self, first, *rest):
+        self.asked.append(first)
+        return super().log(first, *rest)
+
+
+def test_an_attached_node_is_its_processs_own_a_pickled_copy_reads_without_it(tmp_path):
+    url = str(tmp_path / "ns")
+    fill(open_store(url, create=True), 3, 1)
+    hub = _AskedHub(open_store(url))
+    consumer = bw.Consumer(url, dp=1, rank=0, timeout_s=10)
+    consumer.attach_node(hub)
+    copy = pickle.loads(pickle.dumps(consumer))  # as a DataLoader worker receives it
+    assert [b.step for b in (next(copy) for _ in range(3))] == [0, 1, 2]
+    assert hub.asked == []  # the copy followed the log on its own
+    assert next(consumer).step == 0
+    assert hub.asked == [1]  # the original reads through the node it was given
+    copy.close()
+    consumer.close()

@@ -368,12 +368,11 @@ def test_idle_consumer_backs_off(backend_url):
     produce(backend_url, "p", 1)
     consumer = bw.Consumer(backend_url, dp=2, rank=0, timeout_s=10, max_poll_interval_s=0.4)
     next(consumer)
-    pipeline = consumer._pipeline
-    opened = pipeline._journal.requests  # the load that checks the cursor, and the first probes
+    opened = consumer.metrics().log_requests  # the load that checks the cursor, and the first probes
     consumer.timeout_s = 2.0
     with pytest.raises(bw.StepTimeoutError):
         next(consumer)
-    probes = pipeline._journal.requests - opened
+    probes = consumer.metrics().log_requests - opened
     consumer.close()
     # Without backoff a 10 ms poll would make ~200 probes in 2 s.
     assert 3 <= probes <= 18

@@ -13,7 +13,7 @@ import batchweave as bw
 from batchweave.commit.policies import Manual
 from batchweave.journal import Journal
 from batchweave.latency import LatencyModel, LatencyStore
-from batchweave.reading import pipeline
+from batchweave.reading import driver
 from batchweave.reading.readahead import LogReadAhead
 from batchweave.segment import segment_key
 from batchweave.store import Store
@@ -154,7 +154,7 @@ def test_an_object_store_prefetches_by_bytes(url, slice_bytes, depth):
         assert consumer.inflight is None  # not known before the first TGB is read
         next(consumer)
         assert consumer.inflight == depth
-    assert pipeline._auto_depth(slice_bytes) == depth
+    assert driver.auto_depth(slice_bytes) == depth
 
 
 def test_an_explicit_prefetch_is_kept(tmp_path):

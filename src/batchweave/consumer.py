@@ -31,6 +31,7 @@ from batchweave.reading.fetch import Batch
 from batchweave.reading.node import resolve_plan
 from batchweave.reading.options import ReadKeywords, ReadOptions
 from batchweave.reading.pipeline import Pipeline
+from batchweave.reading.sharedlog import NodeFollower
 from batchweave.store import Store, open_store
 
 __all__ = ["CURSOR_FORMAT", "Batch", "Consumer", "RankReading"]
@@ -107,7 +108,7 @@ class Consumer:
         self.node = resolve_plan(
             self._store, self.mesh, self.rank, node.local_rank, node.local_world_size, node.enabled
         )
-        self._node_override: Any = None  # a node follower given in-process (the deterministic simulation)
+        self._attached_node: NodeFollower | None = None  # ``attach_node``
         self._cursor = Cursor(version=0, position=Fraction(0), step=0)
         self._pipeline: Pipeline | None = None
         # close() from another thread while the first next() builds the pipeline must
@@ -115,6 +116,7 @@ class Consumer:
         self._pipeline_lock = threading.Lock()
         self._fetches = FetchRecorder()  # recorded by the fetching threads
         self._delivered = (0, 0, 0.0)  # steps, bytes, seconds next() waited
+        self._closed_log_requests = 0  # made by the readers closed so far (``metrics``)
         self.log_metrics_s = self.options.log_metrics_s
         self._periodic_log = self._new_periodic_log()
 
@@ -147,9 +149,26 @@ class Consumer:
             sequence_axis=self.sequence_axis,
             max_poll_interval_s=self.max_poll_interval_s,
             node=self.node,
-            node_follower=self._node_override,
+            node_follower=self._attached_node,
             fetches=self._fetches,
         )
+
+    def attach_node(self, node: NodeFollower) -> None:
+        """Read the log, and the slices other ranks of the node read too, through
+        ``node``: a node follower in this process (``reading.sharedlog.InlineNode``, or one
+        of its own with the ``NodeFollower`` interface)
+        instead of the node's hub over a local socket. For ranks run in one process, as
+        the deterministic simulation runs them (``batchweave.testing.simulation``);
+        ``node_sharing`` is how ranks in processes of their own share. Takes effect when
+        reading (re)starts: before the first step, or after ``close()``."""
+        self._attached_node = node
+
+    @property
+    def reading_version(self) -> int | None:
+        """The newest log version the running reader has read and proven; None while
+        not reading (before the first step, after ``close()``)."""
+        pipeline = self._pipeline
+        return None if pipeline is None else pipeline.head_version
 
     @property
     def inflight(self) -> int | None:
@@ -183,6 +202,7 @@ class Consumer:
             store_stalled_s=self._store.stalled_s,
             store_rate_limit_per_s=self._store.rate_limit_per_s,
             store_rate_limited_s=self._store.rate_limited_s,
+            log_requests=self._closed_log_requests + (pipeline.log_requests if pipeline else 0),
         )
 
     def mark_checkpoint(self, checkpoint_id: str) -> None:
@@ -210,6 +230,7 @@ class Consumer:
             pipeline, self._pipeline = self._pipeline, None
         if pipeline is not None:
             pipeline.close()
+            self._closed_log_requests += pipeline.log_requests
 
     def __enter__(self) -> Consumer:
         return self
@@ -264,9 +285,11 @@ class Consumer:
 
     def __getstate__(self) -> dict[str, Any]:
         # Threads and locks stay behind; the copy reads from the cursor with fresh metrics.
-        skip = ("_pipeline", "_pipeline_lock", "_fetches", "_delivered", "_periodic_log")
+        # An attached node follower is this process's: the copy reads through its own node.
+        skip = ("_pipeline", "_pipeline_lock", "_fetches", "_delivered", "_periodic_log", "_closed_log_requests")
         state = {k: v for k, v in self.__dict__.items() if k not in skip}
         state["_pipeline"] = None
+        state["_attached_node"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -274,6 +297,7 @@ class Consumer:
         self._pipeline_lock = threading.Lock()
         self._fetches = FetchRecorder()
         self._delivered = (0, 0, 0.0)
+        self._closed_log_requests = 0
         self._periodic_log = self._new_periodic_log()
 
     def _new_periodic_log(self) -> PeriodicLog | None:

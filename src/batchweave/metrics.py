@@ -38,7 +38,10 @@ class ConsumerMetrics:
     the store rode out, which ``wait_s`` alone would not explain. ``store_rate_limit_per_s``
     is how many requests a second this process may send to the bucket now (``inf`` unless
     the store has been throttling it: see ``batchweave.retry.RequestRateLimiter``), and
-    ``store_rate_limited_s`` the seconds it was limited so far.
+    ``store_rate_limited_s`` the seconds it was limited so far. ``log_requests`` counts
+    the requests this rank made to the log itself (probes of the head, version reads and
+    the proofs of what it read): what it costs the log's hottest keys, to multiply by the
+    ranks (a node's hub reads for the ranks that share it, and its requests are its own).
     """
 
     steps: int
@@ -54,6 +57,7 @@ class ConsumerMetrics:
     store_stalled_s: float
     store_rate_limit_per_s: float = math.inf
     store_rate_limited_s: float = 0.0
+    log_requests: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -22,10 +22,10 @@ from batchweave.journal import Journal
 from batchweave.log import ReadVersion
 from batchweave.reading.cursor import Cursor, checked_cursor
 from batchweave.reading.follower import FollowItem, ProvenLog, log_reader
-from batchweave.reading.nodeclient import NodeClient, NodeUnavailableError
+from batchweave.reading.nodeclient import NodeUnavailableError
 from batchweave.reading.polling import HeadPolling
 from batchweave.reading.readahead import DEFAULT_LOG_READ_AHEAD
-from batchweave.reading.sharedlog import InlineNode, NodeBehind
+from batchweave.reading.sharedlog import NodeBehind, NodeFollower
 from batchweave.store import Store
 
 __all__ = ["REJOIN_S", "LogSource"]
@@ -50,7 +50,7 @@ class LogSource:
         store: Store,
         journal: Journal,
         cursor: Cursor,
-        node: NodeClient | InlineNode | None,
+        node: NodeFollower | None,
         polling: HeadPolling,
         first_needed: Callable[[], int],
         stop: threading.Event,

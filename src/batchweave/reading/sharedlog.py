@@ -35,7 +35,7 @@ simulation drives it inline (``InlineNode``).
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from batchweave import keys, log
 from batchweave.log import ReadVersion
@@ -229,6 +229,28 @@ def decode_versions(parts: list[bytes] | list[memoryview], first: int) -> list[R
         ReadVersion(log.decode_version(data, keys.version_key(first + i), first + i), data)
         for i, data in enumerate(parts)
     ]
+
+
+class NodeFollower(Protocol):
+    """What a rank asks of its node: the log's proven versions from ``first`` (lists of
+    ``ReadVersion``, or the pause before asking again; ``NodeBehind`` or
+    ``NodeUnavailableError`` when the rank must follow on its own), and one read per slice
+    for the node. ``nodeclient.NodeClient`` asks the hub over a socket, ``InlineNode`` in
+    this process."""
+
+    def log(
+        self,
+        first: int,
+        anchor: tuple[int, str] | None,
+        present_through: int,
+        next_step: Callable[[], int],
+        url: str,
+        stop: Any,
+    ) -> Iterator[Any]: ...
+
+    def read(self, key: str, start: int, length: int) -> memoryview: ...
+
+    def close(self) -> None: ...
 
 
 class InlineNode:

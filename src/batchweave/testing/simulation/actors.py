@@ -208,7 +208,9 @@ def _consumer(world: World, rank: int, node: InlineNode | None = None) -> Consum
     # The follower of its node, as the hub's would be; with hub faults, through its own
     # channel to the hub (a connection that may be forged, stall, drop or be poisoned).
     channel = HubChannel(node, world, f"rank {rank}") if node is not None and world.config.hub_faults else None
-    consumer._node_override = channel or node
+    node_follower = channel or node
+    if node_follower is not None:
+        consumer.attach_node(node_follower)
     return consumer
 
 
@@ -520,8 +522,8 @@ def _views(world: World) -> list[int]:
     views = [producer._shared.state.version for producer in world.producers.values()]
     for actor in world.scheduler.actors:
         consumer = actor.notes.get("consumer")
-        if actor.alive and consumer is not None and consumer._pipeline is not None:
-            views.append(consumer._pipeline.head_version)
+        if actor.alive and consumer is not None and consumer.reading_version is not None:
+            views.append(consumer.reading_version)
     return views
 
 

@@ -40,6 +40,7 @@ import batchweave.journal.proof
 import batchweave.lifecycle.gc
 import batchweave.logrules
 import batchweave.producer
+import batchweave.reading.driver
 import batchweave.reading.fetch
 import batchweave.reading.follower
 import batchweave.reading.logsource
@@ -161,6 +162,7 @@ def deterministic(scheduler: Scheduler, noise: random.Random) -> Iterator[None]:
         (batchweave.commit.turns, "random", fake_random),
         (batchweave.consumer, "time", fake_time),
         (batchweave.reading.pipeline, "time", fake_time),
+        (batchweave.reading.driver, "time", fake_time),  # an inline reader's pauses
         (batchweave.reading.logsource, "time", fake_time),  # when a rank that left its node asks again
         (batchweave.reading.fetch, "time", fake_time),
         (batchweave.reading.follower, "time", fake_time),
