@@ -423,6 +423,8 @@ def verdict(results: list[dict[str, Any]]) -> list[str]:
         lines.extend(_scaling(rows, payload))
         lines.extend(_group_against_dac(rows, payload))
         lines.extend(_cpu(rows, payload))
+    if any(r.get("cpu_s_per_gb") is not None for r in results):
+        lines.append(CPU_READING)
     lines.extend(_steady_attempts(results))
     if paced:
         lines.extend(
@@ -516,12 +518,15 @@ def _cpu(rows: list[dict[str, Any]], payload: int) -> list[str]:
         here = [r for r in (_pick(measured, system, policy, n) for n in ends) if r]
         if here:
             lines.append(f"{payload // 1000} KB, {label}: {_cpu_line(system, here)}")
-    lines.append(
-        "CPU per GB: every process of the system in its window; the shared part is the NATS server's. "
-        "BatchWeave's and the raw puts' shared part is the store: on a local directory the kernel's "
-        "file work, charged to the writers as system time"
-    )
     return lines
+
+
+# How to read the verdict's CPU lines, once under them.
+CPU_READING = (
+    "CPU per GB: every process of the system in its window; the shared part is the NATS server's. "
+    "BatchWeave's and the raw puts' shared part is the store: on a local directory the kernel's "
+    "file work, charged to the writers as system time"
+)
 
 
 def _cpu_line(system: str, rows: list[dict[str, Any]]) -> str:

@@ -243,6 +243,7 @@ def test_the_verdict_says_where_each_systems_cpu_goes_and_what_one_server_core_c
         "100 KB, raw create-only puts (no commit): CPU-s per GB 1.5 at 8 and 2 at 128 producers (1.4 and 1.2 cores "
         "busy), all in the writers"
     ) in lines
+    assert lines.count(producers.CPU_READING) == 1
     # results written before CPU was measured: no CPU lines
     assert not [line for line in verdict([row("batchweave", "dac", 8, 100.0)]) if "CPU" in line]
 
