@@ -29,6 +29,13 @@ limit to :data:`MAX_PAYLOAD_CAP` (64 MiB) and report the limit the server announ
 JetStream file storage acks a message once it is written to the stream's files (the
 server syncs to disk on its own interval, like Kafka's default flush policy).
 
+CPU: :func:`measure_nats` records, for the measured window, the server's CPU seconds
+(``server_cpu_s``: user + system time of the nats-server process it started, from
+``/proc/<pid>/stat``) and the clients' (``client_cpu_s``: this process's, where every
+publisher runs as a task of one event loop; it includes this process's other threads,
+such as a progress display, which idle). On a machine without ``/proc`` the server's
+figure is None.
+
 The server runs on 127.0.0.1 beside the producers and keeps its files on this machine's
 disk, so the like-for-like comparison with BatchWeave is ``bench producers --store
 local``; ``benchmarks.producers`` says why it is not put behind the latency model.
@@ -43,7 +50,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +63,7 @@ __all__ = [
     "find_nats_server",
     "measure_nats",
     "nats_server",
+    "process_cpu_s",
     "run_nats_ingest",
 ]
 
@@ -108,6 +116,13 @@ def nats_server(workdir: Path, max_payload_bytes: int | None = None) -> Iterator
     server's per-message limit through a config file; None keeps the 1 MiB default.
     The server's log goes to ``workdir/nats-server.log``.
     """
+    with _served(workdir, max_payload_bytes) as (url, _pid):
+        yield url
+
+
+@contextlib.contextmanager
+def _served(workdir: Path, max_payload_bytes: int | None) -> Iterator[tuple[str, int]]:
+    """:func:`nats_server`, yielding the server process's id beside its URL."""
     binary = find_nats_server()
     if binary is None:
         raise ConfigError(_INSTALL_HINT)
@@ -142,9 +157,25 @@ def nats_server(workdir: Path, max_payload_bytes: int | None = None) -> Iterator
         raise ConfigError(f"nats-server could not bind a free port; log:\n{tail}")
 
     try:
-        yield f"nats://127.0.0.1:{port}"
+        yield f"nats://127.0.0.1:{port}", proc.pid
     finally:
         _stop(proc)
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system, all threads) process ``pid`` has used so far, from
+    ``/proc/<pid>/stat``; None where there is no such file (not Linux, or it exited).
+
+    The counts are in clock ticks (usually 10 ms), which a window of seconds absorbs.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces: split after it.
+    # utime and stime are fields 14 and 15, the 12th and 13th after the name.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -171,8 +202,27 @@ async def _quiet(*_args: Any) -> None:
     return None
 
 
+ServerCpu = Callable[[], float | None]  # the server's CPU seconds so far (None: unknown)
+
+
+def _cpu_now(server_cpu_s: ServerCpu | None) -> tuple[float, float | None]:
+    """(this process's CPU seconds, the server's) at this moment."""
+    return time.process_time(), server_cpu_s() if server_cpu_s else None
+
+
+def _cpu_between(started: tuple[float, float | None], ended: tuple[float, float | None]) -> dict[str, float | None]:
+    """The clients' and the server's CPU seconds between two :func:`_cpu_now` samples."""
+    server = None if started[1] is None or ended[1] is None else ended[1] - started[1]
+    return {"client_cpu_s": ended[0] - started[0], "server_cpu_s": server}
+
+
 async def run_nats_ingest(
-    url: str, producers: int, payload_bytes: int, duration_s: float, tgb_slices: int = 32
+    url: str,
+    producers: int,
+    payload_bytes: int,
+    duration_s: float,
+    tgb_slices: int = 32,
+    server_cpu_s: ServerCpu | None = None,
 ) -> dict[str, Any]:
     """Strict-TGB ingest into JetStream: ``producers`` concurrent publishers, each on its
     own connection, each publishing one whole TGB per message and awaiting the ack before
@@ -189,6 +239,9 @@ async def run_nats_ingest(
     If every publish failed, throughput is 0 and ``error`` says why: the caller treats
     that as a failed point. A TGB over the limit is refused by the client at once, so
     such a run records many failed attempts.
+
+    ``client_cpu_s`` is this process's CPU seconds in the window (the publishers' work),
+    ``server_cpu_s`` the window's difference of ``server_cpu_s()`` (None without it).
     """
     import nats
     from nats.errors import MaxPayloadError
@@ -271,6 +324,11 @@ async def run_nats_ingest(
             await asyncio.wait_for(all_primed.wait(), timeout=PUBLISH_TIMEOUT_S + 5.0)
         window[0] = time.monotonic()
         window[1] = window[0] + duration_s
+        cpu_started = _cpu_now(server_cpu_s)
+        # CPU is sampled at the window's close, as the outcomes are counted: the publishes
+        # still in flight then are not the window's work.
+        await asyncio.sleep(duration_s)
+        cpu = _cpu_between(cpu_started, _cpu_now(server_cpu_s))
         await asyncio.gather(*tasks)
     finally:
         for nc in conns:
@@ -291,6 +349,7 @@ async def run_nats_ingest(
         "commit_success_rate": committed / attempted if attempted else 0.0,
         "max_payload_bytes": max_payload,
         **visibility_percentiles(acked_s),
+        **cpu,
         "error": first_error,
     }
 
@@ -303,11 +362,15 @@ def measure_nats(
     max_payload_bytes: int | None = None,
     tgb_slices: int = 32,
 ) -> dict[str, Any]:
-    """Start a fresh server in ``workdir``, run :func:`run_nats_ingest`, stop the server
-    and delete its JetStream data. Returns the ingest record."""
+    """Start a fresh server in ``workdir``, run :func:`run_nats_ingest` (the server's CPU
+    read from its process), stop the server and delete its JetStream data. Returns the
+    ingest record."""
     workdir = Path(workdir)
     try:
-        with nats_server(workdir, max_payload_bytes=max_payload_bytes) as url:
-            return asyncio.run(run_nats_ingest(url, producers, payload_bytes, duration_s, tgb_slices))
+        with _served(workdir, max_payload_bytes) as (url, pid):
+            ingest = run_nats_ingest(
+                url, producers, payload_bytes, duration_s, tgb_slices, server_cpu_s=lambda: process_cpu_s(pid)
+            )
+            return asyncio.run(ingest)
     finally:
         shutil.rmtree(workdir / "js", ignore_errors=True)

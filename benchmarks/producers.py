@@ -32,6 +32,18 @@ staged before it, inside the commit's fragile window, so DAC's gap grew with the
 waiting; 8 DAC producers, 30 s, 100 KB: 17 attempts after the first against 367, 65%
 against 95% success, visible at P50 16 s against 1.2 s, 123 against 235 MB/s.
 
+CPU, to say where each system's work runs: every row carries ``cpu_s`` (all CPU seconds
+the system used in its measured window), ``shared_cpu_s`` (the part done in a shared
+server) and, per GB delivered in that window, ``cpu_s_per_gb``, ``shared_cpu_s_per_gb``
+and ``producer_cpu_s_per_gb`` (the producers' side, which a host per producer would
+spread). BatchWeave's is its producer processes' (``cpu_per_producer_s_per_s``, from
+``benchmarks.ingest``); the raw puts' is the process running their threads
+(``writers_cpu_s``, with the benchmark's own small overhead); NATS's is its server
+process's (``server_cpu_s``, the shared part) plus the publishing process's
+(``client_cpu_s``). BatchWeave's and the raw puts' shared part is the object store; on a
+local directory that is the kernel's file work, charged to the writers as system time,
+so their shared part is 0 and everything is on the producers' side.
+
 The latency-model sweep (the default ``--store``) ranks BatchWeave's commit policies
 against each other and against raw puts on a cloud store's latency; its NATS rows run
 on loopback and are shown for reference only.
@@ -73,6 +85,8 @@ COLUMNS = (
     "tgbs_committed",
     "visibility_p50_s",
     "visibility_p95_s",
+    "cpu_s_per_gb",
+    "shared_cpu_s_per_gb",
     "run_s",
     "error",
 )
@@ -245,6 +259,7 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
         )
         started = time.monotonic()
         record = _measure(options, sweep["tgb_slices"], sweep.get("fsync", True), one)
+        record = {**record, **cpu_fields(record)}
         # run_s: the whole run's wall time, window included, to check expected_s against.
         results.append({**record, "duration_s": one.window_s, "run_s": time.monotonic() - started})
         progress.advance(task)
@@ -308,7 +323,8 @@ def _nats(one: Run, tgb_slices: int) -> dict[str, Any]:
 
 def measure_raw_puts(store: Store, writers: int, payload_bytes: int, duration_s: float) -> dict[str, Any]:
     """``writers`` threads doing create-only puts of ``payload_bytes`` objects for
-    ``duration_s``: what the store gives with no log, no commit and no exactly-once."""
+    ``duration_s``: what the store gives with no log, no commit and no exactly-once.
+    ``writers_cpu_s`` is this process's CPU seconds from the threads' start to their end."""
     body = os.urandom(payload_bytes)
     latencies: list[float] = []
     errors: list[str] = []
@@ -326,13 +342,13 @@ def measure_raw_puts(store: Store, writers: int, payload_bytes: int, duration_s:
                 return
             latencies.append(time.monotonic() - started)
 
-    started = time.monotonic()
+    started, cpu_started = time.monotonic(), time.process_time()
     threads = [threading.Thread(target=write, args=(w,)) for w in range(writers)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    seconds = time.monotonic() - started
+    seconds, cpu_s = time.monotonic() - started, time.process_time() - cpu_started
     return {
         "system": "raw-puts",
         "policy": "none",
@@ -343,8 +359,46 @@ def measure_raw_puts(store: Store, writers: int, payload_bytes: int, duration_s:
         "window_commit_success_rate": 1.0,
         "tgbs_committed": len(latencies),
         **visibility_percentiles(latencies),
+        "writers_cpu_s": cpu_s,
         "error": errors[0] if errors else None,
     }
+
+
+def cpu_fields(record: dict[str, Any]) -> dict[str, float | None]:
+    """A run's CPU in its measured window, all of it and the shared server's part, in
+    seconds and per GB delivered in that window (see the module docstring). None where
+    the run has no CPU figure (NATS missing, or its server's unreadable) and, per GB,
+    where nothing was delivered."""
+    cpu_s, shared_s, delivered_gb = _window_cpu(record)
+    if cpu_s is None or shared_s is None:
+        return dict.fromkeys(
+            ("cpu_s", "shared_cpu_s", "cpu_s_per_gb", "shared_cpu_s_per_gb", "producer_cpu_s_per_gb"), None
+        )
+    return {
+        "cpu_s": cpu_s,
+        "shared_cpu_s": shared_s,
+        "cpu_s_per_gb": _per_gb(cpu_s, delivered_gb),
+        "shared_cpu_s_per_gb": _per_gb(shared_s, delivered_gb),
+        "producer_cpu_s_per_gb": _per_gb(cpu_s - shared_s, delivered_gb),
+    }
+
+
+def _per_gb(cpu_s: float, delivered_gb: float) -> float | None:
+    return cpu_s / delivered_gb if delivered_gb > 0 else None
+
+
+def _window_cpu(record: dict[str, Any]) -> tuple[float | None, float | None, float]:
+    """(all CPU seconds, the shared server's, GB delivered) of a run's measured window."""
+    payload_gb = record["payload_bytes"] / 1e9
+    if record["system"] == "batchweave":
+        cpu_s = record["cpu_per_producer_s_per_s"] * record["producers"] * record["duration_s"]
+        return cpu_s, 0.0, record["tgbs_in_window"] * payload_gb
+    if record["system"] == "raw-puts":
+        return record.get("writers_cpu_s"), 0.0, record["tgbs_committed"] * payload_gb
+    server_s, client_s = record.get("server_cpu_s"), record.get("client_cpu_s")
+    if server_s is None or client_s is None:
+        return None, None, 0.0
+    return server_s + client_s, server_s, record["tgbs_committed"] * payload_gb
 
 
 def _nats_missing(producers: int, payload: int) -> dict[str, Any]:
@@ -368,6 +422,9 @@ def verdict(results: list[dict[str, Any]]) -> list[str]:
         lines.extend(_against_nats(rows, payload))
         lines.extend(_scaling(rows, payload))
         lines.extend(_group_against_dac(rows, payload))
+        lines.extend(_cpu(rows, payload))
+    if any(r.get("cpu_s_per_gb") is not None for r in results):
+        lines.append(CPU_READING)
     lines.extend(_steady_attempts(results))
     if paced:
         lines.extend(
@@ -448,6 +505,69 @@ def _group_against_dac(rows: list[dict[str, Any]], payload: int) -> list[str]:
     return lines
 
 
+def _cpu(rows: list[dict[str, Any]], payload: int) -> list[str]:
+    """Each system's CPU seconds per GB delivered at the fewest and the most producers,
+    the cores it kept busy, and where it ran (see ``_cpu_line``)."""
+    measured = [r for r in rows if r.get("cpu_s_per_gb") is not None]
+    if not measured:
+        return []
+    counts = sorted({r["producers"] for r in measured})
+    ends = sorted({counts[0], counts[-1]})
+    lines = []
+    for (system, policy), (label, _, _) in STYLES.items():
+        here = [r for r in (_pick(measured, system, policy, n) for n in ends) if r]
+        if here:
+            lines.append(f"{payload // 1000} KB, {label}: {_cpu_line(system, here)}")
+    return lines
+
+
+# How to read the verdict's CPU lines, once under them.
+CPU_READING = (
+    "CPU per GB: every process of the system in its window; the shared part is the NATS server's. "
+    "BatchWeave's and the raw puts' shared part is the store: on a local directory the kernel's "
+    "file work, charged to the writers as system time"
+)
+
+
+def _cpu_line(system: str, rows: list[dict[str, Any]]) -> str:
+    """One system's CPU per GB and busy cores at each of ``rows``' producer counts. NATS:
+    its server's part, with the rate one server core would cap it at, and its clients'
+    (one Python thread here, so one core at most). BatchWeave: all on the producers'
+    side, with the share that is following the log (which every producer repeats). Raw
+    puts: all in the writers."""
+    line = f"CPU-s per GB {_at(rows, 'cpu_s_per_gb')} producers ({_cores(rows, 'cpu_s')} cores busy)"
+    if system == "batchweave":
+        follow = " and ".join(f"{_follow_share(r):.0%}" for r in rows)
+        return f"{line}, all on the producers' side; following the log about {follow} of it"
+    if system != "nats":
+        return f"{line}, all in the writers"
+    caps = " and ".join(f"{1000 / r['shared_cpu_s_per_gb']:.0f}" for r in rows if r["shared_cpu_s_per_gb"])
+    return (
+        f"{line}; its server {_at(rows, 'shared_cpu_s_per_gb')} ({_cores(rows, 'shared_cpu_s')} cores busy): "
+        f"one server core would cap it at about {caps} MB/s however many producers publish; "
+        f"its clients {_at(rows, 'producer_cpu_s_per_gb')} ({_cores(rows, None)} cores busy, 1 at most)"
+    )
+
+
+def _at(rows: list[dict[str, Any]], field: str) -> str:
+    """``8.34 at 8 and 23.7 at 128``: a field at each row's producer count."""
+    return " and ".join(f"{r[field]:.3g} at {r['producers']}" for r in rows)
+
+
+def _cores(rows: list[dict[str, Any]], field: str | None) -> str:
+    """``1.9 and 1.7``: CPU seconds (``field``; None: all but the shared part) per second
+    of each row's window, i.e. how many cores the work kept busy on average."""
+    seconds = [r[field] if field else r["cpu_s"] - r["shared_cpu_s"] for r in rows]
+    return " and ".join(f"{s / r['duration_s']:.2g}" for s, r in zip(seconds, rows, strict=True))
+
+
+def _follow_share(record: dict[str, Any]) -> float:
+    """The share of a BatchWeave run's CPU that following the log takes: its cost per
+    producer per second (measured alone, after the run) over the run's CPU per producer
+    per second (in the window, on the shared machine), so an estimate."""
+    return record["follow_cpu_s_per_s"] / record["cpu_per_producer_s_per_s"]
+
+
 def _pick(rows: list[dict[str, Any]], system: str, policy: str, producers: int) -> dict[str, Any] | None:
     for r in rows:
         if r["system"] == system and r.get("policy") == policy and r["producers"] == producers:
@@ -472,58 +592,133 @@ STYLES: dict[tuple[str, str], tuple[str, str, str]] = {
 
 
 def plot(result: BenchResult, figure: Any) -> None:
-    """One panel per payload: MB/s against producers, both on log scales labelled in
-    plain numbers, each line's value written at its largest producer count, and NATS's
-    refusals (no TGB committed) marked with a red x on the axis."""
-    from matplotlib.ticker import FixedLocator, LogFormatter, NullFormatter, ScalarFormatter
-
+    """One column per payload: MB/s against producers on top, and below it, when the
+    runs measured their CPU (results written before that did not), CPU-seconds per GB
+    delivered, the NATS server's part as a line of its own. Log scales labelled in plain
+    numbers, each line's value written at its largest producer count, NATS's refusals
+    (no TGB committed) marked with a red x on the axis."""
     rows = [r for r in result.results if not r.get("pace_s")]
     payloads = sorted({r["payload_bytes"] for r in rows})
-    axes = figure.subplots(1, len(payloads), squeeze=False)[0]
+    with_cpu = any(r.get("cpu_s_per_gb") is not None for r in rows)
+    if with_cpu:  # a second row of panels: give it the room the first one has
+        width, height = figure.get_size_inches()
+        figure.set_size_inches(width, height * 1.7)
+    axes = figure.subplots(2 if with_cpu else 1, len(payloads), squeeze=False)
     counts = sorted({r["producers"] for r in rows})
-    for ax, payload in zip(axes, payloads, strict=True):
+    for column, payload in enumerate(payloads):
         here = [r for r in rows if r["payload_bytes"] == payload]
-        for key in [k for k in STYLES if any((r["system"], r["policy"]) == k for r in here)]:
-            label, colour, style = STYLES[key]
-            line = sorted((r["producers"], r["throughput_mb_s"]) for r in here if (r["system"], r["policy"]) == key)
-            done = [(x, y) for x, y in line if y > 0]
-            if done:
-                xs, ys = zip(*done, strict=True)
-                ax.plot(xs, ys, style, color=colour, label=label)
-                ax.annotate(
-                    f"{ys[-1]:.0f}",
-                    (xs[-1], ys[-1]),
-                    xytext=(4, 0),
-                    textcoords="offset points",
-                    color=colour,
-                    fontsize="x-small",
-                    va="center",
-                )
-            failed = [x for x, y in line if y <= 0]
-            if failed:
-                ax.plot(
-                    failed,
-                    [0.02] * len(failed),
-                    "x",
-                    color=colour,
-                    markersize=9,
-                    transform=ax.get_xaxis_transform(),
-                    label=f"{label}: no TGB committed",
-                )
-        ax.set(title=f"{payload // 1000:,} KB TGBs", xlabel="producers", ylabel="committed MB/s")
-        ax.set(xscale="log", yscale="log")
-        ax.xaxis.set_major_locator(FixedLocator(counts))
-        ax.xaxis.set_major_formatter(ScalarFormatter())
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        # Plain numbers on the minor ticks too: one panel may span less than a decade.
-        ax.yaxis.set_major_formatter(LogFormatter(labelOnlyBase=False))
-        ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
-        ax.grid(True, which="both", alpha=0.3)
-    handles = {h.get_label(): h for ax in axes for h in ax.get_legend_handles_labels()[0]}
-    axes[0].legend(list(handles.values()), list(handles), fontsize="x-small")
+        _plot_throughput(axes[0][column], here)
+        axes[0][column].set(title=f"{payload // 1000:,} KB TGBs", xlabel="producers", ylabel="committed MB/s")
+        if with_cpu:
+            _plot_cpu(axes[1][column], here)
+            axes[1][column].set(
+                title=f"CPU-seconds per GB delivered, {payload // 1000:,} KB TGBs",
+                xlabel="producers",
+                ylabel="CPU-s per GB (all the system's processes)",
+            )
+    for ax in axes.flat:
+        _log_axes(ax, counts)
+    _legend(axes[0])
+    if with_cpu:
+        _legend(axes[1], title=CPU_NOTE)
     store = result.config.get("store", {}).get("kind", "")
     slices = result.config.get("tgb_slices")
+    measured = " and the CPU it took" if with_cpu else ""
     figure.suptitle(
-        f"{FIGURE} (paper): producer ingestion throughput against producer count, "
+        f"{FIGURE} (paper): producer ingestion throughput{measured} against producer count, "
         f"store: {store}, TGBs of {slices} slices"
     )
+
+
+# The CPU panels' legend title: where the work is that the lines do not split.
+CPU_NOTE = "BatchWeave, raw puts: all on the producers' side\n(a local directory's file work is their system time)"
+
+
+def _plot_throughput(ax: Any, rows: list[dict[str, Any]]) -> None:
+    for key in _keys(rows):
+        label, colour, style = STYLES[key]
+        line = sorted((r["producers"], r["throughput_mb_s"]) for r in rows if (r["system"], r["policy"]) == key)
+        _line(ax, [(x, y) for x, y in line if y > 0], style, colour, label)
+        failed = [x for x, y in line if y <= 0]
+        if failed:
+            ax.plot(
+                failed,
+                [0.02] * len(failed),
+                "x",
+                color=colour,
+                markersize=9,
+                transform=ax.get_xaxis_transform(),
+                label=f"{label}: no TGB committed",
+            )
+
+
+def _plot_cpu(ax: Any, rows: list[dict[str, Any]]) -> None:
+    """All CPU per GB in each system's style; the shared server's part (NATS's) dotted,
+    with hollow markers, in the same colour."""
+    for key in _keys(rows):
+        label, colour, style = STYLES[key]
+        measured = sorted(
+            (r["producers"], r["cpu_s_per_gb"], r["shared_cpu_s_per_gb"])
+            for r in rows
+            if (r["system"], r["policy"]) == key and r.get("cpu_s_per_gb") is not None
+        )
+        _line(ax, [(x, y) for x, y, _ in measured], style, colour, f"{label}: all", ".3g")
+        shared = [(x, y) for x, _, y in measured if y > 0]
+        _line(ax, shared, style[0] + ":", colour, f"{label}: server only", ".3g", markerfacecolor="white")
+
+
+def _keys(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The systems (and policies) in ``rows``, in STYLES' order."""
+    return [k for k in STYLES if any((r["system"], r["policy"]) == k for r in rows)]
+
+
+def _line(
+    ax: Any, points: list[tuple[float, float]], style: str, colour: str, label: str, digits: str = ".0f", **more: Any
+) -> None:
+    """A line through ``points`` with its last value written beside it (``digits``, a
+    format spec); nothing if there are no points."""
+    if not points:
+        return
+    xs, ys = zip(*points, strict=True)
+    ax.plot(xs, ys, style, color=colour, label=label, **more)
+    ax.annotate(
+        f"{ys[-1]:{digits}}",
+        (xs[-1], ys[-1]),
+        xytext=(4, 0),
+        textcoords="offset points",
+        color=colour,
+        fontsize="x-small",
+        va="center",
+    )
+
+
+def _log_axes(ax: Any, counts: list[int]) -> None:
+    """Log scales labelled in plain numbers, ticks at the producer counts."""
+    from matplotlib.ticker import FixedLocator, NullFormatter, ScalarFormatter
+
+    ax.set(xscale="log", yscale="log")
+    ax.xaxis.set_major_locator(FixedLocator(counts))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    # Labels on the minor ticks too (one panel may span less than a decade), as plain
+    # numbers: LogFormatter writes 0.6 as 6e-01.
+    ax.yaxis.set_major_formatter(_plain_log_formatter(labelOnlyBase=False))
+    ax.yaxis.set_minor_formatter(_plain_log_formatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+    ax.grid(True, which="both", alpha=0.3)
+
+
+def _plain_log_formatter(**options: Any) -> Any:
+    """A ``LogFormatter(**options)`` that labels the ticks it chooses as plain numbers."""
+    from matplotlib.ticker import LogFormatter
+
+    class PlainLogFormatter(LogFormatter):
+        def __call__(self, x: float, pos: int | None = None) -> str:
+            return f"{x:g}" if super().__call__(x, pos) else ""
+
+    return PlainLogFormatter(**options)
+
+
+def _legend(row: Any, title: str | None = None) -> None:
+    """One legend for a row of panels, on its first, each label once."""
+    handles = {h.get_label(): h for ax in row for h in ax.get_legend_handles_labels()[0]}
+    row[0].legend(list(handles.values()), list(handles), fontsize="x-small", title=title, title_fontsize="x-small")

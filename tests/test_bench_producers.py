@@ -1,11 +1,14 @@
 """``bench producers`` (the paper's Fig. 6): the like-for-like sweep's plan on a local
-directory, its budget, the verdict lines, the figure's colours, and quick mode end to end
-on a local directory with a real nats-server."""
+directory, its budget, the verdict lines, the figure's colours, the CPU each system
+used per GB and where (its figures from short real runs, its panel, the verdict's
+lines), and quick mode end to end on a local directory with a real nats-server."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from benchmarks import producers
@@ -15,15 +18,18 @@ from benchmarks.producers import (
     STYLES,
     TGB_SLICES,
     Run,
+    cpu_fields,
     expected_s,
     plan,
     runs,
     verdict,
 )
-from benchmarks.report import BenchOptions, BenchResult
+from benchmarks.report import BenchOptions, BenchResult, load_result
 from tests.test_bench import bench
 
 LOCAL_FULL = BenchOptions(store="local")
+# A result written before the runs measured their CPU: its figure must still draw.
+BEFORE_CPU = Path(__file__).resolve().parents[1] / "docs/benchmarks/2026-11-28-a5731fe/producers.json"
 
 
 def test_every_plan_makes_tgbs_of_the_papers_32_slices():
@@ -142,6 +148,148 @@ def test_the_figure_gives_every_system_its_own_colour_and_the_papers_number():
         plt.close(figure)
 
 
+def test_cpu_per_gb_puts_the_nats_server_in_the_shared_part_and_the_rest_on_the_producers_side():
+    ours = row("batchweave", "dac", 8, 100.0, duration_s=50.0, tgbs_in_window=20_000, cpu_per_producer_s_per_s=0.25)
+    # 8 producers x 0.25 CPU-s/s x 50 s = 100 CPU-s for 20,000 TGBs of 100 KB = 2 GB
+    assert cpu_fields(ours) == {
+        "cpu_s": 100.0,
+        "shared_cpu_s": 0.0,
+        "cpu_s_per_gb": 50.0,
+        "shared_cpu_s_per_gb": 0.0,
+        "producer_cpu_s_per_gb": 50.0,
+    }
+    raw = row("raw-puts", "none", 8, 100.0, tgbs_committed=5_000, writers_cpu_s=2.0)
+    assert measured(raw)["cpu_s_per_gb"] == pytest.approx(4.0) and measured(raw)["shared_cpu_s"] == 0.0
+    nats = row("nats", "strict-tgb", 8, 100.0, tgbs_committed=10_000, server_cpu_s=3.0, client_cpu_s=1.0)
+    assert cpu_fields(nats) == pytest.approx(
+        {
+            "cpu_s": 4.0,
+            "shared_cpu_s": 3.0,
+            "cpu_s_per_gb": 4.0,
+            "shared_cpu_s_per_gb": 3.0,
+            "producer_cpu_s_per_gb": 1.0,
+        }
+    )
+    refused = {**nats, "tgbs_committed": 0}  # CPU spent, nothing delivered: no figure per GB
+    assert cpu_fields(refused)["cpu_s"] == 4.0 and cpu_fields(refused)["cpu_s_per_gb"] is None
+    unread = {**nats, "server_cpu_s": None}  # no /proc: the system's CPU is not known
+    assert set(cpu_fields(unread).values()) == {None}
+    assert set(cpu_fields(producers._nats_missing(8, 100_000)).values()) == {None}
+
+
+def measured(record: dict) -> dict[str, float]:
+    """A record's CPU figures (``cpu_fields``), every one of them known."""
+    figures = cpu_fields(record)
+    assert None not in figures.values(), figures
+    return {k: v for k, v in figures.items() if v is not None}
+
+
+def test_raw_puts_measure_their_writers_cpu(tmp_path):
+    with producers._store(LOCAL_FULL, False, "cpu") as store:
+        record = producers.measure_raw_puts(store, writers=2, payload_bytes=100_000, duration_s=0.3)
+    assert record["tgbs_committed"] > 0 and record["error"] is None
+    figures = measured(record)
+    assert record["writers_cpu_s"] > 0 and figures["cpu_s_per_gb"] > 0
+    assert figures["shared_cpu_s"] == 0 and figures["producer_cpu_s_per_gb"] == figures["cpu_s_per_gb"]
+
+
+def test_nats_measures_its_servers_cpu_apart_from_its_clients(tmp_path):
+    from benchmarks.nats_baseline import find_nats_server, measure_nats
+
+    if find_nats_server() is None:
+        pytest.skip("nats-server is not installed (`make test` installs it)")
+    record = measure_nats(producers=2, payload_bytes=100_000, duration_s=1.0, workdir=tmp_path)
+    assert record["tgbs_committed"] > 0 and record["error"] is None
+    assert record["server_cpu_s"] > 0 and record["client_cpu_s"] > 0
+    figures = measured(record)
+    assert figures["shared_cpu_s_per_gb"] > 0 and figures["producer_cpu_s_per_gb"] > 0
+    assert figures["cpu_s_per_gb"] == pytest.approx(figures["shared_cpu_s_per_gb"] + figures["producer_cpu_s_per_gb"])
+
+
+def cpu_rows() -> list[dict]:
+    """Two producer counts of every local system, with their CPU per GB (and so, over
+    windows of 10 s, the CPU seconds of ``cpu_fields``)."""
+
+    def cpu(system: str, policy: str, n: int, mb_s: float, per_gb: float, shared: float = 0.0, **more) -> dict:
+        gb = mb_s * 10 / 1000
+        figures = {"cpu_s_per_gb": per_gb, "shared_cpu_s_per_gb": shared, "producer_cpu_s_per_gb": per_gb - shared}
+        seconds = {"duration_s": 10.0, "cpu_s": per_gb * gb, "shared_cpu_s": shared * gb}
+        return row(system, policy, n, mb_s, **figures, **seconds, **more)
+
+    return [
+        cpu("batchweave", "dac", 8, 200.0, 8.0, follow_cpu_s_per_s=0.05, cpu_per_producer_s_per_s=0.2),
+        cpu("batchweave", "dac", 128, 80.0, 24.0, follow_cpu_s_per_s=0.012, cpu_per_producer_s_per_s=0.015),
+        cpu("raw-puts", "none", 8, 900.0, 1.5),
+        cpu("raw-puts", "none", 128, 600.0, 2.0),
+        cpu("nats", "strict-tgb-64MiB", 8, 400.0, 3.0, 1.25),
+        cpu("nats", "strict-tgb-64MiB", 128, 700.0, 2.25, 1.0),
+    ]
+
+
+def test_the_verdict_says_where_each_systems_cpu_goes_and_what_one_server_core_caps():
+    lines = verdict(cpu_rows())
+    # cores busy: CPU-s per GB x GB per second (MB/s / 1000)
+    assert (
+        "100 KB, NATS JetStream, 64 MiB limit: CPU-s per GB 3 at 8 and 2.25 at 128 producers (1.2 and 1.6 cores "
+        "busy); its server 1.25 at 8 and 1 at 128 (0.5 and 0.7 cores busy): one server core would cap it at about "
+        "800 and 1000 MB/s however many producers publish; its clients 1.75 at 8 and 1.25 at 128 (0.7 and 0.88 cores "
+        "busy, 1 at most)"
+    ) in lines
+    assert (
+        "100 KB, BatchWeave, DAC: CPU-s per GB 8 at 8 and 24 at 128 producers (1.6 and 1.9 cores busy), all on the "
+        "producers' side; following the log about 25% and 80% of it"
+    ) in lines
+    assert (
+        "100 KB, raw create-only puts (no commit): CPU-s per GB 1.5 at 8 and 2 at 128 producers (1.4 and 1.2 cores "
+        "busy), all in the writers"
+    ) in lines
+    assert lines.count(producers.CPU_READING) == 1
+    # results written before CPU was measured: no CPU lines
+    assert not [line for line in verdict([row("batchweave", "dac", 8, 100.0)]) if "CPU" in line]
+
+
+def test_the_cpu_panel_draws_each_system_and_the_nats_server_apart():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    result = BenchResult("producers", {"store": {"kind": "local"}, "tgb_slices": 32}, cpu_rows(), producers.COLUMNS)
+    figure = plt.figure(figsize=(11, 6))
+    try:
+        producers.plot(result, figure)
+        throughput, cpu = figure.axes
+        assert figure.get_size_inches()[1] > 6  # the second panel got room of its own
+        assert "CPU-seconds per GB" in cpu.get_title() and cpu.get_yscale() == "log"
+        drawn = {str(line.get_label()): np.asarray(line.get_ydata()).tolist() for line in cpu.get_lines()}
+        assert drawn["NATS JetStream, 64 MiB limit: all"] == [3.0, 2.25]
+        assert drawn["NATS JetStream, 64 MiB limit: server only"] == [1.25, 1.0]
+        assert drawn["BatchWeave, DAC: all"] == [8.0, 24.0]
+        assert not [label for label in drawn if "server only" in label and "NATS" not in label]
+        assert [t.get_text() for t in cpu.texts] == ["24", "2", "2.25", "1"]
+        assert [t.get_text() for t in throughput.texts] == ["80", "600", "700"]
+    finally:
+        plt.close(figure)
+
+
+def test_a_result_from_before_cpu_was_measured_draws_its_one_panel():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    result = load_result(BEFORE_CPU)
+    assert not any("cpu_s_per_gb" in r for r in result.results)
+    figure = plt.figure(figsize=(11, 6))
+    try:
+        producers.plot(result, figure)
+        (ax,) = figure.axes
+        assert ax.get_ylabel() == "committed MB/s" and len(ax.get_lines()) == 5
+        assert list(figure.get_size_inches()) == [11, 6]
+    finally:
+        plt.close(figure)
+
+
 def test_expected_seconds_add_each_runs_window_and_overhead():
     one = {**plan(LOCAL_FULL), "producers": [8], "payloads": [100_000]}
     planned = runs(one)
@@ -175,4 +323,13 @@ def test_quick_mode_on_a_local_directory_runs_every_system_with_32_slices(tmp_pa
             assert record["tgbs_committed"] > 0 and record["error"] is None, record
     (refused,) = [r for r in records if r["policy"] == "strict-tgb"]
     assert refused["tgbs_committed"] == 0 and "max_payload" in refused["error"]
+    # CPU per GB delivered: the NATS server's is shared, BatchWeave's and the raw puts' are not
+    for record in [r for r in records if r["tgbs_committed"]]:
+        assert record["cpu_s"] > 0 and record["cpu_s_per_gb"] > 0, record
+        if record["system"] == "nats":
+            assert 0 < record["shared_cpu_s_per_gb"] < record["cpu_s_per_gb"], record
+        else:
+            assert record["shared_cpu_s_per_gb"] == 0, record
+            assert record["producer_cpu_s_per_gb"] == record["cpu_s_per_gb"], record
+    assert refused["cpu_s"] > 0 and refused["cpu_s_per_gb"] is None  # it worked, and delivered nothing
     assert (tmp_path / "producers.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.nats_baseline import find_nats_server, measure_nats, nats_server
+from benchmarks.nats_baseline import find_nats_server, measure_nats, nats_server, process_cpu_s
 
 MIB = 1024 * 1024
 
@@ -29,6 +29,33 @@ def test_small_tgbs_commit(tmp_path):
     assert 0 < r["throughput_mb_s"] < 10_000
     assert r["max_payload_bytes"] == MIB
     assert not (tmp_path / "js").exists()  # JetStream data deleted
+    # the window's CPU: the server's process and this one, where the publishers run
+    assert r["server_cpu_s"] > 0 and r["client_cpu_s"] > 0
+
+
+# A child that spends CPU, reports its own count (process_time: the whole process's,
+# start-up included), then waits for its stdin to close.
+BURN = (
+    "import sys, time\n"
+    "while time.process_time() < 0.3: pass\n"
+    "print(time.process_time(), flush=True)\n"
+    "sys.stdin.read()\n"
+)
+
+
+def test_a_processs_cpu_is_read_from_proc_as_it_counts_it_itself():
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", BURN], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdin is not None
+    try:
+        own = float(child.stdout.readline())
+        assert process_cpu_s(child.pid) == pytest.approx(own, abs=0.05)  # clock ticks of 10 ms, and the print
+    finally:
+        child.stdin.close()
+        child.wait(timeout=10)
+    assert process_cpu_s(child.pid) is None  # gone: no figure, not an error
 
 
 def test_tgb_over_default_limit_fails_every_publish(tmp_path):
