@@ -538,7 +538,11 @@ def _cpu_line(system: str, rows: list[dict[str, Any]]) -> str:
     line = f"CPU-s per GB {_at(rows, 'cpu_s_per_gb')} producers ({_cores(rows, 'cpu_s')} cores busy)"
     if system == "batchweave":
         follow = " and ".join(f"{_follow_share(r):.0%}" for r in rows)
-        return f"{line}, all on the producers' side; following the log about {follow} of it"
+        hosts = " and ".join(f"{host_per_producer_gb_s(r):.2g} GB/s at {r['producers']}" for r in rows)
+        return (
+            f"{line}, all on the producers' side; following the log about {follow} of it; "
+            f"with a core per producer, projected from these costs (not measured): {hosts}"
+        )
     if system != "nats":
         return f"{line}, all in the writers"
     caps = " and ".join(f"{1000 / r['shared_cpu_s_per_gb']:.0f}" for r in rows if r["shared_cpu_s_per_gb"])
@@ -559,6 +563,19 @@ def _cores(rows: list[dict[str, Any]], field: str | None) -> str:
     of each row's window, i.e. how many cores the work kept busy on average."""
     seconds = [r[field] if field else r["cpu_s"] - r["shared_cpu_s"] for r in rows]
     return " and ".join(f"{s / r['duration_s']:.2g}" for s, r in zip(seconds, rows, strict=True))
+
+
+def host_per_producer_gb_s(record: dict[str, Any]) -> float:
+    """What a BatchWeave run's producers would commit with a core each, projected from
+    its measured costs: a producer's own work per GB it commits (its CPU per GB without
+    the following) plus following the log, which costs each producer ``follow`` CPU
+    seconds per GB the whole job commits. One core a producer gives each
+    ``1 / (own + N x follow)`` GB/s. Assumes the store scales out, as a cloud store does
+    across prefixes; the following grows with N, so the line is not linear."""
+    producers = record["producers"]
+    own_s_per_gb = record["cpu_s_per_gb"] * (1 - _follow_share(record))
+    follow_s_per_gb = record["follow_cpu_s_per_s"] / (record["throughput_mb_s"] / 1000)
+    return producers / (own_s_per_gb + producers * follow_s_per_gb)
 
 
 def _follow_share(record: dict[str, Any]) -> float:

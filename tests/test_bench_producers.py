@@ -237,7 +237,8 @@ def test_the_verdict_says_where_each_systems_cpu_goes_and_what_one_server_core_c
     ) in lines
     assert (
         "100 KB, BatchWeave, DAC: CPU-s per GB 8 at 8 and 24 at 128 producers (1.6 and 1.9 cores busy), all on the "
-        "producers' side; following the log about 25% and 80% of it"
+        "producers' side; following the log about 25% and 80% of it; with a core per producer, projected from "
+        "these costs (not measured): 1 GB/s at 8 and 5.3 GB/s at 128"
     ) in lines
     assert (
         "100 KB, raw create-only puts (no commit): CPU-s per GB 1.5 at 8 and 2 at 128 producers (1.4 and 1.2 cores "
@@ -246,6 +247,15 @@ def test_the_verdict_says_where_each_systems_cpu_goes_and_what_one_server_core_c
     assert lines.count(producers.CPU_READING) == 1
     # results written before CPU was measured: no CPU lines
     assert not [line for line in verdict([row("batchweave", "dac", 8, 100.0)]) if "CPU" in line]
+
+
+def test_a_core_per_producer_is_projected_from_own_work_and_following_the_whole_log():
+    dac_8, dac_128 = cpu_rows()[:2]
+    # 8: own work 8 x (1 - 25%) = 6 CPU-s per GB, following 0.05 CPU-s/s over 0.2 GB/s = 0.25
+    # per GB the job commits, so each producer 1 / (6 + 8 x 0.25) GB/s
+    assert producers.host_per_producer_gb_s(dac_8) == pytest.approx(8 / (6 + 8 * 0.25))
+    # 128: own 24 x 20% = 4.8, following 0.012 / 0.08 = 0.15 a GB: sublinear, as following grows with N
+    assert producers.host_per_producer_gb_s(dac_128) == pytest.approx(128 / (4.8 + 128 * 0.15))
 
 
 def test_the_cpu_panel_draws_each_system_and_the_nats_server_apart():

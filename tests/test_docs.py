@@ -92,6 +92,27 @@ def test_every_docs_path_named_exists():
     assert not missing, "these name files under docs/ that do not exist:\n" + "\n".join(missing)
 
 
+# A placeholder left in prose (a README once said "EXACTLY_ONCE_LINE" where a reading was
+# to go): a word of capitals joined by underscores outside code. Constants and environment
+# variables are written as code (in backticks) in these pages.
+PLACEHOLDER = re.compile(r"\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+\b")
+
+
+def _prose(text: str) -> str:
+    """``text`` without its code blocks and code spans."""
+    return re.sub(r"`[^`]*`", "", re.sub(r"```.*?```", "", text, flags=re.S))
+
+
+def test_no_placeholder_is_left_in_the_docs():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    left = [
+        f"{page.relative_to(ROOT)}: {word}"
+        for page in pages
+        for word in PLACEHOLDER.findall(_prose(page.read_text(encoding="utf-8")))
+    ]
+    assert not left, "placeholders (or constants not written as code) in the docs:\n" + "\n".join(left)
+
+
 @needs_docs_extra
 def test_every_page_is_in_the_nav():
     import yaml
