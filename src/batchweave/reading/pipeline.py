@@ -24,7 +24,7 @@ from batchweave.log import LogVersion, ReadVersion
 from batchweave.mesh import Mesh
 from batchweave.metrics import FetchRecorder
 from batchweave.reading.cursor import Cursor
-from batchweave.reading.driver import LOG_LOOKAHEAD_TGBS, Fetched, InlineDriver, Late, ThreadedDriver
+from batchweave.reading.driver import LOG_LOOKAHEAD_TGBS, Delivery, Fetched, InlineDriver, Late, ThreadedDriver
 from batchweave.reading.fetch import SliceFetcher
 from batchweave.reading.follower import Unproven
 from batchweave.reading.logsource import LogSource
@@ -84,7 +84,7 @@ class Pipeline:
         self._ready: queue.SimpleQueue[Any] = queue.SimpleQueue()  # C-implemented: no lock hand-offs
         # The step taken from the queue whose proof or fetch was not done when next() timed
         # out: the next call waits for it again (a timeout never skips nor repeats a step).
-        self._late: Any = None  # a delivery (``reading.driver``)
+        self._late: Delivery | None = None
         inline = prefetch is None and not store.remote
         self._stop = threading.Event()
         self._broken: BaseException | None = None  # what the log reader or a fetch raised: final
@@ -197,7 +197,7 @@ class Pipeline:
         if self._node is not None:
             self._node.close()
 
-    def _take(self, deadline: float | None, timeout_s: float | None) -> Any:
+    def _take(self, deadline: float | None, timeout_s: float | None) -> Delivery:
         """The next delivery from the queue, waiting until ``deadline``; StopIteration at the end."""
         try:
             item = self._driver.take(deadline)
