@@ -26,7 +26,7 @@ import batchweave as bw
 from batchweave.commit.policies import Manual
 from batchweave.keys import version_key
 from batchweave.latency import LatencyModel, LatencyStore
-from batchweave.reading import pipeline
+from batchweave.reading import driver, pipeline
 from batchweave.testing.interleave import Background, PausingStore
 
 FAST = LatencyModel(put_s=0.001, first_byte_s=0.001, head_s=0.001, list_s=0.001, delete_s=0.001, jitter_sigma=0)
@@ -116,7 +116,7 @@ def test_a_hung_proof_times_out_and_the_steps_read_beside_it_come_next():
 
 def test_closing_a_consumer_whose_read_hangs_returns_within_a_bound(monkeypatch):
     """Regression: close() waited for every fetch thread, however long a read hung."""
-    monkeypatch.setattr(pipeline, "CLOSE_WAIT_S", 0.5)
+    monkeypatch.setattr(driver, "CLOSE_WAIT_S", 0.5)
     url = _url()
     _commit(url, 4)
     store = HeldStore(url)
