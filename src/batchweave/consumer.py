@@ -155,12 +155,11 @@ class Consumer:
 
     def attach_node(self, node: NodeFollower) -> None:
         """Read the log, and the slices other ranks of the node read too, through
-        ``node``: a node follower in this process (``reading.sharedlog.InlineNode``, or one
-        of its own with the ``NodeFollower`` interface)
-        instead of the node's hub over a local socket. For ranks run in one process, as
-        the deterministic simulation runs them (``batchweave.testing.simulation``);
-        ``node_sharing`` is how ranks in processes of their own share. Takes effect when
-        reading (re)starts: before the first step, or after ``close()``."""
+        ``node`` (a ``reading.sharedlog.NodeFollower`` in this process, such as its
+        ``InlineNode``) instead of the node's hub over a local socket. For ranks run in
+        one process, as the deterministic simulation runs them; ``node_sharing`` is how
+        ranks in processes of their own share. Takes effect when reading (re)starts:
+        before the first step, or after ``close()``. Not carried by pickling."""
         self._attached_node = node
 
     @property
