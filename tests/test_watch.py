@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from fractions import Fraction
+from pathlib import Path
 from typing import IO
 
 import numpy as np
@@ -23,7 +24,7 @@ import pytest
 
 import batchweave
 from batchweave import keys, log, watch
-from batchweave.cli import main
+from batchweave.cli import build_parser, main
 from batchweave.inspect import CheckpointInfo
 from batchweave.watch import Rates, Snapshot, SnapshotReader, follow, overall_steps_per_s, rates
 
@@ -446,6 +447,20 @@ def test_a_signal_while_a_frame_prints_waits_for_it_and_a_second_one_does_not():
         pytest.fail("the second signal did not stop the watch at once")
     with pytest.raises(watch.Stopped):
         watch.StopSignals().handle(signal.SIGINT, None)  # outside a frame: at once
+
+
+def test_the_cli_reference_has_every_option_of_watch():
+    parser = build_parser()
+    commands = next(action for action in parser._actions if action.dest == "command")
+    options = {flag for action in commands.choices["watch"]._actions for flag in action.option_strings} - {
+        "-h",
+        "--help",
+    }
+    page = (Path(__file__).parents[1] / "docs" / "reference" / "cli.md").read_text(encoding="utf-8")
+    section = page.split("## `batchweave watch`")[1].split("\n## ")[0]
+    assert options == {"--interval", "--count", "--once", "--json"}
+    assert all(f"`{option}" in section for option in options), section
+    assert "exit code is 0" in section  # the choice the tests above hold it to
 
 
 # -- the piped line and the summary, pure ---------------------------------------------------
