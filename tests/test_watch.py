@@ -1,21 +1,30 @@
 """``batchweave watch``: snapshots of a real namespace, the rates between them, the refresh
-loop driven by a fake sleep, and the command line (in process and as a real subprocess)."""
+loop driven by a fake sleep, the line and summary of piped output, and the command line
+(in process and as a real subprocess, piped and ended by a signal)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from fractions import Fraction
+from pathlib import Path
+from typing import IO
 
 import numpy as np
 import pytest
 
 import batchweave
 from batchweave import keys, log, watch
-from batchweave.cli import main
+from batchweave.cli import build_parser, main
 from batchweave.inspect import CheckpointInfo
 from batchweave.watch import Rates, Snapshot, SnapshotReader, follow, overall_steps_per_s, rates
 
@@ -88,7 +97,20 @@ def test_once_json_reports_head_producers_checkpoints_lag_and_gc(namespace, caps
     assert frame["overall_steps_per_s"] > 0  # from the committed_at of version 1 and of the head
 
 
-def test_once_table_shows_every_section(namespace, capsys):
+@pytest.fixture
+def terminal(monkeypatch, capsys) -> Callable[[], None]:
+    """Call it in the test (capsys's stdout is in place only then) to make that stdout
+    pass for a terminal, to rich as well: ``watch`` shows the tables, not lines."""
+
+    def as_terminal() -> None:
+        monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+        monkeypatch.setenv("TTY_COMPATIBLE", "1")
+
+    return as_terminal
+
+
+def test_once_table_shows_every_section(namespace, terminal, capsys):
+    terminal()
     assert main(["watch", namespace, "--once"]) == 0
     out = capsys.readouterr().out
     for text in ("log head", "version", "5 steps", "steps/s", "p0", "p1", "ck-a", "ck-b", "protects nothing"):
@@ -217,7 +239,9 @@ def fake_sleep(monkeypatch) -> Callable[..., list[float]]:
     def install(after: int, on_sleep: Callable[[], None] = lambda: None) -> list[float]:
         slept, sleep = _interrupting_sleep(after, on_sleep)
         real_follow = watch.follow
-        monkeypatch.setattr(watch, "follow", lambda read, interval_s: real_follow(read, interval_s, sleep=sleep))
+        monkeypatch.setattr(
+            watch, "follow", lambda read, interval_s, **options: real_follow(read, interval_s, sleep=sleep, **options)
+        )
         return slept
 
     return install
@@ -227,8 +251,13 @@ def test_json_lines_follow_new_commits_and_ctrl_c_exits_0(namespace, fake_sleep,
     slept = fake_sleep(after=2, on_sleep=lambda: _produce(namespace, "p1", 0))  # a restart: a new epoch
     assert main(["watch", namespace, "--json", "--interval", "7"]) == 0
     out, err = capsys.readouterr()
-    first, second = (json.loads(line) for line in out.splitlines())
+    first, second, summary = (json.loads(line) for line in out.splitlines())
     assert slept == [7.0, 7.0]
+    assert (summary["stopped_by"], summary["refreshes"], summary["last"]) == (
+        "SIGINT",
+        2,
+        {"version": second["head"]["version"], "steps": 5},
+    )
     assert second["head"]["version"] == first["head"]["version"] + 1
     assert second["producers"]["p1"]["epoch"] == first["producers"]["p1"]["epoch"] + 1
     assert second["interval_s"] > 0 and second["steps_per_s"] == 0.0
@@ -236,15 +265,56 @@ def test_json_lines_follow_new_commits_and_ctrl_c_exits_0(namespace, fake_sleep,
     assert err == ""
 
 
-def test_live_view_exits_0_on_ctrl_c(namespace, fake_sleep, capsys):
+def test_live_view_exits_0_on_ctrl_c_with_a_summary(namespace, fake_sleep, terminal, capsys):
+    terminal()
     slept = fake_sleep(after=2)
+    handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     assert main(["watch", namespace]) == 0
     out, err = capsys.readouterr()
     assert len(slept) == 2 and "ck-a" in out and "log head" in out
+    assert "stopped=SIGINT refreshes=2 " in out.splitlines()[-1]  # one line, even past the width
     assert "Traceback" not in err and "interrupted" not in err
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == handlers  # put back
 
 
-def test_ctrl_c_ends_a_real_watch_process_with_exit_0(namespace):
+def test_piped_output_is_a_line_per_refresh_and_count_bounds_them(namespace, fake_sleep, capsys):
+    slept = fake_sleep(after=99)
+    assert main(["watch", namespace, "--count", "3", "--interval", "5"]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert slept == [5.0, 5.0]  # none after the last refresh
+    assert len(lines) == 3 and all(" version=" in line and " steps=5 " in line for line in lines), lines
+    assert "stopped=" not in out and err == ""  # no signal, no summary
+
+
+def test_piped_output_is_lines_even_where_rich_is_told_it_is_a_terminal(namespace, monkeypatch, capsys):
+    monkeypatch.setenv("FORCE_COLOR", "1")  # CI logs often set it; a pipe still gets lines
+    assert main(["watch", namespace, "--once"]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert " steps=5 " in line and "\x1b" not in line
+
+
+def test_once_and_count_together_are_a_usage_error(namespace, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["watch", namespace, "--once", "--count", "2"])
+    assert exit_info.value.code == 2
+    assert "--count" in capsys.readouterr().err
+
+
+def test_a_signal_ignored_at_the_start_stays_ignored(namespace, fake_sleep, capsys):
+    """``nohup`` and background jobs start with a signal ignored: a watch must not take it back."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        seen: list[object] = []
+        fake_sleep(after=2, on_sleep=lambda: seen.append(signal.getsignal(signal.SIGINT)))
+        assert main(["watch", namespace, "--json"]) == 0
+        assert seen == [signal.SIG_IGN]
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_ends_a_real_watch_process_with_exit_0_and_a_summary(namespace):
     process = subprocess.Popen(
         [sys.executable, "-m", "batchweave.cli", "watch", namespace, "--json", "--interval", "600"],
         stdout=subprocess.PIPE,
@@ -264,7 +334,186 @@ def test_ctrl_c_ends_a_real_watch_process_with_exit_0(namespace):
             process.kill()
             process.wait()
     assert process.returncode == 0, err
-    assert out == "" and "Traceback" not in err
+    summary = json.loads(out)  # one more line: the summary, and no traceback
+    assert (summary["stopped_by"], summary["refreshes"], summary["last"]["steps"]) == ("SIGINT", 1, 5)
+    assert "Traceback" not in err
+
+
+class _Lines:
+    """A child's stdout, read line by line by a thread, so that a test waits for a line
+    with a deadline (a plain readline would hang a test of a watch that prints nothing)."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, args=(stream,), daemon=True).start()
+
+    def _pump(self, stream: IO[str]) -> None:
+        for line in stream:
+            self._lines.put(line.rstrip("\n"))
+        self._lines.put(None)  # end of output
+
+    def until(self, wanted: Callable[[str], bool], timeout_s: float = 60) -> list[str]:
+        """The lines up to and with the first that ``wanted`` accepts."""
+        deadline = time.monotonic() + timeout_s
+        seen: list[str] = []
+        while True:
+            try:
+                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                pytest.fail(f"no line wanted within {timeout_s} s; lines so far: {seen}")
+            if line is None:
+                pytest.fail(f"the output ended before a line wanted; lines: {seen}")
+            seen.append(line)
+            if wanted(line):
+                return seen
+
+    def rest(self, timeout_s: float = 60) -> list[str]:
+        """The lines until the output ends."""
+        rest: list[str] = []
+        deadline = time.monotonic() + timeout_s
+        while (line := self._lines.get(timeout=max(0.0, deadline - time.monotonic()))) is not None:
+            rest.append(line)
+        return rest
+
+
+def _words(line: str) -> dict[str, str]:
+    """A piped watch line's ``key=value`` words, after its timestamp."""
+    return dict(word.split("=", 1) for word in line.split()[1:])
+
+
+def _steps(line: str, json_lines: bool) -> int:
+    return json.loads(line)["head"]["steps"] if json_lines else int(_words(line)["steps"])
+
+
+@pytest.mark.parametrize("json_lines", [False, True], ids=["lines", "json"])
+def test_a_piped_watch_follows_a_committing_producer_and_sigterm_ends_it_cleanly(namespace, tmp_path, json_lines):
+    """Piped, a refresh is a line written at once, and SIGTERM (what a scheduler sends at
+    the end of a job) ends the watch with a summary line, exit code 0 and nothing on stderr."""
+    sig = signal.SIGTERM
+    stderr_path = tmp_path / "stderr.txt"
+    with stderr_path.open("w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "batchweave.cli", "watch", namespace, "--interval", "0.2"]
+            + (["--json"] if json_lines else []),
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as from a shell
+        )
+    try:
+        assert process.stdout is not None
+        lines = _Lines(process.stdout)
+        frames = lines.until(lambda _line: True)
+        assert _steps(frames[0], json_lines) == 5
+        with batchweave.Producer(namespace, "p0", dp=2) as producer:  # commits while the watch runs
+            for i in range(3):
+                producer.append(_slices(i))
+                producer.flush()
+            frames += lines.until(lambda line: _steps(line, json_lines) == 8)
+            os.kill(process.pid, sig)
+            assert process.wait(timeout=60) == 0
+        rest = lines.rest()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    frames += rest[:-1]  # refreshes printed before the signal landed
+    steps = [_steps(line, json_lines) for line in frames]
+    assert steps == sorted(steps) and (steps[0], steps[-1]) == (5, 8), steps
+    if json_lines:
+        summary = json.loads(rest[-1])
+        assert (summary["stopped_by"], summary["refreshes"]) == (sig.name, len(frames))
+        assert (summary["first"]["steps"], summary["last"]["steps"]) == (5, 8)
+        assert summary["last"]["version"] == json.loads(frames[-1])["head"]["version"]
+        assert summary["steps_per_s"] == pytest.approx(3 / summary["watched_s"])
+    else:
+        words = _words(rest[-1])
+        assert (words["stopped"], words["refreshes"], words["steps"]) == (sig.name, str(len(frames)), "5..8")
+        assert all(_words(line).keys() >= {"version", "steps", "steps/s", "lag"} for line in frames)
+    assert stderr_path.read_text() == ""  # no traceback, no "interrupted"
+
+
+def test_a_signal_while_a_frame_prints_waits_for_it_and_a_second_one_does_not():
+    signals = watch.StopSignals()
+    finished: list[bool] = []
+    with pytest.raises(watch.Stopped) as stopped, signals.whole():
+        signals.handle(signal.SIGTERM, None)  # the frame goes on: printed and counted whole
+        finished.append(True)
+    assert finished == [True] and stopped.value.signal_name == "SIGTERM"
+    again = watch.StopSignals()
+    with pytest.raises(watch.Stopped), again.whole():
+        again.handle(signal.SIGTERM, None)
+        again.handle(signal.SIGINT, None)  # a stdout that blocks must not hold a second one
+        pytest.fail("the second signal did not stop the watch at once")
+    with pytest.raises(watch.Stopped):
+        watch.StopSignals().handle(signal.SIGINT, None)  # outside a frame: at once
+
+
+def test_the_cli_reference_has_every_option_of_watch():
+    parser = build_parser()
+    commands = next(action for action in parser._actions if action.dest == "command")
+    options = {flag for action in commands.choices["watch"]._actions for flag in action.option_strings} - {
+        "-h",
+        "--help",
+    }
+    page = (Path(__file__).parents[1] / "docs" / "reference" / "cli.md").read_text(encoding="utf-8")
+    section = page.split("## `batchweave watch`")[1].split("\n## ")[0]
+    assert options == {"--interval", "--count", "--once", "--json"}
+    assert all(f"`{option}" in section for option in options), section
+    assert "exit code is 0" in section  # the choice the tests above hold it to
+
+
+# -- the piped line and the summary, pure ---------------------------------------------------
+
+
+def test_a_frame_line_holds_the_terminal_view_in_key_value_words():
+    snapshot = dataclasses.replace(
+        _snapshot(2.0, 40, {"a": 30, "b": 12, "c": 7}),
+        end_of_stream=True,
+        head_committed_at=1_000_001.5,
+        overall_steps_per_s=3.25,
+        reclaimed_steps=10,
+        collectable_below_step=20,
+        checkpoints=(
+            CheckpointInfo("old", True, Fraction(20), 21, Fraction(20)),
+            CheckpointInfo("new", True, Fraction(30), 31, Fraction(10)),
+            CheckpointInfo("torn", False, Fraction(15, 2), 9, Fraction(65, 2)),
+        ),
+    )
+    rate = Rates(interval_s=2.0, steps_per_s=1.5, offsets_per_s={"a": 2.0, "b": 0.0, "c": None})
+    line = watch.frame_line(snapshot, rate)
+    assert line == (
+        "1970-01-12T13:46:42.000Z version=40 steps=40 eos=yes last_commit=0.5s steps/s=1.50 overall=3.25 "
+        "producers=3 idle=1 offsets/s=2.00 checkpoints=3 incomplete=1 lag=20 gc_reclaimed=10 gc_may_reclaim=20"
+    )
+    assert datetime.fromisoformat(line.split()[0]).timestamp() == snapshot.observed_at  # UTC, parseable
+    first = watch.frame_line(_snapshot(0.0, 0, {}), Rates())
+    assert first == (
+        "1970-01-12T13:46:40.000Z version=0 steps=0 eos=no last_commit=- steps/s=- overall=- "
+        "producers=0 idle=- offsets/s=- checkpoints=0 incomplete=0 lag=- gc_reclaimed=0 gc_may_reclaim=-"
+    )
+
+
+def test_the_summary_counts_the_frames_and_the_steps_between_the_first_and_the_last():
+    tally = watch.Tally()
+    assert watch.summary_line(tally.summary("SIGTERM", 1_000_000.0)) == (
+        "1970-01-12T13:46:40.000Z stopped=SIGTERM refreshes=0 watched=- version=-..- steps=-..- steps/s=-"
+    )
+    for taken_at, steps in ((1.0, 5), (3.0, 6), (5.0, 13)):
+        tally.add(_snapshot(taken_at, steps, {}))
+    summary = tally.summary("SIGINT", 1_000_006.0)
+    assert summary == {
+        "stopped_by": "SIGINT",
+        "observed_at": 1_000_006.0,
+        "refreshes": 3,
+        "watched_s": 4.0,
+        "first": {"version": 5, "steps": 5},
+        "last": {"version": 13, "steps": 13},
+        "steps_per_s": 2.0,
+    }
+    assert watch.summary_line(summary) == (
+        "1970-01-12T13:46:46.000Z stopped=SIGINT refreshes=3 watched=4.0s version=5..13 steps=5..13 steps/s=2.00"
+    )
 
 
 # -- pure rates -----------------------------------------------------------------------------

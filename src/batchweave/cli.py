@@ -1,8 +1,9 @@
 """The ``batchweave`` command line.
 
     batchweave inspect URL [--json]     what a namespace holds
-    batchweave watch URL [--interval S] [--once] [--json]
+    batchweave watch URL [--interval S] [--count N | --once] [--json]
                                         a live view of a running namespace
+                                        (a line per refresh when piped; until SIGTERM)
     batchweave end-stream URL           commit the end-of-stream marker
     batchweave gc URL [--dry-run] [--json [--keys]] [--every S]
                                         checkpoint-aligned garbage collection
@@ -132,46 +133,55 @@ def _positive_number(convert: Callable[[str], Any], text: str) -> Any:
 def _add_watch(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "watch",
-        help="a live view of a running namespace (Ctrl-C to stop)",
-        description="Refresh a view of a namespace every --interval seconds until Ctrl-C: the log head, "
-        "steps/s, each producer's offset, epoch, rate and metrics, the checkpoints and their lag, "
-        "and what garbage collection reclaimed.",
+        help="a live view of a running namespace (Ctrl-C or SIGTERM to stop)",
+        description="Refresh a view of a namespace every --interval seconds until Ctrl-C or SIGTERM: the log "
+        "head, steps/s, each producer's offset, epoch, rate and metrics, the checkpoints and their lag, "
+        "and what garbage collection reclaimed. On a terminal the view is redrawn in place; otherwise "
+        "(piped, redirected) each refresh is one line, written at once. A signal ends it with a "
+        "summary line and exit code 0.",
     )
     p.add_argument("url", help="namespace URL")
     p.add_argument(
         "--interval", type=_positive_seconds, default=2.0, metavar="S", help="seconds between refreshes (default 2)"
     )
-    p.add_argument("--once", action="store_true", help="print one frame and exit")
+    count = p.add_mutually_exclusive_group()
+    count.add_argument(
+        "--count",
+        type=lambda text: _positive_number(int, text),
+        metavar="N",
+        help="exit after N refreshes (default: until a signal)",
+    )
+    count.add_argument("--once", action="store_true", help="one refresh, then exit (--count 1)")
     p.add_argument(
-        "--json", action="store_true", help="one JSON object per refresh, one per line (with --once: just one)"
+        "--json",
+        action="store_true",
+        help="one JSON object per refresh, one per line (with --once: just one); a signal adds a summary object",
     )
     p.set_defaults(func=_cmd_watch)
 
 
 def _cmd_watch(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.live import Live
+    import time
 
-    from batchweave.watch import SnapshotReader, follow, frame_dict, render
+    from batchweave.watch import SnapshotReader, Stopped, Tally, follow, stopped_by_signals, view_for
 
-    frames = follow(SnapshotReader(args.url), args.interval)
-    console = Console()
+    frames = follow(SnapshotReader(args.url), args.interval, count=1 if args.once else args.count)
+    tally = Tally()
+    view = view_for(args.json)
     try:
-        if args.once or args.json:
+        with stopped_by_signals() as signals, view:
             for snapshot, rates in frames:
-                if args.json:
-                    print(json.dumps(frame_dict(snapshot, rates), sort_keys=True), flush=True)
-                else:
-                    console.print(render(snapshot, rates))
-                if args.once:
-                    break
-        else:
-            # No auto-refresh thread: the view changes only when a new snapshot arrives.
-            with Live(console=console, auto_refresh=False) as live:
-                for snapshot, rates in frames:
-                    live.update(render(snapshot, rates), refresh=True)
-    except KeyboardInterrupt:
-        pass  # Ctrl-C is how a watch ends: exit 0, no traceback
+                with signals.whole():  # the summary counts exactly the frames printed
+                    view.show(snapshot, rates)
+                    tally.add(snapshot)
+    except Stopped as stop:
+        stopped_by = stop.signal_name
+    except KeyboardInterrupt:  # Ctrl-C outside the main thread, where no handler can be set
+        stopped_by = "SIGINT"
+    else:
+        return EXIT_OK  # --count (or --once) refreshes shown
+    # A signal is how a watch ends: a summary, exit 0, no traceback.
+    view.stopped(tally.summary(stopped_by, time.time()))
     return EXIT_OK
 
 

@@ -2,21 +2,32 @@
 
 Reading and arithmetic are kept apart: ``SnapshotReader`` makes one ``Snapshot`` per
 refresh from the log and the checkpoint watermarks (the only I/O here), ``rates`` turns
-two snapshots into per-second rates, and ``frame_dict`` / ``render`` present a snapshot
-with its rates as JSON or as rich tables. ``follow`` is the refresh loop, with its
-sleep injected so tests drive it without waiting.
+two snapshots into per-second rates, and ``frame_dict`` / ``frame_line`` / ``render``
+present a snapshot with its rates as JSON, as one line of text (output that is not a
+terminal) or as rich tables. ``follow`` is the refresh loop, with its sleep injected so
+tests drive it without waiting; ``Tally`` keeps what the summary printed at a signal says.
+The command's outputs are ``View`` objects (``view_for`` picks one), and
+``stopped_by_signals`` turns SIGTERM and SIGINT into ``Stopped`` for the time of a watch
+(``StopSignals``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import signal
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from fractions import Fraction
 from typing import Any
 
 import msgspec
-from rich.console import Group, RenderableType
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
 from rich.table import Table
 
 from batchweave.inspect import CheckpointInfo, json_number, live_checkpoints, producer_dict, read_state
@@ -26,15 +37,26 @@ from batchweave.log import LogState, LogVersion, LogVersionHead
 from batchweave.store import Store, open_store
 
 __all__ = [
+    "JsonView",
+    "LinesView",
     "Rates",
     "Snapshot",
     "SnapshotReader",
+    "StopSignals",
+    "Stopped",
+    "Tally",
+    "TerminalView",
+    "View",
     "checkpoint_table",
     "follow",
     "frame_dict",
+    "frame_line",
     "overall_steps_per_s",
     "rates",
     "render",
+    "stopped_by_signals",
+    "summary_line",
+    "view_for",
 ]
 
 Clock = Callable[[], float]
@@ -170,16 +192,59 @@ class SnapshotReader:
 
 
 def follow(
-    read: Callable[[], Snapshot], interval_s: float, *, sleep: Callable[[float], None] = time.sleep
+    read: Callable[[], Snapshot],
+    interval_s: float,
+    *,
+    count: int | None = None,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> Iterator[tuple[Snapshot, Rates]]:
-    """Snapshots ``interval_s`` apart, each with the rates since the one before, forever.
-    Ctrl-C (KeyboardInterrupt) comes out of the ``sleep`` or the read; callers stop there."""
+    """Snapshots ``interval_s`` apart, each with the rates since the one before: ``count``
+    of them (no sleep after the last), or forever with None. A signal or Ctrl-C
+    (KeyboardInterrupt) comes out of the ``sleep`` or the read; callers stop there."""
     before: Snapshot | None = None
+    taken = 0
     while True:
         now = read()
+        taken += 1
         yield now, rates(before, now)
+        if taken == count:
+            return
         before = now
         sleep(interval_s)
+
+
+@dataclass(slots=True)
+class Tally:
+    """The frames a watch printed, for the summary it prints when a signal ends it."""
+
+    refreshes: int = 0
+    first: Snapshot | None = None
+    last: Snapshot | None = None
+
+    def add(self, snapshot: Snapshot) -> None:
+        self.refreshes += 1
+        if self.first is None:
+            self.first = snapshot
+        self.last = snapshot
+
+    def summary(self, stopped_by: str, observed_at: float) -> dict[str, Any]:
+        """What the watch saw from its first frame to its last, JSON-ready: the log head at
+        both and the steps committed per second between them (None with fewer than two
+        frames). ``stopped_by`` names the signal; ``observed_at`` is the wall clock at the stop."""
+        first, last = self.first, self.last
+        watched_s = None if first is None or last is None else last.taken_at - first.taken_at
+        steps_per_s = None
+        if first is not None and last is not None and watched_s:
+            steps_per_s = (last.steps - first.steps) / watched_s
+        return {
+            "stopped_by": stopped_by,
+            "observed_at": observed_at,
+            "refreshes": self.refreshes,
+            "watched_s": watched_s,
+            "first": None if first is None else {"version": first.version, "steps": first.steps},
+            "last": None if last is None else {"version": last.version, "steps": last.steps},
+            "steps_per_s": steps_per_s,
+        }
 
 
 # -- presenting -----------------------------------------------------------------------
@@ -211,6 +276,53 @@ def frame_dict(snapshot: Snapshot, rate: Rates) -> dict[str, Any]:
             "collectable_below_step": snapshot.collectable_below_step,
         },
     }
+
+
+def frame_line(snapshot: Snapshot, rate: Rates) -> str:
+    """One refresh as one line of ``key=value`` words (what ``watch`` prints when its output
+    is not a terminal): the terminal view's head, its producers as a count with their
+    summed rate, and the oldest complete checkpoint's lag. ``-`` where a value is unknown."""
+    known = [r for r in rate.offsets_per_s.values() if r is not None]
+    complete = [c.lag_steps for c in snapshot.checkpoints if c.complete]
+    last_commit = _ago(snapshot).removesuffix(" s ago")
+    words = {
+        "version": snapshot.version,
+        "steps": snapshot.steps,
+        "eos": "yes" if snapshot.end_of_stream else "no",
+        "last_commit": "-" if last_commit == "-" else f"{last_commit}s",
+        "steps/s": _rate(rate.steps_per_s),
+        "overall": _rate(snapshot.overall_steps_per_s),
+        "producers": len(snapshot.producers),
+        "idle": sum(r == 0 for r in known) if known else "-",
+        "offsets/s": _rate(sum(known) if known else None),
+        "checkpoints": len(snapshot.checkpoints),
+        "incomplete": len(snapshot.checkpoints) - len(complete),
+        "lag": _number(max(complete)) if complete else "-",
+        "gc_reclaimed": snapshot.reclaimed_steps,
+        "gc_may_reclaim": "-" if snapshot.collectable_below_step is None else snapshot.collectable_below_step,
+    }
+    return _line(snapshot.observed_at, words)
+
+
+def summary_line(summary: dict[str, Any]) -> str:
+    """``Tally.summary`` as the last line of a watch ended by a signal."""
+    first, last = summary["first"] or {}, summary["last"] or {}
+    watched_s = summary["watched_s"]
+    words = {
+        "stopped": summary["stopped_by"],
+        "refreshes": summary["refreshes"],
+        "watched": "-" if watched_s is None else f"{watched_s:.1f}s",
+        "version": f"{first.get('version', '-')}..{last.get('version', '-')}",
+        "steps": f"{first.get('steps', '-')}..{last.get('steps', '-')}",
+        "steps/s": _rate(summary["steps_per_s"]),
+    }
+    return _line(summary["observed_at"], words)
+
+
+def _line(observed_at: float, words: dict[str, Any]) -> str:
+    """A UTC timestamp (ISO 8601, milliseconds), then the words: one value never holds a space."""
+    at = datetime.fromtimestamp(observed_at, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return " ".join([at, *(f"{key}={value}" for key, value in words.items())])
 
 
 def _rate(value: float | None) -> str:
@@ -275,3 +387,135 @@ def checkpoint_table(checkpoints: tuple[CheckpointInfo, ...]) -> Table:
 def _number(value: Fraction) -> str:
     number = json_number(value)
     return str(number) if isinstance(number, int) else f"{number:.2f}"
+
+
+# -- the command's outputs and its stop ------------------------------------------------
+
+
+class Stopped(Exception):
+    """A signal that ends a watch (SIGTERM, SIGINT), raised where the watch was waiting."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
+class StopSignals:
+    """SIGTERM and SIGINT as ``Stopped``, raised in the main thread where it waits (the
+    sleep, a store read). Inside ``whole`` the first signal waits for the block to end, so
+    that a frame is printed and counted whole; a second one raises at once (a pipe that
+    nobody reads must not make a watch deaf to signals)."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self._deferring = False
+
+    def handle(self, number: int, _frame: object) -> None:
+        first = self.received is None
+        self.received = signal.Signals(number).name
+        if not (self._deferring and first):
+            raise Stopped(self.received)
+
+    @contextlib.contextmanager
+    def whole(self) -> Iterator[None]:
+        self._deferring = True
+        try:
+            yield
+        finally:
+            self._deferring = False
+        if self.received is not None:
+            raise Stopped(self.received)
+
+
+@contextlib.contextmanager
+def stopped_by_signals() -> Iterator[StopSignals]:
+    """For the time of a watch, SIGTERM and SIGINT are ``StopSignals``. The handlers of
+    before are back on the way out, so a signal while the summary prints acts as it would
+    without a watch. A signal ignored at the start (``nohup``, a background job's SIGINT)
+    stays ignored. Outside the main thread, which alone may set handlers, nothing changes."""
+    signals = StopSignals()
+    if threading.current_thread() is not threading.main_thread():
+        yield signals
+        return
+    previous = {
+        sig: signal.signal(sig, signals.handle)
+        for sig in (signal.SIGTERM, signal.SIGINT)
+        if signal.getsignal(sig) is not signal.SIG_IGN
+    }
+    try:
+        yield signals
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class View:
+    """How ``watch`` shows its refreshes and, when a signal ends it, its summary: one
+    subclass per kind of output, picked once by ``view_for``."""
+
+    def __enter__(self) -> View:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+    def show(self, snapshot: Snapshot, rate: Rates) -> None:
+        raise NotImplementedError
+
+    def stopped(self, summary: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+
+class LinesView(View):
+    """Not a terminal: one ``frame_line`` per refresh, flushed so that a pipe has it now."""
+
+    def show(self, snapshot: Snapshot, rate: Rates) -> None:
+        print(frame_line(snapshot, rate), flush=True)
+
+    def stopped(self, summary: dict[str, Any]) -> None:
+        print(summary_line(summary), flush=True)
+
+
+class JsonView(View):
+    """``--json``: one ``frame_dict`` per line; the summary is one more object, told apart
+    by its ``stopped_by`` key."""
+
+    def show(self, snapshot: Snapshot, rate: Rates) -> None:
+        print(json.dumps(frame_dict(snapshot, rate), sort_keys=True), flush=True)
+
+    def stopped(self, summary: dict[str, Any]) -> None:
+        print(json.dumps(summary, sort_keys=True), flush=True)
+
+
+class TerminalView(View):
+    """A terminal: the tables of ``render``, redrawn in place; the last stays on screen."""
+
+    def __init__(self, console: Console) -> None:
+        self._console = console
+        # No auto-refresh thread: the view changes only when a new snapshot arrives.
+        self._live = Live(console=console, auto_refresh=False)
+
+    def __enter__(self) -> TerminalView:
+        self._live.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._live.stop()
+
+    def show(self, snapshot: Snapshot, rate: Rates) -> None:
+        self._live.update(render(snapshot, rate), refresh=True)
+
+    def stopped(self, summary: dict[str, Any]) -> None:
+        self._console.print(summary_line(summary), highlight=False, soft_wrap=True)
+
+
+def view_for(json_lines: bool) -> View:
+    """JSON lines with ``json_lines``; else the tables on a terminal, lines anywhere else.
+    Rich draws a live view only on what it takes for a terminal, and it takes a pipe for
+    one under FORCE_COLOR: the tables need both it and ``isatty``."""
+    if json_lines:
+        return JsonView()
+    console = Console()
+    if sys.stdout.isatty() and console.is_terminal:
+        return TerminalView(console)
+    return LinesView()
