@@ -6,6 +6,7 @@ to that reader, and every resource and wait bounded. Each test is a scenario of 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +30,7 @@ from batchweave import keys
 from batchweave.commit.policies import Manual
 from batchweave.errors import DataReclaimedError
 from batchweave.mesh import Mesh
-from batchweave.reading import node, nodeclient, nodehub, nodetrust, nodewire
+from batchweave.reading import node, nodeclient, nodehub, nodeoutbox, nodetrust, nodewire
 from batchweave.reading.polling import HeadPolling
 from batchweave.store import Store
 
@@ -402,6 +404,86 @@ def test_a_client_that_reads_no_reply_is_dropped_and_stalls_no_one(monkeypatch):
         close_hub(address)
 
 
+def test_a_process_of_the_same_user_that_never_reads_stalls_no_rank_and_is_dropped(monkeypatch):
+    """Issue 43: a process of the job's own user connects to the hub, asks for range after
+    range (each a read and a descriptor) and never reads a reply, beside two ranks reading
+    a live stream through the hub. A descriptor sent to its full socket waited out the
+    socket's bound even with MSG_DONTWAIT, under the lock every other reply to it waits
+    on: the hub's read threads all hung there and the ranks' steps stalled for that bound
+    (7-10 s measured). Now no step waits a second, and the intruder is dropped once a
+    reply of its has not moved for the bound."""
+    monkeypatch.setattr(nodehub, "IO_S", 2.0)  # 10 s in production: the test's runtime
+    store = CountingStore(f"memory://trust/never-reads-{uuid.uuid4().hex}")  # a hub of its own, whatever runs beside
+    stop, warm = threading.Event(), threading.Event()
+    produced: list[int] = []
+    waits: dict[int, list[tuple[int, float]]] = {0: [], 1: []}
+    failures: list[BaseException] = []
+
+    def produce() -> None:  # a step every 30 ms, committed at once: the ranks wait for each
+        with bw.Producer(store, "p", dp=1, commit_policy=Manual(), pack_steps=1) as producer:
+            step = 0
+            while not stop.is_set() or step < 40:
+                producer.append([{"x": np.full(4, step)}], source_offset=step)
+                producer.flush()
+                produced.append(step)
+                step += 1
+                stop.wait(0.03)  # the producer's pace, not a wait for a condition
+        bw.end_stream(store)
+
+    def read(rank: int) -> None:
+        try:
+            consumer = bw.Consumer(
+                store,
+                dp=1,
+                tp=2,
+                rank=rank,
+                local_rank=rank,
+                local_world_size=2,
+                node_sharing=True,
+                timeout_s=30,
+                max_poll_interval_s=0.05,
+            )
+            steps = iter(consumer)
+            while True:
+                asked = time.monotonic()
+                batch = next(steps, None)
+                if batch is None:
+                    break
+                waits[rank].append((batch.step, time.monotonic() - asked))
+                if batch.step == 10:
+                    warm.set()
+            consumer.close()
+        except BaseException as exc:
+            failures.append(exc)
+            warm.set()
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    ranks = [threading.Thread(target=read, args=(r,)) for r in (0, 1)]
+    try:
+        for rank in ranks:
+            rank.start()
+        assert warm.wait(60) and not failures, failures  # the hub serves both ranks
+        address = node.node_address(store, Mesh(dp=1, tp=2), 0)
+        data = next(info for info in store.list("data/"))
+        flood = [str(HERE / "hub_intruder.py"), "flood", address.paths()[0], address.identity, data.key]
+        out = subprocess.run(
+            [sys.executable, *flood, str(data.size), "20"], capture_output=True, text=True, timeout=60, check=True
+        )
+        flooded = json.loads(out.stdout)
+    finally:
+        stop.set()
+        producer.join(60)
+        for rank in ranks:
+            rank.join(60)
+    assert not failures, failures
+    assert all([step for step, _ in waits[r]] == produced for r in (0, 1))
+    assert flooded["requests"] > 256, flooded  # more than the hub answers unread: its socket filled
+    assert flooded["dropped_s"] is not None and flooded["dropped_s"] < nodehub.IO_S + 3, flooded
+    late = max((wait, step) for r in (0, 1) for step, wait in waits[r] if step > 10)
+    assert late[0] < 1.0, f"step {late[1]} waited {late[0]:.2f} s"
+
+
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -469,6 +551,28 @@ def test_a_hub_that_cannot_share_memory_makes_its_ranks_read_directly_with_one_w
     assert_each_rank_read_its_slice(seen, 10, 1, 2)
     warned = [r for r in caplog.records if r.name == "batchweave.reading.nodeclient" and "itself" in r.getMessage()]
     assert 1 <= len(warned) <= 2  # once per rank, not once per step
+
+
+def test_descriptors_the_kernel_refuses_make_ranks_read_those_ranges_and_keep_their_hub(monkeypatch, caplog):
+    """The kernel counts descriptors sent and not yet received against the user's
+    RLIMIT_NOFILE and refuses more past it (ETOOMANYREFS), on every socket of the user: a
+    few peers that leave replies unread (``test_node_outbox``: they keep theirs) bring a
+    hub there. Each such range reply broke the rank's connection, until the rank gave up on
+    the hub; now the rank reads that range itself and keeps the hub for the rest."""
+
+    def refused(*args, **kwargs):
+        raise OSError(errno.ETOOMANYREFS, "Too many references")
+
+    monkeypatch.setattr(nodeoutbox.socket, "send_fds", refused)  # only the hub's replies carry any
+    monkeypatch.setattr(nodeclient, "TAKEOVER_S", 1.0)
+    store = CountingStore("memory://trust/toomanyrefs")
+    fill(store, 10, 1)
+    with caplog.at_level("WARNING", logger="batchweave.reading.nodeclient"):
+        seen = read_node(store, range(2), dp=1, tp=2, sharing=True)
+    assert_each_rank_read_its_slice(seen, 10, 1, 2)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert not [m for m in warnings if "reads without it" in m], warnings  # the hub kept serving the log
+    assert 1 <= len([m for m in warnings if "RLIMIT_NOFILE" in m]) <= 2, warnings  # once per rank
 
 
 def test_an_accept_and_close_squatter_keeps_no_rank_trying_for_longer_than_the_takeover_deadline(monkeypatch, caplog):
