@@ -9,6 +9,7 @@ import contextlib
 import errno
 import json
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -19,6 +20,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -37,25 +39,93 @@ from batchweave.store import Store
 pytestmark = pytest.mark.skipif(not node.sharing_supported(), reason="node sharing needs Linux")
 
 HERE = Path(__file__).resolve().parent
-SYSTEM_PYTHON = "/usr/bin/python3"  # another user cannot run the project's venv (it lives under root's home)
+# Another user runs the system's Python on a copy of the intruder (standard library only)
+# in a place of its own: the checkout, its venv and its sources may lie where only their
+# owner can enter (a home directory of mode 0700).
+SYSTEM_PYTHON = "/usr/bin/python3"
 other_user = pytest.mark.skipif(
     os.geteuid() != 0 or not os.path.exists(SYSTEM_PYTHON), reason="needs root to run a process as nobody"
 )
 
 
-def intruder(*args: str, wait: bool = True) -> subprocess.Popen | dict:
-    """``hub_intruder.py`` run as the user nobody."""
-    proc = subprocess.Popen(
-        [SYSTEM_PYTHON, str(HERE / "hub_intruder.py"), *args],
-        user="nobody",
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd="/",
-    )
-    if not wait:
-        return proc
-    out, _ = proc.communicate(timeout=60)
-    return json.loads(out)
+class Stranger:
+    """The user nobody on this node, running ``hub_intruder.py`` from ``place``."""
+
+    def __init__(self, place: Path) -> None:
+        self.place = place
+        self.script = place / "hub_intruder.py"
+
+    def start(self, *args: str) -> subprocess.Popen:
+        """The intruder, isolated from this process's environment (``-I``: no PYTHONPATH
+        into the checkout, no user site)."""
+        return subprocess.Popen(
+            [SYSTEM_PYTHON, "-I", str(self.script), *args],
+            user="nobody",
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd="/",
+            env={"PATH": "/usr/bin:/bin"},
+        )
+
+    def run(self, *args: str) -> dict:
+        """What the intruder printed, or a failure that says why it printed nothing."""
+        proc = self.start(*args)
+        out, err = proc.communicate(timeout=60)
+        return self.parsed(out, err, proc, args)
+
+    def answer(self, proc: subprocess.Popen, args: Sequence[str]) -> dict:
+        """The next line a running intruder prints (``forge``), as ``run`` reads it."""
+        assert proc.stdout is not None and proc.stderr is not None
+        line = proc.stdout.readline()
+        if line:
+            return self.parsed(line, "", proc, args)
+        proc.wait(30)  # it ended without a word: what it said on stderr is why
+        return self.parsed(line, proc.stderr.read(), proc, args)
+
+    @staticmethod
+    def parsed(out: str, err: str, proc: subprocess.Popen, args: Sequence[str]) -> dict:
+        try:
+            return json.loads(out)
+        except json.JSONDecodeError:
+            pytest.fail(
+                f"the intruder ({' '.join(args)}) run as nobody printed {out!r}, not JSON"
+                f" (exit {proc.poll()}): {err.strip()[-2000:]}"
+            )
+
+    def cannot_run(self) -> str:
+        """Why nobody cannot run the intruder from ``place`` ("": it can)."""
+        try:
+            proc = self.start("probe")
+            out, err = proc.communicate(timeout=60)
+        except (KeyError, OSError, subprocess.SubprocessError) as exc:  # no such user, no such Python
+            return f"cannot start {SYSTEM_PYTHON} as nobody: {type(exc).__name__}: {exc}"
+        if out.strip() == json.dumps({"probe": "ok"}):
+            return ""
+        return f"nobody cannot run {self.script} with {SYSTEM_PYTHON} (exit {proc.returncode}): {err.strip()[-500:]}"
+
+
+@pytest.fixture(scope="module")
+def stranger() -> Iterator[Stranger]:
+    """Another user, with a copy of the intruder in a fresh place it can read (under the
+    temporary directory, or /tmp when that one is private too); skipped with the reason
+    when there is none."""
+    tried: list[str] = []
+    for base in dict.fromkeys([tempfile.gettempdir(), "/tmp"]):
+        place = Path(tempfile.mkdtemp(prefix="bw-stranger-", dir=base))
+        try:
+            os.chmod(place, 0o755)
+            shutil.copyfile(HERE / "hub_intruder.py", place / "hub_intruder.py")
+            os.chmod(place / "hub_intruder.py", 0o644)
+            who = Stranger(place)
+            why = who.cannot_run()
+            if not why:
+                yield who
+                return
+            tried.append(why)
+        finally:
+            shutil.rmtree(place, ignore_errors=True)
+    pytest.skip("; ".join(tried))
 
 
 def serve_hub(store: Store, mesh: Mesh) -> node.HubAddress:
@@ -117,7 +187,7 @@ def _spec_of(store: CountingStore, path: Path) -> None:
 
 
 @other_user
-def test_a_forging_hub_of_another_user_is_refused_and_training_reads_the_log(tmp_path, monkeypatch, caplog):
+def test_a_forging_hub_of_another_user_is_refused_and_training_reads_the_log(stranger, monkeypatch, caplog):
     """Another user serves versions and bytes of its own at the hub's name: with the peer
     check, the ranks refuse it (one WARNING) and read the log's data; without it (the check
     sabotaged), training takes the forged data, so the check is what stands between."""
@@ -129,15 +199,17 @@ def test_a_forging_hub_of_another_user_is_refused_and_training_reads_the_log(tmp
             producer.append([{"x": np.full(4, 666)}], source_offset=step)
         producer.flush()
     bw.end_stream(forged)
-    spec = Path(tempfile.mkdtemp(prefix="forge-"))
+    spec = stranger.place / "forge"
+    spec.mkdir()
     os.chmod(spec, 0o777)  # the forger's own place, as another user would have
     _spec_of(forged, spec / "spec.json")
     os.chmod(spec / "spec.json", 0o644)
     address = node.node_address(genuine, Mesh(dp=1, tp=2), 0)
     forger_path = str(spec / "hub.sock")
-    forger = intruder("forge", forger_path, address.identity, str(spec / "spec.json"), wait=False)
+    forging = ("forge", forger_path, address.identity, str(spec / "spec.json"))
+    forger = stranger.start(*forging)
     try:
-        assert json.loads(forger.stdout.readline())["serving"] == forger_path
+        assert stranger.answer(forger, forging)["serving"] == forger_path
         lock = address.paths()[1]
         monkeypatch.setattr(node.HubAddress, "paths", lambda self: (forger_path, lock))  # it got the name
         with monkeypatch.context() as sabotaged:
@@ -155,7 +227,7 @@ def test_a_forging_hub_of_another_user_is_refused_and_training_reads_the_log(tmp
 
 
 @other_user
-def test_another_user_can_neither_squat_the_hubs_name_nor_read_through_the_hub(caplog):
+def test_another_user_can_neither_squat_the_hubs_name_nor_read_through_the_hub(stranger, caplog):
     store = CountingStore("memory://trust/private")
     fill(store, 4, 1)
     address = serve_hub(store, Mesh(dp=1, tp=2))
@@ -163,13 +235,13 @@ def test_another_user_can_neither_squat_the_hubs_name_nor_read_through_the_hub(c
     directory = os.path.dirname(path)
     try:
         assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
-        assert intruder("squat", path + ".x") == {"bind": "PermissionError"}
-        assert intruder("read", path, address.identity) == {"connect": "PermissionError"}
+        assert stranger.run("squat", path + ".x") == {"bind": "PermissionError"}
+        assert stranger.run("read", path, address.identity) == {"connect": "PermissionError"}
         # Even with the directory opened by mistake, the hub refuses another user's process.
         os.chmod(directory, 0o711)
         os.chmod(path, 0o777)
         with caplog.at_level("WARNING", logger="batchweave.reading.nodehub"):
-            seen = intruder("read", path, address.identity)
+            seen = stranger.run("read", path, address.identity)
         assert seen["connect"] == "ok" and "log" not in seen, seen
         assert any("uid 65534" in r.getMessage() for r in caplog.records)
     finally:
