@@ -1,11 +1,17 @@
 """Another process on a training node, for the node hub's trust tests (test_node_trust):
-run as another user (``nobody``) with the system's Python, so it imports nothing of
-batchweave and speaks the hub's wire format by hand (``u32 header | u32 payload | JSON
-header | payload``, a descriptor beside a range's reply).
+run as another user (``nobody``) with the system's Python, or as the job's own user, so
+it imports nothing of batchweave (nor anything but the standard library) and speaks the
+hub's wire format by hand (``u32 header | u32 payload | JSON header | payload``, a
+descriptor beside a range's reply).
 
+    python3 hub_intruder.py probe                  print {"probe": "ok"}: this user can run it
     python3 hub_intruder.py squat PATH            try to bind the hub's socket name
     python3 hub_intruder.py read PATH IDENTITY     connect, greet, ask for log version 1
     python3 hub_intruder.py forge PATH IDENTITY SPEC   serve forged versions and ranges
+    python3 hub_intruder.py flood PATH IDENTITY KEY SIZE SECONDS
+        connect, greet, then ask for distinct ranges of object KEY (SIZE bytes) as fast
+        as the hub reads them and never read a reply, until the hub drops the
+        connection or SECONDS pass
 
 It prints one JSON line with what happened (``forge`` runs until killed).
 """
@@ -15,10 +21,12 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import select
 import socket
 import struct
 import sys
 import threading
+import time
 
 PREFIX = struct.Struct("<II")
 
@@ -118,12 +126,58 @@ def serve(conn: socket.socket, identity: str, versions: list[bytes], objects: di
             os.close(fd)
 
 
+def flood(path: str, identity: str, key: str, size: str, seconds: str) -> dict:
+    """Range requests, each for a range not asked before (every one a read and a
+    descriptor for the hub), sent whenever the socket takes them; no reply is ever read.
+    ``dropped_s``: from the first request until the hub dropped the connection (None:
+    not within ``seconds``)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(10)
+    sock.connect(path)
+    send(sock, {"op": "hello", "protocol": 2, "identity": identity})
+    recv(sock)  # the hub's hello: the last byte this process reads
+    ranges = distinct_ranges(int(size))
+    poller = select.poll()
+    poller.register(sock, select.POLLOUT)
+    pending, requests = b"", 0
+    began = time.monotonic()
+    deadline = began + float(seconds)
+    while time.monotonic() < deadline:
+        if not pending:
+            start, length = next(ranges)
+            header = {"op": "range", "id": requests, "key": key, "start": start, "length": length, "sharers": 1}
+            head = json.dumps(header).encode()
+            pending, requests = PREFIX.pack(len(head), 0) + head, requests + 1
+        events = 0
+        for _, event in poller.poll(50):
+            events |= event
+        if events & (select.POLLHUP | select.POLLERR):
+            return {"requests": requests, "dropped_s": time.monotonic() - began}
+        if events & select.POLLOUT:
+            try:
+                pending = pending[sock.send(pending, socket.MSG_DONTWAIT) :]
+            except BlockingIOError:
+                pass
+            except (BrokenPipeError, ConnectionResetError):
+                return {"requests": requests, "dropped_s": time.monotonic() - began}
+    return {"requests": requests, "dropped_s": None}
+
+
+def distinct_ranges(size: int):
+    """Every range of an object of ``size`` bytes, shortest first, over and over."""
+    while True:
+        for length in range(1, size + 1):
+            for start in range(size - length + 1):
+                yield start, length
+
+
 def main() -> None:
     command, *args = sys.argv[1:]
     if command == "forge":
         forge(*args)
         return
-    print(json.dumps(squat(*args) if command == "squat" else read(*args)), flush=True)
+    commands = {"probe": lambda: {"probe": "ok"}, "squat": squat, "read": read, "flood": flood}
+    print(json.dumps(commands[command](*args)), flush=True)
 
 
 if __name__ == "__main__":

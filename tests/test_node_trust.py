@@ -6,8 +6,10 @@ to that reader, and every resource and wait bounded. Each test is a scenario of 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -17,6 +19,8 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -28,32 +32,100 @@ from batchweave import keys
 from batchweave.commit.policies import Manual
 from batchweave.errors import DataReclaimedError
 from batchweave.mesh import Mesh
-from batchweave.reading import node, nodeclient, nodehub, nodetrust, nodewire
+from batchweave.reading import node, nodeclient, nodehub, nodeoutbox, nodetrust, nodewire
 from batchweave.reading.polling import HeadPolling
 from batchweave.store import Store
 
 pytestmark = pytest.mark.skipif(not node.sharing_supported(), reason="node sharing needs Linux")
 
 HERE = Path(__file__).resolve().parent
-SYSTEM_PYTHON = "/usr/bin/python3"  # another user cannot run the project's venv (it lives under root's home)
+# Another user runs the system's Python on a copy of the intruder (standard library only)
+# in a place of its own: the checkout, its venv and its sources may lie where only their
+# owner can enter (a home directory of mode 0700).
+SYSTEM_PYTHON = "/usr/bin/python3"
 other_user = pytest.mark.skipif(
     os.geteuid() != 0 or not os.path.exists(SYSTEM_PYTHON), reason="needs root to run a process as nobody"
 )
 
 
-def intruder(*args: str, wait: bool = True) -> subprocess.Popen | dict:
-    """``hub_intruder.py`` run as the user nobody."""
-    proc = subprocess.Popen(
-        [SYSTEM_PYTHON, str(HERE / "hub_intruder.py"), *args],
-        user="nobody",
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd="/",
-    )
-    if not wait:
-        return proc
-    out, _ = proc.communicate(timeout=60)
-    return json.loads(out)
+class Stranger:
+    """The user nobody on this node, running ``hub_intruder.py`` from ``place``."""
+
+    def __init__(self, place: Path) -> None:
+        self.place = place
+        self.script = place / "hub_intruder.py"
+
+    def start(self, *args: str) -> subprocess.Popen:
+        """The intruder, isolated from this process's environment (``-I``: no PYTHONPATH
+        into the checkout, no user site)."""
+        return subprocess.Popen(
+            [SYSTEM_PYTHON, "-I", str(self.script), *args],
+            user="nobody",
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd="/",
+            env={"PATH": "/usr/bin:/bin"},
+        )
+
+    def run(self, *args: str) -> dict:
+        """What the intruder printed, or a failure that says why it printed nothing."""
+        proc = self.start(*args)
+        out, err = proc.communicate(timeout=60)
+        return self.parsed(out, err, proc, args)
+
+    def answer(self, proc: subprocess.Popen, args: Sequence[str]) -> dict:
+        """The next line a running intruder prints (``forge``), as ``run`` reads it."""
+        assert proc.stdout is not None and proc.stderr is not None
+        line = proc.stdout.readline()
+        if line:
+            return self.parsed(line, "", proc, args)
+        proc.wait(30)  # it ended without a word: what it said on stderr is why
+        return self.parsed(line, proc.stderr.read(), proc, args)
+
+    @staticmethod
+    def parsed(out: str, err: str, proc: subprocess.Popen, args: Sequence[str]) -> dict:
+        try:
+            return json.loads(out)
+        except json.JSONDecodeError:
+            pytest.fail(
+                f"the intruder ({' '.join(args)}) run as nobody printed {out!r}, not JSON"
+                f" (exit {proc.poll()}): {err.strip()[-2000:]}"
+            )
+
+    def cannot_run(self) -> str:
+        """Why nobody cannot run the intruder from ``place`` ("": it can)."""
+        try:
+            proc = self.start("probe")
+            out, err = proc.communicate(timeout=60)
+        except (KeyError, OSError, subprocess.SubprocessError) as exc:  # no such user, no such Python
+            return f"cannot start {SYSTEM_PYTHON} as nobody: {type(exc).__name__}: {exc}"
+        if out.strip() == json.dumps({"probe": "ok"}):
+            return ""
+        return f"nobody cannot run {self.script} with {SYSTEM_PYTHON} (exit {proc.returncode}): {err.strip()[-500:]}"
+
+
+@pytest.fixture(scope="module")
+def stranger() -> Iterator[Stranger]:
+    """Another user, with a copy of the intruder in a fresh place it can read (under the
+    temporary directory, or /tmp when that one is private too); skipped with the reason
+    when there is none."""
+    tried: list[str] = []
+    for base in dict.fromkeys([tempfile.gettempdir(), "/tmp"]):
+        place = Path(tempfile.mkdtemp(prefix="bw-stranger-", dir=base))
+        try:
+            os.chmod(place, 0o755)
+            shutil.copyfile(HERE / "hub_intruder.py", place / "hub_intruder.py")
+            os.chmod(place / "hub_intruder.py", 0o644)
+            who = Stranger(place)
+            why = who.cannot_run()
+            if not why:
+                yield who
+                return
+            tried.append(why)
+        finally:
+            shutil.rmtree(place, ignore_errors=True)
+    pytest.skip("; ".join(tried))
 
 
 def serve_hub(store: Store, mesh: Mesh) -> node.HubAddress:
@@ -115,7 +187,7 @@ def _spec_of(store: CountingStore, path: Path) -> None:
 
 
 @other_user
-def test_a_forging_hub_of_another_user_is_refused_and_training_reads_the_log(tmp_path, monkeypatch, caplog):
+def test_a_forging_hub_of_another_user_is_refused_and_training_reads_the_log(stranger, monkeypatch, caplog):
     """Another user serves versions and bytes of its own at the hub's name: with the peer
     check, the ranks refuse it (one WARNING) and read the log's data; without it (the check
     sabotaged), training takes the forged data, so the check is what stands between."""
@@ -127,15 +199,17 @@ def test_a_forging_hub_of_another_user_is_refused_and_training_reads_the_log(tmp
             producer.append([{"x": np.full(4, 666)}], source_offset=step)
         producer.flush()
     bw.end_stream(forged)
-    spec = Path(tempfile.mkdtemp(prefix="forge-"))
+    spec = stranger.place / "forge"
+    spec.mkdir()
     os.chmod(spec, 0o777)  # the forger's own place, as another user would have
     _spec_of(forged, spec / "spec.json")
     os.chmod(spec / "spec.json", 0o644)
     address = node.node_address(genuine, Mesh(dp=1, tp=2), 0)
     forger_path = str(spec / "hub.sock")
-    forger = intruder("forge", forger_path, address.identity, str(spec / "spec.json"), wait=False)
+    forging = ("forge", forger_path, address.identity, str(spec / "spec.json"))
+    forger = stranger.start(*forging)
     try:
-        assert json.loads(forger.stdout.readline())["serving"] == forger_path
+        assert stranger.answer(forger, forging)["serving"] == forger_path
         lock = address.paths()[1]
         monkeypatch.setattr(node.HubAddress, "paths", lambda self: (forger_path, lock))  # it got the name
         with monkeypatch.context() as sabotaged:
@@ -153,7 +227,7 @@ def test_a_forging_hub_of_another_user_is_refused_and_training_reads_the_log(tmp
 
 
 @other_user
-def test_another_user_can_neither_squat_the_hubs_name_nor_read_through_the_hub(caplog):
+def test_another_user_can_neither_squat_the_hubs_name_nor_read_through_the_hub(stranger, caplog):
     store = CountingStore("memory://trust/private")
     fill(store, 4, 1)
     address = serve_hub(store, Mesh(dp=1, tp=2))
@@ -161,13 +235,13 @@ def test_another_user_can_neither_squat_the_hubs_name_nor_read_through_the_hub(c
     directory = os.path.dirname(path)
     try:
         assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
-        assert intruder("squat", path + ".x") == {"bind": "PermissionError"}
-        assert intruder("read", path, address.identity) == {"connect": "PermissionError"}
+        assert stranger.run("squat", path + ".x") == {"bind": "PermissionError"}
+        assert stranger.run("read", path, address.identity) == {"connect": "PermissionError"}
         # Even with the directory opened by mistake, the hub refuses another user's process.
         os.chmod(directory, 0o711)
         os.chmod(path, 0o777)
         with caplog.at_level("WARNING", logger="batchweave.reading.nodehub"):
-            seen = intruder("read", path, address.identity)
+            seen = stranger.run("read", path, address.identity)
         assert seen["connect"] == "ok" and "log" not in seen, seen
         assert any("uid 65534" in r.getMessage() for r in caplog.records)
     finally:
@@ -402,6 +476,86 @@ def test_a_client_that_reads_no_reply_is_dropped_and_stalls_no_one(monkeypatch):
         close_hub(address)
 
 
+def test_a_process_of_the_same_user_that_never_reads_stalls_no_rank_and_is_dropped(monkeypatch):
+    """Issue 43: a process of the job's own user connects to the hub, asks for range after
+    range (each a read and a descriptor) and never reads a reply, beside two ranks reading
+    a live stream through the hub. A descriptor sent to its full socket waited out the
+    socket's bound even with MSG_DONTWAIT, under the lock every other reply to it waits
+    on: the hub's read threads all hung there and the ranks' steps stalled for that bound
+    (7-10 s measured). Now no step waits a second, and the intruder is dropped once a
+    reply of its has not moved for the bound."""
+    monkeypatch.setattr(nodehub, "IO_S", 2.0)  # 10 s in production: the test's runtime
+    store = CountingStore(f"memory://trust/never-reads-{uuid.uuid4().hex}")  # a hub of its own, whatever runs beside
+    stop, warm = threading.Event(), threading.Event()
+    produced: list[int] = []
+    waits: dict[int, list[tuple[int, float]]] = {0: [], 1: []}
+    failures: list[BaseException] = []
+
+    def produce() -> None:  # a step every 30 ms, committed at once: the ranks wait for each
+        with bw.Producer(store, "p", dp=1, commit_policy=Manual(), pack_steps=1) as producer:
+            step = 0
+            while not stop.is_set() or step < 40:
+                producer.append([{"x": np.full(4, step)}], source_offset=step)
+                producer.flush()
+                produced.append(step)
+                step += 1
+                stop.wait(0.03)  # the producer's pace, not a wait for a condition
+        bw.end_stream(store)
+
+    def read(rank: int) -> None:
+        try:
+            consumer = bw.Consumer(
+                store,
+                dp=1,
+                tp=2,
+                rank=rank,
+                local_rank=rank,
+                local_world_size=2,
+                node_sharing=True,
+                timeout_s=30,
+                max_poll_interval_s=0.05,
+            )
+            steps = iter(consumer)
+            while True:
+                asked = time.monotonic()
+                batch = next(steps, None)
+                if batch is None:
+                    break
+                waits[rank].append((batch.step, time.monotonic() - asked))
+                if batch.step == 10:
+                    warm.set()
+            consumer.close()
+        except BaseException as exc:
+            failures.append(exc)
+            warm.set()
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    ranks = [threading.Thread(target=read, args=(r,)) for r in (0, 1)]
+    try:
+        for rank in ranks:
+            rank.start()
+        assert warm.wait(60) and not failures, failures  # the hub serves both ranks
+        address = node.node_address(store, Mesh(dp=1, tp=2), 0)
+        data = next(info for info in store.list("data/"))
+        flood = [str(HERE / "hub_intruder.py"), "flood", address.paths()[0], address.identity, data.key]
+        out = subprocess.run(
+            [sys.executable, *flood, str(data.size), "20"], capture_output=True, text=True, timeout=60, check=True
+        )
+        flooded = json.loads(out.stdout)
+    finally:
+        stop.set()
+        producer.join(60)
+        for rank in ranks:
+            rank.join(60)
+    assert not failures, failures
+    assert all([step for step, _ in waits[r]] == produced for r in (0, 1))
+    assert flooded["requests"] > 256, flooded  # more than the hub answers unread: its socket filled
+    assert flooded["dropped_s"] is not None and flooded["dropped_s"] < nodehub.IO_S + 3, flooded
+    late = max((wait, step) for r in (0, 1) for step, wait in waits[r] if step > 10)
+    assert late[0] < 1.0, f"step {late[1]} waited {late[0]:.2f} s"
+
+
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -469,6 +623,28 @@ def test_a_hub_that_cannot_share_memory_makes_its_ranks_read_directly_with_one_w
     assert_each_rank_read_its_slice(seen, 10, 1, 2)
     warned = [r for r in caplog.records if r.name == "batchweave.reading.nodeclient" and "itself" in r.getMessage()]
     assert 1 <= len(warned) <= 2  # once per rank, not once per step
+
+
+def test_descriptors_the_kernel_refuses_make_ranks_read_those_ranges_and_keep_their_hub(monkeypatch, caplog):
+    """The kernel counts descriptors sent and not yet received against the user's
+    RLIMIT_NOFILE and refuses more past it (ETOOMANYREFS), on every socket of the user: a
+    few peers that leave replies unread (``test_node_outbox``: they keep theirs) bring a
+    hub there. Each such range reply broke the rank's connection, until the rank gave up on
+    the hub; now the rank reads that range itself and keeps the hub for the rest."""
+
+    def refused(*args, **kwargs):
+        raise OSError(errno.ETOOMANYREFS, "Too many references")
+
+    monkeypatch.setattr(nodeoutbox.socket, "send_fds", refused)  # only the hub's replies carry any
+    monkeypatch.setattr(nodeclient, "TAKEOVER_S", 1.0)
+    store = CountingStore("memory://trust/toomanyrefs")
+    fill(store, 10, 1)
+    with caplog.at_level("WARNING", logger="batchweave.reading.nodeclient"):
+        seen = read_node(store, range(2), dp=1, tp=2, sharing=True)
+    assert_each_rank_read_its_slice(seen, 10, 1, 2)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert not [m for m in warnings if "reads without it" in m], warnings  # the hub kept serving the log
+    assert 1 <= len([m for m in warnings if "RLIMIT_NOFILE" in m]) <= 2, warnings  # once per rank
 
 
 def test_an_accept_and_close_squatter_keeps_no_rank_trying_for_longer_than_the_takeover_deadline(monkeypatch, caplog):

@@ -11,12 +11,17 @@ A process keeps one hub per address, closed when the last of its ranks using it 
 Every peer is a stranger until checked (``nodetrust``: same user, same hub identity),
 and then still costs the hub only what it bounds:
 
-- **connections**: at most ``MAX_PEERS``, each with a thread that reads its requests and
-  an outbox (``nodeoutbox``): a reply goes out at once from the thread that has it when
-  the socket takes it without waiting, else through the connection's own writer
-  thread, so a peer that stops reading holds no thread of the hub's readers or
-  followers; once a reply is not taken within ``nodewire.IO_S`` the connection is
-  dropped;
+- **connections**: at most ``MAX_PEERS`` greeted (``2 * MAX_PEERS`` accepted), each
+  with two threads, one that reads its requests and its outbox's writer
+  (``nodeoutbox``): a reply goes out at once from the thread that has it when the
+  kernel says the socket has room, else through the connection's own writer, the only
+  thread that ever waits for that peer, so a peer that stops reading holds no thread of
+  the hub's readers or followers; once a send of its writer has not moved for
+  ``nodewire.IO_S`` the connection is dropped. What a peer's replies hold meanwhile is
+  bounded: at most ``MAX_OUTSTANDING`` replies queued (headers of a few hundred bytes,
+  each range's descriptor kept open) and one log reply (about ``LOG_REPLY_BYTES``), besides
+  what its socket's kernel buffer holds. A range whose descriptor the kernel refuses
+  (the user's descriptors in flight at ``RLIMIT_NOFILE``) is answered ``direct``;
 - **requests**: validated before anything acts on them (``nodewire.parse_request``); at
   most ``MAX_OUTSTANDING`` unanswered per connection (then the hub stops reading it until
   replies are taken), and one log request at a time;
@@ -91,8 +96,13 @@ LOG_WAIT_S = 0.5  # a log request waits this long for a new version before the r
 LOG_REPLY_BYTES = 8 << 20  # versions in one reply at most (a backlog comes in several)
 CACHE_BYTES = 512 << 20  # ranges kept for ranks that have not taken them yet (shared memory)
 MAX_PEERS = 64  # connections served at once: a node's ranks, each with a consumer or two
-MAX_OUTSTANDING = 256  # unanswered requests per connection (a rank fetches up to 64 steps ahead)
+MAX_OUTSTANDING = 256  # unanswered requests per connection (a rank fetches up to 64 steps ahead): also
+# the replies a peer that stops reading can have queued in its outbox
 _READ_THREADS = 128  # range reads in flight for the whole node
+_FDS_IN_FLIGHT = (
+    "the kernel refused the hub's shared memory: this user's descriptors sent and not yet received reached"
+    " its limit (RLIMIT_NOFILE; a process of the user leaves replies unread)"
+)
 
 
 def fd_budget() -> int:
@@ -131,11 +141,14 @@ class _Peer:
         payload: bytes = b"",
         fds: Sequence[int] = (),
         done: Callable[[], None] | None = None,
+        instead: dict[str, Any] | None = None,
     ) -> None:
         """Send one reply, or queue it (never waits for the peer); ``done`` runs once it
-        was sent or dropped."""
+        was sent or dropped; ``instead`` goes in its place if the kernel refuses ``fds``."""
         header["id"] = ident
-        self.outbox.put(header, payload, fds, done)
+        if instead is not None:
+            instead["id"] = ident
+        self.outbox.put(header, payload, fds, done, instead)
 
 
 @dataclass(eq=False)
@@ -494,7 +507,8 @@ class _Hub:
         if shared.error is not None:
             peer.reply(ident, dict(shared.error), done=done)
         else:
-            peer.reply(ident, {"length": shared.length}, fds=[shared.fd], done=done)
+            instead = {"direct": _FDS_IN_FLIGHT}  # the rank reads it itself: its connection lives on
+            peer.reply(ident, {"length": shared.length}, fds=[shared.fd], done=done, instead=instead)
 
     def _handed(self, shared: _Range) -> None:
         """One more reply sent (or dropped): drop the range once every sharer has it, or

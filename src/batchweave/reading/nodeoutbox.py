@@ -2,17 +2,39 @@
 holding up the thread that has one.
 
 A reply goes out at once, from the thread that produced it, when nothing is queued or
-being sent before it and the socket takes it without waiting (the usual case: a range's
+being sent before it and the kernel says the socket has room (the usual case: a range's
 reply is a small header and a descriptor), so it costs no hand-off between threads.
 Otherwise it waits in the connection's queue for the connection's own writer thread,
-which waits for the peer at most as long as the socket allows (``nodewire.bound``): a
-peer that stops reading holds up only its own writer, and once a reply could not be sent
-the connection is broken and every reply still owed is released unsent. Each reply's
-``done`` runs exactly once, sent or not (it closes a range's shared memory in time).
+the one thread that may wait for this peer: a peer that stops reading holds up only its
+own writer, and once a send of the writer's has not moved for the socket's bound
+(``nodewire.bound``: ``IO_S``) the connection is broken and every reply still owed is
+released unsent. Each reply's ``done`` runs exactly once, sent or not (it closes a
+range's shared memory in time).
+
+A reply's descriptors may also be refused outright: the kernel counts every descriptor
+sent and not yet received against the sending user's ``RLIMIT_NOFILE``, and past it
+refuses any more (``ETOOMANYREFS``) on every socket of that user. Descriptors a peer
+leaves unread stay in flight until it reads or closes (dropping its connection does not
+take them back), so a few peers that stop reading can bring a hub there. Such a reply
+goes out as its ``instead`` (the hub's: "read this range yourself"), without
+descriptors, and the connection lives on.
+
+Why the kernel is asked first (``POLLOUT``) rather than trusted with ``MSG_DONTWAIT``: a
+descriptor sent (``SCM_RIGHTS``) to a Unix socket whose buffer is full waits out the
+socket's send timeout on some kernels (6.18 here) even with ``MSG_DONTWAIT``; only a
+plain send honours the flag. Sent under this outbox's lock, from a thread that answers
+every rank of the node, that wait held the thread for ``IO_S`` and every other thread
+with a reply for the same peer behind it (issue 43: the hub's read threads all waited on
+one peer that read nothing, and the node's ranks stalled). ``POLLOUT`` is set while the
+bytes the peer has not taken are at most a quarter of the socket's buffer, and a send
+waits only once they fill all of it; only the thread holding the sending turn sends, so
+nothing fills the buffer between the question and the send.
 """
 
 from __future__ import annotations
 
+import errno
+import select
 import socket
 import threading
 from collections import deque
@@ -27,13 +49,15 @@ __all__ = ["Outbox", "Reply"]
 
 @dataclass(slots=True)
 class Reply:
-    """One reply: its framed header (what is left of it to send), payload and descriptors."""
+    """One reply: its framed header (what is left of it to send), payload and descriptors;
+    ``instead``: the header to send when the kernel refuses its descriptors."""
 
     head: bytes
     payload: bytes
     fds: Sequence[int]
     header: dict[str, Any]
     done: Callable[[], None] | None
+    instead: dict[str, Any] | None = None
 
 
 class Outbox:
@@ -47,6 +71,8 @@ class Outbox:
 
     def __init__(self, sock: socket.socket, on_sent: Callable[[Reply], None], on_broken: Callable[[], None]) -> None:
         self._sock = sock
+        self._room = select.poll()  # whether the socket has room (used under ``_cond`` only: one caller at a time)
+        self._room.register(sock, select.POLLOUT)
         self._on_sent = on_sent
         self._on_broken = on_broken
         self._cond = threading.Condition()  # guards the fields below
@@ -56,10 +82,18 @@ class Outbox:
         self._finished = False  # the writer stopped: a reply put now is released unsent
         self.broken = False
 
-    def put(self, header: dict[str, Any], payload: bytes = b"", fds: Sequence[int] = (), done: Any = None) -> None:
-        """Send ``header`` (with ``payload`` and ``fds``) now if the socket takes it at
-        once, else queue it for the writer; never waits for the peer."""
-        reply = Reply(frame(header, len(payload)), payload, fds, header, done)
+    def put(
+        self,
+        header: dict[str, Any],
+        payload: bytes = b"",
+        fds: Sequence[int] = (),
+        done: Any = None,
+        instead: dict[str, Any] | None = None,
+    ) -> None:
+        """Send ``header`` (with ``payload`` and ``fds``) now if the socket has room for
+        it, else queue it for the writer; never waits for the peer. ``instead`` goes
+        out in its place, without descriptors, if the kernel refuses them."""
+        reply = Reply(frame(header, len(payload)), payload, fds, header, done, instead)
         with self._cond:
             if self._finished or self.broken:
                 outcome = "released"
@@ -68,8 +102,9 @@ class Outbox:
                 self._cond.notify_all()
                 return
             else:
-                # Under the lock: the send never waits (MSG_DONTWAIT), and one acquisition
-                # a reply keeps the threads answering ranks from queueing on this one.
+                # Under the lock: the send never waits (only with room, and MSG_DONTWAIT),
+                # and one acquisition a reply keeps the threads answering ranks from
+                # queueing on this one.
                 outcome = self._send_now(reply)
         if outcome == "failed":
             self._break()
@@ -81,13 +116,15 @@ class Outbox:
         writer (only then is the writer woken: a thread woken for nothing costs the
         others the GIL). "sent", "queued" or "failed"."""
         try:
-            sent = _send_without_waiting(self._sock, reply)
-        except OSError:
-            return "failed"
+            sent = _send_without_waiting(self._sock, self._room, reply)
+        except OSError as exc:
+            fallback = _without_descriptors(reply, exc)
+            return "failed" if fallback is None else self._send_now(fallback)
         if sent == len(reply.head):
             return "sent"
         # The rest goes first, by the writer (the descriptors went with a first byte sent).
-        self._queue.appendleft(Reply(reply.head[sent:], b"", () if sent else reply.fds, reply.header, reply.done))
+        rest = reply if not sent else Reply(reply.head[sent:], b"", (), reply.header, reply.done)
+        self._queue.appendleft(rest)
         self._cond.notify_all()
         return "queued"
 
@@ -129,9 +166,12 @@ class Outbox:
             self._on_broken()
 
 
-def _send_without_waiting(sock: socket.socket, reply: Reply) -> int:
+def _send_without_waiting(sock: socket.socket, room: select.poll, reply: Reply) -> int:
     """Bytes of ``reply.head`` the socket took at once (0: none; its descriptors go with
-    the first byte sent)."""
+    the first byte sent). Nothing is sent unless the kernel says there is room: a
+    descriptor sent to a full socket waits however it is sent (the module doc)."""
+    if not any(events & select.POLLOUT for _, events in room.poll(0)):
+        return 0  # full, or broken (POLLHUP, POLLERR): the writer finds out which
     try:
         if reply.fds:
             return socket.send_fds(sock, [reply.head], list(reply.fds), socket.MSG_DONTWAIT)
@@ -140,8 +180,28 @@ def _send_without_waiting(sock: socket.socket, reply: Reply) -> int:
         return 0
 
 
+def _without_descriptors(reply: Reply, exc: OSError) -> Reply | None:
+    """What to send instead of ``reply`` when sending it failed with ``exc`` (None: the
+    connection is broken): its ``instead`` when the kernel refused its descriptors
+    (none of its bytes went, the descriptors going with the first)."""
+    if exc.errno != errno.ETOOMANYREFS or not reply.fds or reply.instead is None:
+        return None
+    return Reply(frame(reply.instead, 0), b"", (), reply.instead, reply.done)
+
+
 def _send(sock: socket.socket, reply: Reply) -> None:
-    """The whole reply, waiting for the peer as long as the socket's bound allows."""
+    """The whole reply (or its ``instead``), waiting for the peer as long as the socket's
+    bound allows."""
+    try:
+        _send_whole(sock, reply)
+    except OSError as exc:
+        fallback = _without_descriptors(reply, exc)
+        if fallback is None:
+            raise
+        _send_whole(sock, fallback)
+
+
+def _send_whole(sock: socket.socket, reply: Reply) -> None:
     head = reply.head
     sent = socket.send_fds(sock, [head], list(reply.fds)) if reply.fds else sock.send(head)
     if sent < len(head):

@@ -65,7 +65,13 @@ __all__ = [
 ]
 
 PROTOCOL = 2  # a hub and a rank of other protocols refuse each other at the handshake
-IO_S = 10.0  # a started message must arrive, and a sent one be taken, within this
+# A started message must arrive, and a send must move, within this (both ends: ``bound``).
+# A rank reads its replies on a thread of its own as they come (``nodeclient``), so a
+# reply it has not begun to take for 10 s means a peer that stopped reading (or a process
+# stopped): the hub drops it, which frees its writer thread and the replies (with their
+# shared memory) queued for it; a rank that resumes reconnects. Long enough that a rank
+# busy with the GIL or paging for a few seconds keeps its connection.
+IO_S = 10.0
 _PREFIX = struct.Struct("<II")  # header length, payload length
 _CHUNK = 1 << 20  # a payload is read in pieces of at most this: memory follows the bytes sent
 
