@@ -8,7 +8,9 @@ cursor in ``state_dict()`` counts what the caller has received, never what was p
 
 The cursor counts TGBs consumed, not steps, so a checkpoint taken on one mesh resumes
 on another: when the consumer's DP/CP sizes differ from the TGBs' layout, ``reshard``
-maps each logical step of this mesh onto the slices it must read (paper 4.1).
+maps each logical step of this mesh onto the slices it must read (paper 4.1). The
+pipeline then logs how it reads, once at INFO, and at the end of the stream a WARNING
+for the trailing TGBs that make no whole step of this mesh (they are not delivered).
 """
 
 from __future__ import annotations
