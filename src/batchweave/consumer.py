@@ -69,7 +69,8 @@ class Consumer:
         max_poll_interval_s: longest pause between log probes while idle.
         sequence_axis: the axis along which slices are joined when CP shrank and split
             when CP grew relative to the TGBs' layout (default: the last axis).
-        storage_options: obstore options for the store, as for ``Producer``.
+        storage_options: obstore options for the store, as for ``Producer``: a mapping of
+            option names to values, such as ``{"region": "eu-west-1"}``.
         log_metrics_s: log ``metrics()`` at INFO (logger ``batchweave.consumer``) every
             this many seconds of iteration (None: never).
         local_rank, local_world_size: this rank's place on its node, default
