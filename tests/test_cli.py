@@ -157,6 +157,21 @@ def test_end_stream_commits_the_marker_once(namespace):
     assert [b.step for b in consumer] == list(range(5))
 
 
+def test_release_refuses_a_mistyped_checkpoint_and_takes_missing_ok(namespace):
+    url, _ = namespace
+    _mark(url, "ckpt-0001", 1)
+    typo = run_cli("release", url, "ckpt-001")
+    _assert_error(typo, "no checkpoint 'ckpt-001' to release", "did you mean 'ckpt-0001'?", "--missing-ok")
+    assert typo.stdout == ""
+    assert [c.id for c in batchweave.inspect_namespace(url).checkpoints] == ["ckpt-0001"]  # still pinning
+    skipped = run_cli("release", url, "ckpt-001", "--missing-ok")
+    assert skipped.returncode == 0 and skipped.stdout == "no checkpoint 'ckpt-001': nothing to release\n"
+    for _ in range(2):  # releasing again changes nothing
+        released = run_cli("release", url, "ckpt-0001")
+        assert released.returncode == 0 and released.stdout == "released checkpoint 'ckpt-0001'\n", released.stderr
+    assert batchweave.inspect_namespace(url).checkpoints == ()
+
+
 def test_usage_errors_exit_2():
     assert run_cli().returncode == 2
     assert run_cli("no-such-command").returncode == 2
@@ -166,7 +181,7 @@ def test_usage_errors_exit_2():
 def test_subcommands_are_registered():
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
-    assert {"inspect", "watch", "end-stream", "demo"} <= set(sub.choices)
+    assert {"inspect", "watch", "end-stream", "release", "demo"} <= set(sub.choices)
 
 
 def test_version():

@@ -123,6 +123,40 @@ def test_marking_is_idempotent_and_ids_are_not_reused(backend_url):
     consumer.close()
 
 
+@pytest.mark.parametrize("backend_url", ["local", pytest.param("s3", marks=pytest.mark.s3)], indirect=True)
+def test_releasing_a_mistyped_checkpoint_is_an_error_and_the_real_one_keeps_pinning(backend_url):
+    produce(backend_url, "p", 6)
+    train(backend_url, 2, 4, checkpoint_every=2)  # step-0002 and step-0004, both live
+    store = open_store(backend_url)
+
+    def w_global():
+        oldest = global_watermark(read_watermarks(store))
+        return oldest.checkpoint if oldest else None
+
+    with pytest.raises(bw.CheckpointNotFoundError) as caught:
+        bw.release_checkpoint(backend_url, "step-002")  # a typo of step-0002
+    message = str(caught.value)
+    assert message.startswith(f"{store.url}: no checkpoint 'step-002' to release")
+    assert "did you mean 'step-0002' or 'step-0004'?" in message and "missing_ok=True" in message
+    assert isinstance(caught.value, LookupError) and caught.value.live == ("step-0002", "step-0004")
+    assert w_global() == "step-0002", "the checkpoint meant still pins its data"
+    # Nothing was written for the typo: a checkpoint marked later under that id is not born released.
+    assert list(store.list("_checkpoints/step-002/")) == []
+    assert bw.release_checkpoint(backend_url, "step-002", missing_ok=True) is False
+    assert list(store.list("_checkpoints/step-002/")) == []
+
+    assert bw.release_checkpoint(backend_url, "step-0002") is True
+    assert w_global() == "step-0004"
+    assert bw.release_checkpoint(backend_url, "step-0002") is True  # released again: quiet, no change
+    assert w_global() == "step-0004"
+    assert bw.collect_garbage(backend_url, grace_s=0).deleted_watermarks == 3  # 2 marks and the release
+    # Collected, the released checkpoint is forgotten: a re-release script needs missing_ok.
+    with pytest.raises(bw.CheckpointNotFoundError, match="its checkpoints not released are 'step-0004'"):
+        bw.release_checkpoint(backend_url, "old-one")
+    assert bw.release_checkpoint(backend_url, "step-0002", missing_ok=True) is False
+    assert w_global() == "step-0004"
+
+
 def test_orphans_are_collected_after_the_grace_period_and_live_pending_is_kept(backend_url):
     crashed = bw.Producer(backend_url, "p", dp=2, commit_policy=Manual(), pack_steps=1)
     crashed.append(tgb("p", 0, 2))

@@ -60,6 +60,25 @@ def test_a_bad_option_is_a_config_error_naming_it(keywords, problem):
         ReadOptions.build(**keywords)
 
 
+@pytest.mark.parametrize(
+    ("storage_options", "problem"),
+    [
+        ("profile=prod", "got a value of type str: a string of options is not parsed"),
+        ([("region", "eu-west-1")], "got a value of type list"),
+        (
+            {1: "x"},
+            "storage_options must be a mapping with string keys \\(option names\\), got keys of type \\['int'\\]",
+        ),
+    ],
+)
+def test_storage_options_that_are_not_a_mapping_of_names_are_a_config_error(storage_options, problem):
+    with pytest.raises(bw.ConfigError, match=problem) as caught:
+        ReadOptions(storage_options=storage_options)
+    assert "prod" not in str(caught.value)  # the type, never the value: options sit next to secrets
+    with pytest.raises(bw.ConfigError, match=problem):
+        ReadOptions.build(storage_options=storage_options)
+
+
 def test_a_misspelt_option_is_a_type_error_at_the_call_naming_it_and_the_options():
     with pytest.raises(TypeError, match="unknown reading option\\(s\\) prefetsh: the options are prefetch, "):
         ReadOptions.build(prefetsh=4)
@@ -112,6 +131,15 @@ def test_every_reader_takes_every_option_and_hands_it_to_its_consumer(reader, ke
         assert built.options.storage_options in (None, CHANGED[keyword])
         return
     assert built.options == expected, (reader, keyword)
+
+
+@pytest.mark.parametrize("reader", list(READERS))
+def test_every_reader_refuses_storage_options_given_as_a_string(reader, tmp_path):
+    make, needs = READERS[reader]
+    if needs is not None:
+        pytest.importorskip(needs)
+    with pytest.raises(bw.ConfigError, match="storage_options must be a mapping of option names to values"):
+        make(tmp_path.as_uri(), storage_options="profile=prod")
 
 
 @pytest.mark.parametrize("reader", list(READERS))

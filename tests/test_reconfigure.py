@@ -4,6 +4,7 @@ ranks, checked against the rule that nothing is skipped and nothing is read twic
 from __future__ import annotations
 
 import itertools
+import logging
 import uuid
 
 import numpy as np
@@ -198,3 +199,62 @@ def test_cp_shrink_crosses_object_boundaries():
         (batch,) = list(consumer)
     assert sorted(origins(batch.data["tokens"])) == sorted(everything(1, 1, 4))
     assert batch.data["tokens"].shape == (1, 4 * SEQ)
+
+
+# -- a mesh other than the written layout says how it reads, and what it leaves out ---------
+
+PIPELINE_LOGGER = "batchweave.reading.pipeline"
+
+
+def _said(caplog, level):
+    return [r.getMessage() for r in caplog.records if r.name == PIPELINE_LOGGER and r.levelno == level]
+
+
+@pytest.mark.parametrize("prefetch", [None, 2], ids=["inline", "threaded"])
+def test_a_grown_dp_says_once_how_it_reads_and_warns_of_the_tgb_it_leaves_out(tmp_path, caplog, prefetch):
+    url = str(tmp_path / "ns")
+    write(url, 2, 1, tgbs=5)
+    caplog.set_level(logging.INFO, logger=PIPELINE_LOGGER)
+    with bw.Consumer(url, dp=4, rank=3, timeout_s=10, prefetch=prefetch) as consumer:
+        assert [b.step for b in consumer] == [0, 1]  # TGBs 0..3: TGB 4 makes no step of 2 TGBs
+    namespace = f"file://{tmp_path / 'ns'}"
+    assert _said(caplog, logging.INFO) == [
+        f"{namespace} rank 3: reading TGBs written for dp=2, cp=1 as dp=4, cp=1: 2 TGBs per step"
+    ]
+    (warning,) = _said(caplog, logging.WARNING)
+    assert warning.startswith(
+        f"{namespace} rank 3: the stream ended: 1 TGB after step 1 (TGB 4) is not delivered: "
+        "a step of dp=4, cp=1 reads 2 TGBs written for dp=2, cp=1, and 5 TGBs make 2 whole steps; "
+        "to read every TGB, read with dp=2 as written"
+    )
+
+
+@pytest.mark.parametrize(("dp", "tp", "steps", "info"), [(2, 2, 5, 0), (1, 1, 10, 1)])
+def test_a_mesh_that_reads_every_tgb_warns_of_nothing(tmp_path, caplog, dp, tp, steps, info):
+    url = str(tmp_path / "ns")
+    write(url, 2, 1, tgbs=5)
+    caplog.set_level(logging.INFO, logger=PIPELINE_LOGGER)
+    with bw.Consumer(url, dp=dp, tp=tp, rank=0, timeout_s=10) as consumer:
+        assert len(list(consumer)) == steps
+    assert len(_said(caplog, logging.INFO)) == info  # TP alone changes nothing; DP shrunk reads 2 steps a TGB
+    assert _said(caplog, logging.WARNING) == []
+
+
+def test_an_evaluation_pass_that_would_leave_tgbs_out_is_refused(tmp_path):
+    url = str(tmp_path / "eval")
+    write(url, 2, 1, tgbs=5)
+    with pytest.raises(bw.LayoutError) as caught:
+        bw.evaluation_pass(url, dp=4, rank=0)
+    assert str(caught.value).startswith(
+        f"file://{tmp_path / 'eval'}: an evaluation pass reads every TGB of the set, but 1 TGB after step 1 "
+        "(TGB 4) would not be read: a step of dp=4, cp=1 reads 2 TGBs written for dp=2, cp=1"
+    )
+    # The written dp, or one that shrinks it, reads every token of the set.
+    for dp in (2, 1):
+        seen = [
+            t
+            for rank in range(dp)
+            for b in bw.evaluation_pass(url, dp=dp, rank=rank)
+            for t in origins(b.data["tokens"])
+        ]
+        assert sorted(seen) == sorted(everything(5, 2, 1))

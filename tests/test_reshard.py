@@ -316,3 +316,54 @@ def test_bad_steps_are_config_errors(step):
     for call in (lambda: rs.read(0, step), lambda: rs.tgbs(step), lambda: rs.position(step)):
         with pytest.raises(ConfigError, match="logical step"):
             call()
+
+
+# -- what a mesh other than the layout says: how it reads, and what an ended stream leaves out
+
+
+@pytest.mark.parametrize(
+    ("layout", "mesh", "tgbs", "whole", "left"),
+    [
+        ((2, 1), Mesh(dp=4), 5, 2, 1),  # steps 0 and 1 read TGBs 0..3; TGB 4 makes no step
+        ((2, 1), Mesh(dp=8), 7, 1, 3),
+        ((2, 1), Mesh(dp=8), 8, 2, 0),
+        ((2, 1), Mesh(dp=4), 1, 0, 1),
+        ((4, 1), Mesh(dp=2), 5, 10, 0),  # DP shrinks: every TGB is read, in 2 steps each
+        ((2, 2), Mesh(dp=2, cp=1), 5, 5, 0),  # CP changes move no TGB between steps
+        ((2, 1), Mesh(dp=2, tp=4), 5, 5, 0),
+    ],
+)
+def test_whole_steps_and_leftover_of_an_ended_stream(layout, mesh, tgbs, whole, left):
+    rs = Reshard(layout[0], layout[1], mesh)
+    assert rs.whole_steps(tgbs) == whole
+    assert rs.leftover(tgbs) == left
+    assert (rs.describe_leftover(tgbs) == "") == (left == 0)
+
+
+def test_describe_leftover_counts_and_names_the_tgbs_left_out():
+    assert Reshard(2, 1, Mesh(dp=4)).describe_leftover(5) == (
+        "1 TGB after step 1 (TGB 4) is not delivered: a step of dp=4, cp=1 reads 2 TGBs written for dp=2, "
+        "cp=1, and 5 TGBs make 2 whole steps; to read every TGB, read with dp=2 as written (or a dp that "
+        "divides it), or end the stream after a multiple of 2 TGBs"
+    )
+    assert (
+        Reshard(2, 1, Mesh(dp=8))
+        .describe_leftover(7, ahead=True)
+        .startswith("3 TGBs after step 0 (TGBs 4..6) would not be read: a step of dp=8, cp=1 reads 4 TGBs")
+    )
+    assert Reshard(2, 1, Mesh(dp=8)).describe_leftover(2).startswith("2 TGBs before step 0 (TGBs 0..1) are not")
+
+
+@pytest.mark.parametrize(
+    ("layout", "mesh", "how"),
+    [
+        ((2, 1), Mesh(dp=4), "as dp=4, cp=1: 2 TGBs per step"),
+        ((4, 1), Mesh(dp=2), "as dp=2, cp=1: each TGB spans 2 steps, each of 1/2 of its replicas"),
+        ((2, 4), Mesh(dp=2, cp=2), "as dp=2, cp=2: each rank joins 2 adjacent slices along the sequence axis"),
+        ((2, 1), Mesh(dp=2, cp=4), "as dp=2, cp=4: each rank keeps 1 of 4 pieces of a slice along the sequence"),
+        ((2, 2), Mesh(dp=4, cp=1), "as dp=4, cp=1: 2 TGBs per step; each rank joins 2 adjacent slices"),
+    ],
+)
+def test_describe_says_how_a_changed_mesh_reads(layout, mesh, how):
+    text = Reshard(layout[0], layout[1], mesh).describe()
+    assert text.startswith(f"reading TGBs written for dp={layout[0]}, cp={layout[1]} {how}")

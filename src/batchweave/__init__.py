@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from batchweave.errors import (
     BatchWeaveError,
+    CheckpointNotFoundError,
     ConfigError,
     CorruptDataError,
     DataReclaimedError,
@@ -91,6 +92,7 @@ __all__ = [
     "ArraySchema",
     "Batch",
     "BatchWeaveError",
+    "CheckpointNotFoundError",
     "Collector",
     "CommitPolicy",
     "ConfigError",

@@ -5,6 +5,8 @@
                                         a live view of a running namespace
                                         (a line per refresh when piped; until SIGTERM)
     batchweave end-stream URL           commit the end-of-stream marker
+    batchweave release URL CHECKPOINT [--missing-ok]
+                                        release a deleted checkpoint (its data may be collected)
     batchweave gc URL [--dry-run] [--json [--keys]] [--every S]
                                         checkpoint-aligned garbage collection
                                         (with --every: every S seconds until SIGTERM)
@@ -204,6 +206,35 @@ def _cmd_end_stream(args: argparse.Namespace) -> int:
 
     version = end_stream(args.url, create=False)
     print(f"end of stream at log version {version}")
+    return EXIT_OK
+
+
+# -- release --------------------------------------------------------------------------
+
+
+def _add_release(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "release",
+        help="release a deleted checkpoint: it no longer holds data back",
+        description="Release a checkpoint you deleted, as bw.release_checkpoint does: its watermarks no longer "
+        "protect data from garbage collection. Releasing it again changes nothing; a checkpoint id no rank marked "
+        "is an error naming the closest ids (exit code 2), unless --missing-ok.",
+    )
+    p.add_argument("url", help="namespace URL")
+    p.add_argument("checkpoint", help="the checkpoint id given to mark_checkpoint")
+    p.add_argument(
+        "--missing-ok", action="store_true", help="an id no rank marked (or already collected) is not an error"
+    )
+    p.set_defaults(func=_cmd_release)
+
+
+def _cmd_release(args: argparse.Namespace) -> int:
+    from batchweave.lifecycle.watermarks import release_checkpoint
+
+    if release_checkpoint(args.url, args.checkpoint, missing_ok=args.missing_ok):
+        print(f"released checkpoint {args.checkpoint!r}")
+    else:
+        print(f"no checkpoint {args.checkpoint!r}: nothing to release")
     return EXIT_OK
 
 
@@ -615,6 +646,7 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_inspect,
     _add_watch,
     _add_end_stream,
+    _add_release,
     _add_gc,
     _add_policy,
     _add_demo,

@@ -8,7 +8,9 @@ cursor in ``state_dict()`` counts what the caller has received, never what was p
 
 The cursor counts TGBs consumed, not steps, so a checkpoint taken on one mesh resumes
 on another: when the consumer's DP/CP sizes differ from the TGBs' layout, ``reshard``
-maps each logical step of this mesh onto the slices it must read (paper 4.1).
+maps each logical step of this mesh onto the slices it must read (paper 4.1). The
+pipeline then logs how it reads, once at INFO, and at the end of the stream a WARNING
+for the trailing TGBs that make no whole step of this mesh (they are not delivered).
 """
 
 from __future__ import annotations
@@ -67,7 +69,8 @@ class Consumer:
         max_poll_interval_s: longest pause between log probes while idle.
         sequence_axis: the axis along which slices are joined when CP shrank and split
             when CP grew relative to the TGBs' layout (default: the last axis).
-        storage_options: obstore options for the store, as for ``Producer``.
+        storage_options: obstore options for the store, as for ``Producer``: a mapping of
+            option names to values, such as ``{"region": "eu-west-1"}``.
         log_metrics_s: log ``metrics()`` at INFO (logger ``batchweave.consumer``) every
             this many seconds of iteration (None: never).
         local_rank, local_world_size: this rank's place on its node, default

@@ -13,6 +13,7 @@
     ├── StreamEndedError                    the namespace was closed with end_stream()
     ├── StepTimeoutError (TimeoutError)     a consumer waited longer than its timeout_s
     ├── DataReclaimedError (LookupError)    a resume point whose data garbage collection deleted
+    ├── CheckpointNotFoundError (LookupError)  release_checkpoint of a name no rank marked
     └── StoreError                          the object store said no
         ├── ObjectNotFoundError (FileNotFoundError)
         ├── ObjectExistsError (FileExistsError)   a create-only put lost the race
@@ -26,8 +27,12 @@ keeps working for callers who do not know our names.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Sequence
+
 __all__ = [
     "BatchWeaveError",
+    "CheckpointNotFoundError",
     "ConfigError",
     "CorruptDataError",
     "DataReclaimedError",
@@ -147,6 +152,39 @@ class DataReclaimedError(BatchWeaveError, LookupError):
         )
         self.step = step
         self.oldest = oldest
+
+
+class CheckpointNotFoundError(BatchWeaveError, LookupError):
+    """``release_checkpoint`` of a checkpoint id that no rank marked in the namespace (a
+    typo, or one released and already reclaimed by garbage collection). The message names
+    the id, the namespace and the closest ids there are, or those not released.
+
+    ``known`` holds every checkpoint id the namespace has, ``live`` those not released.
+    """
+
+    def __init__(self, url: str, checkpoint: str, known: Sequence[str], live: Sequence[str]) -> None:
+        near = difflib.get_close_matches(checkpoint, known, n=3, cutoff=0.6)
+        if near:
+            hint = f"did you mean {' or '.join(repr(n) for n in near)}?"
+        elif live:
+            hint = f"its checkpoints not released are {_some(live)}"
+        else:
+            hint = "it holds no checkpoint that is not released"
+        super().__init__(
+            f"{url}: no checkpoint {checkpoint!r} to release (no rank marked it); {hint} "
+            "(a released checkpoint is forgotten once garbage collection reclaimed it: "
+            "pass missing_ok=True, or --missing-ok, to release ids that may be gone)"
+        )
+        self.url = url
+        self.checkpoint = checkpoint
+        self.known = tuple(known)
+        self.live = tuple(live)
+
+
+def _some(names: Sequence[str], at_most: int = 10) -> str:
+    """``names`` quoted, the first ``at_most`` of them (a namespace may hold thousands)."""
+    shown = ", ".join(repr(n) for n in names[:at_most])
+    return shown if len(names) <= at_most else f"{shown} and {len(names) - at_most} more"
 
 
 class StoreError(BatchWeaveError):

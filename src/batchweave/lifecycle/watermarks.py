@@ -2,7 +2,7 @@
 
 After a training checkpoint is durable, every rank records its cursor as a watermark
 for that checkpoint (``Consumer.mark_checkpoint``); deleting the checkpoint releases it
-(``release_checkpoint``). ``W_global`` is the smallest watermark over the live
+(``release_checkpoint``, which refuses an id no rank marked). ``W_global`` is the smallest watermark over the live
 checkpoints that *every* position has marked: a checkpoint that only some ranks marked
 (a crash between two ranks' marks) is not a restore point, so it protects nothing and
 holds nothing back. Everything below ``W_global`` is unreachable by any live checkpoint,
@@ -24,7 +24,13 @@ import msgspec
 
 from batchweave import keys
 from batchweave.decoding import decoding
-from batchweave.errors import ConfigError, CorruptDataError, ObjectExistsError, ObjectNotFoundError
+from batchweave.errors import (
+    CheckpointNotFoundError,
+    ConfigError,
+    CorruptDataError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+)
 from batchweave.journal import Journal
 from batchweave.journal.namespace import require_namespace
 from batchweave.keys import CHECKPOINT_PREFIX
@@ -139,19 +145,61 @@ def write_watermark(store: Store, mark: Watermark) -> None:
             ) from None
 
 
-def release_checkpoint(url: str | Store, checkpoint_id: str, *, storage_options: dict[str, Any] | None = None) -> None:
-    """The checkpoint was deleted: its watermarks no longer hold data back. Idempotent.
+def release_checkpoint(
+    url: str | Store, checkpoint_id: str, *, missing_ok: bool = False, storage_options: dict[str, Any] | None = None
+) -> bool:
+    """The checkpoint was deleted: its watermarks no longer hold data back.
 
-    Raises ConfigError for a namespace that does not exist (``require_namespace``).
+    Releasing a checkpoint that is already released changes nothing. A checkpoint id that
+    no rank marked in the namespace (a typo such as ``ckpt-001`` for ``ckpt-0001``, or one
+    released long ago that garbage collection has since forgotten) raises
+    CheckpointNotFoundError naming the id, the namespace and the closest ids there are,
+    and writes nothing: the checkpoint meant keeps pinning its data until it is released
+    by its right name. With ``missing_ok=True`` such an id is ignored quietly (scripts that
+    release the same ids again); nothing is written for it either, so a checkpoint marked
+    later under that id is not born released.
+
+    Returns True once the checkpoint is released (now or before), False for an id that
+    ``missing_ok`` let pass. Costs one listing of the checkpoint's own marks and one
+    create-only put; an unknown id costs one more listing, of every checkpoint's marks
+    (for the message). Raises ConfigError for a namespace that does not exist
+    (``require_namespace``), whatever ``missing_ok`` says.
     """
     store = open_store(url, create=False, storage_options=storage_options)
-    if store.object_store and next(iter(store.list(CHECKPOINT_PREFIX)), None) is None:
+    checkpoint_id = check_checkpoint_id(checkpoint_id)
+    if next(iter(store.list(f"{CHECKPOINT_PREFIX}{checkpoint_id}/")), None) is not None:
+        try:
+            store.put_if_absent(released_key(checkpoint_id), b"{}")
+        except ObjectExistsError:
+            pass  # released already
+        return True
+    if missing_ok:
+        _require_namespace(store, has_checkpoints=next(iter(store.list(CHECKPOINT_PREFIX)), None) is not None)
+        return False
+    known, live = _checkpoint_ids(store)
+    _require_namespace(store, has_checkpoints=bool(known))
+    raise CheckpointNotFoundError(store.url, checkpoint_id, known, live)
+
+
+def _require_namespace(store: Store, *, has_checkpoints: bool) -> None:
+    """A mistyped URL is a ConfigError, not a missing checkpoint (a local directory exists
+    or not: ``open_store`` said; on an object store, read the log's state only when no
+    checkpoint shows there is a namespace)."""
+    if store.object_store and not has_checkpoints:
         require_namespace(store, Journal(store, heads_only=True, read_only=True).load_state(), has_checkpoints=False)
-    key = released_key(check_checkpoint_id(checkpoint_id))
-    try:
-        store.put_if_absent(key, b"{}")
-    except ObjectExistsError:
-        pass
+
+
+def _checkpoint_ids(store: Store) -> tuple[list[str], list[str]]:
+    """Every checkpoint id of the namespace, and those not released, sorted: one listing,
+    no reads."""
+    ids: set[str] = set()
+    released: set[str] = set()
+    for info in store.list(CHECKPOINT_PREFIX):
+        checkpoint, _, name = info.key[len(CHECKPOINT_PREFIX) :].partition("/")
+        ids.add(checkpoint)
+        if name == _RELEASED:
+            released.add(checkpoint)
+    return sorted(ids), sorted(ids - released)
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,7 +47,9 @@ class ReadOptions:
     the longest pause between log probes while idle; ``sequence_axis``: the axis slices
     are joined and split along when CP changed; ``log_metrics_s``: log ``metrics()``
     every this many seconds (None: never); ``storage_options``: obstore options for the
-    store; ``node``: how the ranks of a node share reading.
+    store, a mapping of option names to values (anything else is a ConfigError here; the
+    names are checked against the store's kind when the store is opened); ``node``: how
+    the ranks of a node share reading.
     """
 
     prefetch: int | None = None
@@ -65,6 +67,7 @@ class ReadOptions:
         _check_positive("log_metrics_s", self.log_metrics_s, int | float, "seconds")
         if isinstance(self.sequence_axis, bool) or not isinstance(self.sequence_axis, int):
             raise ConfigError(f"sequence_axis must be an axis number, got {self.sequence_axis!r}")
+        _check_storage_options(self.storage_options)
         if not isinstance(self.node, NodeSharing):
             raise ConfigError(f"node must be a NodeSharing, got {self.node!r}")
 
@@ -120,3 +123,22 @@ def _check_positive(name: str, value: Any, kind: Any, unit: str, *, optional: bo
     if value is None or isinstance(value, bool) or not isinstance(value, kind) or not value > 0:
         allowed = " or None" if optional else ""
         raise ConfigError(f"{name} must be a positive number of {unit}{allowed}, got {value!r}")
+
+
+def _check_storage_options(options: Any) -> None:
+    """The shape the store checks the keys of (``batchweave.store.check_storage_options``,
+    once the URL says which keys a store takes): None or a mapping with string keys. The
+    message names the type, never the value: options sit next to secrets."""
+    if options is None:
+        return
+    if not isinstance(options, Mapping):
+        raise ConfigError(
+            "storage_options must be a mapping of option names to values, such as {'region': 'eu-west-1'} "
+            f"or {{'fsync': False}} (or None), got a value of type {type(options).__name__}"
+            + (": a string of options is not parsed, give each option as a key" if isinstance(options, str) else "")
+        )
+    kinds = sorted({type(key).__name__ for key in options if not isinstance(key, str)})
+    if kinds:
+        raise ConfigError(
+            f"storage_options must be a mapping with string keys (option names), got keys of type {kinds}"
+        )

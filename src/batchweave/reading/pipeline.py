@@ -11,6 +11,7 @@ yields how long to pause before probing again (0 after progress); the driver run
 from __future__ import annotations
 
 import functools
+import logging
 import queue
 import threading
 import time
@@ -39,6 +40,8 @@ from batchweave.store import Store
 __all__ = ["Pipeline"]
 
 _END = object()
+
+_logger = logging.getLogger(__name__)
 
 
 class Pipeline:
@@ -268,12 +271,15 @@ class Pipeline:
         self._gate = proof
         for read in batch:
             delta: LogVersion = read.delta
+            had_layout = self._plan.reshard is not None
             try:
                 self._plan.take(delta)
             except Exception:
                 if proof is not None:
                     proof.result()  # a view the proof rejects says so first: the damage may be GC's doing
                 raise
+            if not had_layout:
+                self._tell_reshard()
             if not self._schedule_ready(block_until=LOG_LOOKAHEAD_TGBS):
                 return False
             if delta.end_of_stream:
@@ -284,9 +290,26 @@ class Pipeline:
                     proof.result()
                 if self._schedule_ready(block_until=0):
                     # A last logical step whose TGBs never all arrived (DP grown) is not a step.
+                    self._warn_leftover()
                     self._ready.put(_END)
                 return False
         return True
+
+    def _tell_reshard(self) -> None:
+        """Once the first TGB showed the layout: say how a mesh other than it reads (once
+        per reading start, at INFO: a change of mesh is a choice, but it changes the
+        global batch and the step numbers)."""
+        reshard = self._plan.reshard
+        if reshard is not None and not reshard.identity:
+            _logger.info("%s rank %d: %s", self._url, self._rank, reshard.describe())
+
+    def _warn_leftover(self) -> None:
+        """At the end of the stream: the trailing TGBs that make no whole step of this mesh
+        are never delivered; say so, with their count."""
+        reshard = self._plan.reshard
+        text = "" if reshard is None else reshard.describe_leftover(self._plan.tgbs_seen)
+        if text:
+            _logger.warning("%s rank %d: the stream ended: %s", self._url, self._rank, text)
 
     # -- scheduling the fetches -------------------------------------------------------------
 

@@ -6,7 +6,10 @@ mesh has ``dp=D'``, ``cp=C'`` remaps locally instead of rewriting data (paper,
 "Topology reconfiguration"); a *logical step* is one optimizer step of that mesh.
 
 - TP/PP changes move nothing: ranks recompute ``(d, c)`` through ``Mesh.coords``.
-- DP grows k-fold: a logical step reads k consecutive TGBs.
+- DP grows k-fold: a logical step reads k consecutive TGBs. When the stream ends after a
+  count of TGBs that is not a multiple of k, the last ones make no whole step and are not
+  delivered (``leftover``): a step of k TGBs read by only some of the replicas would not
+  be one step of the mesh.
 - DP shrinks k-fold: one TGB spans k logical steps, each reading a disjoint 1/k of its
   replicas.
 - CP shrinks k-fold: a rank reads k adjacent slices (one range read) and concatenates
@@ -98,6 +101,49 @@ class Reshard:
     def dp_shrink(self) -> int:
         """Logical steps per TGB (1 unless DP shrank)."""
         return max(1, self.layout_dp // self.mesh.dp)
+
+    def whole_steps(self, tgbs: int) -> int:
+        """Logical steps that the first ``tgbs`` TGBs fill entirely (after DP grew k-fold a
+        step needs k TGBs)."""
+        return tgbs * self.dp_shrink // self.dp_grow
+
+    def leftover(self, tgbs: int) -> int:
+        """TGBs among the first ``tgbs`` that no whole logical step reads: the trailing
+        partial step that a stream ended there never delivers (``tgbs mod k`` after DP grew
+        k-fold; 0 otherwise, since every other change reads each TGB in whole steps)."""
+        return tgbs - int(self.position(self.whole_steps(tgbs)))
+
+    def describe(self) -> str:
+        """How this mesh reads the TGBs, in a line (what a consumer logs when reading starts)."""
+        parts = []
+        if self.dp_grow > 1:
+            parts.append(f"{self.dp_grow} TGBs per step")
+        if self.dp_shrink > 1:
+            parts.append(f"each TGB spans {self.dp_shrink} steps, each of 1/{self.dp_shrink} of its replicas")
+        if self.mesh.cp < self.layout_cp:
+            parts.append(f"each rank joins {self.layout_cp // self.mesh.cp} adjacent slices along the sequence axis")
+        if self.mesh.cp > self.layout_cp:
+            k = self.mesh.cp // self.layout_cp
+            parts.append(f"each rank keeps 1 of {k} pieces of a slice along the sequence axis")
+        how = "; ".join(parts) or "one slice per rank, as written"
+        return f"reading TGBs written for {self._layout_text()} as {self._mesh_text()}: {how}"
+
+    def describe_leftover(self, tgbs: int, *, ahead: bool = False) -> str:
+        """What ``leftover(tgbs)`` leaves out and why, for a warning at the end of a stream
+        (or, ``ahead``, for an error before reading: "would not be read"); "" if nothing."""
+        left = self.leftover(tgbs)
+        if not left:
+            return ""
+        steps = self.whole_steps(tgbs)
+        which = f"TGB {tgbs - 1}" if left == 1 else f"TGBs {tgbs - left}..{tgbs - 1}"
+        after = f"after step {steps - 1}" if steps else "before step 0"
+        fate = "would not be read" if ahead else ("is not delivered" if left == 1 else "are not delivered")
+        return (
+            f"{left} TGB{'s' if left > 1 else ''} {after} ({which}) {fate}: a step of {self._mesh_text()} reads "
+            f"{self.dp_grow} TGBs written for {self._layout_text()}, and {tgbs} TGBs make {steps} whole "
+            f"step{'s' if steps != 1 else ''}; to read every TGB, read with dp={self.layout_dp} as written (or a dp "
+            f"that divides it), or end the stream after a multiple of {self.dp_grow} TGBs"
+        )
 
     def read(self, rank: int, step: int) -> SliceRead:
         """The one range read ``rank`` makes at logical ``step``; ConfigError if ``rank`` is outside the mesh."""

@@ -61,6 +61,11 @@ class StepPlan:
         self._offsets: dict[str, tuple[int, int]] = {}  # producer -> (epoch, next offset), as read
 
     @property
+    def reshard(self) -> Reshard | None:
+        """How this mesh reads the TGBs; None until the first TGB showed their layout."""
+        return self._reshard
+
+    @property
     def unscheduled(self) -> int:
         """TGBs taken from the log that no scheduled step has read yet."""
         return len(self._known)

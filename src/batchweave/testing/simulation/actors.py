@@ -290,7 +290,9 @@ def _checkpoint(world: World, checkpoint: str, ranks: list[Consumer]) -> None:
     for consumer in ranks:
         consumer.mark_checkpoint(checkpoint)
     for previous in old:
-        release_checkpoint(world.store, previous)
+        # A crash cut the marking of ``previous`` short, maybe before any rank marked it:
+        # then there is nothing to release.
+        release_checkpoint(world.store, previous, missing_ok=True)
         world.checkpoints = [c for c in world.checkpoints if c[0] != previous]
 
 
