@@ -463,6 +463,14 @@ def test_the_cli_reference_has_every_option_of_watch():
     assert "exit code is 0" in section  # the choice the tests above hold it to
 
 
+def test_the_cli_reference_has_a_section_for_every_command():
+    parser = build_parser()
+    commands = next(action for action in parser._actions if action.dest == "command")
+    page = (Path(__file__).parents[1] / "docs" / "reference" / "cli.md").read_text(encoding="utf-8")
+    missing = [name for name in commands.choices if f"## `batchweave {name}`" not in page]
+    assert not missing, f"docs/reference/cli.md has no section for: {missing}"
+
+
 # -- the piped line and the summary, pure ---------------------------------------------------
 
 
