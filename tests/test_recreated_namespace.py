@@ -321,3 +321,32 @@ def test_copies_carry_the_writers_namespace(url, three_copies):
         for copy in range(3):
             data = bytes(store.get(keys.head_copy_key(version, copy)))
             assert data == headcopies.encode_copy(version, namespace, own)
+
+
+# -- in the simulation of all actors ------------------------------------------------------
+
+
+class AnyNamespace(str):
+    """A namespace id every copy matches: a reader that takes any copy, as before issue 43."""
+
+    __hash__ = str.__hash__
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    def __ne__(self, other: object) -> bool:
+        return False
+
+
+def test_the_simulation_runs_an_old_jobs_late_copies_and_catches_a_reader_that_takes_them(monkeypatch):
+    """Shape ``recreated`` (``testing.simulation.oldjob``): the copies shape, and the late
+    copy puts of a job whose namespace was deleted at this URL before the run's one was
+    created. Clean as it is; with readers taking any copy, the runs report it."""
+    from batchweave.journal import core
+    from batchweave.testing.simulation import SHAPES, Choices, simulate
+
+    assert not simulate(Choices(seed=0), SHAPES["recreated"]).violations
+    original = core.read_copy
+    monkeypatch.setattr(core, "read_copy", lambda objects, v, c, _: original(objects, v, c, AnyNamespace()))
+    # Seeds 0-39 catch it in 27 (seed 0 first), as unexpected errors of ranks on a healthy log.
+    assert simulate(Choices(seed=0), SHAPES["recreated"]).violations
