@@ -134,7 +134,7 @@ def old_incarnation(url: str, values: list[int]) -> HeldCopies:
     """The old job: its versions committed, its copy puts held back, then every key deleted."""
     old = HeldCopies(url)
     commit(old, "old", values)
-    old.wait_held(3 * (len(values) + 1))
+    old.wait_held(old.head_copies * (len(values) + 1))  # the claim's and each TGB's version
     delete_namespace(url)
     return old
 
@@ -209,10 +209,10 @@ def test_an_old_version_1_copy_landing_after_the_new_version_1_is_read_around(ur
 
 @pytest.mark.parametrize("backend", ["memory", pytest.param("s3", marks=pytest.mark.s3)])
 def test_a_consumer_of_the_new_namespace_delivers_only_its_steps(backend, request, tmp_path, monkeypatch):
-    """End to end: a rank of a 24-rank job (copies read at the head: more followers than a
-    probe every 0.2 s each allows) starts before the new
-    namespace's version 1 exists; the old job's copies land, then the new producer commits.
-    On S3 (moto) as on memory: the rank delivers the new steps, each once, and nothing else."""
+    """End to end: a rank of a 24-rank job (it reads copies at the head: more followers than
+    a probe every 0.2 s each allows) starts before the new namespace's version 1 exists;
+    the old job's copies land, then the new producer commits. On S3 (moto) as in memory,
+    the rank delivers the new steps, each once, and nothing else."""
     from conftest import _make_backend_url
 
     if backend == "memory":
@@ -249,24 +249,20 @@ def test_a_consumer_of_the_new_namespace_delivers_only_its_steps(backend, reques
 
     rank = threading.Thread(target=consume, daemon=True)
     rank.start()
-    try:
-        assert old.land() == copies * 6
-        copies_read_at_least(3)  # the rank read the old job's copies while waiting for version 1
-        with bw.Producer(url, "new", dp=1, commit_policy=Manual()) as producer:
-            producer.append([{"x": np.full(2, 0)}], source_offset=0)
+    assert old.land() == copies * 6
+    copies_read_at_least(3)  # the rank read the old job's copies while waiting for version 1
+    with bw.Producer(url, "new", dp=1, commit_policy=Manual()) as producer:
+        producer.append([{"x": np.full(2, 0)}], source_offset=0)
+        producer.flush()
+        with progress:
+            assert progress.wait_for(lambda: delivered or failure, timeout=60)
+        copies_read_at_least(store.copies_read + 3)  # at the head: the old job's copies of versions 3 to 6
+        for offset in (1, 2):
+            producer.append([{"x": np.full(2, offset)}], source_offset=offset)
             producer.flush()
-            with progress:
-                assert progress.wait_for(lambda: delivered or failure, timeout=60)
-            before = store.copies_read
-            copies_read_at_least(before + 3)  # at the head: the old job's copies of versions 3 to 6
-            for offset in (1, 2):
-                producer.append([{"x": np.full(2, offset)}], source_offset=offset)
-                producer.flush()
-        bw.end_stream(url)
-        rank.join(60)
-        assert not rank.is_alive()
-    finally:
-        old.held.clear()
+    bw.end_stream(url)
+    rank.join(60)
+    assert not rank.is_alive()
     assert not failure, f"the rank raised {failure[0]!r}"
     assert delivered == [0, 1, 2]
 
