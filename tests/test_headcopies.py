@@ -69,11 +69,12 @@ def test_every_committed_version_has_its_copies_with_the_version_bytes(url, thre
     commit_versions(url, 5)
     bw.end_stream(url)  # another writer: every commit writes its copies
     store = Store(url)
-    head = Journal(store, read_only=True).load_state().version
-    assert head == 7  # the claim, five TGBs, the end
-    for version in range(1, head + 1):
+    state = Journal(store, read_only=True).load_state()
+    assert state.version == 7  # the claim, five TGBs, the end
+    for version in range(1, state.version + 1):
         own = bytes(store.get(keys.version_key(version)))
-        assert [bytes(store.get(keys.head_copy_key(version, copy))) for copy in range(3)] == [own] * 3
+        copy = headcopies.encode_copy(version, state.namespace, own)  # the bytes, and whose they are
+        assert [bytes(store.get(keys.head_copy_key(version, c))) for c in range(3)] == [copy] * 3
         assert store.size(keys.head_copy_key(version, 3)) is None
 
 
@@ -90,16 +91,22 @@ def test_an_object_store_keeps_ten_copies_unless_the_environment_says_otherwise(
 def test_a_copy_counts_only_for_the_version_it_holds(url, three_copies, caplog):
     commit_versions(url, 69)  # 70 versions: the ring of 64 slots went round once
     objects = LogObjects(Store(url))
-    assert read_copy(objects, 70, 1).delta.version == 70
-    assert read_copy(objects, 6, 1) is True  # its slot holds version 70: version 6 exists, read its own key
-    assert read_copy(objects, 71, 1) is None  # its slot still holds version 7: not committed yet
+    namespace = Journal(Store(url), read_only=True).load_state().namespace
+    assert read_copy(objects, 70, 1, namespace).delta.version == 70
+    assert read_copy(objects, 6, 1, namespace) is True  # its slot holds version 70: version 6 exists, read its own key
+    assert read_copy(objects, 71, 1, namespace) is None  # its slot still holds version 7: not committed yet
     Store(url).put(keys.head_copy_key(72, 2), b'{"version": 72, "garbage')
     with caplog.at_level(logging.WARNING):
-        assert read_copy(objects, 72, 2) is True  # damaged: read around it, by the own key
+        assert read_copy(objects, 72, 2, namespace) is True  # damaged: read around it, by the own key
     assert "damaged copy of log version 72" in caplog.text
     # Invalid UTF-8 is damage like any other: read around.
     Store(url).put(keys.head_copy_key(73, 2), b'{"\xff": 1, "version": 73}')
-    assert read_copy(objects, 73, 2) is True
+    assert read_copy(objects, 73, 2, namespace) is True
+    # Damage inside the version a copy holds, too.
+    Store(url).put(
+        keys.head_copy_key(74, 2), b'{"version": 74, "namespace": "%s", "data": {"version": 74}}' % namespace.encode()
+    )
+    assert read_copy(objects, 74, 2, namespace) is True
 
 
 def _follow_one_by_one(url: str, versions: int, store: CountingStore, copies: int) -> list[int]:

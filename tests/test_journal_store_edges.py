@@ -27,7 +27,7 @@ from batchweave.commit.policies import Manual
 from batchweave.errors import ConfigError, CorruptDataError, StoreError
 from batchweave.intent import INTENT_FORMAT, Intent, encode_intent, intent_key
 from batchweave.journal import Journal
-from batchweave.journal.headcopies import CopyWriter, read_copy
+from batchweave.journal.headcopies import CopyWriter, encode_copy, read_copy
 from batchweave.journal.objects import LogObjects
 from batchweave.journal.segments import RecentVersions, read_segment
 from batchweave.journal.snapshots import Snapshots
@@ -35,7 +35,7 @@ from batchweave.keys import INTENT_PREFIX
 from batchweave.lifecycle.gc import GCReport
 from batchweave.lifecycle.gcsummary import GC_PREFIX, summary_key
 from batchweave.lifecycle.watermarks import CHECKPOINT_PREFIX, released_key
-from batchweave.log import LOG_FORMAT, Layout, LogState, Reclaim, TGBDescriptor
+from batchweave.log import LOG_FORMAT, Layout, LogState, ReadVersion, Reclaim, TGBDescriptor
 from batchweave.segment import SEGMENT_MAX_BYTES, SEGMENT_PREFIX, SEGMENT_VERSIONS, segment_key
 from batchweave.store import Store
 
@@ -115,11 +115,11 @@ def test_on_an_object_store_copies_are_put_in_the_background_with_the_versions_b
     store = ObjectLikeStore(memory_url("background"), copies=3)
     gate = store.gate(range(5, 6))
     data = b'{"version": 5, "the bytes": "as put"}'
-    CopyWriter(store).write(5, data)
+    CopyWriter(store).write(5, data, "the-id")
     assert store.finished == []  # returned while the puts wait
     gate.set()
     store.wait_until(lambda: len(store.finished) == 3, "the three copies")
-    assert store.kept == {keys.head_copy_key(5, copy): data for copy in range(3)}
+    assert store.kept == {keys.head_copy_key(5, copy): encode_copy(5, "the-id", data) for copy in range(3)}
 
 
 class _Keep(logging.Handler):
@@ -148,7 +148,7 @@ def _copy_rounds() -> dict:
     def write_versions(versions: range) -> None:
         writer = CopyWriter(store)
         for version in versions:
-            writer.write(version, b"version %d" % version)
+            writer.write(version, b"version %d" % version, "the-id")
 
     first = store.gate(range(1, 8))
     result = {"first": skipped_while(lambda: write_versions(range(1, 8)))}
@@ -247,15 +247,16 @@ def test_a_copy_read_carries_the_bytes_it_holds_and_a_damaged_one_is_named_in_th
         producer.flush()
     store = Store(url)
     objects = LogObjects(store)
-    read = read_copy(objects, 2, 1)
-    assert read.delta.version == 2
+    namespace = Journal(store, read_only=True).load_state().namespace
+    read = read_copy(objects, 2, 1, namespace)
+    assert isinstance(read, ReadVersion) and read.delta.version == 2
     assert bytes(read.data) == bytes(store.get(keys.version_key(2)))
     other = msgspec.json.decode(bytes(read.data))
     other.update(version=72, format="batchweave.log/99")
     key = keys.head_copy_key(72, 2)
-    store.put(key, msgspec.json.encode(other))
+    store.put(key, encode_copy(72, namespace, msgspec.json.encode(other)))
     with caplog.at_level(logging.WARNING, logger=HEADCOPIES_LOGGER):
-        assert read_copy(objects, 72, 2) is True
+        assert read_copy(objects, 72, 2, namespace) is True
     assert caplog.messages == [
         f"read around a damaged copy of log version 72 ({key}): {key}: unsupported log format "
         f"'batchweave.log/99' (this reader knows {LOG_FORMAT})"

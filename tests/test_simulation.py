@@ -41,6 +41,7 @@ import batchweave.reading.fetch
 import batchweave.reading.follower
 from batchweave import keys
 from batchweave.commit.shared import SharedState
+from batchweave.journal.headcopies import encode_copy
 from batchweave.journal.objects import LogObjects
 from batchweave.lifecycle.gcsummary import GCSummary
 from batchweave.reading import nodeclient, nodetrust, nodewire
@@ -248,12 +249,23 @@ def test_head_copies_written_before_the_put_is_known_to_have_won_are_caught(monk
     assert reads[True] > 0  # the followers read copies
 
     original_put = LogObjects.put_if_absent
+    namespaces: dict[int, str] = {}  # the id of each run's namespace (by its store), once version 1 won
 
     def copy_first(self, key, data):
-        if (match := re.fullmatch(r"_log/(\d{20})\.json", key)) is not None:
-            for copy in range(self.store.head_copies):
-                self.store.put(keys.head_copy_key(int(match[1]), copy), data)
-        return original_put(self, key, data)
+        if (match := re.fullmatch(r"_log/(\d{20})\.json", key)) is None:
+            return original_put(self, key, data)
+        version = int(match[1])
+        namespace = (
+            batchweave.log.decode_version(data, key, 1).namespace
+            if version == 1
+            else namespaces.get(id(self.store), "")
+        )
+        for copy in range(self.store.head_copies):  # as the committer's own copies name its namespace
+            self.store.put(keys.head_copy_key(version, copy), encode_copy(version, namespace, data))
+        won = original_put(self, key, data)
+        if won and version == 1:
+            namespaces[id(self.store)] = namespace
+        return won
 
     monkeypatch.setattr(LogObjects, "put_if_absent", copy_first)
     # Seeds 0-79 catch it in 58 (seed 0 first).

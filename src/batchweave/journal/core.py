@@ -168,8 +168,9 @@ class Journal(Generic[VersionT]):
     def read_head_copy(self, version: int, copy: int) -> ReadVersion | None:
         """``read_version_data`` from copy ``copy`` of ``version`` (``headcopies``), or from
         the version's own key when the copy cannot tell; None also when the copy is not
-        written yet. Proven like a read of the version's own key."""
-        read = read_copy(self._objects, version, copy)
+        written yet, or is another namespace's (one deleted at this URL, whose copy puts
+        landed late). Proven like a read of the version's own key."""
+        read = read_copy(self._objects, version, copy, self._proof.copy_namespace(version))
         if read is True:
             return self.read_version_data(version)
         if isinstance(read, ReadVersion):
@@ -300,7 +301,8 @@ class Journal(Generic[VersionT]):
             self._recent.keep(delta.version, data)
             if self.verify():
                 self._proof.advance(after)
-                self._copies.write(delta.version, data)  # only now: a proven put's bytes (headcopies)
+                # Only now: a proven put's bytes, naming the namespace (headcopies).
+                self._copies.write(delta.version, data, after.namespace)
                 self.after_commit(after)
                 return Committed("committed", after, delta, window_s, conflicts)
             state = self._recover_from_stale_view()

@@ -41,7 +41,7 @@ from collections import deque
 from collections.abc import Callable
 
 from batchweave import keys, log
-from batchweave.errors import StoreError
+from batchweave.errors import CorruptDataError, StoreError
 from batchweave.journal.objects import LogObjects
 from batchweave.journal.snapshots import Snapshots
 from batchweave.log import LogState, ReadVersion
@@ -63,6 +63,10 @@ class Proof:
         self._learned = False  # learn_namespace ran to the end (found an id or not)
         self._learning = threading.Lock()  # a start's proof waits for the learning beside its reads
         self._proven: deque[tuple[int, str]] = deque(maxlen=1)  # the newest proven reads: anchors to draw from
+        # The namespace's id, the one a head copy must name to be taken (``copy_namespace``).
+        self._namespace: str | None = None
+        self._namespace_looked_up = False  # looked up on the store once (found or not)
+        self._naming = threading.Lock()
 
     @property
     def spread(self) -> int:
@@ -94,10 +98,47 @@ class Proof:
         """Just verified: every version up to ``state.version`` is genuine, our puts too."""
         if state.digest:
             self.anchor = (state.version, state.digest)
+        if state.version:
+            self._namespace = state.namespace  # proven: the id version 1 recorded
         self.unverified.clear()
         self.unproven = False
 
     # -- readers' proofs -------------------------------------------------------------
+
+    def copy_namespace(self, version: int) -> str | None:
+        """The id a head copy of ``version`` must name to be taken for its bytes
+        (``headcopies``: never another namespace's, once at the same URL), or None when
+        this reader cannot check a copy yet and reads the version's own key instead.
+
+        Known from a state this journal proved, or from version 1 as this reader read it;
+        otherwise looked up once, for a copy of a version above 1: from version 1's own key
+        (one GET), or, when collection deleted it, from the snapshots' record of the id (one
+        GET of the hint). Version 1 is what names the namespace, so no copy of it is taken
+        before it was read. The id only ever rejects copies: it comes from the log itself,
+        never from a copy, and a version 1 a stale writer re-created names an id of its own
+        (a random one), which only sends this reader to the versions' own keys."""
+        if self._namespace is None:
+            first = self._version_one
+            if first is not None:
+                self._namespace = _namespace_of(first)
+            elif version > 1 and not self._namespace_looked_up:
+                with self._naming:
+                    if self._namespace is None and not self._namespace_looked_up:
+                        self._look_up_namespace()
+        return self._namespace
+
+    def _look_up_namespace(self) -> None:
+        """``copy_namespace``'s lookup (holding ``_naming``): once, unless the store failed."""
+        try:
+            first = self._objects.get(keys.version_key(1))
+            namespace = self._snapshots.namespace() if first is None else _namespace_of(first)
+        except CorruptDataError:
+            namespace = None  # a damaged version 1 or snapshot: the own keys, as without copies
+        except StoreError:
+            return  # looked up again at the next copy
+        self._namespace_looked_up = True
+        if namespace is not None and self._namespace is None:
+            self._namespace = namespace
 
     def saw(self, version: int, data: bytes | memoryview) -> None:
         """A reader read version ``version`` with bytes ``data``: a start's proof needs version 1's."""
@@ -172,8 +213,13 @@ class Proof:
         freed key cannot match it. Matching, and present now with the bytes read before:
         nothing above it had been deleted when the reads happened."""
         assert self._version_one is not None
-        first = log.decode_version_head(self._version_one, keys.version_key(1), 1)
-        if not first.namespace or first.namespace != namespace:
+        first = _namespace_of(self._version_one)
+        if not first or first != namespace:
             return False
         now = self._objects.get(keys.version_key(1))
         return now is not None and bytes(now) == self._version_one
+
+
+def _namespace_of(version_one: bytes | memoryview) -> str:
+    """The namespace's id that version 1's bytes record ("" in a log older than ids)."""
+    return log.decode_version_head(version_one, keys.version_key(1), 1).namespace

@@ -33,6 +33,7 @@ from batchweave.errors import (
 )
 from batchweave.intent import decode_intent
 from batchweave.journal import Journal
+from batchweave.journal.headcopies import encode_copy
 from batchweave.keys import version_key
 from batchweave.lifecycle.gc import collect_garbage
 from batchweave.lifecycle.watermarks import release_checkpoint
@@ -44,6 +45,7 @@ from batchweave.reading.sharedlog import InlineNode, SharedLog
 from batchweave.testing.simulation.group_driver import GroupProducerDriver
 from batchweave.testing.simulation.hubchannel import HubChannel
 from batchweave.testing.simulation.model import VERSION_KEY, payload
+from batchweave.testing.simulation.oldjob import old_job, own_namespace
 from batchweave.testing.simulation.scheduler import Actor
 from batchweave.testing.simulation.world import ALIGNED, World, role
 
@@ -71,6 +73,8 @@ def spawn_all(world: World) -> None:
     if config.damage:
         world.scheduler.spawn("damage", "damager", lambda a: damager(world, a), delay_s=100.0, crashable=False)
         world.store.before_get = stale_writer_racing_reads(world)
+    if config.old_job and config.head_copies:
+        world.scheduler.spawn("oldjob", "damager", lambda a: old_job(world, a), delay_s=30.0, crashable=False)
     world.scheduler.spawn("ender", "ender", lambda a: ender(world, a), crashable=False)
 
 
@@ -514,8 +518,9 @@ def _put_stale(world: World, version: int) -> bool:
         world.store.put_if_absent(version_key(version), log.encode(stale))
     except StoreError:
         return False
+    copy_data = encode_copy(version, own_namespace(world), log.encode(stale))
     for copy in range(world.store.head_copies):  # as a writer that copied before its anchor check would
-        world.store.put(keys.head_copy_key(version, copy), log.encode(stale))
+        world.store.put(keys.head_copy_key(version, copy), copy_data)
     return True
 
 

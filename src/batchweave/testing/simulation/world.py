@@ -41,6 +41,7 @@ class Config:
     node_sharing: bool = False  # a trainer's ranks share one node follower, and so do the lagging readers
     hub_faults: bool = False  # with node_sharing: each rank reaches it through a HubChannel (hubchannel.FAULTS)
     head_copies: int = 0  # copies every committer writes of its version; node followers read them at the head
+    old_job: bool = False  # with head_copies: an old job's late copy puts, of a namespace once at this URL (oldjob)
 
 
 def role(actor: str) -> str:
@@ -61,6 +62,8 @@ SHAPES = {
     "hub": Config(node_sharing=True, lagging_readers=2, hub_faults=True),  # node, over faulty hub channels
     # node, with head copies (journal.headcopies) written by every committer and read by the node followers
     "copies": Config(node_sharing=True, lagging_readers=2, head_copies=2),
+    # copies, and the late copy puts of the job of a namespace deleted and created again at this URL
+    "recreated": Config(node_sharing=True, lagging_readers=2, head_copies=2, old_job=True),
 }
 
 
