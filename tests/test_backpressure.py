@@ -332,8 +332,9 @@ def test_three_producers_sharing_max_lag_2_all_finish_while_training_checkpoints
     join_all(threads, producers, timeout_s=120)
     assert errors == []
     assert bw.inspect_namespace(url).steps == 3 * each
-    adjusted = [r.getMessage() for r in caplog.records if "is below the 3 producers" in r.getMessage()]
-    assert adjusted and "max_lag=2" in adjusted[0] and "Give max_lag >= 3" in adjusted[0], adjusted
+    adjusted = sorted(r.getMessage() for r in caplog.records if "is below the 3 producers" in r.getMessage())
+    assert [m.split(":")[0] for m in adjusted] == ["producer 'p0'", "producer 'p1'", "producer 'p2'"], adjusted
+    assert "max_lag=2" in adjusted[0] and "Give max_lag >= 3" in adjusted[0], adjusted
 
 
 def test_a_closed_producer_gives_its_share_back_at_once(tmp_path):

@@ -80,7 +80,7 @@ from batchweave.reading.polling import HEAD_BUDGET_PER_S
 from batchweave.schema import Schema
 from batchweave.store import Store, open_store
 
-__all__ = ["Producer", "end_stream", "uncommitted_message"]
+__all__ = ["Producer", "end_stream"]
 
 _logger = logging.getLogger(__name__)
 # A producer held by max_lag this long says what holds it, once per hold: its share or the
@@ -176,7 +176,7 @@ class Producer:
         self._reclaim_view: tuple[Journal[Any], LogState] | None = None  # the log as a held producer reads it
         self._pool: Shares | None = None  # this producer's share of max_lag, as of log version _pool_version
         self._pool_version = -1
-        self._warned_bound = max_lag or 0  # the largest pool bound a WARNING told of (max_lag: none yet)
+        self._warn_above = max_lag or 0  # a pool bound above this gets a WARNING (``_pool_shares``)
         self.policy = resolve_policy(commit_policy)
         check_mode(self.policy, producer_id, background_commit)
         self._store = open_store(url, storage_options=storage_options)
@@ -798,13 +798,14 @@ class Producer:
     def _pool_shares(self, max_lag: int) -> Shares:
         """Under ``shared.cond``: this producer's share among the producers active in the
         newest state, worked out once per log version. Logs a WARNING when ``max_lag`` is
-        below the producers sharing it (each then takes one TGB), once, and again whenever
-        the pool it sees grows further."""
+        below the producers sharing it (each then takes one TGB), and again each time the
+        pool it sees has doubled since: a pool of 1,000 that starts one by one with too
+        small a max_lag logs about 10 lines per producer, not one per producer joining."""
         state = self._shared.state
         if self._pool is None or self._pool_version != state.version:
             self._pool, self._pool_version = shares(state, self.producer_id, max_lag), state.version
-            if self._pool.bound > self._warned_bound:
-                self._warned_bound = self._pool.bound
+            if self._pool.bound > self._warn_above:
+                self._warn_above = 2 * self._pool.bound - 1
                 _logger.warning("%s", adjusted_message(self.producer_id, self._pool))
         return self._pool
 

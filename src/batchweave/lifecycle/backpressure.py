@@ -9,37 +9,38 @@ two commits with nothing holding them back.
 Each producer answers for its own TGBs: it takes a fixed share of ``max_lag`` and holds
 ``append`` while its own TGBs above ``W_global`` (committed, and uploaded but not
 committed) fill it. The shares of the producers active in the log add up to ``max_lag``
-exactly, so the bound holds for the pool without any producer knowing what the others
-uploaded, and a stale view of the others' commits cannot break it: a producer counts
-only what it knows for certain, its own TGBs. It does not learn the exact step of each
-of its committed TGBs (another producer's group commit may fold them), only that ``count``
-of them landed among the steps a state change added (``CommittedSpan``): at most
-``end - max(W_global, first)`` of those are at or above ``W_global``, exact when no
-other producer committed in between. Besides, the committed steps it sees above
-``W_global`` plus its own uploads stay within ``max_lag`` (a producer that left the pool
-answers for nothing, but its steps still count there).
+exactly (to one per producer where that is more, below), so the bound holds for the pool
+without any producer knowing what the others uploaded, and a stale view of the others'
+commits cannot break it: a producer counts only what it knows for certain, its own TGBs.
+It does not learn the exact step of each of its committed TGBs (another producer's group
+commit may fold them), only that ``count`` of them landed among the steps a state change
+added (``CommittedSpan``): at most ``end - max(W_global, first)`` of those are at or
+above ``W_global``, exact when no other producer committed in between. Besides, the
+committed steps it sees above ``W_global`` plus its own uploads stay within that bound
+(a producer that left the pool answers for nothing, but its steps still count there).
 
 A producer counts as active when a log version among the last ``ACTIVE_VERSIONS``
 recorded it (a commit or a claim) and it has not left: ``Producer.close`` of a producer
 with ``max_lag`` records that it left (``ProducerState.left``), so a producer that
 finished gives its share back at once, and a restart of the same id claims and counts
-again. One that crashed (never
-closed) stops taking a share once its last record is that far behind.
+again. One that crashed (never closed) stops taking a share once its last record is that
+far behind.
 
 No share is ever 0: a producer with no room at all would hold ``append`` for good,
 whatever training consumed, checkpointed and collected. So a ``max_lag`` below the
 producers that share it (fewer than one TGB each) is *adjusted*, not refused: each takes
 at least one, and the pool's bound is ``pool_bound(max_lag, producers)``, one TGB per
 producer; the producer logs a WARNING that says so and the smallest ``max_lag`` that
-keeps the bound it was given (at its start, and again whenever the pool it sees grows
-further). A refusal at start could not keep the rule anyway: the producers each one sees
-differ (a pool that starts together has its claims folded into one version, and two
-producers that start at once each see the other or not depending on which claim landed
-first), a held producer commits nothing, so the others stop counting it after
-``ACTIVE_VERSIONS`` versions while it still counts itself, and a pool that grows while it
-runs would have to fail producers that already work. Refusing the one that starts last
-would fail a job's start by the luck of a race; adjusting costs at most one TGB per
-producer past ``max_lag``, and says so.
+keeps the bound it was given (at its start or when the pool it sees first outgrows
+``max_lag``, and again each time that pool has doubled). A refusal at start could not
+keep the rule anyway: the producers each one sees differ (a pool that starts together
+has its claims folded into one version, and two producers that start at once each see
+the other or not depending on which claim landed first), a held producer commits
+nothing, so the others stop counting it after ``ACTIVE_VERSIONS`` versions while it
+still counts itself, and a pool that grows while it runs would have to fail producers
+that already work. Refusing the one that starts last would fail a job's start by the
+luck of a race; adjusting costs at most one TGB per producer past ``max_lag``, and says
+so.
 
 A producer held longer than a bound says why, once per hold (``held_message``): which
 limit holds it (its own share, or the pool's bound) and what pins ``W_global`` (the
