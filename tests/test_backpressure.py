@@ -3,11 +3,13 @@ only uploaded, for one producer and for a pool (``batchweave.lifecycle.backpress
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
 from fractions import Fraction
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from worker import tgb
@@ -17,14 +19,20 @@ from batchweave.lifecycle.backpressure import (
     ACTIVE_VERSIONS,
     MAX_POLL_S,
     CommittedSpan,
+    Hold,
+    Shares,
     active_producers,
+    held_message,
+    listed_checkpoints,
     may_upload,
-    own_share,
+    pinned_by_reclaim,
     poll_pause_s,
     share,
+    shares,
 )
 from batchweave.lifecycle.watermarks import CHECKPOINT_PREFIX, Watermark, write_watermark
 from batchweave.log import LogState, ProducerState
+from batchweave.producer import uncommitted_message
 from batchweave.reading.polling import HEAD_BUDGET_PER_S
 from batchweave.store import open_store
 from benchmarks.scale_count import CountingStore, Tally
@@ -38,13 +46,16 @@ def state(version: int, steps: int, **last_versions: int) -> LogState:
 
 def allowed(log: LogState, own_pending: int, spans, w_global_steps: int, max_lag: int) -> bool:
     """``may_upload`` for producer "me", with its share worked out from ``log``."""
-    return may_upload(log, own_share(log, "me", max_lag), own_pending, spans, w_global_steps, max_lag)
+    return may_upload(log, shares(log, "me", max_lag), own_pending, spans, w_global_steps)
 
 
-@given(room=st.integers(-5, 500), producers=st.integers(1, 64))
-def test_the_shares_add_up_to_the_bound_exactly(room, producers):
-    parts = [share(room, producers, i) for i in range(producers)]
-    assert sum(parts) == max(0, room)
+@given(max_lag=st.integers(1, 500), producers=st.integers(1, 64))
+def test_the_shares_add_up_to_the_bound_exactly_and_none_is_zero(max_lag, producers):
+    """``share(2, 3, 0)`` was 0: that producer's append held for good, whatever training
+    consumed, checkpointed and collected. Below one TGB per producer, each takes one."""
+    parts = [share(max_lag, producers, i) for i in range(producers)]
+    assert min(parts) >= 1
+    assert sum(parts) == max(max_lag, producers)  # max_lag exactly, unless that is below one each
     assert max(parts) - min(parts) <= 1  # fair: nobody holds more than one over another
 
 
@@ -248,3 +259,238 @@ def test_once_collected_a_held_producer_reads_the_reclaim_point_not_the_watermar
         consumer.close()
     producer.close(flush=False)
     thread.join(30)
+
+
+# -- a held producer always moves on, or says why (issue 43) ----------------------------
+
+
+def test_a_closed_producer_takes_no_share_and_one_idle_long_enough_neither():
+    log = state(10, steps=0, me=10, closed=10, crashed=10)
+    log = LogState(
+        version=10,
+        producers=log.producers | {"closed": ProducerState(0, 1, "i", last_version=10, left=True)},
+    )
+    assert active_producers(log, "me") == ["crashed", "me"]  # a crashed one counts until ACTIVE_VERSIONS pass
+    assert shares(log, "me", 9).mine == 5 and shares(log, "me", 1).bound == 2
+
+
+@pytest.fixture(params=[pytest.param("local"), pytest.param("s3", marks=pytest.mark.s3)])
+def local_or_s3_url(request, tmp_path, monkeypatch) -> str:
+    """A fresh namespace in a local directory, and on S3 (the moto server)."""
+    from conftest import _make_backend_url
+
+    return _make_backend_url(request.param, request, tmp_path, monkeypatch)
+
+
+def join_all(threads: list[threading.Thread], producers: list[bw.Producer], timeout_s: float) -> None:
+    """Join every thread by a deadline; a thread still running there is a hang: the test
+    fails, once the producers are closed so that no held append outlives it."""
+    deadline = time.monotonic() + timeout_s
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    stuck = [thread.name for thread in threads if thread.is_alive()]
+    if stuck:
+        for producer in producers:
+            producer.close(flush=False)
+        pytest.fail(f"still running after {timeout_s:.0f} s (a held producer that never moves on): {stuck}")
+
+
+def test_three_producers_sharing_max_lag_2_all_finish_while_training_checkpoints_and_collects(local_or_s3_url, caplog):
+    """``share(2, 3, 0)`` was 0: of three producers with max_lag=2 one never appended its
+    second TGB, and training that consumed, checkpointed and collected everything waited
+    for it forever. Now each takes at least one TGB (a WARNING says the bound is 3), and
+    the two that finish give their shares back when they close."""
+    url, each, dp = local_or_s3_url, 4, 1
+    caplog.set_level(logging.WARNING, logger="batchweave.producer")
+    producers = [bw.Producer(url, f"p{i}", dp=dp, max_lag=2, pack_steps=1) for i in range(3)]
+    errors: list[BaseException] = []
+
+    def produce(producer: bw.Producer) -> None:
+        try:
+            with producer:
+                for offset in range(each):
+                    producer.append(tgb(producer.producer_id, offset, dp), source_offset=offset)
+        except BaseException as exc:
+            errors.append(exc)
+
+    def train() -> None:
+        try:
+            with bw.Consumer(url, dp=dp, rank=0, timeout_s=60) as consumer:
+                for step in range(3 * each):
+                    next(consumer)
+                    consumer.mark_checkpoint(f"ckpt-{step + 1}")
+                    if step:
+                        bw.release_checkpoint(url, f"ckpt-{step}")
+                    bw.collect_garbage(url, grace_s=0)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=produce, args=(p,), name=p.producer_id, daemon=True) for p in producers]
+    threads.append(threading.Thread(target=train, name="training", daemon=True))
+    for thread in threads:
+        thread.start()
+    join_all(threads, producers, timeout_s=120)
+    assert errors == []
+    assert bw.inspect_namespace(url).steps == 3 * each
+    adjusted = sorted(r.getMessage() for r in caplog.records if "is below the 3 producers" in r.getMessage())
+    assert [m.split(":")[0] for m in adjusted] == ["producer 'p0'", "producer 'p1'", "producer 'p2'"], adjusted
+    assert "max_lag=2" in adjusted[0] and "Give max_lag >= 3" in adjusted[0], adjusted
+
+
+def test_a_closed_producer_gives_its_share_back_at_once(tmp_path):
+    """Producers that finished kept counting for 64 log versions: this one was held at
+    half of max_lag by a pool member long closed."""
+    url = str(tmp_path / "ns")
+    other = bw.Producer(url, "other", dp=2, max_lag=4)
+    producer = bw.Producer(url, "p", dp=2, max_lag=4, pack_steps=1)  # sees "other": a share of 2
+    other.close()  # records that it left
+    errors: list[Exception] = []
+    thread = append_forever(producer, errors)
+    wait_committed(url, 4)  # all of max_lag
+    assert thread.is_alive() and data_objects(url) == 4
+    producer.close(flush=False)
+    thread.join(30)
+    assert not thread.is_alive()
+
+
+@pytest.fixture
+def held_warning_after(monkeypatch):
+    """Set the bound after which a held producer says what holds it (read at each look)."""
+    from batchweave import producer as producer_module
+
+    def set_bound(seconds: float) -> None:
+        monkeypatch.setattr(producer_module, "HELD_WARNING_S", seconds)
+
+    set_bound(1e9)  # nothing said while a test sets the scene
+    return set_bound
+
+
+def wait_for_warning(caplog, fragment: str, timeout_s: float = 30.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = [r.getMessage() for r in list(caplog.records) if fragment in r.getMessage()]
+        if found:
+            return found[0]
+        assert time.monotonic() < deadline, f"no WARNING with {fragment!r}: {[r.getMessage() for r in caplog.records]}"
+        time.sleep(0.01)
+
+
+def test_a_producer_held_by_its_own_share_says_so(tmp_path, caplog, held_warning_after):
+    """Before any collection nothing was logged; after one, the warning said to run
+    `batchweave gc`, which does not help a producer whose own share is full."""
+    caplog.set_level(logging.WARNING, logger="batchweave.producer")
+    held_warning_after(0.0)
+    url = str(tmp_path / "ns")
+    other = bw.Producer(url, "a", dp=2, max_lag=2)
+    producer = bw.Producer(url, "b", dp=2, max_lag=2, pack_steps=1)
+    producer.append(tgb("b", 0, 2))
+    producer.flush()  # one of its own stored, of a share of one
+    errors: list[Exception] = []
+    thread = append_forever(producer, errors)
+    message = wait_for_warning(caplog, "held by max_lag")
+    assert message.startswith("producer 'b': held by max_lag=2 for "), message
+    assert "its share (1 of max_lag 2 among 2 producers) is full: it has 1 TGB stored at or above step 0" in message
+    assert "No checkpoint is live" in message and "batchweave gc" not in message
+    assert sum("held by max_lag" in r.getMessage() for r in caplog.records) == 1  # once per hold, not per look
+    producer.close(flush=False)
+    thread.join(30)
+    other.close()
+
+
+def read_and_mark(ranks: list[bw.Consumer], steps: int, checkpoint: str) -> None:
+    for consumer in ranks:
+        for _ in range(steps):
+            next(consumer)
+        consumer.mark_checkpoint(checkpoint)
+
+
+def test_a_held_producer_names_the_checkpoint_and_the_step_it_pins(tmp_path, caplog, held_warning_after):
+    caplog.set_level(logging.WARNING, logger="batchweave.producer")
+    url = str(tmp_path / "ns")
+    producer = bw.Producer(url, "p", dp=2, max_lag=3, pack_steps=1)
+    errors: list[Exception] = []
+    thread = append_forever(producer, errors)
+    ranks = [bw.Consumer(url, dp=2, rank=r) for r in range(2)]
+    wait_steps(url, 3)
+    read_and_mark(ranks, 2, "ckpt-2")
+    wait_steps(url, 5)  # held again: three stored at or above step 2
+    held_warning_after(0.0)
+    message = wait_for_warning(caplog, "held by max_lag")
+    assert (
+        "the 3 TGBs stored at or above step 2 (3 committed, 0 of its own not committed yet) fill max_lag=3" in message
+    )
+    assert "W_global is step 2, pinned by the oldest live checkpoint 'ckpt-2'" in message, message
+    for consumer in ranks:
+        consumer.close()
+    producer.close(flush=False)
+    thread.join(30)
+
+
+def test_once_collected_a_held_producer_says_when_a_collection_is_what_it_waits_for(
+    tmp_path, caplog, held_warning_after
+):
+    caplog.set_level(logging.WARNING, logger="batchweave.producer")
+    url = str(tmp_path / "ns")
+    producer = bw.Producer(url, "p", dp=2, max_lag=3, pack_steps=1)
+    errors: list[Exception] = []
+    thread = append_forever(producer, errors)
+    ranks = [bw.Consumer(url, dp=2, rank=r) for r in range(2)]
+    wait_steps(url, 3)
+    read_and_mark(ranks, 2, "ckpt-2")
+    bw.collect_garbage(url, grace_s=0)  # reclaims below step 2
+    wait_steps(url, 5)
+    read_and_mark(ranks, 2, "ckpt-4")
+    bw.release_checkpoint(url, "ckpt-2")  # W_global is 4 now, but nothing collected it
+    held_warning_after(0.0)
+    message = wait_for_warning(caplog, "held by max_lag")
+    assert "Step 2 is where the last collection reclaimed up to" in message, message
+    assert "checkpoint 'ckpt-2' was released since: no collection has run since the checkpoints moved" in message
+    assert f"Run `batchweave gc {producer._store.url}`" in message
+    assert bw.inspect_namespace(url).steps == 5  # still held: only a collection makes room
+    for consumer in ranks:
+        consumer.close()
+    producer.close(flush=False)
+    thread.join(30)
+
+
+@pytest.mark.parametrize("interruption", [KeyboardInterrupt, RuntimeError])
+def test_an_interrupted_producer_says_which_appended_tgbs_a_restart_redoes(tmp_path, caplog, interruption):
+    """Interrupted after appending up to offset 60 with 48 committed, a producer dropped
+    the other 13 silently (right: a restart redoes them; but only a comment said so)."""
+    caplog.set_level(logging.WARNING, logger="batchweave.producer")
+    url = str(tmp_path / "ns")
+    with pytest.raises(interruption):
+        with bw.Producer(url, "p", dp=1, commit_policy=bw.Manual(), pack_steps=1) as producer:
+            for offset in range(61):
+                producer.append(tgb("p", offset, 1))
+                if offset == 47:
+                    producer.flush()
+            raise interruption()
+    expected = "producer 'p': 13 appended TGBs (offsets 48-60) were not committed; a restart redoes them from offset 48"
+    assert expected in [r.getMessage() for r in caplog.records]
+    with bw.Producer(url, "p", dp=1) as again:
+        assert again.resume_offset == 48
+
+
+def test_the_uncommitted_tgbs_are_counted_and_named_exactly():
+    assert uncommitted_message("p", 48, 48) == ""
+    assert uncommitted_message("p", 48, 49) == (
+        "producer 'p': 1 appended TGB (offset 48) was not committed; a restart redoes it from offset 48"
+    )
+    assert "12 appended TGBs (offsets 48-59)" in uncommitted_message("p", 48, 60)
+
+
+def test_the_held_warning_says_what_pins_w_global_in_each_case():
+    pool = Shares(max_lag=2, producers=("a", "b", "c"), mine=1)
+    full = held_message("c", 61.0, Hold(pool, own_pending=1, own_stored=1, committed=2, w_global_steps=7), "X")
+    assert (
+        "the 3 TGBs stored at or above step 7 (2 committed, 1 of its own not committed yet) fill the pool's bound of 3"
+        in full
+    )
+    assert pinned_by_reclaim(7, None, "s3://b/ns").endswith(
+        "run `batchweave gc s3://b/ns` (or bw.collect_garbage) after each checkpoint"
+    )
+    assert "oldest live checkpoint (of 'c1', 'c2')" in pinned_by_reclaim(7, (["c1", "c2"], []), "u")
+    assert "no checkpoint is marked" in pinned_by_reclaim(7, ([], []), "u")
+    listing = [f"{CHECKPOINT_PREFIX}c1/0-0.json", f"{CHECKPOINT_PREFIX}c1/_released", f"{CHECKPOINT_PREFIX}c2/0-0.json"]
+    assert listed_checkpoints(listing) == (["c2"], ["c1"])

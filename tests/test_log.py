@@ -19,6 +19,7 @@ from batchweave.keys import (
     snapshot_key,
     version_key,
 )
+from batchweave.lifecycle.backpressure import active_producers
 from batchweave.log import (
     LOG_FORMAT,
     SNAPSHOT_FORMAT,
@@ -35,7 +36,14 @@ from batchweave.log import (
     decode_version_head,
     encode,
 )
-from batchweave.logrules import apply_version, build_claim, build_commit, build_end_of_stream, pending_after_rebase
+from batchweave.logrules import (
+    apply_version,
+    build_claim,
+    build_commit,
+    build_end_of_stream,
+    build_leave,
+    pending_after_rebase,
+)
 
 K = "_log/test.json"
 
@@ -147,6 +155,38 @@ def test_apply_stamps_last_version_which_only_snapshots_carry():
     assert decode_snapshot(encode(state), snapshot_key(3)).producers["b"].last_version == 2
 
 
+def test_a_closed_producer_leaves_and_a_claim_of_the_same_id_brings_it_back():
+    """Producers that finished kept counting for max_lag's shares (64 versions after their
+    last commit). ``Producer.close`` records that it left; a restart claims again."""
+    state, a = claim(LogState(), "a", "ia")
+    state, b = claim(state, "b", "ib")
+    state = apply_version(state, build_commit(state, "b", b, [tgb("b", 1, 0)], committed_at=1.0), K)
+    leave = build_leave(state, "b", b, committed_at=2.0)
+    assert leave is not None and leave.producers == {"b": ProducerState(1, 1, "ib", left=True)}  # its offset kept
+    state = apply_version(state, leave, K)
+    assert state.producers["b"].left and active_producers(state, "a") == ["a"]
+    assert build_leave(state, "b", b, committed_at=3.0) is None  # recorded already (an earlier attempt landed)
+    state, b2 = claim(state, "b", "ib2")
+    assert not b2.left and b2.epoch == 2 and active_producers(state, "a") == ["a", "b"]
+    assert build_leave(state, "b", b, committed_at=4.0) is None  # fenced: the newer incarnation counts
+    ended = apply_version(state, build_end_of_stream(state, 5.0), K)
+    assert build_leave(ended, "b", b2, committed_at=6.0) is None  # nobody appends after the end
+
+
+def test_a_log_older_than_leaving_decodes_with_nobody_left():
+    """Versions and snapshots written before ``left`` existed decode as they always did."""
+    old = (
+        b'{"format":"batchweave.log/1","version":1,"first_step":0,"tgbs":[],'
+        b'"producers":{"p":{"offset":0,"epoch":1,"incarnation":"i"}}}'
+    )
+    assert decode_version(old, K, 1).producers["p"].left is False
+    snapshot = (
+        b'{"format":"batchweave.snapshot/1","version":1,'
+        b'"producers":{"p":{"offset":0,"epoch":1,"incarnation":"i","last_version":1}}}'
+    )
+    assert decode_snapshot(snapshot, snapshot_key(1)).producers["p"] == ProducerState(0, 1, "i", last_version=1)
+
+
 # -- encode / decode -------------------------------------------------------------------
 
 
@@ -173,6 +213,11 @@ RECORDED_VERSIONS = {
         b'"dp":2,"cp":1,"kind":"arrays","objects":["data/p/e000002/000000000005-ab.0.bwb"],"slices":[[0,0,10,1],'
         b'[0,10,12,2]],"nbytes":22}],"producers":{"p":{"offset":6,"epoch":2,"incarnation":"i","metrics":{"x":1.0}}},'
         b'"committed_at":2.25}',
+    ),
+    "a producer that left": (
+        LogVersion(LOG_FORMAT, 8, 6, [], {"p": ProducerState(6, 2, "i", {"x": 1.0}, left=True)}, committed_at=2.5),
+        b'{"format":"batchweave.log/1","version":8,"first_step":6,"tgbs":[],"producers":{"p":{"offset":6,"epoch":2,'
+        b'"incarnation":"i","metrics":{"x":1.0},"left":true}},"committed_at":2.5}',
     ),
     "first, every optional field": (
         LogVersion(

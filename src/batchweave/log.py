@@ -59,6 +59,10 @@ class ProducerState(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omi
     ``metrics`` are the counters a producer chose to publish with its last commit.
     ``last_version`` is the version that last recorded it (its newest commit or claim);
     ``apply_version`` stamps it, so log versions never carry it, only snapshots.
+    ``left`` says this incarnation closed (its last record, written by ``Producer.close``
+    with ``max_lag``): it takes no share of ``max_lag`` any more (``lifecycle.backpressure``)
+    until a claim of the same id records it again. False in logs written before producers
+    recorded leaving.
     """
 
     offset: int
@@ -66,6 +70,7 @@ class ProducerState(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omi
     incarnation: str
     metrics: dict[str, float] | None = None
     last_version: int = 0
+    left: bool = False
 
 
 class Layout(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):

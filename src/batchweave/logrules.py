@@ -36,6 +36,7 @@ __all__ = [
     "build_claim",
     "build_commit",
     "build_end_of_stream",
+    "build_leave",
     "build_reclaim",
     "check_continuity",
     "layout_mismatch",
@@ -292,6 +293,19 @@ def build_claim(
     )
     new_layout = Layout(layout.dp, layout.cp) if layout is not None and state.layout is None else None
     return next_version(state, committed_at, producers={producer_id: claimed}, layout=new_layout)
+
+
+def build_leave(state: LogState, producer_id: str, me: ProducerState, committed_at: float) -> LogVersion | None:
+    """A version recording that incarnation ``me`` of ``producer_id`` closed, so the
+    others stop counting it at once (``lifecycle.backpressure``): its state as the log
+    has it, with ``left``. None when there is nothing to record: the log says so already
+    (an earlier attempt landed), a newer incarnation claimed the id (it counts, not this
+    one), or the stream ended (nobody appends any more)."""
+    recorded = state.producers.get(producer_id)
+    if recorded is None or recorded.incarnation != me.incarnation or recorded.left or state.end_of_stream:
+        return None
+    gone = ProducerState(recorded.offset, recorded.epoch, recorded.incarnation, recorded.metrics, left=True)
+    return next_version(state, committed_at, producers={producer_id: gone})
 
 
 def build_end_of_stream(state: LogState, committed_at: float) -> LogVersion:

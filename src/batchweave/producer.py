@@ -26,9 +26,9 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from typing import Any
+from typing import Any, NamedTuple
 
-from batchweave import log, logrules
+from batchweave import log, logrules, retry
 from batchweave import schema as schemas
 from batchweave.commit.claims import (
     CLAIM_PREFIX,
@@ -44,6 +44,7 @@ from batchweave.commit.loop import without_stall
 from batchweave.commit.policies import ClaimBackoff, CommitPolicy, RecentCommitters, resolve_policy
 from batchweave.commit.shared import SharedState
 from batchweave.errors import (
+    BatchWeaveError,
     ConfigError,
     FlushTimeoutError,
     LayoutError,
@@ -57,8 +58,21 @@ from batchweave.errors import (
 from batchweave.journal import DEFAULT_SNAPSHOT_EVERY, Journal
 from batchweave.keys import check_producer_id, data_key
 from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES, FramedTGB, Piece, encode_pack, frame_tgb
-from batchweave.lifecycle.backpressure import MAX_BACKOFF_S, may_upload, own_share, poll_pause_s
-from batchweave.lifecycle.watermarks import MarkCache, global_watermark, read_watermarks
+from batchweave.lifecycle.backpressure import (
+    ACTIVE_VERSIONS,
+    MAX_BACKOFF_S,
+    Hold,
+    Shares,
+    adjusted_message,
+    held_message,
+    listed_checkpoints,
+    measure,
+    pinned_by_checkpoint,
+    pinned_by_reclaim,
+    poll_pause_s,
+    shares,
+)
+from batchweave.lifecycle.watermarks import CHECKPOINT_PREFIX, MarkCache, global_watermark, read_watermarks
 from batchweave.log import LogState, ProducerState, TGBDescriptor
 from batchweave.mesh import Mesh
 from batchweave.packing import DEFAULT_PACK_DELAY_S, Held, PackBuffer, check_pack_options, pack_limit
@@ -69,9 +83,12 @@ from batchweave.store import Store, open_store
 __all__ = ["Producer", "end_stream"]
 
 _logger = logging.getLogger(__name__)
-# A producer held by max_lag this long, by a reclaim point that does not move, says that
-# collection is what it waits for.
+# A producer held by max_lag this long says what holds it, once per hold: its share or the
+# pool's bound, and the checkpoint or the collection that W_global waits for.
 HELD_WARNING_S = 60.0
+# Set: the store's retries of a producer's last record end at once (``Producer._leave``).
+_NO_RETRIES = threading.Event()
+_NO_RETRIES.set()
 _UPLOAD_THREADS = 8  # a TGB's objects uploaded at once (a producer appends one TGB at a time)
 
 
@@ -94,9 +111,12 @@ class Producer:
         max_lag: backpressure: ``append`` blocks while the TGBs above ``W_global`` (the
             oldest live checkpoint), committed, only uploaded or held for a pack, would pass this many, so
             storage stays bounded even when checkpoints stall; a pool of producers splits
-            the room (``batchweave.lifecycle.backpressure``). Set it above the steps between
-            two checkpoints plus the producers, or training waits for data a checkpoint
-            would release. None: never block.
+            the room (``batchweave.lifecycle.backpressure``): each active producer takes an
+            equal share, at least one TGB (below one per producer, the bound becomes one per
+            producer, with a WARNING), and a closed producer gives its share back at once.
+            Set it above the steps between two checkpoints plus the producers, or training
+            waits for data a checkpoint would release. Held longer than a minute, ``append``
+            logs a WARNING naming what holds it. None: never block.
         storage_options: obstore options for the store (see ``batchweave.store.check_storage_options``):
             config keys such as ``region`` or ``endpoint``, ``client_options``, ``retry_config``;
             for a local directory only ``{"fsync": False}``, which skips the flushes that make
@@ -154,7 +174,9 @@ class Producer:
         self._w_global_steps = 0  # cached; refreshed only while append is held back
         self._marks: MarkCache = {}  # the watermarks read while held: each is read once
         self._reclaim_view: tuple[Journal[Any], LogState] | None = None  # the log as a held producer reads it
-        self._share = (-1, 0)  # (log version, this producer's share of max_lag then)
+        self._pool: Shares | None = None  # this producer's share of max_lag, as of log version _pool_version
+        self._pool_version = -1
+        self._warn_above = max_lag or 0  # a pool bound above this gets a WARNING (``_pool_shares``)
         self.policy = resolve_policy(commit_policy)
         check_mode(self.policy, producer_id, background_commit)
         self._store = open_store(url, storage_options=storage_options)
@@ -167,6 +189,8 @@ class Producer:
         self._shared.schema = self._declared or state.schema
         if max_lag is not None:
             self._shared.committed_spans = []
+            with self._shared.cond:  # at start: says so if max_lag is below the producers sharing it
+                self._pool_shares(max_lag)
         # The claim was a commit through the log: it primes the policy with a first
         # fragile-window sample and the producer count, so a pool that starts together
         # spreads its first commits instead of colliding on them.
@@ -378,10 +402,16 @@ class Producer:
         If the commit thread stopped with an error that no ``append`` or ``flush`` has raised
         yet while TGBs were still uncommitted (a ``SchemaError`` found at commit, a
         ``ProducerFencedError``), ``close()`` raises it after stopping: those TGBs were not
-        committed, and a close that returned would say they were."""
+        committed, and a close that returned would say they were.
+
+        Appended TGBs left uncommitted (``flush=False``, an exception in the ``with`` block,
+        Ctrl-C, a failed commit) are logged at WARNING with their offsets: a restart redoes
+        them from ``resume_offset``. With ``max_lag``, the close's last log version records
+        that this producer left, so the others' shares of ``max_lag`` stop counting it at once."""
         lost: Exception | None = None
+        first, clean = not self._shared.closed, False
         try:
-            if flush and not self._shared.closed:
+            if flush and first:
                 with self._shared.cond:
                     error = self._shared.error
                     # (an inline commit raises its errors in append and flush themselves)
@@ -389,6 +419,7 @@ class Producer:
                     lost = error if untold and (self._shared.pending or self._pack) else None
                 if error is None:
                     self.flush()
+                    clean = True
         finally:
             with self._pack_lock:  # held TGBs not written by a flush are dropped, as pending ones are
                 self._pack.take()
@@ -404,9 +435,64 @@ class Producer:
             if self._uploads is not None:
                 self._uploads.shutdown(wait=True)
             self._committer.close()
+            if first:
+                self._tell_uncommitted()
+                if self.max_lag is not None:
+                    self._leave(patient=clean)
             self._store.release()
         if lost is not None:
             raise lost
+
+    def _tell_uncommitted(self) -> None:
+        """After the commit thread stopped: the appended TGBs it did not commit, if any."""
+        with self._shared.cond:
+            message = uncommitted_message(self.producer_id, self._shared.committed_offset(), self._next_offset)
+        if message:
+            _logger.warning("%s", message)
+
+    def _leave(self, patient: bool) -> None:
+        """Record in the log that this incarnation closed (``logrules.build_leave``), so the
+        others' shares of ``max_lag`` stop counting it at once: one log version per close,
+        paid by producers with ``max_lag`` only. Those share it, as the pool's producers
+        all do where it is used; one without it holds to no share, and a version per close
+        everywhere (a pool of 1,000 ending) would buy nothing where nobody uses it. Such a
+        producer, closed, counts in a max_lag producer's shares for ``ACTIVE_VERSIONS``
+        versions, as a crashed one does: a smaller share, never none.
+
+        After a clean close it waits its turn as a claim does; otherwise (closed without a
+        flush, or failing) it makes a few attempts without the store's retries: a producer
+        stopped by Ctrl-C must not wait out a storm for it."""
+        with self._shared.cond:
+            state, me = self._shared.state, self._shared.me
+        if state.end_of_stream:
+            return  # nobody appends any more: nothing to give back
+        backoff = ClaimBackoff()
+        previous = retry.stop_event()
+        if not patient:
+            retry.stop_retrying_when(_NO_RETRIES)
+        try:
+            result = self._journal.commit(
+                state,
+                lambda newest: logrules.build_leave(newest, self.producer_id, me, time.time()),
+                max_attempts=None if patient else 3,
+                after_conflict=lambda window_s: time.sleep(backoff.pause_s(window_s)),
+            )
+        except BatchWeaveError as exc:
+            outcome = f"failed: {exc}"
+        else:
+            with self._shared.cond:
+                self._shared.state = result.state
+            outcome = "" if result.outcome != "conflict" else "lost every race for the next log version"
+        finally:
+            retry.stop_retrying_when(previous)
+        if outcome:
+            _logger.info(
+                "producer %r: recording in the log that it closed %s; the others count it for at most %d more "
+                "log versions",
+                self.producer_id,
+                outcome,
+                ACTIVE_VERSIONS,
+            )
 
     def _published_metrics(self, committing: int) -> dict[str, float] | None:
         """The counters as they stand once the version carrying them lands with
@@ -457,7 +543,9 @@ class Producer:
     def _active_producers(self) -> int:
         """Producers contending for the log now: those seen committing lately (``RecentCommitters``)."""
         now = time.monotonic()
-        self._committers.update({pid: p.last_version for pid, p in self._shared.state.producers.items()}, now)
+        recorded = self._shared.state.producers.items()
+        # A producer's record that it left is no commit of its own: it stops counting.
+        self._committers.update({pid: p.last_version for pid, p in recorded if not p.left}, now)
         return self._committers.count(now, self._policy_gap_s())
 
     def _policy_gap_s(self) -> float:
@@ -609,7 +697,8 @@ class Producer:
         taken by its own TGBs at or past ``W_global``, committed or only uploaded, or the
         committed steps it sees leave no room (``lifecycle.backpressure``). Woken by our own
         commits; W_global is read again with backoff, within the pool's budget
-        (``backpressure.poll_pause_s``), and only while held (``_read_w_global``)."""
+        (``backpressure.poll_pause_s``), and only while held (``_read_w_global``). Held past
+        ``HELD_WARNING_S``, it says once what holds it (``_warn_held``)."""
         pause = 0.05
         # The cached W_global goes first: no request while there is room. Then a first look
         # at a random moment within the pool's budget: a pool is often held all at once.
@@ -624,20 +713,37 @@ class Producer:
                 if self._may_upload(max_lag):
                     return
             if time.monotonic() >= poll_at:
-                self._w_global_steps, collected = self._read_w_global()
+                look = self._read_w_global()
+                self._w_global_steps = look.steps
                 poll_at = time.monotonic() + poll_pause_s(pause, self._known_producers(), random.random())
                 pause = min(MAX_BACKOFF_S, pause * 2)
-                if collected and not warned and time.monotonic() - held_since > HELD_WARNING_S:
-                    warned = True
-                    _logger.warning(
-                        "producer %r: held by max_lag=%d for %.0f s; the last garbage collection reclaimed the "
-                        "steps below %d, and the TGBs stored above it fill max_lag. Run `batchweave gc` (or "
-                        "collect_garbage) after each checkpoint to make room",
-                        self.producer_id,
-                        max_lag,
-                        time.monotonic() - held_since,
-                        self._w_global_steps,
-                    )
+                if not warned and time.monotonic() - held_since > HELD_WARNING_S:
+                    warned = self._warn_held(max_lag, time.monotonic() - held_since, look)
+
+    def _warn_held(self, max_lag: int, held_s: float, look: _Look) -> bool:
+        """Log what holds this producer (``backpressure.held_message``), from what its look
+        read; False when that look gave it room (nothing to tell). Once the namespace was
+        collected, the look read only the log's reclaim point: one listing of
+        ``_checkpoints/`` (once per hold, never per look) says whether a checkpoint was
+        released since, that is whether a collection is what it waits for."""
+        with self._shared.cond:
+            hold = self._room(max_lag)
+        if hold.room:
+            return False
+        if look.collected:
+            pinned = pinned_by_reclaim(look.steps, self._listed_checkpoints(), self._store.url)
+        else:
+            pinned = pinned_by_checkpoint(look.checkpoint, look.steps)
+        _logger.warning("%s", held_message(self.producer_id, held_s, hold, pinned))
+        return True
+
+    def _listed_checkpoints(self) -> tuple[list[str], list[str]] | None:
+        """The checkpoints one listing shows (``backpressure.listed_checkpoints``); None if
+        the store failed (the warning then says less)."""
+        try:
+            return listed_checkpoints(info.key for info in self._store.list(CHECKPOINT_PREFIX))
+        except StoreError:
+            return None
 
     def _known_producers(self) -> int:
         """Every producer the log knows, in the newest state we hold: any may be held and
@@ -649,7 +755,7 @@ class Producer:
             known = max(known, len(self._reclaim_view[1].producers))
         return max(1, known)
 
-    def _read_w_global(self) -> tuple[int, bool]:
+    def _read_w_global(self) -> _Look:
         """W_global in steps, as a held producer reads it, and whether it came from a
         collection. Once the namespace has been collected, it is the log's reclaim point:
         a probe of the head (on a read-only journal of our own: the commit thread owns
@@ -657,7 +763,8 @@ class Producer:
         What is stored is what collection has not reclaimed, so that is what ``max_lag``
         bounds; reading every watermark instead cost each held producer one GET per mark
         and checkpoint (1,250 marks x 1,000 producers: 1.25 million GETs a checkpoint).
-        Before any collection: the watermarks (a listing, and each new mark once)."""
+        Before any collection: the watermarks (a listing, and each new mark once), and the
+        name of the checkpoint that pins W_global with them."""
         if self._reclaim_view is None:
             journal = Journal(self._store, heads_only=True, read_only=True)
             self._reclaim_view = (journal, journal.load_state())
@@ -667,22 +774,40 @@ class Producer:
         if state.reclaimed.steps > 0:
             # The reclaim point alone: it only moves up, where a W_global read from the
             # marks before may have been above it (a checkpoint marked lower since).
-            return state.reclaimed.steps, True
+            return _Look(state.reclaimed.steps, True, None)
         live = global_watermark(read_watermarks(self._store, self._marks))
-        return (0 if live is None else int(live.position)), False
+        return _Look(0, False, None) if live is None else _Look(int(live.position), False, live.checkpoint)
 
     def _may_upload(self, max_lag: int) -> bool:
-        """Under ``shared.cond``. On every append: the share (O(producers) to work out) is
-        kept per log version, and spans are pruned only when W_global moved."""
+        """Under ``shared.cond``, on every append (``_room``)."""
+        return self._room(max_lag).room
+
+    def _room(self, max_lag: int) -> Hold:
+        """Under ``shared.cond``: this producer's room under ``max_lag``. The share
+        (O(producers) to work out) is kept per log version, and spans are pruned only
+        when W_global moved."""
         shared = self._shared
-        if self._share[0] != shared.state.version:
-            self._share = (shared.state.version, own_share(shared.state, self.producer_id, max_lag))
+        pool = self._pool_shares(max_lag)
         w_global = self._w_global_steps
         spans = shared.committed_spans or []
         if spans and spans[0].end <= w_global:
             spans = shared.committed_spans = [s for s in spans if s.end > w_global]
         held = len(shared.pending) + len(self._pack)  # held for a pack: uploaded soon
-        return may_upload(shared.state, self._share[1], held, spans, w_global, max_lag)
+        return measure(shared.state, pool, held, spans, w_global)
+
+    def _pool_shares(self, max_lag: int) -> Shares:
+        """Under ``shared.cond``: this producer's share among the producers active in the
+        newest state, worked out once per log version. Logs a WARNING when ``max_lag`` is
+        below the producers sharing it (each then takes one TGB), and again each time the
+        pool it sees has doubled since: a pool of 1,000 that starts one by one with too
+        small a max_lag logs about 10 lines per producer, not one per producer joining."""
+        state = self._shared.state
+        if self._pool is None or self._pool_version != state.version:
+            self._pool, self._pool_version = shares(state, self.producer_id, max_lag), state.version
+            if self._pool.bound > self._warn_above:
+                self._warn_above = 2 * self._pool.bound - 1
+                _logger.warning("%s", adjusted_message(self.producer_id, self._pool))
+        return self._pool
 
     def _put_objects(self, uploads: list[tuple[str, list[Piece], int]]) -> None:
         """A TGB's objects, all at once on an object store: a TGB of 1,250 slices is 20
@@ -707,6 +832,33 @@ class Producer:
             # followed our own write which the store applied before timing out.
             if self._store.size(key) != size:
                 raise
+
+
+class _Look(NamedTuple):
+    """What a held producer's look at W_global found: the step, whether it is the log's
+    reclaim point (the namespace was collected), and else the name of the oldest live
+    checkpoint, which pins it (None: no checkpoint is live)."""
+
+    steps: int
+    collected: bool
+    checkpoint: str | None
+
+
+def uncommitted_message(producer_id: str, committed: int, appended: int) -> str:
+    """What a producer closed with TGBs appended (offsets below ``appended``) but
+    committed only below ``committed`` says; "" when every one was committed."""
+    count = appended - committed
+    if count <= 0:
+        return ""
+    if count == 1:
+        return (
+            f"producer {producer_id!r}: 1 appended TGB (offset {committed}) was not committed; "
+            f"a restart redoes it from offset {committed}"
+        )
+    return (
+        f"producer {producer_id!r}: {count} appended TGBs (offsets {committed}-{appended - 1}) were not committed; "
+        f"a restart redoes them from offset {committed}"
+    )
 
 
 _SCHEMA_FIX = (

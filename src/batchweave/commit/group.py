@@ -143,9 +143,9 @@ def turn_rank(state: LogState, producer_id: str, active_versions: int) -> int:
 
 def rotation(state: LogState, active_versions: int) -> list[str]:
     """The producers taking turns after ``state.version``: those the log recorded within
-    the last ``active_versions`` versions, in id order."""
+    the last ``active_versions`` versions, in id order, but for those that left (closed)."""
     horizon = state.version - active_versions
-    return sorted(p for p, s in state.producers.items() if s.last_version > horizon)
+    return sorted(p for p, s in state.producers.items() if s.last_version > horizon and not s.left)
 
 
 def follow_pause_s(rank: int, producers: int, interval_s: float, since_version_s: float, draw: float) -> float:
