@@ -5,7 +5,8 @@ s3://bucket --grace-s 0`` deleted every object of the inner one as an orphan (it
 its head copies, its TGBs), and the same on a local directory, whichever was created
 first. Now a collection deletes only keys it can prove are its own namespace's, and a
 producer refuses to create a namespace inside another's prefix or around one. Both on a
-local directory and on real object-store servers (moto's S3, Azurite), in either order.
+local directory and on real object-store servers (S3 on moto and on SeaweedFS, Azurite),
+in either order.
 """
 
 from __future__ import annotations
@@ -72,9 +73,9 @@ def nesting_as_before(monkeypatch):
 
 @pytest.mark.parametrize("order", ["outer first", "inner first"])
 def test_a_collection_deletes_none_of_the_objects_of_the_namespaces_inside_and_beside_it(
-    process_backend_url, nesting_as_before, order
+    store_process_backend_url, nesting_as_before, order
 ):
-    outer = process_backend_url
+    outer = store_process_backend_url  # local, S3 on moto, Azurite, S3 on SeaweedFS
     inner = f"{outer}/data"  # the issue's: among the outer one's own TGB objects
     deeper = f"{outer}/runs/a"
     beside = f"{outer}-2"  # whose prefix starts with the outer one's
@@ -151,8 +152,10 @@ def test_a_collection_deletes_no_key_under_its_prefixes_that_is_not_of_its_layou
 
 @pytest.mark.parametrize("order", ["outer first", "inner first"])
 @pytest.mark.parametrize("below", ["data", "runs/a"])
-def test_creating_a_namespace_inside_another_or_around_one_is_refused_naming_both(process_backend_url, order, below):
-    outer, inner = process_backend_url, f"{process_backend_url}/{below}"
+def test_creating_a_namespace_inside_another_or_around_one_is_refused_naming_both(
+    store_process_backend_url, order, below
+):
+    outer, inner = store_process_backend_url, f"{store_process_backend_url}/{below}"
     first, second = (outer, inner) if order == "outer first" else (inner, outer)
     publish(first)
     before = stored(outer)
