@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from batchweave.errors import NamespaceOverlapError, StorePermissionError
 from batchweave.journal import headcopies, overlap
 from batchweave.store import Store, open_store
 from batchweave.store.urls import normalize_url, parent_urls
+from batchweave.testing import servers
 
 
 def publish(url: str, producer: str = "p", steps: int = 3, pack_steps: int = 1) -> None:
@@ -102,6 +104,29 @@ def test_a_collection_deletes_none_of_the_objects_of_the_namespaces_inside_and_b
     assert own(outer) == outer_objects and inner_report.deleted_objects == []
     for url in others:
         assert bw.inspect_namespace(url).steps == 4  # each is whole
+
+
+@pytest.mark.s3
+def test_the_issue_as_reported_gc_of_a_bucket_leaves_the_namespace_at_its_data_prefix(
+    moto_server, monkeypatch, nesting_as_before, capsys
+):
+    """``s3://bucket`` (an empty prefix) and ``s3://bucket/data``, in a bucket of their own:
+    ``batchweave gc s3://bucket --grace-s 0`` printed ``deleted 23 objects ... 23 orphans``
+    and ``inspect s3://bucket/data`` then found no namespace."""
+    for var in servers.S3_ENV_UNSET:
+        monkeypatch.delenv(var, raising=False)
+    for var, value in servers.s3_env(moto_server).items():
+        monkeypatch.setenv(var, value)
+    bucket = f"nest-{uuid.uuid4().hex[:12]}"
+    servers.create_bucket(moto_server, bucket)
+    outer, inner = f"s3://{bucket}", f"s3://{bucket}/data"
+    publish(inner, producer="q", steps=6)
+    publish(outer, steps=6)
+    theirs = own(inner)
+    assert cli.main(["gc", outer, "--grace-s", "0"]) == 0
+    line = capsys.readouterr().out
+    assert "0 orphans (0 bytes)" in line and f"left alone {len(theirs)} keys" in line
+    assert own(inner) == theirs and bw.inspect_namespace(inner).steps == 6
 
 
 def test_a_collection_leaves_staging_files_of_a_namespace_inside_it(tmp_path, nesting_as_before):
