@@ -304,7 +304,8 @@ def test_gc_dry_run_without_a_checkpoint_says_w_global_is_none_yet(namespace):
     url, _ = namespace
     result = run_cli("gc", url, "--dry-run")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("W_global: none yet (no live checkpoint); reclaimed below step 0; would delete 0")
+    assert result.stdout.startswith("W_global: none yet (no live checkpoint); reclaimed below step 0 (0 bytes")
+    assert "would delete 0 TGB objects (0 bytes)" in result.stdout
     _mark(url, "step-2", 2)
     assert run_cli("gc", url, "--dry-run").stdout.startswith("W_global: step 2; ")
 

@@ -165,9 +165,9 @@ def test_staging_files_older_than_the_grace_are_collected_and_never_listed(tmp_p
     with bw.Producer(tmp_path, "p", dp=1) as producer:
         producer.append([b"tgb"], source_offset=0)
         producer.flush()
-    old_ours = "data/p/e000001/00000000000000000001.bwb#123456789012345678"
+    old_ours = "data/p/e000001/000000000001-0badc0de.0.bwb#123456789012345678"  # of a key of the layout (I13)
     old_obstores = "_log/00000000000000000009.json#1"  # obstore's own staging name
-    fresh = "data/p/e000001/00000000000000000002.bwb#876543210987654321"
+    fresh = "data/p/e000001/000000000002-0badc0de.0.bwb#876543210987654321"
     leave_staging(tmp_path, old_ours, age_s=7200)
     leave_staging(tmp_path, old_obstores, age_s=7200)
     leave_staging(tmp_path, fresh, age_s=10)
@@ -203,7 +203,7 @@ from batchweave.store import open_store
 store = open_store(sys.argv[1])
 body = bytes(64 * 1024 * 1024)
 for index in range(10**6):
-    store.put_if_absent(f"data/p/e000001/{index:020d}.bwb", body)
+    store.put_if_absent(f"data/p/e000001/{index:012d}-0badc0de.0.bwb", body)
 """
 
 

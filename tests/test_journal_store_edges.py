@@ -723,9 +723,10 @@ def test_a_dry_run_reports_exactly_what_the_collection_then_deletes():
         bw.release_checkpoint(url, f"early-{step}")
     store = Store(url)
     dead = [intent_key("p", 1, 0), intent_key("p", 1, 7)]
-    probes = ["_probe/left-behind", "_probe/also-left"]
+    probes = ["_probe/" + "0" * 32, "_probe/" + "f" * 32]  # as a probe names its key: a uuid's 32 hex digits
     tickets = [claim_key("p", 1, Layout(1, 1), incarnation) for incarnation in ("0dead", "1dead")]
-    orphans = [f"data/q/e000001/00000000000{n}-0badc0de.0.bwb" for n in (0, 1)]
+    # Of the producer the log knows (I13), at offsets it committed under other tokens: a retried append's debris.
+    orphans = [f"data/p/e000001/00000000000{n}-0badc0de.0.bwb" for n in (0, 1)]
     pending = "data/p/e000001/000000000310-0badc0de.0.bwb"  # the live producer's next TGB: not an orphan
     for key in [*dead, *probes, *tickets, *orphans, pending]:
         store.put(key, b"{left behind")
@@ -797,10 +798,10 @@ def test_an_object_becomes_collectable_exactly_when_its_age_reaches_the_grace(ki
         pass  # the namespace exists
     store = Store(url)
     if kind == "orphan":
-        key = "data/q/e000001/000000000000-0badc0de.0.bwb"
+        key = "data/p/e000000/000000000000-0badc0de.0.bwb"  # of an epoch before the log's (I13: a known producer)
         store.put(key, b"never committed")
     elif kind == "probe":
-        key = "_probe/left-behind"
+        key = "_probe/" + "0" * 32
         store.put(key, b"")
     else:
         key = "data/q/e000001/000000000001-0badc0de.0.bwb#123456789012345678"

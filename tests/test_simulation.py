@@ -4,13 +4,15 @@ The real producers (direct and group commit), consumers (checkpointed training r
 a lagging evaluation reader, readers resumed from saved cursors), collectors and a
 damager run as greenlets on a simulated store and a virtual clock; a seeded scheduler
 picks which pending store operation completes next, and the model of the genuine log
-is checked after every step (docs/invariants.md, I1-I10). Here:
+is checked after every step (docs/invariants.md, I1-I13). Here:
 
 - a bounded exploration of fixed seeds for every shape (``make soak``: BATCHWEAVE_SOAK
   times as many), which fails on any violation;
 - replay is exact, in this process and in another with another hash seed;
 - every check can fail: each sabotage of the real code below is reported as its kind,
   on a seed where the unsabotaged run does not report it, and shrinks;
+- a namespace lies inside the run's, at ``<root>/data`` (``actors.plant_inner_namespace``):
+  no actor deletes or rewrites one of its keys (I13; the issue-43 collector did);
 - one regression per violation found while it was built (the I10 bugs of issue 18, all
   fixed), its shrunk schedule pinned in tests/simulation/ or its seed named. A pinned
   schedule replays the same interleaving only while the code issues the same store
@@ -127,6 +129,15 @@ def _pack_deleted_with_its_first_tgb(doomed_objects):
     return doomed_ignoring_later_readers
 
 
+def _every_unreferenced_key_an_orphan(orphans):
+    def orphans_whoever_wrote_them(listed, state, referenced, grace_s, now):  # the collector before I13
+        mine, foreign = orphans(listed, state, referenced, grace_s, now)
+        sizes = {info.key: info.size for info in listed}
+        return {**mine, **{key: sizes[key] for key in foreign}}, set()
+
+    return orphans_whoever_wrote_them
+
+
 def _no_end_marker(build):
     return lambda state, committed_at: batchweave.logrules.next_version(state, committed_at)
 
@@ -176,6 +187,12 @@ SABOTAGES = {
         "doomed_objects",
         _pack_deleted_with_its_first_tgb,
         "deleted-reachable",
+    ),
+    "collection takes the keys of the namespace inside its own for orphans": (
+        batchweave.lifecycle.gc,
+        "_orphans",
+        _every_unreferenced_key_an_orphan,
+        "deleted-foreign",
     ),
     "end_stream writes no marker": (batchweave.logrules, "build_end_of_stream", _no_end_marker, "waits-forever"),
     "a producer counts one TGB too many": (SharedState, "take", _takes_one_more, "producer-ahead"),

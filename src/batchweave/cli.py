@@ -358,14 +358,8 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(_gc_summary(report.to_dict(), args.keys), sort_keys=True))
         return EXIT_OK
-    verb = "would delete" if args.dry_run else "deleted"
     w_global = "none yet (no live checkpoint)" if report.w_global_step is None else f"step {report.w_global_step}"
-    print(
-        f"W_global: {w_global}; reclaimed below step {report.reclaimed_steps}; {verb} "
-        f"{len(report.deleted_objects)} objects ({report.deleted_bytes} bytes of TGBs), "
-        f"{report.deleted_versions} log versions, {report.deleted_snapshots} snapshots, {len(report.orphans)} orphans, "
-        f"{report.deleted_staging} staging files of killed puts ({report.deleted_staging_bytes} bytes)"
-    )
+    print(f"W_global: {w_global}; {report.describe()}")
     return EXIT_OK
 
 

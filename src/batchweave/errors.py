@@ -2,6 +2,7 @@
 
     BatchWeaveError
     ├── ConfigError (ValueError)            bad URL, bad mesh, bad argument
+    │   └── NamespaceOverlapError           a new namespace inside another's prefix, or around one
     ├── LayoutError (ValueError)            wrong slice count, mixed layouts, unsupported payload
     │   └── SchemaError                     arrays unlike the namespace's schema (names, dtypes, shapes)
     ├── SourceOffsetError (ValueError)      append() offset that is not the next one
@@ -38,6 +39,7 @@ __all__ = [
     "DataReclaimedError",
     "FlushTimeoutError",
     "LayoutError",
+    "NamespaceOverlapError",
     "NotDurableError",
     "ObjectExistsError",
     "ObjectNotFoundError",
@@ -60,6 +62,27 @@ class BatchWeaveError(Exception):
 
 class ConfigError(BatchWeaveError, ValueError):
     """A URL, mesh size or argument that cannot work."""
+
+
+class NamespaceOverlapError(ConfigError):
+    """A namespace would be created inside another namespace's prefix, or around one
+    (invariant I13: namespaces never nest). ``url`` is the one being created, ``other``
+    the namespace in the way, ``inside`` whether ``url`` lies inside ``other`` (else
+    ``other`` lies inside ``url``). Nothing was written."""
+
+    def __init__(self, url: str, other: str, *, inside: bool) -> None:
+        where = (
+            f"it would lie inside the namespace at {other}" if inside else f"the namespace at {other} lies inside it"
+        )
+        super().__init__(
+            f"cannot create a namespace at {url}: {where}. Namespaces must not nest: one's prefix inside "
+            "another's mixes their objects, which neither's garbage collection could tell apart. Give each "
+            "namespace a prefix of its own, side by side (s3://bucket/run-1 and s3://bucket/run-2, not "
+            "s3://bucket and s3://bucket/run-1)"
+        )
+        self.url = url
+        self.other = other
+        self.inside = inside
 
 
 class LayoutError(BatchWeaveError, ValueError):

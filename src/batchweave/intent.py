@@ -14,7 +14,7 @@ import msgspec
 from batchweave import log
 from batchweave.decoding import decoding
 from batchweave.errors import CorruptDataError
-from batchweave.keys import INTENT_PREFIX
+from batchweave.keys import INTENT_PREFIX, LAYOUT
 from batchweave.log import TGBDescriptor
 
 __all__ = ["INTENT_FORMAT", "Intent", "decode_intent", "encode_intent", "intent_key", "parse_intent_key"]
@@ -45,14 +45,12 @@ def intent_key(producer: str, epoch: int, first_offset: int) -> str:
 
 
 def parse_intent_key(key: str) -> tuple[str, int, int] | None:
-    """(producer, epoch, first offset) of an intent key; None for anything else."""
-    parts = key[len(INTENT_PREFIX) :].split("/") if key.startswith(INTENT_PREFIX) else []
-    if len(parts) != 3 or not parts[1].startswith("e") or not parts[2].endswith(".json"):
+    """(producer, epoch, first offset) of an intent key; None for anything else (the
+    intent layout of ``keys.LAYOUT``, in full)."""
+    match = LAYOUT["intent"].fullmatch(key)
+    if match is None:
         return None
-    epoch, offset = parts[1][1:], parts[2][: -len(".json")]
-    if not (epoch.isdigit() and offset.isdigit()):
-        return None
-    return parts[0], int(epoch), int(offset)
+    return match["producer"], int(match["epoch"]), int(match["offset"])
 
 
 _encoder = msgspec.json.Encoder()

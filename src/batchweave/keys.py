@@ -19,6 +19,15 @@ Keys, relative to the namespace root:
 The hint is never trusted: readers probe forward from it, so a stale or missing hint
 only costs extra reads. The head copies' slots are overwritten as the log grows; a
 copy counts only for the version number it holds, and is proven like the version.
+
+Namespaces never overlap (invariant I13): no namespace lies inside another's prefix, and
+no actor deletes a key it cannot prove is its own. ``LAYOUT`` is every key a namespace's
+writers create, matched in full; a key under one of our prefixes that matches none of
+it (``is_own_key``) is another namespace's or a stranger's, and is left alone. Every key
+of another namespace below ours starts, after that namespace's root, with one of the
+prefixes above, whose first segment (``data`` or ``_...``) is never a name of ours
+(``check_name``): so no key of another namespace can match our layout, whatever the
+nesting. ``nested_namespace`` tells a key of another namespace's log from the rest.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ __all__ = [
     "HEAD_RING",
     "HINT_KEY",
     "INTENT_PREFIX",
+    "LAYOUT",
     "LOG_PREFIX",
     "POOL_PREFIX",
     "PROBE_PREFIX",
@@ -50,6 +60,11 @@ __all__ = [
     "check_producer_id",
     "data_key",
     "head_copy_key",
+    "is_namespace_marker",
+    "is_own_key",
+    "layout_kind",
+    "nested_namespace",
+    "numbered_key",
     "parse_data_key",
     "snapshot_key",
     "version_key",
@@ -86,9 +101,39 @@ HEAD_RING = 64
 # Copies of each version near the head on an object store (``journal.headcopies``):
 # writers and readers agree on it; ``BATCHWEAVE_HEAD_COPIES`` overrides it for both.
 HEAD_COPIES = 10
-_PRODUCER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"  # a producer, checkpoint or pool id (check_name)
+_PRODUCER_ID = re.compile(_NAME)
 _DATA_KEY = re.compile(r"^data/[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)+$")
-_TGB_KEY = re.compile(r"data/(?P<producer>[^/]+)/e(?P<epoch>\d+)/(?P<offset>\d+)-[0-9a-f]+\.\d+\.bwb")
+_EPOCH = r"e(?P<epoch>[0-9]{6,})"  # e{epoch:06d}
+_NUMBER = r"(?P<number>[0-9]{20})"  # {version:020d}
+
+# Every key a namespace's writers create, by kind, relative to its root: the names above,
+# ASCII digits only, matched in full. What a collection may delete is one of these (I13).
+LAYOUT: dict[str, re.Pattern[str]] = {
+    kind: re.compile(pattern, re.ASCII)
+    for kind, pattern in {
+        "version": rf"_log/{_NUMBER}\.json",
+        "snapshot": rf"_log/_snapshots/{_NUMBER}\.json",
+        "segment": rf"_log/_segments/{_NUMBER}\.json\.z",  # named by its last version
+        "hint": r"_log/_last_snapshot\.json",
+        "head copy": r"_head/[0-9]{2}/[0-9]{4}\.json",
+        "tgb": rf"data/(?P<producer>{_NAME})/{_EPOCH}/(?P<offset>[0-9]{{12,}})-[0-9a-f]+\.[0-9]+\.bwb",
+        "intent": rf"_intents/(?P<producer>{_NAME})/{_EPOCH}/(?P<offset>[0-9]{{12,}})\.json",
+        "claim": rf"_claims/(?P<producer>{_NAME})/{_EPOCH}/(?P<dp>[0-9]+)x(?P<cp>[0-9]+)-(?P<incarnation>[0-9a-f]+)",
+        "pool record": rf"_pools/{_NAME}/{_NUMBER}\.json",
+        "watermark": rf"_checkpoints/(?P<checkpoint>{_NAME})/(?P<d>[0-9]+)-(?P<c>[0-9]+)\.json",
+        "release": rf"_checkpoints/(?P<checkpoint>{_NAME})/_released",
+        "probe": r"_probe/[0-9a-f]{32}",
+        "gc summary": rf"_gc/{_NUMBER}\.json",
+    }.items()
+}
+# The keys that say a namespace is there (``is_namespace_marker``): what a namespace's log
+# always holds from version 1 on (collection keeps the newest snapshot), and the hint.
+_MARKERS = ("version", "snapshot", "hint")
+# One of those at the root of another namespace below ours: group "root" is that root.
+_NESTED_MARKER = re.compile(
+    r"(?P<root>.+/)_log/(?:[0-9]{20}\.json|_snapshots/[0-9]{20}\.json|_last_snapshot\.json)", re.ASCII
+)
 
 
 def version_key(version: int) -> str:
@@ -142,7 +187,42 @@ def data_key(producer_id: str, epoch: int, offset: int, token: str, part: int) -
 
 def parse_data_key(key: str) -> DataKey | None:
     """The inverse of ``data_key``: None for a key that is not a TGB object's."""
-    match = _TGB_KEY.fullmatch(key)
+    match = LAYOUT["tgb"].fullmatch(key)
     if match is None:
         return None
     return DataKey(match["producer"], int(match["epoch"]), int(match["offset"]))
+
+
+def layout_kind(key: str) -> str | None:
+    """Which kind of object of this namespace's ``LAYOUT`` ``key`` is; None for a key no
+    writer of this namespace creates (another namespace's inside it, or a stranger's)."""
+    for kind, pattern in LAYOUT.items():
+        if pattern.fullmatch(key):
+            return kind
+    return None
+
+
+def is_own_key(key: str) -> bool:
+    """Whether ``key`` is of this namespace's layout: the only keys a collection deletes (I13)."""
+    return layout_kind(key) is not None
+
+
+def numbered_key(key: str, kind: str) -> int | None:
+    """The number a key of ``kind`` (``version``, ``snapshot``, ``segment``, ``gc summary``)
+    carries; None for a key that is not of that kind."""
+    match = LAYOUT[kind].fullmatch(key)
+    return None if match is None else int(match["number"])
+
+
+def is_namespace_marker(key: str) -> bool:
+    """Whether ``key`` says a namespace is rooted here: a log version, a snapshot or the
+    hint (what ``journal.overlap`` looks for above a namespace being created)."""
+    return layout_kind(key) in _MARKERS
+
+
+def nested_namespace(key: str) -> str | None:
+    """The root (relative to ours, ending in "/") of the other namespace whose log version,
+    snapshot or hint ``key`` is, below ours; None for any other key. Our own layout has no
+    such key: no name of ours is ``_log``."""
+    match = _NESTED_MARKER.fullmatch(key)
+    return None if match is None else match["root"]

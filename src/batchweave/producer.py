@@ -56,6 +56,7 @@ from batchweave.errors import (
     StreamEndedError,
 )
 from batchweave.journal import DEFAULT_SNAPSHOT_EVERY, Journal
+from batchweave.journal.overlap import refuse_overlap
 from batchweave.keys import check_producer_id, data_key
 from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES, FramedTGB, Piece, encode_pack, frame_tgb
 from batchweave.lifecycle.backpressure import (
@@ -617,6 +618,7 @@ class Producer:
         layout = log.Layout(self.mesh.dp, self.mesh.cp)
         began = time.monotonic()
         state = self._journal.load_state()
+        refuse_overlap(self._store, state)  # a namespace being created: none around it, none inside (I13)
         self._check_declared(state)  # before claiming: a doomed incarnation must not fence a working one
         ticket = self._write_ticket(state, layout, incarnation)
         try:

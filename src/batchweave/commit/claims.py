@@ -26,12 +26,11 @@ Pure: keys and states in, versions out.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from batchweave import logrules
-from batchweave.keys import CLAIM_PREFIX
+from batchweave.keys import CLAIM_PREFIX, LAYOUT
 from batchweave.log import Layout, LogState, LogVersion, ProducerState
 from batchweave.logrules import next_epoch
 
@@ -48,9 +47,6 @@ __all__ = [
 ]
 
 CLAIM_TICKET = b"batchweave.claim/1\n"  # what a ticket holds: its key says everything
-_KEY = re.compile(
-    r"^_claims/(?P<producer>[^/]+)/e(?P<epoch>\d{6,})/(?P<dp>\d+)x(?P<cp>\d+)-(?P<incarnation>[0-9a-f]+)$"
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +68,9 @@ def claim_key(producer: str, epoch: int, layout: Layout, incarnation: str) -> st
 
 
 def parse_claim_key(key: str) -> Ticket | None:
-    """The ticket a key names; None for anything else (a stray object is ignored)."""
-    match = _KEY.match(key)
+    """The ticket a key names; None for anything else (a stray object is ignored): the
+    claim layout of ``keys.LAYOUT``, in full."""
+    match = LAYOUT["claim"].fullmatch(key)
     if match is None:
         return None
     layout = Layout(int(match["dp"]), int(match["cp"]))

@@ -6,7 +6,8 @@ the one commit loop (invariant I8); ``proof`` the anchor that proves a view genu
 writers and readers alike (I10); ``snapshots`` the snapshots and their hint, where a load
 starts; ``segments`` the log segments a committer writes and readers read; ``objects``
 the store as a journal reaches it, each request counted; ``namespace`` whether a URL
-holds a namespace at all.
+holds a namespace at all; ``overlap`` that a namespace being created lies neither inside
+another nor around one (I13).
 """
 
 from batchweave.journal.core import DEFAULT_SNAPSHOT_EVERY, Committed, Journal

@@ -78,13 +78,7 @@ def describe_run(run: CollectionRun) -> str:
         return f"collection {run.number} failed after {run.duration_s:.2f} s: {run.error}"
     report = run.report
     w_global = "none (no live checkpoint)" if report.w_global_step is None else f"step {report.w_global_step}"
-    verb = "would delete" if report.dry_run else "deleted"
-    return (
-        f"collection {run.number} took {run.duration_s:.2f} s: W_global {w_global}, reclaimed below step "
-        f"{report.reclaimed_steps}; {verb} {len(report.deleted_objects)} objects ({report.deleted_bytes} bytes "
-        f"of TGBs), {report.deleted_versions} log versions, {report.deleted_snapshots} snapshots, "
-        f"{len(report.orphans)} orphans, {report.deleted_watermarks} watermarks of released checkpoints"
-    )
+    return f"collection {run.number} took {run.duration_s:.2f} s: W_global {w_global}, {report.describe()}"
 
 
 class Collector:

@@ -10,6 +10,13 @@ period, and, on a local directory, the staging files of puts killed mid-write
 (``Store.staging_files``) older than the grace period. Deletes are idempotent, so a
 crash half-way is harmless.
 
+It deletes only keys it can prove are this namespace's (invariant I13): every listed key
+must match the namespace's layout in full (``keys.LAYOUT``), and an orphan must be a TGB
+object of an incarnation whose claim the log holds. Any other key under its prefixes is
+another namespace's inside this one (namespaces must not nest, but one may have been
+made before that was checked, or by a racing creation) or a stranger's: it is counted in
+``GCReport.foreign_keys`` and left alone.
+
 A collection plans from one state of the log and the data listing, reading only
 (``_plan``: the reclaim, the doomed objects, the orphans); ``_settle`` commits the reclaim,
 planning again whenever another writer moved the log; ``collect_garbage`` deletes.
@@ -29,7 +36,7 @@ from batchweave.errors import CorruptDataError, ObjectExistsError, ObjectNotFoun
 from batchweave.intent import decode_intent, parse_intent_key
 from batchweave.journal import Journal
 from batchweave.journal.namespace import require_namespace
-from batchweave.keys import CLAIM_PREFIX, INTENT_PREFIX, parse_data_key
+from batchweave.keys import CLAIM_PREFIX, INTENT_PREFIX, PROBE_PREFIX, parse_data_key
 from batchweave.lifecycle.gcsummary import (
     GC_PREFIX,
     SUMMARY_FORMAT,
@@ -49,7 +56,8 @@ from batchweave.lifecycle.watermarks import (
 )
 from batchweave.log import LogState, LogVersion, Reclaim
 from batchweave.segment import SEGMENT_PREFIX
-from batchweave.store import PROBE_PREFIX, ObjectInfo, Store, open_store
+from batchweave.store import ObjectInfo, Store, open_store
+from batchweave.store.urls import child_url
 
 __all__ = ["GCReport", "collect_garbage", "dead_intents"]
 
@@ -62,8 +70,14 @@ class GCReport:
 
     w_global_step: int | None  # TGBs below this index are unreachable (None: no live checkpoint)
     reclaimed_steps: int = 0  # steps below this are reclaimed after this run
-    deleted_objects: list[str] = field(default_factory=list)
+    # The TGBs' bytes of the steps this run reclaimed, as the log records them (a packed
+    # TGB's share of its pack): a pack that a later step still reads stays stored.
+    reclaimed_bytes: int = 0
+    deleted_objects: list[str] = field(default_factory=list)  # TGB objects, then orphans
+    # Bytes of the TGB objects deleted (not the orphans): a pack's, once its last TGB is
+    # reclaimed. Sizes as the listing of data/ gave them.
     deleted_bytes: int = 0
+    orphan_bytes: int = 0  # bytes of the orphans deleted
     deleted_versions: int = 0
     deleted_snapshots: int = 0
     deleted_segments: int = 0  # log segments whose versions are all reclaimed
@@ -74,10 +88,32 @@ class GCReport:
     deleted_probes: int = 0  # create-only probe objects that writers without delete permission left
     deleted_tickets: int = 0  # epoch-claim tickets the log folded or passed (``commit.claims``)
     orphans: list[str] = field(default_factory=list)
+    # Keys listed under this namespace's prefixes that it cannot prove its own (another
+    # namespace's inside it, or a stranger's): left alone (I13).
+    foreign_keys: int = 0
     dry_run: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def describe(self) -> str:
+        """One line of what was reclaimed, deleted (or, in a dry run, would be) and left
+        alone. Each count of objects comes with the bytes of those same objects: a pack's
+        objects go only with its last TGB, so the TGBs reclaimed are counted apart."""
+        verb = "would delete" if self.dry_run else "deleted"
+        line = (
+            f"reclaimed below step {self.reclaimed_steps} ({self.reclaimed_bytes} bytes of TGBs newly reclaimed); "
+            f"{verb} {len(self.deleted_objects) - len(self.orphans)} TGB objects ({self.deleted_bytes} bytes), "
+            f"{len(self.orphans)} orphans ({self.orphan_bytes} bytes), {self.deleted_versions} log versions, "
+            f"{self.deleted_snapshots} snapshots, {self.deleted_watermarks} watermarks of released checkpoints, "
+            f"{self.deleted_staging} staging files of killed puts ({self.deleted_staging_bytes} bytes)"
+        )
+        if self.foreign_keys:
+            line += (
+                f"; left alone {self.foreign_keys} keys that are not this namespace's (another namespace inside "
+                "it? namespaces must not nest)"
+            )
+        return line
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,8 +123,10 @@ class _Plan:
     base: Reclaim  # the state's reclaim the plan was computed from
     target: Reclaim
     doomed: list[str]  # TGB objects no unreclaimed step reads (a pack's go with its last TGB)
-    doomed_bytes: int  # the reclaimed TGBs' bytes (a packed TGB's share of its pack)
-    orphans: set[str]
+    reclaimed_bytes: int  # the reclaimed TGBs' bytes (a packed TGB's share of its pack)
+    doomed_bytes: int  # the doomed objects' bytes
+    orphans: dict[str, int]  # key -> bytes
+    foreign: set[str]  # listed under data/, not provably ours: left alone
     summary: GCSummary | None  # what the next collection may start from (None: steps read with gaps)
 
 
@@ -131,26 +169,28 @@ def collect_garbage(
     summaries = _Summaries(store, journal)
     state, plan = _settle(journal, listed, w_global, grace_s, now, dry_run, summaries)
     require_namespace(store, state, has_checkpoints=bool(checkpoints))
+    own = _OwnKeys(store, plan.foreign)
     report.reclaimed_steps = plan.target.steps
+    report.reclaimed_bytes = plan.reclaimed_bytes
     report.orphans = sorted(plan.orphans)
+    report.deleted_bytes, report.orphan_bytes = plan.doomed_bytes, sum(plan.orphans.values())
     released = [c for c in checkpoints if c.released]
     if dry_run:
-        report.deleted_objects = sorted(set(plan.doomed) | plan.orphans)
-        report.deleted_bytes = plan.doomed_bytes
-        report.deleted_versions = len(_old_versions(store, plan.target.versions))
-        report.deleted_snapshots = len(_old_snapshots(store, journal, plan.target.versions))
-        report.deleted_segments = len(_old_segments(store, plan.target.versions))
+        report.deleted_objects = sorted(set(plan.doomed) | plan.orphans.keys())
+        report.deleted_versions = len(_old_versions(own, plan.target.versions))
+        report.deleted_snapshots = len(_old_snapshots(own, journal, plan.target.versions))
+        report.deleted_segments = len(_old_segments(own, plan.target.versions))
         report.deleted_watermarks = sum(len(c.marks) + 1 for c in released)
-        report.deleted_intents = len(dead_intents(store, state))
-        stale = _stale_staging(store, grace_s, now)
+        report.deleted_intents = len(_dead_intents(own, state))
+        stale = _stale_staging(own, grace_s, now)
         report.deleted_staging, report.deleted_staging_bytes = len(stale), sum(info.size for info in stale)
-        report.deleted_probes = len(_stale_probes(store, grace_s, now))
-        report.deleted_tickets = len(_dead_tickets(store, state))
+        report.deleted_probes = len(_stale_probes(own, grace_s, now))
+        report.deleted_tickets = len(_dead_tickets(own, state))
+        report.foreign_keys = own.report()
         return report
     for key in plan.doomed:
         store.delete(key)
         report.deleted_objects.append(key)
-    report.deleted_bytes = plan.doomed_bytes
     for key in sorted(plan.orphans):
         store.delete(key)
         report.deleted_objects.append(key)
@@ -159,50 +199,106 @@ def collect_garbage(
     # Listed on every run, even when the last one cleared below the reclaim point: a
     # zombie writer may re-create a freed version there at any time, and one that may not
     # delete leaves it to us (test_permissions' zombie test).
-    for key in _old_versions(store, state.reclaimed.versions):
+    for key in _old_versions(own, state.reclaimed.versions):
         store.delete(key)
         report.deleted_versions += 1
-    for key in _old_snapshots(store, journal, state.reclaimed.versions):
+    for key in _old_snapshots(own, journal, state.reclaimed.versions):
         store.delete(key)
         report.deleted_snapshots += 1
-    for key in _old_segments(store, state.reclaimed.versions):
+    for key in _old_segments(own, state.reclaimed.versions):
         store.delete(key)
         report.deleted_segments += 1
     report.deleted_watermarks = _delete_released(store, released)
-    for key in dead_intents(store, state):
+    for key in _dead_intents(own, state):
         store.delete(key)
         report.deleted_intents += 1
-    for info in _stale_staging(store, grace_s, now):
+    for info in _stale_staging(own, grace_s, now):
         store.delete_staging(info.key)
         report.deleted_staging += 1
         report.deleted_staging_bytes += info.size
-    for key in _stale_probes(store, grace_s, now):
+    for key in _stale_probes(own, grace_s, now):
         store.delete(key)
         report.deleted_probes += 1
-    for key in _dead_tickets(store, state):
+    for key in _dead_tickets(own, state):
         store.delete(key)
         report.deleted_tickets += 1
+    report.foreign_keys = own.report()
     return report
 
 
-def _stale_staging(store: Store, grace_s: float, now: float) -> list[ObjectInfo]:
+class _OwnKeys:
+    """One collection's listings, keeping only the keys of this namespace's layout
+    (``keys.is_own_key``): the others are not its to delete (I13). It counts them, logs
+    them at DEBUG, and says at INFO where another namespace lies inside this one."""
+
+    def __init__(self, store: Store, foreign: set[str]) -> None:
+        self.store = store
+        self.foreign = set(foreign)  # (a set: the log's prefix is listed more than once)
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        own = []
+        for info in self.store.list(prefix):
+            if keys.is_own_key(info.key):
+                own.append(info)
+            else:
+                self.foreign.add(info.key)
+        return own
+
+    def staging_files(self) -> list[ObjectInfo]:
+        """The staging files of puts of keys of this namespace's layout (the key is the
+        file's name up to its '#'): on a local directory, a namespace inside this one
+        has its own."""
+        own = []
+        for info in self.store.staging_files():
+            if keys.is_own_key(info.key.rpartition("#")[0]):
+                own.append(info)
+            else:
+                self.foreign.add(info.key)
+        return own
+
+    def report(self) -> int:
+        """How many keys were left alone, once logged."""
+        if not self.foreign:
+            return 0
+        nested = sorted({root for key in self.foreign if (root := keys.nested_namespace(key)) is not None})
+        for root in nested:
+            _logger.info(
+                "%s: another namespace lies inside this one, at %s (namespaces must not nest); "
+                "garbage collection leaves its keys alone",
+                self.store.url,
+                child_url(self.store.url, root),
+            )
+        shown = sorted(self.foreign)[:_FOREIGN_SHOWN]
+        _logger.debug(
+            "%s: left %d keys that are not of this namespace's layout, e.g. %s",
+            self.store.url,
+            len(self.foreign),
+            shown,
+        )
+        return len(self.foreign)
+
+
+_FOREIGN_SHOWN = 20  # foreign keys named in the DEBUG line
+
+
+def _stale_staging(own: _OwnKeys, grace_s: float, now: float) -> list[ObjectInfo]:
     """Staging files of local puts older than the grace: their put was killed (a live put
     whose file goes anyway writes it again, see ``store.localfs.write_durably``)."""
-    return [info for info in store.staging_files() if now - info.modified_s >= grace_s]
+    return [info for info in own.staging_files() if now - info.modified_s >= grace_s]
 
 
-def _dead_tickets(store: Store, state: LogState) -> list[str]:
+def _dead_tickets(own: _OwnKeys, state: LogState) -> list[str]:
     """Epoch-claim tickets the log has folded or passed: their producers delete them as
     they start, unless they may not delete (the producer role) or crashed first. A
     ticket the log has not passed may still be folded: it stays."""
-    return dead_tickets(state, (info.key for info in store.list(CLAIM_PREFIX)))
+    return dead_tickets(state, (info.key for info in own.list(CLAIM_PREFIX)))
 
 
-def _stale_probes(store: Store, grace_s: float, now: float) -> list[str]:
+def _stale_probes(own: _OwnKeys, grace_s: float, now: float) -> list[str]:
     """Objects of the create-only probe (``Store.require_create_only``) older than the
     grace: a probe deletes its key within milliseconds, so these are the ones a writer
     without delete permission (or one that crashed mid-probe) left behind."""
-    return [info.key for info in store.list(PROBE_PREFIX) if now - info.modified_s >= grace_s]
+    return [info.key for info in own.list(PROBE_PREFIX) if now - info.modified_s >= grace_s]
 
 
 def dead_intents(store: Store, state: LogState) -> list[str]:
@@ -211,8 +307,13 @@ def dead_intents(store: Store, state: LogState) -> list[str]:
     them as they go; these are a crashed incarnation's or a deletion that failed.
     Deleting a live intent would be safe too (its producer commits its own TGBs), so a
     state a little old only leaves some for the next collection."""
+    return _dead_intents(_OwnKeys(store, set()), state)
+
+
+def _dead_intents(own: _OwnKeys, state: LogState) -> list[str]:
+    store = own.store
     dead = []
-    for info in store.list(INTENT_PREFIX):
+    for info in own.list(INTENT_PREFIX):
         parsed = parse_intent_key(info.key)
         recorded = state.producers.get(parsed[0]) if parsed else None
         if parsed is None or recorded is None:
@@ -289,10 +390,23 @@ def _plan(
 ) -> _Plan:
     target = _plan_reclaim(journal, state, w_global)
     tgbs = _unreclaimed_tgbs(journal, state, summary)
-    doomed, kept, doomed_bytes = doomed_objects(tgbs, target.steps)
-    target = Reclaim(target.steps, target.versions, state.reclaimed.bytes + doomed_bytes)
-    orphans = _orphans(listed, state, kept | set(doomed), grace_s, now)
-    return _Plan(state.reclaimed, target, doomed, doomed_bytes, orphans, _next_summary(state, target, tgbs))
+    doomed, kept, reclaimed_bytes = doomed_objects(tgbs, target.steps)
+    # The log names only keys of TGB objects; one that is not (a descriptor no writer of
+    # ours made) is not ours to delete either.
+    foreign = {key for key in doomed if parse_data_key(key) is None}
+    doomed = [key for key in doomed if key not in foreign]
+    target = Reclaim(target.steps, target.versions, state.reclaimed.bytes + reclaimed_bytes)
+    orphans, unproven = _orphans(listed, state, kept | set(doomed) | foreign, grace_s, now)
+    return _Plan(
+        state.reclaimed,
+        target,
+        doomed,
+        reclaimed_bytes,
+        _stored_bytes(doomed, listed, tgbs),
+        orphans,
+        foreign | unproven,
+        _next_summary(state, target, tgbs),
+    )
 
 
 def doomed_objects(tgbs: dict[int, StepObjects], below: int) -> tuple[list[str], set[str], int]:
@@ -303,6 +417,20 @@ def doomed_objects(tgbs: dict[int, StepObjects], below: int) -> tuple[list[str],
     kept = {key for step, tgb in tgbs.items() if step >= below for key in tgb.objects}
     doomed = list(dict.fromkeys(key for tgb in reclaimed for key in tgb.objects if key not in kept))
     return doomed, kept, sum(tgb.nbytes for tgb in reclaimed)
+
+
+def _stored_bytes(objects: list[str], listed: list[ObjectInfo], tgbs: dict[int, StepObjects]) -> int:
+    """The bytes ``objects`` take, as the listing of data/ gave their sizes. One that the
+    listing did not show (written while it ran) counts by the bytes of the TGBs read
+    from it, split evenly over each TGB's objects (a pack's TGBs' bytes add up to its
+    objects': ``layout.Pack.tgb_nbytes``)."""
+    sizes = {info.key: info.size for info in listed}
+    total = sum(sizes[key] for key in objects if key in sizes)
+    unlisted = set(objects) - sizes.keys()
+    for tgb in tgbs.values() if unlisted else ():
+        share = sum(key in unlisted for key in tgb.objects)
+        total += tgb.nbytes * share // len(tgb.objects)
+    return total
 
 
 def _plan_reclaim(journal: Journal[LogVersion], state: LogState, w_global: Checkpoint | None) -> Reclaim:
@@ -397,47 +525,60 @@ class _Summaries:
                 self._store.delete(key)
 
 
-def _orphans(listed: list[ObjectInfo], state: LogState, referenced: set[str], grace_s: float, now: float) -> set[str]:
-    """Data objects no version references, that no live producer may still commit, past the grace."""
-    orphans = set()
+def _orphans(
+    listed: list[ObjectInfo], state: LogState, referenced: set[str], grace_s: float, now: float
+) -> tuple[dict[str, int], set[str]]:
+    """Data objects no version references, that no live producer may still commit, past
+    the grace (key -> bytes); and the listed keys this namespace cannot prove its own.
+
+    Ours is a TGB object's key (``keys.parse_data_key``) of an incarnation whose claim the
+    log holds: the listing was taken before the log was read, and an incarnation writes
+    only once its claim is committed. Anything else under data/ (another namespace's keys
+    inside this one, a stranger's file, a producer or epoch the log never had) is left
+    alone (I13)."""
+    orphans: dict[str, int] = {}
+    foreign = set()
     for info in listed:
-        if info.key in referenced or now - info.modified_s < grace_s:
+        if info.key in referenced:
             continue
         parsed = parse_data_key(info.key)
-        if parsed is not None:
-            owner = state.producers.get(parsed.producer)
-            if owner is not None and parsed.epoch == owner.epoch and parsed.offset >= owner.offset:
-                continue  # appended by the live incarnation and maybe still to be committed
-        orphans.add(info.key)
-    return orphans
+        owner = state.producers.get(parsed.producer) if parsed is not None else None
+        if parsed is None or owner is None or parsed.epoch > owner.epoch:
+            foreign.add(info.key)
+        elif now - info.modified_s < grace_s:
+            continue
+        elif parsed.epoch == owner.epoch and parsed.offset >= owner.offset:
+            continue  # appended by the live incarnation and maybe still to be committed
+        else:
+            orphans[info.key] = info.size
+    return orphans, foreign
 
 
-def _numbered(store: Store, prefix: str, suffix: str = ".json") -> list[tuple[int, str]]:
-    """(number, key) of the ``<prefix><digits><suffix>`` objects, in ascending order."""
+def _numbered(own: _OwnKeys, prefix: str, kind: str) -> list[tuple[int, str]]:
+    """(number, key) of the objects of ``kind`` under ``prefix`` (``keys.numbered_key``), in ascending order."""
     found = []
-    for info in store.list(prefix):
-        name = info.key[len(prefix) :]
-        number = name.removesuffix(suffix)
-        if "/" not in name and name.endswith(suffix) and number.isdigit():
-            found.append((int(number), info.key))
+    for info in own.list(prefix):
+        number = keys.numbered_key(info.key, kind)
+        if number is not None:
+            found.append((number, info.key))
     return sorted(found)
 
 
-def _old_versions(store: Store, below: int) -> list[str]:
-    return [key for number, key in _numbered(store, keys.LOG_PREFIX) if number < below]
+def _old_versions(own: _OwnKeys, below: int) -> list[str]:
+    return [key for number, key in _numbered(own, keys.LOG_PREFIX, "version") if number < below]
 
 
-def _old_snapshots(store: Store, journal: Journal[LogVersion], below: int) -> list[str]:
+def _old_snapshots(own: _OwnKeys, journal: Journal[LogVersion], below: int) -> list[str]:
     """Snapshots below ``below``, never the newest (a writer with no snapshot in sight
     proves that no version was ever deleted by finding none: ``Journal.verify``)."""
     newest = journal.newest_snapshot_version()
-    return [key for number, key in _numbered(store, keys.SNAPSHOT_PREFIX) if number < min(below, newest)]
+    return [key for number, key in _numbered(own, keys.SNAPSHOT_PREFIX, "snapshot") if number < min(below, newest)]
 
 
-def _old_segments(store: Store, below: int) -> list[str]:
+def _old_segments(own: _OwnKeys, below: int) -> list[str]:
     """Segments whose versions are all below ``below`` (a segment only copies versions,
     so one that still holds a kept version stays until its last version goes)."""
-    return [key for last, key in _numbered(store, SEGMENT_PREFIX, ".json.z") if last < below]
+    return [key for last, key in _numbered(own, SEGMENT_PREFIX, "segment") if last < below]
 
 
 def _delete_released(store: Store, released: list[Checkpoint]) -> int:

@@ -26,7 +26,7 @@ import msgspec
 
 from batchweave.decoding import decoding
 from batchweave.errors import CorruptDataError
-from batchweave.keys import GC_PREFIX
+from batchweave.keys import GC_PREFIX, numbered_key
 from batchweave.log import digest
 
 __all__ = [
@@ -71,10 +71,7 @@ def summary_key(version: int) -> str:
 
 def summary_version(key: str) -> int | None:
     """The version a summary's key names; None for any other key under ``_gc/``."""
-    name = key.removeprefix(GC_PREFIX).removesuffix(".json")
-    if key.startswith(GC_PREFIX) and key.endswith(".json") and len(name) == 20 and name.isdigit():
-        return int(name)
-    return None
+    return numbered_key(key, "gc summary")
 
 
 def encode_summary(summary: GCSummary) -> bytes:

@@ -251,10 +251,11 @@ def read_watermarks(store: Store, cache: MarkCache | None = None) -> list[Checkp
     released: set[str] = set()
     listed: set[str] = set()
     for info in store.list(CHECKPOINT_PREFIX):
-        checkpoint, _, name = info.key[len(CHECKPOINT_PREFIX) :].partition("/")
-        if name == _RELEASED:
-            released.add(checkpoint)
-        elif name.endswith(".json"):
+        # Only keys of the layout (I13): another namespace's inside this one is not ours.
+        if (release := keys.LAYOUT["release"].fullmatch(info.key)) is not None:
+            released.add(release["checkpoint"])
+        elif (found := keys.LAYOUT["watermark"].fullmatch(info.key)) is not None:
+            checkpoint = found["checkpoint"]
             listed.add(info.key)
             mark = _read_mark(store, info, cache)
             if mark is None:

@@ -39,7 +39,7 @@ from batchweave.store.options import RETRY_DEADLINE_OPTION, check_storage_option
 from batchweave.store.requests import Requester
 from batchweave.store.spares import SpareStaging
 from batchweave.store.syncs import PendingSyncs
-from batchweave.store.urls import SCHEME_FAMILY, file_url_path, normalize_url, store_root
+from batchweave.store.urls import SCHEME_FAMILY, file_url_path, normalize_url, parent_urls, store_root
 
 __all__ = ["HEAD_COPIES_VARIABLE", "PROBE_PREFIX", "Store", "head_copies_setting", "open_store"]
 
@@ -88,6 +88,20 @@ def head_copies_setting(value: str | None, remote: bool) -> int:
     if not 0 <= copies <= _MAX_HEAD_COPIES:
         raise ConfigError(f"{HEAD_COPIES_VARIABLE}={value!r}: expected a whole number from 0 to {_MAX_HEAD_COPIES}")
     return copies
+
+
+def _listing(handle: Any, prefix: str, chunk_size: int = 50) -> Any:
+    """obstore's listing of ``prefix`` (all of the store for ""), ``chunk_size`` objects at
+    a time (obstore's default: 50)."""
+    return obstore.list(handle, prefix=prefix or None, chunk_size=chunk_size)
+
+
+def _info(meta: Any) -> ObjectInfo:
+    """What a listing says of one object (obstore's ObjectMeta)."""
+    modified = meta.get("last_modified")
+    return ObjectInfo(
+        key=str(meta["path"]), size=int(meta["size"]), modified_s=modified.timestamp() if modified else 0.0
+    )
 
 
 def open_store(
@@ -480,9 +494,34 @@ class Store(Requester):
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """Every object under ``prefix`` (relative to the namespace), in no fixed order."""
-        listed = self._call(prefix, lambda: obstore.list(self._store, prefix=prefix or None).collect(), "list")
+        listed = self._call(prefix, lambda: _listing(self._store, prefix).collect(), "list")
         for meta in listed:
-            modified = meta.get("last_modified")
-            yield ObjectInfo(
-                key=str(meta["path"]), size=int(meta["size"]), modified_s=modified.timestamp() if modified else 0.0
-            )
+            yield _info(meta)
+
+    def list_first(self, prefix: str, limit: int) -> tuple[list[ObjectInfo], bool]:
+        """Up to ``limit`` objects under ``prefix`` and whether there may be more: one
+        listing request per 1,000 objects on an object store (in key order there), which
+        stops at ``limit`` instead of listing everything."""
+
+        def first() -> tuple[list[Any], bool]:
+            found: list[Any] = []
+            for chunk in _listing(self._store, prefix, chunk_size=min(limit, 1000)):
+                found.extend(chunk)
+                if len(found) >= limit:
+                    return found[:limit], True
+            return found, False
+
+        listed, more = self._call(prefix, first, "list")
+        return [_info(meta) for meta in listed], more
+
+    @property
+    def may_nest(self) -> bool:
+        """Whether another namespace could lie above or below this one's prefix: on an
+        object store or a local directory. A memory store's URL is a store of its own."""
+        return self.object_store or self._local_root is not None
+
+    def ancestors(self) -> list[Store]:
+        """Stores of the prefixes above this one (``urls.parent_urls``: up to the bucket or
+        container, or the file system's root), outermost first, with this store's options
+        and credentials; none for a memory store. Opening them makes no request."""
+        return [Store(url, create=False, storage_options=self.storage_options) for url in parent_urls(self.url)]

@@ -1,6 +1,7 @@
 """Namespace URLs: the one URL of a namespace (a local directory as a percent-encoded
-``file://`` URL), the directory a file URL names, the kind of store a URL names, and the
-store root behind it (the bucket or container and the server that answers for it)."""
+``file://`` URL), the directory a file URL names, the kind of store a URL names, the
+store root behind it (the bucket or container and the server that answers for it), and
+the URLs above and below a namespace's (where another namespace must not be: I13)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ import os
 import re
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote_to_bytes, urlparse
+from urllib.parse import quote, unquote_to_bytes, urlparse
 
 from batchweave.errors import ConfigError
 
-__all__ = ["SCHEME_FAMILY", "file_url_path", "normalize_url", "store_root"]
+__all__ = ["SCHEME_FAMILY", "child_url", "file_url_path", "normalize_url", "parent_urls", "store_root"]
 
 # The kind of object store each scheme names (obstore's S3, Azure or GCS store).
 SCHEME_FAMILY = {
@@ -128,3 +129,26 @@ def store_root(url: str, options: dict[str, Any]) -> str | None:
     given.update((name.lower(), value) for name, value in options.items())
     settings = [f"{name}={given[name]}" for name in _ROOT_SETTINGS[family] if name in given]
     return f"{family}://{parsed.netloc}?{'&'.join(settings)}"
+
+
+def parent_urls(url: str) -> list[str]:
+    """The URLs of the prefixes above the namespace ``url`` (normalized), outermost first:
+    up to the bucket or container of an object store, up to the file system's root for a
+    local directory. None for a memory store: each of its URLs is a store of its own."""
+    parsed = urlparse(url)
+    if parsed.scheme == "file":
+        parents = Path(file_url_path(url)).parents
+        return [parent.as_uri() for parent in reversed(parents)]
+    if parsed.scheme not in SCHEME_FAMILY:
+        return []
+    parts = [part for part in parsed.path.split("/") if part]
+    base = f"{parsed.scheme}://{parsed.netloc}"
+    return [base + "".join(f"/{part}" for part in parts[:depth]) for depth in range(len(parts))]
+
+
+def child_url(url: str, relative: str) -> str:
+    """The URL of the prefix ``relative`` (a key prefix, "a/b/") below the namespace ``url``."""
+    relative = relative.strip("/")
+    if urlparse(url).scheme == "file":
+        relative = quote(relative)  # as Path.as_uri encodes a path
+    return f"{url.rstrip('/')}/{relative}"

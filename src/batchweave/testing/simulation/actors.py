@@ -31,17 +31,20 @@ from batchweave.errors import (
     StreamEndedError,
     TransientStoreError,
 )
-from batchweave.intent import decode_intent
+from batchweave.intent import decode_intent, intent_key
 from batchweave.journal import Journal
 from batchweave.journal.headcopies import encode_copy
 from batchweave.keys import version_key
 from batchweave.lifecycle.gc import collect_garbage
-from batchweave.lifecycle.watermarks import release_checkpoint
+from batchweave.lifecycle.gcsummary import summary_key
+from batchweave.lifecycle.watermarks import release_checkpoint, released_key
 from batchweave.log import Layout, ProducerState
 from batchweave.producer import Producer, end_stream
 from batchweave.reading.follower import ProvenLog, log_reader
 from batchweave.reading.polling import HEAD_BUDGET_PER_S, HeadPolling
 from batchweave.reading.sharedlog import InlineNode, SharedLog
+from batchweave.segment import segment_key
+from batchweave.shardlist import record_key
 from batchweave.testing.simulation.group_driver import GroupProducerDriver
 from batchweave.testing.simulation.hubchannel import HubChannel
 from batchweave.testing.simulation.model import VERSION_KEY, payload
@@ -53,8 +56,10 @@ __all__ = ["spawn_all"]
 
 
 def spawn_all(world: World) -> None:
-    """Every actor of ``world.config``, each starting after a chosen delay."""
+    """Every actor of ``world.config``, each starting after a chosen delay, beside a
+    namespace inside the run's (``plant_inner_namespace``)."""
     config = world.config
+    plant_inner_namespace(world)
     for i in range(config.direct_producers):
         _spawn_producer(world, f"p{i}", "producer", delay_s=world.choose(3) * 5.0)
     for i in range(config.group_producers):
@@ -76,6 +81,42 @@ def spawn_all(world: World) -> None:
     if config.old_job and config.head_copies:
         world.scheduler.spawn("oldjob", "damager", lambda a: old_job(world, a), delay_s=30.0, crashable=False)
     world.scheduler.spawn("ender", "ender", lambda a: ender(world, a), crashable=False)
+
+
+# -- the namespace inside the run's ----------------------------------------------------------
+
+INNER_ROOT = keys.DATA_PREFIX  # the run's namespace at <root>, another at <root>/data (issue 43)
+_DAY_S = 86_400.0
+
+
+def plant_inner_namespace(world: World) -> None:
+    """A namespace at ``<root>/data``, inside the run's, with one key of every kind of the
+    layout (two producers, one named like an epoch), a day old: past every grace. A
+    producer of today refuses to create either of them (``journal.overlap``); one of an
+    older release, or two creations at the same moment, did not. No actor of the run may
+    delete or rewrite one of its keys (the model's check (g), I13). Planted before the
+    actors start, outside the schedule, so it costs no choice, no operation and no noise."""
+    layout = Layout(world.config.dp, 1)
+    version = b"inner log version"  # (not built by logrules: a new namespace's id would draw on the run's noise)
+    objects = {
+        keys.version_key(1): version,
+        keys.snapshot_key(1): b"inner snapshot",
+        keys.HINT_KEY: b"inner hint",
+        segment_key(1): b"inner segment",
+        keys.head_copy_key(1, 0): version,
+        keys.data_key("p0", 1, 0, "0badc0de", 0): b"inner TGB",
+        keys.data_key("e000001", 1, 0, "0badc0de", 0): b"inner TGB of a producer named like an epoch",
+        intent_key("p0", 1, 1): b"inner intent",
+        claim_key("p0", 2, layout, "0badc0de"): CLAIM_TICKET,
+        f"{keys.CHECKPOINT_PREFIX}ck/0-0.json": b"inner watermark",
+        released_key("ck"): b"{}",
+        f"{keys.PROBE_PREFIX}{'0' * 32}": b"1",
+        summary_key(1): b"inner summary",
+        record_key("pool", 0): b"inner shard list",
+    }
+    world.store.plant_foreign(
+        {INNER_ROOT + key: body for key, body in objects.items()}, world.scheduler.clock.now - _DAY_S
+    )
 
 
 # -- producers ---------------------------------------------------------------------------

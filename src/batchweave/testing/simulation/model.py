@@ -17,7 +17,10 @@ and what the model says instead:
   the versions from its cursor's on (I4);
 - (e) at the end every consumer reached the end of the stream or raised a typed error,
   and no actor waits forever;
-- (f) a resumed consumer continues exactly at its cursor.
+- (f) a resumed consumer continues exactly at its cursor;
+- (g) no actor deletes or rewrites a key of the other namespace that lies inside this
+  one (``foreign``: planted before the run, ``actors.plant_inner_namespace``): an actor
+  acts only on keys it can prove are its own namespace's (I13).
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ class Model:
         self._released: set[str] = set()
         self.violations: list[Violation] = []
         self._reported: set[tuple[str, str]] = set()
+        self.foreign: dict[str, bytes] = {}  # key -> bytes: the namespace inside this one (g)
 
     def violation(self, kind: str, actor: str, message: str) -> None:
         if (kind, actor) not in self._reported:  # once per actor and kind: no flood of the same
@@ -83,6 +87,8 @@ class Model:
     # -- told by the store -------------------------------------------------------------
 
     def written(self, key: str, body: bytes, actor: str) -> None:
+        if key in self.foreign:
+            self.violation("foreign-rewritten", actor, f"wrote {key}, a key of the namespace inside this one (I13)")
         if match := VERSION_KEY.fullmatch(key):
             version = int(match[1])
             if version in self.genuine_bytes:
@@ -141,7 +147,11 @@ class Model:
         self.ended = self.ended or delta.end_of_stream
 
     def deleting(self, key: str, body: bytes, actor: str) -> None:
-        """(d), as each delete is applied."""
+        """(d) and (g), as each delete is applied."""
+        if key in self.foreign:
+            self.violation(
+                "deleted-foreign", actor, f"deleted {key}, a key of the namespace inside this one, not its own (I13)"
+            )
         live = self._live_checkpoints()
         if not live:
             return

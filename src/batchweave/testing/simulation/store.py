@@ -125,6 +125,14 @@ class SimStore(Store):
         self.objects[key] = (body, self.scheduler.clock.now)
         self.model.written(key, body, actor)
 
+    def plant_foreign(self, objects: dict[str, bytes], modified: float) -> None:
+        """Objects of another namespace inside this one, written before the run (at
+        ``modified``): in place at once, without a turn, and guarded by the model (no
+        actor may delete or rewrite one, check (g))."""
+        for key, body in objects.items():
+            self.objects[key] = (body, modified)
+            self.model.foreign[key] = body
+
     def peek(self, key: str) -> bytes | None:
         found = self.objects.get(key)
         return None if found is None else found[0]
