@@ -1,7 +1,8 @@
 """The documentation site builds with ``mkdocs build --strict``: no broken link or anchor
 between pages, no docstring the API reference cannot render, every nav entry present,
-every page in the nav. And no file of the checkout sends its reader to a file the
-checkout does not have.
+every page in the nav; and it works opened from disk (every link goes to a file, the
+search index is in a script). No file of the checkout sends its reader to a file the
+checkout does not have. The pages that say they run as they are run, twice.
 
 ``make docs`` runs the same build into ``site/``; this test builds into a temporary
 directory so it never touches the checkout.
@@ -9,11 +10,14 @@ directory so it never touches the checkout.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -165,3 +169,74 @@ def test_site_builds_strict(tmp_path):
         assert (site / page).is_file(), page
     # Figures are copied next to the pages that show them.
     assert (site / "benchmarks" / "2026-11-25-725e758" / "consumers.png").is_file()
+
+
+# -- the pages that say they run as they are -----------------------------------------
+
+CODE_BLOCK = re.compile(r"^```python\n(.*?)^```$", re.S | re.M)
+RUNNABLE_PAGES = ("index.md", "guides/shuffling.md", "guides/coming-from.md", "guides/torchrun.md")
+# A block that starts "# file: NAME" is a script the page says to save and run; how it says to.
+SCRIPTS = {"mix_pool.py": lambda: [tempfile.mkdtemp() + "/pool"]}  # python mix_pool.py "$(mktemp -d)/pool"
+UNDER_TORCHRUN = {"train.py"}  # torchrun.md's loop: tests/test_torchrun_example.py runs it under torchrun
+# What a page promises in a comment on its print line rather than below it.
+PRINTED = {"index.md": [f"{step} {10 * step + 1}" for step in range(8)]}  # "0 1, 1 11, 2 21, ... 7 71"
+
+
+def printed_lines_promised(block: str) -> list[str]:
+    """The output a block promises: each comment line right after a ``print(`` line."""
+    lines = block.splitlines()
+    return [
+        line.removeprefix("# ")
+        for before, line in zip(lines, lines[1:])
+        if before.startswith("print(") and line.startswith("# ")
+    ]
+
+
+def run_page(page: str, workdir: Path) -> tuple[list[str], list[str]]:
+    """Every Python block of ``page``, in order, as a reader runs them in ``workdir``: the
+    lines printed, and the promised lines that did not appear (in order)."""
+    blocks = CODE_BLOCK.findall((ROOT / "docs" / page).read_text(encoding="utf-8"))
+    assert blocks, f"no Python block on {page}"
+    namespace: dict = {"__name__": "page"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    printed: list[str] = []
+    missing: list[str] = []
+    for block in blocks:
+        first = block.splitlines()[0]
+        if first.startswith("# file: "):
+            name = first.removeprefix("# file: ")
+            if name in UNDER_TORCHRUN:
+                continue
+            (workdir / name).write_text(block, encoding="utf-8")
+            done = subprocess.run(
+                [sys.executable, name, *SCRIPTS[name]()], cwd=workdir, env=env, capture_output=True, text=True
+            )
+            assert done.returncode == 0, f"{page}: {name} failed:\n{done.stderr[-3000:]}"
+            output = done.stdout
+        else:
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                exec(compile(block, f"{page}, the block starting {first!r}", "exec"), namespace)
+            output = out.getvalue()
+        lines = iter(output.splitlines())
+        missing += [line for line in printed_lines_promised(block) if line not in lines]  # in order
+        printed += output.splitlines()
+    return printed, missing
+
+
+@pytest.mark.parametrize("page", RUNNABLE_PAGES)
+def test_a_runnable_page_runs_as_it_is_twice_in_the_same_place(page, tmp_path, monkeypatch):
+    """A reader runs a page, then runs it again: in the same directory, in the same
+    interpreter (a notebook), the second run prints what the first did."""
+    if page == "guides/torchrun.md":
+        pytest.importorskip("torchdata")
+    monkeypatch.chdir(tmp_path)
+    temporary = tmp_path / "tmp"  # where the pages' fresh directories go, removed with tmp_path
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    monkeypatch.setenv("TMPDIR", str(temporary))
+    expected = PRINTED.get(page, [])
+    for attempt in ("first", "second"):
+        printed, missing = run_page(page, tmp_path)
+        assert not missing, f"{page}, {attempt} run: promised lines not printed: {missing}"
+        assert [line for line in printed if line in expected] == expected, (attempt, printed)
