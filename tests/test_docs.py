@@ -13,11 +13,13 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
+import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -117,8 +119,8 @@ def test_no_placeholder_is_left_in_the_docs():
     assert not left, "placeholders (or constants not written as code) in the docs:\n" + "\n".join(left)
 
 
-@needs_docs_extra
-def test_every_page_is_in_the_nav():
+def _nav_pages() -> set[str]:
+    """The pages mkdocs.yml's nav lists (paths under docs/)."""
     import yaml
 
     def pages(entries) -> set[str]:
@@ -128,7 +130,12 @@ def test_every_page_is_in_the_nav():
                 found |= pages(value) if isinstance(value, list) else {value}
         return found
 
-    nav = pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))["nav"])
+    return pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))["nav"])
+
+
+@needs_docs_extra
+def test_every_page_is_in_the_nav():
+    nav = _nav_pages()
     docs = ROOT / "docs"
     on_disk = {
         str(path.relative_to(docs))
@@ -138,9 +145,12 @@ def test_every_page_is_in_the_nav():
     assert on_disk - nav == set(), f"pages missing from mkdocs.yml's nav: {sorted(on_disk - nav)}"
 
 
-@needs_docs_extra
-def test_site_builds_strict(tmp_path):
-    site = tmp_path / "site"
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """The site, built once for the tests below as ``make docs`` builds it (``--strict``)."""
+    if _missing():
+        pytest.skip(f"the docs extra is not installed (missing {', '.join(_missing())}): pip install -e '.[docs]'")
+    site = tmp_path_factory.mktemp("docs") / "site"
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}  # mkdocs-material's banner about MkDocs 2.0
     result = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml")]
@@ -149,26 +159,100 @@ def test_site_builds_strict(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=240,
     )
     assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stdout}\n{result.stderr}"
+    return site
+
+
+def test_site_builds_strict(site):
     # The API reference was generated from the docstrings, not left as `::: name` lines.
-    producer = (site / "reference" / "producer" / "index.html").read_text(encoding="utf-8")
+    producer = (site / "reference" / "producer.html").read_text(encoding="utf-8")
     assert "resume_offset" in producer and ":::" not in producer
-    dataset = (site / "reference" / "torch" / "index.html").read_text(encoding="utf-8")
+    dataset = (site / "reference" / "torch.html").read_text(encoding="utf-8")
     assert "mark_checkpoint" in dataset
     for page, member in (("grain", "get_state"), ("tf", "deserialize")):  # the JAX and TensorFlow readers
-        assert member in (site / "reference" / page / "index.html").read_text(encoding="utf-8"), page
-    for page in (
-        "index.html",
-        "concepts/index.html",
-        "guides/resharding/index.html",
-        "benchmark-figures/index.html",
-        "from-the-paper/index.html",
-    ):
+        assert member in (site / "reference" / f"{page}.html").read_text(encoding="utf-8"), page
+    for page in ("index.html", "concepts.html", "guides/resharding.html", "benchmark-figures.html"):
         assert (site / page).is_file(), page
     # Figures are copied next to the pages that show them.
     assert (site / "benchmarks" / "2026-11-25-725e758" / "consumers.png").is_file()
+
+
+class _References(HTMLParser):
+    """What a page refers to: (tag, attribute, value) of every link, script, stylesheet and image,
+    and the targets of the navigation's links."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[tuple[str, str, str]] = []
+        self.nav: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        values = dict(attrs)
+        for name in ("href", "src"):
+            if values.get(name):
+                self.found.append((tag, name, values[name] or ""))
+        if tag == "a" and "md-nav__link" in (values.get("class") or "").split() and values.get("href"):
+            self.nav.append(values["href"] or "")
+
+
+def _references(page: Path) -> _References:
+    parser = _References()
+    parser.feed(page.read_text(encoding="utf-8"))
+    return parser
+
+
+def _local_target(page: Path, value: str) -> Path | None:
+    """The file a reference on ``page`` opens from disk, or None for the network or an anchor."""
+    if re.match(r"[a-z][a-z0-9+.-]*:", value) or value.startswith(("#", "//")):
+        return None  # https:, mailto:, data:, ... or a place on the same page
+    return page.parent / value.split("#")[0].split("?")[0]
+
+
+def _pages(site: Path) -> list[Path]:
+    """Every page a reader opens; not 404.html, which only a web server shows (its links are absolute)."""
+    return sorted(page for page in site.rglob("*.html") if page != site / "404.html")
+
+
+def test_every_link_of_the_site_opens_a_file_from_disk(site):
+    """Opened as file://.../index.html, a link to a directory shows a directory listing:
+    every link between pages (the navigation's first) names an .html file that exists."""
+    nav = {href for href in _references(site / "index.html").nav if not href.startswith("#")}  # not its TOC
+    built = {re.sub(r"(^|/)README$", r"\1index", page.removesuffix(".md")) + ".html" for page in _nav_pages()}
+    assert nav == built  # a folder's README.md is its index.html
+    assert all((site / href).is_file() for href in nav), nav
+    broken = [
+        f"{page.relative_to(site)}: <{tag} {name}={value!r}>"
+        for page in _pages(site)
+        for tag, name, value in _references(page).found
+        if (target := _local_target(page, value)) is not None and not target.is_file()
+    ]
+    assert not broken, "references that open no file from disk:\n" + "\n".join(broken[:40])
+
+
+def test_the_search_works_offline(site):
+    """From disk, the theme loads the search index as a script (search/search_index.js, no
+    fetch), runs its search worker through the shim in assets/ (no CDN), and no page needs
+    the network for a script or a style."""
+    index = (site / "search" / "search_index.js").read_text(encoding="utf-8")
+    assert index.startswith("var __index = ")
+    documents = json.loads(index.removeprefix("var __index = "))["docs"]
+    assert any("StatefulDataLoader" in document["text"] for document in documents)
+    page = site / "guides" / "torchrun.html"
+    scripts = [value for tag, name, value in _references(page).found if tag == "script" and name == "src"]
+    shim = [value for value in scripts if "iframe-worker" in value]
+    assert shim and (page.parent / shim[0]).is_file(), scripts
+    bundle = next(page.parent / value for value in scripts if "bundle" in value)
+    assert "search/search_index.js" in bundle.read_text(encoding="utf-8")  # what it reads on file://
+    remote = [
+        f"{page.relative_to(site)}: {value}"
+        for page in _pages(site)
+        for tag, name, value in _references(page).found
+        if (tag == "script" or (tag == "link" and name == "href" and value.endswith(".css")))
+        and re.match(r"(https?:)?//", value)
+    ]
+    assert not remote, "scripts and styles from the network:\n" + "\n".join(remote[:20])
 
 
 # -- the pages that say they run as they are -----------------------------------------
