@@ -1,5 +1,6 @@
 """examples/train_torchrun.py under real torchrun on moto S3: killed twice, resumed, and
-its losses match an uninterrupted run step for step.
+its losses match an uninterrupted run step for step. And the training loop of
+docs/guides/torchrun.md, as the page gives it, survives ``torchrun --max-restarts``.
 
 The namespace is fed in three rounds by real producer processes, so the training run is
 caught waiting for data at a known step and killed there:
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -23,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import batchweave as bw
@@ -30,6 +33,7 @@ import batchweave as bw
 pytest.importorskip("torch")
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_torchrun.py"
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guides" / "torchrun.md"
 STEPS = 60
 WAIT_S = 180
 
@@ -209,3 +213,94 @@ def test_killed_and_resumed_run_matches_an_uninterrupted_one_step_for_step(proce
     a = {rank: losses(run_a, rank) for rank in (0, 1)}
     assert [one_rank[s][2] for s in one_rank] == [a[s % 2][s // 2][2] for s in one_rank]
     assert one_rank[60][0] == a[0][30][0]
+
+
+# -- the guide's own loop -------------------------------------------------------------
+
+
+def guide_script(name: str) -> str:
+    """The block of the torchrun guide that starts ``# file: name``, as a reader saves it."""
+    blocks = re.findall(r"^```python\n(# file: .*?)^```$", GUIDE.read_text(encoding="utf-8"), re.S | re.M)
+    found = [block for block in blocks if block.startswith(f"# file: {name}\n")]
+    assert len(found) == 1, f"the guide has no single block '# file: {name}'"
+    return found[0]
+
+
+def produce_for_the_guide(url: str, tgbs: int) -> None:
+    """TGBs of ``x`` (rows of 16 features) and ``y`` in two slices, as the guide's producer writes them."""
+    with bw.Producer(url, "prep-0", dp=2) as producer:
+        for offset in range(producer.resume_offset, tgbs):
+            x = np.random.default_rng(offset).standard_normal((64, 16), dtype=np.float32)
+            y = x.sum(axis=1, keepdims=True)
+            producer.append(
+                [{"x": xs, "y": ys} for xs, ys in zip(np.split(x, 2), np.split(y, 2))], source_offset=offset
+            )
+
+
+# Runs the script it is given, rank 1 of the first restart 5 s late: rank 0 of the new
+# attempt then sets up its process group first, when the store still holds the killed
+# rank 1's address (a late rank is common on a loaded node; without it the race is a coin toss).
+SLOW_RESTART = """
+import os, runpy, sys, time
+
+if os.environ["RANK"] == "1" and os.environ["TORCHELASTIC_RESTART_COUNT"] == "1":
+    time.sleep(5)
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def worker_of_rank(agent: int, rank: int) -> int | None:
+    """The PID of torchrun's worker of ``rank`` (from its environment), if it runs."""
+    for pid in descendants(agent):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue  # exited while we looked
+        if f"RANK={rank}".encode() in environ and b"TORCHELASTIC_RESTART_COUNT=0" in environ:
+            return pid
+    return None
+
+
+@pytest.mark.slow
+def test_the_guides_loop_resumes_from_its_checkpoint_when_torchrun_restarts_a_killed_rank(tmp_path):
+    """Killed once while it waits for data, rank 1 is started again with rank 0 by
+    ``--max-restarts=1``, and late: the process group forms again (no "Gloo connectFullMesh
+    failed"), both load the step-20 checkpoint, and steps 20..23 train again to the same losses."""
+    (tmp_path / "train.py").write_text(guide_script("train.py"), encoding="utf-8")
+    (tmp_path / "slow_restart.py").write_text(SLOW_RESTART, encoding="utf-8")
+    url, checkpoints, log = str(tmp_path / "namespace"), tmp_path / "checkpoints", tmp_path / "torchrun.log"
+    checkpoints.mkdir()
+    produce_for_the_guide(url, 24)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    job = subprocess.Popen(
+        [*command, "--max-restarts=1", "slow_restart.py", "train.py", url, str(checkpoints)],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"},
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        printed = lambda: log.read_text(errors="replace")  # noqa: E731
+        deadline = time.monotonic() + WAIT_S
+        while "step 23 loss" not in printed() or worker_of_rank(job.pid, 1) is None:  # waits for step 24
+            assert job.poll() is None, f"torchrun exited {job.returncode} before step 23:\n{printed()[-4000:]}"
+            assert time.monotonic() < deadline, f"no step 23 in {WAIT_S} s:\n{printed()[-4000:]}"
+            time.sleep(0.05)
+        os.kill(worker_of_rank(job.pid, 1), signal.SIGKILL)
+        produce_for_the_guide(url, 36)
+        bw.end_stream(url)
+        assert job.wait(timeout=WAIT_S) == 0, printed()[-4000:]
+    finally:
+        kill_tree(job.pid)
+    output = printed()
+    assert "connectFullMesh" not in output
+    resumes = re.findall(r"^rank \d: resumed from .*$", output, re.M)
+    assert sorted(resumes) == [f"rank {rank}: resumed from step-00000020 at step 20" for rank in (0, 1)]
+    first, resumed = output.split(resumes[0], 1)  # before and after the restart
+    losses = [dict(re.findall(r"^step (\d+) loss (\S+)$", part, re.M)) for part in (first, resumed)]
+    assert [sorted(map(int, attempt)) for attempt in losses] == [list(range(24)), list(range(20, 36))]
+    assert all(losses[1][step] == losses[0][step] for step in ("20", "21", "22", "23")), losses
+    assert sorted(path.name for path in checkpoints.glob("step-*")) == ["step-00000030"]  # older ones deleted
+    assert [checkpoint.id for checkpoint in bw.inspect_namespace(url).checkpoints] == ["run-7-step-00000030"]
