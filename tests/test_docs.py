@@ -119,6 +119,44 @@ def test_no_placeholder_is_left_in_the_docs():
     assert not left, "placeholders (or constants not written as code) in the docs:\n" + "\n".join(left)
 
 
+PYPI_EXTRA = re.compile(r"\bbatchweave\[([\w,-]+)\]")  # pip install 'batchweave[torch]'
+CHECKOUT_EXTRA = re.compile(r"-e '\.\[([\w,-]+)\]'")  # pip install -e '.[torch]'
+
+
+def _extras(pattern: re.Pattern[str], text: str) -> set[str]:
+    return {extra for found in pattern.findall(text) for extra in found.split(",")}
+
+
+def test_every_install_hint_names_a_real_extra_and_says_how_in_a_checkout():
+    """``pip install 'batchweave[testing]'`` fails a reader in a checkout, who needs
+    ``pip install -e '.[testing]'``: a paragraph that gives the first gives the second."""
+    import tomllib
+
+    declared = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    )
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    paragraphs = [
+        (page.relative_to(ROOT), paragraph)
+        for page in pages
+        if not (page.is_relative_to(RESULTS) and page.parent != RESULTS)
+        for paragraph in re.split(r"\n\s*\n", page.read_text(encoding="utf-8"))
+    ]
+    unknown = [
+        f"{page}: {extra}"
+        for page, paragraph in paragraphs
+        for extra in _extras(PYPI_EXTRA, paragraph) | _extras(CHECKOUT_EXTRA, paragraph)
+        if extra not in declared
+    ]
+    assert not unknown, "extras that pyproject.toml does not declare:\n" + "\n".join(unknown)
+    pypi_only = [
+        f"{page}: {sorted(_extras(PYPI_EXTRA, paragraph) - _extras(CHECKOUT_EXTRA, paragraph))}"
+        for page, paragraph in paragraphs
+        if _extras(PYPI_EXTRA, paragraph) - _extras(CHECKOUT_EXTRA, paragraph)
+    ]
+    assert not pypi_only, "install hints with no -e '.[extra]' for a checkout beside them:\n" + "\n".join(pypi_only)
+
+
 def _nav_pages() -> set[str]:
     """The pages mkdocs.yml's nav lists (paths under docs/)."""
     import yaml
