@@ -284,11 +284,11 @@ def test_the_guides_loop_resumes_from_its_checkpoint_when_torchrun_restarts_a_ki
     try:
         printed = lambda: log.read_text(errors="replace")  # noqa: E731
         deadline = time.monotonic() + WAIT_S
-        while "step 23 loss" not in printed() or worker_of_rank(job.pid, 1) is None:  # waits for step 24
+        while "step 23 loss" not in printed() or (rank1 := worker_of_rank(job.pid, 1)) is None:  # waits for step 24
             assert job.poll() is None, f"torchrun exited {job.returncode} before step 23:\n{printed()[-4000:]}"
             assert time.monotonic() < deadline, f"no step 23 in {WAIT_S} s:\n{printed()[-4000:]}"
             time.sleep(0.05)
-        os.kill(worker_of_rank(job.pid, 1), signal.SIGKILL)
+        os.kill(rank1, signal.SIGKILL)
         produce_for_the_guide(url, 36)
         bw.end_stream(url)
         assert job.wait(timeout=WAIT_S) == 0, printed()[-4000:]
