@@ -102,6 +102,43 @@ def test_dcp_round_trip_resumes_byte_for_byte(url, tmp_path):
     assert ds2.last_step == 7
 
 
+def test_a_stateful_data_loader_resumes_exactly_from_its_state_and_through_dcp(url, tmp_path):
+    """torchdata's StatefulDataLoader keeps the dataset's cursor under "dataset_state" and
+    hands a loaded one to the dataset at iter(): from then on, before any read,
+    ``dataset.state_dict()`` is the loaded cursor (the step to continue at)."""
+    stateful_dataloader = pytest.importorskip("torchdata.stateful_dataloader")
+    loader_of = lambda dataset: stateful_dataloader.StatefulDataLoader(dataset, batch_size=None)  # noqa: E731
+    produce(url, 8)
+    expected = plain(url, 1)
+    loader = loader_of(TGBDataset(url, dp=2, rank=1, timeout_s=20))
+    batches = iter(loader)
+    head = [next(batches) for _ in range(3)]
+    saved = loader.state_dict()
+    assert saved["dataset_state"] == loader.dataset.state_dict() and saved["dataset_state"]["step"] == 3
+    dcp.save({"loader": loader}, checkpoint_id=str(tmp_path / "ckpt"))
+
+    again = loader_of(TGBDataset(url, dp=2, rank=1, timeout_s=20))
+    again.load_state_dict(saved)
+    resumed = list(again)
+
+    dataset = TGBDataset(url, dp=2, rank=1, timeout_s=20)
+    restored = loader_of(dataset)
+    dcp.load({"loader": restored}, checkpoint_id=str(tmp_path / "ckpt"))
+    assert restored.state_dict()["dataset_state"] == saved["dataset_state"]  # held by the loader until iter()
+    batches = iter(restored)
+    assert dataset.state_dict() == saved["dataset_state"] and dataset.last_step is None  # handed over, nothing read
+    through_dcp = list(batches)
+    for rest in (resumed, through_dcp):
+        assert len(head) + len(rest) == len(expected)
+        for tensors, arrays in zip(head + rest, expected, strict=True):
+            same(tensors, arrays)
+    assert dataset.last_step == 7
+    with pytest.raises(bw.ConfigError, match="batches"):  # its default batch_size=1, as with a DataLoader
+        next(iter(stateful_dataloader.StatefulDataLoader(TGBDataset(url, dp=2, rank=1, timeout_s=20))))
+    for each in (loader.dataset, again.dataset, dataset):
+        each.close()
+
+
 def test_state_loaded_on_another_mesh_names_that_mesh_step_before_iterating(url):
     produce(url, 8)
     ds = TGBDataset(url, dp=2, rank=0, timeout_s=20)

@@ -65,7 +65,8 @@ class TGBDataset(torch.utils.data.IterableDataset):
     would stack steps under a new leading dimension, and ``iter()`` on it raises
     ConfigError. Each rank must read one slice per step, in order, and the consumer
     already prefetches on background threads, so worker processes would add nothing;
-    ``num_workers > 0`` raises ConfigError.
+    ``num_workers > 0`` raises ConfigError. torchdata's ``StatefulDataLoader`` is used the
+    same way; its ``state_dict()`` holds this dataset's cursor under ``"dataset_state"``.
 
     The URL and ``storage_options`` are checked here (a mistyped URL, an unknown option or
     a local directory that does not exist is a ConfigError), but no request is made before
@@ -162,7 +163,10 @@ class TGBDataset(torch.utils.data.IterableDataset):
         ``batchweave.cursor/2``, ints and strings under constant keys: ``format``,
         ``version``, ``position_numerator`` and ``position_denominator`` (the TGBs consumed,
         what a resume uses), ``step`` (the next step on this mesh of ``dp`` x ``cp``),
-        ``dp``, ``cp`` and ``namespace``.
+        ``dp``, ``cp`` and ``namespace``. Right after ``load_state_dict`` (or ``dcp.load``), it
+        is the loaded cursor, whose ``step`` is the step to continue at. A
+        ``StatefulDataLoader`` keeps a state loaded into it and hands it to the dataset only
+        at ``iter(loader)``, which reads nothing: read the step from there on.
         """
         if self._consumer is not None:
             return self._consumer.state_dict()
