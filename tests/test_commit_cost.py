@@ -23,6 +23,7 @@ from batchweave.commit.policies import Manual
 from batchweave.errors import ProducerFencedError, TransientStoreError
 from batchweave.journal import Journal
 from batchweave.log import Layout, LogState, TGBDescriptor
+from batchweave.segment import SEGMENT_VERSIONS, decode_segment, segment_key
 from batchweave.store import open_store
 from batchweave.testing.interleave import AmbiguousOnceStore
 
@@ -256,3 +257,29 @@ def _replayed(url: str, through: int) -> LogState:
         assert read is not None
         state = logrules.apply_version(state, read.delta, keys.version_key(version), log.digest(read.data))
     return state
+
+
+def test_a_jumped_committer_of_a_segments_last_version_still_writes_the_segment():
+    """The versions of the segment a jump skipped are read after the commit, proven by a
+    version held from before them, and the segment is written as a full reader writes it."""
+    url = f"memory://commit-cost/{uuid.uuid4().hex}"
+    producer = _producer(url)
+    try:
+        pool = Others(url, 8)  # versions 2-9: the pool's claims
+        pool.round()  # 10-17
+        _one_commit(producer)  # 18: read every version (the claims)
+        pool.round()  # 19-26
+        _one_commit(producer)  # 27: jumped over 19-25
+        while pool.state.version < SEGMENT_VERSIONS - 1:
+            pool.commit_one(pool.pids[0])
+        requests, _ = _one_commit(producer)  # 32, the segment's last, jumped over 28-30
+        assert producer._shared.state.version == SEGMENT_VERSIONS
+        # The jump's four, then the ten skipped versions and the re-read of version 18.
+        assert requests == 4 + 10 + 1
+    finally:
+        producer.close()
+    store = open_store(url)
+    written = decode_segment(store.get(segment_key(SEGMENT_VERSIONS)), SEGMENT_VERSIONS)
+    assert [bytes(v.data) for v in written] == [
+        bytes(store.get(keys.version_key(v))) for v in range(1, SEGMENT_VERSIONS + 1)
+    ]

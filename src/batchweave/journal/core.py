@@ -384,9 +384,12 @@ class Journal(Generic[VersionT]):
             window_s = self._window_s()
             self._recent.keep(delta.version, data)
             if self.verify():
+                witness = self._proof.anchor  # genuine, and at or below all that was read
                 self._proof.advance(after)
                 # Only now: a proven put's bytes, naming the namespace (headcopies).
                 self._copies.write(delta.version, data, after.namespace)
+                if after.skipped_through and after.version % SEGMENT_VERSIONS == 0:
+                    self._fill_segment(after.version, witness)
                 after = self.after_commit(after)
                 return Committed("committed", after, delta, window_s, conflicts)
             state = self._recover_from_stale_view()
@@ -558,6 +561,35 @@ class Journal(Generic[VersionT]):
                 self.write_snapshot(state)
             self._snapshot_missing = False
         return state
+
+    def _fill_segment(self, last: int, witness: tuple[int, str] | None) -> None:
+        """Read the versions of the segment ending at ``last`` (ours, just verified) that a
+        jump skipped, so that ``after_commit`` can write the segment; best effort. Proven
+        as any read (P1, ``proof``): a version known genuine at or below every one of them,
+        re-read after them with the same bytes, means none had been deleted. That version
+        is one this writer holds the bytes of, or ``witness``, the anchor its commit was
+        verified by. At most a segment's reads, by the committer of a segment's last
+        version only: about one GET per version of the log, whatever the producers."""
+        wanted = range(last - SEGMENT_VERSIONS + 1, last)
+        missing = [v for v in wanted if self._recent.get(v) is None]
+        if not missing:
+            return
+        held = [(v, log.digest(data)) for v in wanted if v < missing[0] and (data := self._recent.get(v)) is not None]
+        known = [*held, *([witness] if witness is not None and 0 < witness[0] <= missing[0] else [])]
+        if not known:
+            return  # nothing to prove them by: readers read these versions one by one
+        proof_version, proof_digest = max(known)
+        try:
+            read = [(v, self._objects.get(keys.version_key(v))) for v in missing]
+            again = self._objects.get(keys.version_key(proof_version))
+        except StoreError as exc:
+            _logger.info("no segment ending at version %d from this writer: %s", last, exc)
+            return
+        if again is None or log.digest(again) != proof_digest or any(data is None for _, data in read):
+            return
+        for version, data in read:
+            assert data is not None
+            self._recent.keep(version, data)
 
     def _exact_twin(self, state: LogState) -> LogState | None:
         """``state`` (proven, with skipped versions) as a full read would have it: the
