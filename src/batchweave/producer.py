@@ -541,12 +541,15 @@ class Producer:
     # -- internals -------------------------------------------------------------------
 
     def _active_producers(self) -> int:
-        """Producers contending for the log now: those seen committing lately (``RecentCommitters``)."""
+        """Producers contending for the log now: those seen committing lately
+        (``RecentCommitters``), or, when more, as many as the versions others committed
+        between two of our attempts imply (``SharedState.between_looks``: a commit that
+        jumps to the head reads only the head's committer)."""
         now = time.monotonic()
         recorded = self._shared.state.producers.items()
         # A producer's record that it left is no commit of its own: it stops counting.
         self._committers.update({pid: p.last_version for pid, p in recorded if not p.left}, now)
-        return self._committers.count(now, self._policy_gap_s())
+        return max(self._committers.count(now, self._policy_gap_s()), self._shared.between_looks.count())
 
     def _policy_gap_s(self) -> float:
         gap = getattr(self.policy, "gap_s", 0.0)  # DAC's; policies that ignore N have none

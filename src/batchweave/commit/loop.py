@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from batchweave import log, logrules, retry
-from batchweave.commit.policies import CommitPolicy, VersionsBetweenLooks
+from batchweave.commit.policies import CommitPolicy
 from batchweave.commit.shared import SharedState
 from batchweave.errors import NotDurableError, StoreError, TransientStoreError
 from batchweave.journal import Journal
@@ -76,10 +76,10 @@ class CommitLoop:
     the number of producers. The state it keeps is then behind on other producers'
     offsets and ``last_version`` (``LogState.skipped_through``), so the count of
     contending producers is also taken from the number of versions others committed
-    between two attempts (``VersionsBetweenLooks``). A producer with ``max_lag`` reads
-    every version as before: its share of ``max_lag`` counts the producers recorded in
-    the last versions (``lifecycle.backpressure.active_producers``), which only a full
-    read knows.
+    between two attempts (``SharedState.between_looks``, which ``active_producers``
+    reads). A producer with ``max_lag`` reads every version as before: its share of
+    ``max_lag`` counts the producers recorded in the last versions
+    (``lifecycle.backpressure.active_producers``), which only a full read knows.
     """
 
     def __init__(
@@ -99,7 +99,6 @@ class CommitLoop:
         self._published_metrics = published_metrics
         self._last_attempt = time.monotonic()
         self._conflict_streak = 0
-        self._between_looks = VersionsBetweenLooks()
         self._jump = shared.committed_spans is None  # no max_lag (see the class doc)
 
     def run(self) -> None:
@@ -161,7 +160,7 @@ class CommitLoop:
             self._shared.fail(exc)
             return False
         with self._shared.cond:  # metrics() reads the same tracker from the caller's thread
-            producers = max(self._active_producers(), self._between_looks.count())
+            producers = self._active_producers()
         self._policy.observe(without_stall(self._store, window_s, stalled_before_s), producers, success)
         self._last_attempt = time.monotonic()
         self._conflict_streak = 0 if success else self._conflict_streak + 1
@@ -191,7 +190,8 @@ class CommitLoop:
         looked_at = shared.state.version
         result = self._journal.commit(shared.state, commit, max_attempts=1, jump=self._jump)
         committed = result.outcome == "committed"
-        self._between_looks.observe(result.state.version - looked_at - committed)
+        with shared.cond:
+            shared.between_looks.observe(result.state.version - looked_at - committed)
         shared.metrics["successes"] += committed
         shared.metrics["conflicts"] += result.conflicts
         if result.outcome != "nothing":
