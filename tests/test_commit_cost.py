@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from functools import partial
 
 import msgspec
 import pytest
@@ -19,7 +20,8 @@ from checks import assert_exactly_once
 
 import batchweave as bw
 from batchweave import keys, log, logrules
-from batchweave.commit.policies import Manual
+from batchweave import producer as producer_module
+from batchweave.commit.policies import Manual, RecentCommitters, VersionsBetweenLooks
 from batchweave.errors import ProducerFencedError, TransientStoreError
 from batchweave.journal import Journal
 from batchweave.log import Layout, LogState, TGBDescriptor
@@ -283,3 +285,34 @@ def test_a_jumped_committer_of_a_segments_last_version_still_writes_the_segment(
     assert [bytes(v.data) for v in written] == [
         bytes(store.get(keys.version_key(v))) for v in range(1, SEGMENT_VERSIONS + 1)
     ]
+
+
+def test_the_versions_between_two_looks_count_the_producers_contending():
+    between = VersionsBetweenLooks(alpha=0.5)
+    assert between.count() == 1  # nothing seen yet: this producer alone
+    between.observe(8)
+    assert between.count() == 9
+    between.observe(0)
+    assert between.count() == 5  # half way down: the pool shrank, or a quiet moment
+    between.observe(-3)  # a reload that went back counts as nothing landed
+    assert between.count() == 3
+    with pytest.raises(bw.ConfigError):
+        VersionsBetweenLooks(alpha=0)
+
+
+def test_a_jumping_producer_still_counts_the_producers_committing(monkeypatch):
+    """It reads one head per commit, so it sees one other producer commit each time; the
+    versions between its looks tell it how many there are (DAC's N, producers_active)."""
+    # Committers count only when noticed just now: what a jump shows of them is the head's.
+    monkeypatch.setattr(producer_module, "RecentCommitters", partial(RecentCommitters, min_window_s=0.0))
+    url = f"memory://commit-cost/{uuid.uuid4().hex}"
+    producer = _producer(url)
+    try:
+        pool = Others(url, 8)
+        for _ in range(4):
+            pool.round()
+            _one_commit(producer)
+        assert producer._shared.state.skipped_through > 0
+        assert producer.metrics()["producers_active"] >= 9
+    finally:
+        producer.close()

@@ -518,7 +518,9 @@ class Producer:
             out["pending_tgbs"] = len(self._shared.pending)
             out["held_tgbs"] = len(self._pack)  # appended, waiting for the rest of their pack
             out["producers_seen"] = len(self._shared.state.producers)
-            out["producers_active"] = self._committers.count(time.monotonic(), self._policy_gap_s())
+            out["producers_active"] = max(
+                self._committers.count(time.monotonic(), self._policy_gap_s()), self._shared.between_looks.count()
+            )
             out["log_version"] = self._shared.state.version
         out["fragile_window_ema_s"] = getattr(self.policy, "fragile_window_ema_s", math.nan)
         out["gap_s"] = getattr(self.policy, "gap_s", math.nan)
