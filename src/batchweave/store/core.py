@@ -486,6 +486,15 @@ class Store(Requester):
         except ObjectNotFoundError:
             return None
 
+    def has_locally(self, key: str) -> bool | None:
+        """On a local directory, whether ``key`` exists: one ``stat``, no request to count
+        (a probe there costs microseconds, a listing of a large directory milliseconds).
+        None elsewhere: ask the store."""
+        if self._local_root is None:
+            return None
+        path = self._local_file(key)
+        return None if path is None else os.path.exists(path)
+
     def list_keys_after(self, prefix: str, start_after: str, before: str) -> list[str]:
         """The keys under ``prefix`` that sort after ``start_after`` and before ``before``,
         in key order: one LIST request that starts at ``start_after`` and is read only up
