@@ -24,6 +24,7 @@ from batchweave import producer as producer_module
 from batchweave.commit.policies import Manual, RecentCommitters, VersionsBetweenLooks
 from batchweave.errors import ProducerFencedError, TransientStoreError
 from batchweave.journal import Journal
+from batchweave.journal.objects import LogObjects
 from batchweave.log import Layout, LogState, TGBDescriptor
 from batchweave.segment import SEGMENT_VERSIONS, decode_segment, segment_key
 from batchweave.store import open_store
@@ -316,3 +317,17 @@ def test_a_jumping_producer_still_counts_the_producers_committing(monkeypatch):
         assert producer.metrics()["producers_active"] >= 9
     finally:
         producer.close()
+
+
+@pytest.mark.parametrize("versions", [1, 2, 3, 7, 64, 129])
+def test_the_head_after_a_version_is_found_by_the_store_or_by_probes(versions, fast_url):
+    """A listing (memory) or stats of names (a local directory): the same answer, one
+    request counted either way."""
+    store = open_store(fast_url)
+    for version in range(1, versions + 1):
+        store.put(keys.version_key(version), b"{}")
+    store.put(keys.snapshot_key(versions), b"{}")  # under the log's prefix, never a version
+    objects = LogObjects(store)
+    found = [objects.newest_version_after(after) for after in (0, 1, versions - 1, versions, versions + 5)]
+    assert found == [versions, versions if versions > 1 else None, versions, None, None]
+    assert objects.requests == 5

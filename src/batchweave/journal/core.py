@@ -251,8 +251,9 @@ class Journal(Generic[VersionT]):
         """``state`` advanced to the head reading only the head (unproven), and how many
         versions were read; None when the head cannot tell the state (then every version
         since is read, as always). A writer's per-attempt cost whatever the number of
-        producers: one LIST of the log's keys after ``state``'s, one GET of the newest, and
-        one GET of each of our own puts between whose outcome we never learned.
+        producers: one LIST of the log's keys after ``state``'s (on a local directory, a few
+        stats: ``LogObjects.newest_version_after``), one GET of the newest, and one GET of
+        each of our own puts between whose outcome we never learned.
 
         Why a skipped version cannot break I8 or I10: nothing acts on what was not read.
         The put that follows creates version h+1 after h was read, so h was the head when
