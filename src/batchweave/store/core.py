@@ -506,7 +506,8 @@ class Store(Requester):
 
         def listed() -> list[str]:
             found: list[str] = []
-            for chunk in obstore.list(self._store, prefix=prefix or None, offset=start_after, chunk_size=100):
+            listing: Any = obstore  # its list's overloads are typed loosely; chunks of dicts
+            for chunk in listing.list(self._store, prefix=prefix or None, offset=start_after, chunk_size=100):
                 for meta in chunk:
                     key = str(meta["path"])
                     if key >= before:
