@@ -191,7 +191,9 @@ def save_checkpoint(state: dict, dataset, checkpoints: Path, steps_done: int, ar
     if dist.get_rank() == 0:
         for old in complete_checkpoints(checkpoints)[: -args.keep]:
             shutil.rmtree(old)
-            bw.release_checkpoint(args.data, checkpoint_id(args.run_id, old))
+            # missing_ok: a kill between dcp.save and every rank's mark leaves a complete
+            # directory that no rank marked; there is nothing to release for it.
+            bw.release_checkpoint(args.data, checkpoint_id(args.run_id, old), missing_ok=True)
 
 
 def checkpoint_id(run_id: str, path: Path) -> str:
