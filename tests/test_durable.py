@@ -15,6 +15,7 @@ import pytest
 
 import batchweave as bw
 from batchweave.store import Store, open_store
+from batchweave.store.spares import SPARES_AHEAD
 
 KEY = "data/p/e000001/00000000000000000000.bwb"
 
@@ -329,10 +330,8 @@ def test_a_failed_fsync_fails_the_commit_naming_the_object_and_commits_nothing(t
 
 def test_staged_objects_are_written_into_the_staging_files_opened_ahead_for_them(tmp_path):
     """Creating a file is slow on some disks: the store keeps SPARES_AHEAD staging files
-    opened beforehand for the directory of the last staged object, and the next objects
+    opened beforehand for the directory of each staged object, and the next objects
     are those files."""
-    from batchweave.store.spares import SPARES_AHEAD
-
     store = open_store(tmp_path)
     store.stage_if_absent("data/p/e000001/a.bwb", [b"first"])
 
@@ -355,10 +354,93 @@ def test_staged_objects_are_written_into_the_staging_files_opened_ahead_for_them
     assert bytes(store.get("data/p/e000001/c.bwb")) == b"second"
     store.stage_if_absent("data/q/e000001/c.bwb", b"elsewhere")  # another directory: a file of its own
     assert bytes(store.get("data/q/e000001/c.bwb")) == b"elsewhere"
-    assert all(key.startswith("data/q/") for key in spares())  # those left in data/p are gone
+    _wait_for_spares(store, {"data/p": SPARES_AHEAD, "data/q": SPARES_AHEAD})  # each directory keeps its own
     store.put_if_absent("_log/00000000000000000001.json", b"{}")  # waits for the fsyncs too
     store.release()
     assert store.staging_files() == []
+
+
+def _spares_by_directory(store: Store) -> dict[str, int]:
+    """The spare staging files (``.next#...``) by the directory they are in."""
+    found: dict[str, int] = {}
+    for info in store.staging_files():
+        if "/.next#" in info.key:
+            directory = os.path.dirname(info.key)
+            found[directory] = found.get(directory, 0) + 1
+    return found
+
+
+def _wait_for_spares(store: Store, wanted: dict[str, int]) -> None:
+    deadline = time.monotonic() + 10
+    while _spares_by_directory(store) != wanted:  # opened (and removed) on a background thread
+        assert time.monotonic() < deadline, f"spares {_spares_by_directory(store)}, expected {wanted}"
+        time.sleep(0.01)
+
+
+def test_producers_sharing_a_store_keep_their_spares_one_file_created_per_put(tmp_path, monkeypatch):
+    """Regression (issue 44's profile): producers sharing one Store (threads of a process,
+    as `bench producers` runs them) write into directories of their own, and each put of
+    another producer threw the spares away and opened SPARES_AHEAD new ones: five file
+    creations a put, half of a producer's CPU. Each directory now keeps its own spares."""
+    from batchweave.store import localfs, spares
+
+    created: list[str] = []
+    real_open_staging = localfs.open_staging
+
+    def counting(path: str):
+        created.append(path)
+        return real_open_staging(path)
+
+    monkeypatch.setattr(spares, "open_staging", counting)
+    monkeypatch.setattr(localfs, "open_staging", counting)
+    store = open_store(tmp_path)
+    producers, puts = 4, 12
+    for n in range(puts):
+        for p in range(producers):
+            store.stage_if_absent(f"data/p{p}/e000001/{n:04d}.bwb", [b"tgb ", b"%d" % n])
+    _wait_for_spares(store, {f"data/p{p}": SPARES_AHEAD for p in range(producers)})
+    assert bytes(store.get("data/p3/e000001/0011.bwb")) == b"tgb 11"
+    store.release()  # once it returns, the background thread has done all it was given
+    assert store.staging_files() == []
+    # Each directory's first put makes its own file (a try in the missing directory, then
+    # one) and opens SPARES_AHEAD spares; every later put takes a spare and opens one to
+    # replace it: one creation a put.
+    first_puts = producers * (2 + SPARES_AHEAD)
+    assert len(created) == first_puts + producers * (puts - 1)
+
+
+def test_a_store_keeps_spares_for_at_most_its_budget_of_files(tmp_path):
+    """Many directories share the budget: fewer spares each (one at least), and the
+    directory written longest ago gives its spares up beyond that."""
+    from batchweave.store.spares import SpareStaging
+
+    staging = SpareStaging(str(tmp_path), ahead=4, budget=6)
+
+    def directory(name: str) -> str:
+        (tmp_path / name / "e1").mkdir(parents=True, exist_ok=True)
+        return str(tmp_path / name / "e1")
+
+    def taken(name: str) -> int:
+        """How many spares ``name`` had: take them all (and close them)."""
+        count = 0
+        while (spare := staging.take(directory(name))) is not None:
+            os.close(spare[0])
+            os.unlink(spare[1])
+            count += 1
+        return count
+
+    for name in "abc":
+        staging.prepare(directory(name))
+    assert [taken(name) for name in "abc"] == [4, 3, 2]  # as many as the directories then allowed
+    for name in "abc":
+        staging.prepare(directory(name))
+    assert [taken(name) for name in "abc"] == [2, 2, 2]  # 6 // 3 each
+    for name in "abcdefghij":
+        staging.prepare(directory(name))
+    # ten directories, room for six: the four written longest ago gave theirs up
+    assert [taken(name) for name in "abcdefghij"] == [0, 0, 0, 0, 1, 1, 1, 1, 1, 1]
+    staging.discard()
+    assert not list(tmp_path.glob("*/.next#*"))
 
 
 def test_a_durable_put_waits_for_staged_objects_while_another_put_is_waiting_for_them(tmp_path, monkeypatch):

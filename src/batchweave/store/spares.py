@@ -26,65 +26,81 @@ import collections.abc
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeAlias
 
 from batchweave.store.localfs import open_staging, remove_quietly
 
-__all__ = ["SPARES_AHEAD", "SpareStaging"]
+__all__ = ["SPARES_AHEAD", "SPARES_BUDGET", "SpareStaging"]
 
 # Staging files kept opened ahead (measured with `bench overhead`: at one, a producer on a
 # local directory waited for its staging file on every put).
 SPARES_AHEAD = 4
+# Open staging files one Store keeps in all: producers sharing a Store (threads of one
+# process, as `bench producers` runs them) each write into a directory of their own, and
+# each directory keeps its spares, SPARES_AHEAD while the budget allows, at least one.
+SPARES_BUDGET = 64
 _SPARE_NAME = ".next"  # the staging files are ``<directory>/.next#<digits>``
+
+_Spares: TypeAlias = collections.deque[Future[tuple[int, str]]]
 
 
 class SpareStaging:
-    """Up to ``ahead`` staging files opened ahead for the directory of the last put, in
-    its parent (or in it, when it is ``root``, the top of the namespace)."""
+    """Staging files opened ahead for the directories of the last puts, each in its
+    parent (or in it, when it is ``root``, the top of the namespace).
 
-    def __init__(self, root: str, ahead: int = SPARES_AHEAD) -> None:
+    Each directory keeps its own: a Store shared by producers that write into directories
+    of their own would otherwise throw every spare away at each put of another producer
+    and open them all again (measured in ``bench producers``: five file creations a put
+    instead of one, half of a producer's CPU). The directory written longest ago gives
+    its spares up first, once there are more directories than ``budget``.
+    """
+
+    def __init__(self, root: str, ahead: int = SPARES_AHEAD, budget: int = SPARES_BUDGET) -> None:
         self._root = os.path.normpath(root)
         self._ahead = ahead
+        self._budget = budget
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._pid = -1
-        self._directory = ""  # where the spares are
-        self._spares: collections.deque[Future[tuple[int, str]]] = collections.deque()  # oldest first
+        # Where the spares are -> those spares, oldest first; the directory used last at the end.
+        self._spares: collections.OrderedDict[str, _Spares] = collections.OrderedDict()
 
     def take(self, directory: str) -> tuple[int, str] | None:
         """The oldest spare staging file for an object in ``directory`` (its descriptor
-        and path), else None (and the spares elsewhere are removed)."""
+        and path), else None."""
         directory = self._home(directory)
         with self._lock:
-            if self._pid != os.getpid() or not self._spares:
+            if self._pid != os.getpid():
                 return None
-            if self._directory != directory:
-                stale, self._spares = self._spares, collections.deque()
-                opening = None
-            else:
-                stale, opening = (), self._spares.popleft()
-        _discard_all(stale)
-        if opening is None:
-            return None
+            spares = self._spares.get(directory)
+            if not spares:
+                return None
+            opening = spares.popleft()
         try:
             return opening.result()
         except OSError:
             return None  # the put opens its own, and says what is wrong if it cannot
 
     def prepare(self, directory: str) -> None:
-        """Open staging files for ``directory`` on a background thread until ``ahead``
-        are there or on their way, for the next puts."""
+        """Open staging files for ``directory`` on a background thread until ``ahead`` are
+        there or on their way (fewer when many directories share the budget), for the
+        next puts."""
         directory = self._home(directory)
+        stale: list[Future[tuple[int, str]]] = []
         with self._lock:
             if self._pool is None or self._pid != os.getpid():  # threads do not survive fork()
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="batchweave-staging")
                 self._pid = os.getpid()
-                self._spares = collections.deque()
-            stale: collections.abc.Iterable[Future[tuple[int, str]]] = ()
-            if self._directory != directory:
-                stale, self._spares, self._directory = self._spares, collections.deque(), directory
+                self._spares = collections.OrderedDict()
+            spares = self._spares.setdefault(directory, collections.deque())
+            self._spares.move_to_end(directory)
+            while len(self._spares) > self._budget:
+                _, given_up = self._spares.popitem(last=False)
+                stale.extend(given_up)
+            wanted = max(1, min(self._ahead, self._budget // len(self._spares)))
             path = os.path.join(directory, _SPARE_NAME)
-            while len(self._spares) < self._ahead:
-                self._spares.append(self._pool.submit(open_staging, path))
+            while len(spares) < wanted:
+                spares.append(self._pool.submit(open_staging, path))
         _discard_all(stale)
 
     def remove(self, staging: str) -> None:
@@ -106,7 +122,8 @@ class SpareStaging:
         """Remove the spares and the staging names still to remove (closing a store
         that writes no more)."""
         with self._lock:
-            stale, self._spares = self._spares, collections.deque()
+            stale = [opening for spares in self._spares.values() for opening in spares]
+            self._spares = collections.OrderedDict()
             if self._pool is None or self._pid != os.getpid():
                 return  # none opened, or the parent process's: its own store removes them
             done = self._pool.submit(lambda: None)  # after every removal queued so far
