@@ -60,7 +60,6 @@ KINDS: tuple[str, ...] = ("interpreter", "copies", "system calls and waits", "na
 # builtin is matched by a part of its name.
 ROOTS: tuple[tuple[str, str, str], ...] = (
     ("checksum", "builtin", "crc32c"),
-    ("checksum", "batchweave/layout.py", "_Framed.crc32c"),
     ("checksum", "batchweave/layout.py", "checksum"),
     ("encode/frame", "batchweave/layout.py", "*"),
     ("encode/frame", "batchweave/packing.py", "*"),

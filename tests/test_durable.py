@@ -134,6 +134,56 @@ def test_a_full_disk_is_a_store_error_naming_the_key_and_leaves_no_staging_file(
     assert store.staging_files() == [] and store.size("_log/00000000000000000002.json") is None
 
 
+def test_a_write_that_stops_short_goes_on_where_it_stopped(tmp_path, monkeypatch):
+    """The pieces go to the kernel as they are, in one writev; one that writes less (a
+    signal, a nearly full disk) is followed by writes of the rest, in bytes, whatever the
+    pieces' item sizes (an int32 view's len is its items)."""
+    import numpy as np
+
+    store = open_store(tmp_path, storage_options={"fsync": False})
+    store.put_if_absent("_log/00000000000000000001.json", b"{}")  # the handle and directories exist
+    real_writev, calls = os.writev, []
+
+    def short(fd, pieces):
+        calls.append(len(pieces))
+        first = memoryview(pieces[0]).cast("B")
+        return real_writev(fd, [first[: max(1, len(first) // 2)]])  # half of the first piece at most
+
+    monkeypatch.setattr(os, "writev", short)
+    words = np.arange(10, dtype=np.int32)
+    pieces = [b"abc", memoryview(words), b"", b"xyz"]  # the view's len is 10, its bytes 40
+    store.stage_if_absent("data/p/e000001/a.bwb", pieces)
+    monkeypatch.undo()
+    assert bytes(store.get("data/p/e000001/a.bwb")) == b"abc" + words.tobytes() + b"xyz"
+    assert len(calls) > 3  # it went on, piece by piece
+    store.release()
+
+
+def test_a_producer_writes_its_callers_arrays_memory_with_one_writev_per_object(tmp_path, monkeypatch):
+    """On a local directory an append's object reaches the kernel as the arrays' own memory
+    (no copy in the process), in one system call."""
+    import numpy as np
+
+    from batchweave.commit.policies import Manual
+
+    arrays = [{"x": np.full(50_000, d, np.int32)} for d in range(8)]
+    writes: list[list] = []
+    real_writev = os.writev
+
+    def spy(fd, pieces):
+        writes.append(list(pieces))
+        return real_writev(fd, pieces)
+
+    producer = bw.Producer(tmp_path.as_uri(), "p", dp=8, commit_policy=Manual(), pack_steps=1)
+    monkeypatch.setattr(os, "writev", spy)
+    producer.append(arrays, source_offset=0)
+    monkeypatch.undo()
+    (pieces,) = [w for w in writes if sum(len(bytes(memoryview(p))) for p in w) > 8 * 200_000]
+    viewed = [p.obj for p in pieces if isinstance(p, memoryview) and isinstance(p.obj, np.ndarray)]
+    assert len(viewed) == 8 and all(np.shares_memory(v, a["x"]) for v, a in zip(viewed, arrays, strict=True))
+    producer.close()
+
+
 def test_a_staging_file_deleted_under_a_put_is_written_again(tmp_path, monkeypatch):
     """A collection with grace_s=0 may delete the staging file of a put in flight."""
     store = open_store(tmp_path)
@@ -393,7 +443,7 @@ def test_producers_sharing_a_store_keep_their_spares_one_file_created_per_put(tm
 
     monkeypatch.setattr(spares, "open_staging", counting)
     monkeypatch.setattr(localfs, "open_staging", counting)
-    store = open_store(tmp_path)
+    store = open_store(tmp_path, storage_options={"fsync": False})  # (no fsyncs left running after the test)
     producers, puts = 4, 12
     for n in range(puts):
         for p in range(producers):

@@ -75,3 +75,28 @@ def test_a_failed_object_fails_the_append_after_the_others_ended_and_commits_not
     bw.end_stream(url)
     with bw.Consumer(url, dp=150, rank=100, node_sharing=False, timeout_s=10) as consumer:
         assert [int(b.data["x"][0]) for b in consumer] == [100]
+
+
+def test_an_append_hands_the_store_its_callers_arrays_not_a_copy(monkeypatch):
+    """Regression (issue 44): every TGB object was joined into one buffer before its put (a
+    copy of every byte). The store is now given the object's pieces: headers, and views
+    of the caller's own arrays."""
+    from batchweave.store import core as store_core
+
+    given: list = []
+    real_put = store_core.obstore.put
+
+    def spy(store, path, file, **options):
+        if path.startswith("data/"):
+            given.append(file)
+        return real_put(store, path, file, **options)
+
+    monkeypatch.setattr(store_core.obstore, "put", spy)
+    arrays = tgb(4, 7)
+    url = f"memory://uploads-pieces-{uuid.uuid4().hex}"
+    with bw.Producer(url, "p", dp=4, commit_policy=Manual(), pack_steps=1) as producer:
+        producer.append(arrays, source_offset=0)
+        producer.flush()
+    (pieces,) = given
+    viewed = [p.obj for p in pieces if isinstance(p, memoryview) and isinstance(p.obj, np.ndarray)]
+    assert len(viewed) == 4 and all(np.shares_memory(v, a["x"]) for v, a in zip(viewed, arrays, strict=True))

@@ -306,11 +306,11 @@ class Producer:
                 cp=self.mesh.cp,
                 kind=pack.kind,
                 objects=keys,
-                slices=[(r.object_index, r.offset, r.length, r.crc32c) for r in refs],
+                slices=refs,  # the log's tuples, made once by the layout
                 nbytes=nbytes,
                 schema=held.schema,
             )
-            for held, refs, nbytes in zip(helds, pack.slices, pack.tgb_nbytes(), strict=True)
+            for held, refs, nbytes in zip(helds, pack.refs, pack.shares, strict=True)
         ]
         with self._shared.cond:
             self._raise_if_unusable()

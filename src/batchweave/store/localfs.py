@@ -174,8 +174,25 @@ def _write_staging(path: str, data: Data, fsync: bool, opened: tuple[int, str] |
 
 def _write_all(fd: int, data: Data) -> None:
     """Every byte of ``data`` (a buffer, or pieces written back to back with ``writev``:
-    the object's one copy is the kernel's)."""
-    pieces = [memoryview(piece).cast("B") for piece in (data if isinstance(data, list) else [data])]
+    the object's one copy is the kernel's). The pieces go to the kernel as they are; only
+    a write that stops short (rare: a signal, a full disk) views them again to go on."""
+    pieces = data if isinstance(data, list) else [data]
+    if hasattr(os, "writev") and len(pieces) <= _IOV_MAX:
+        written = os.writev(fd, pieces)
+        if written == sum([p.nbytes if type(p) is memoryview else len(p) for p in pieces]):
+            return
+        _write_rest(fd, pieces, written)
+        return
+    _write_rest(fd, pieces, 0)
+
+
+def _write_rest(fd: int, data: list[Buffer], written: int) -> None:
+    """The bytes of ``data`` after its first ``written``."""
+    pieces = [memoryview(piece).cast("B") for piece in data]
+    while pieces and written >= len(pieces[0]):
+        written -= len(pieces.pop(0))
+    if written:
+        pieces[0] = pieces[0][written:]
     while pieces:
         written = os.writev(fd, pieces[:_IOV_MAX]) if hasattr(os, "writev") else os.write(fd, pieces[0])
         while pieces and written >= len(pieces[0]):
