@@ -226,6 +226,10 @@ class ThreadProfiles:
     def install(self) -> None:
         threading.setprofile(self._start)
 
+    def include_current(self) -> None:
+        """Profile the calling thread too (one started before ``install``)."""
+        self._start(None, "call", None)
+
     def uninstall(self) -> None:
         threading.setprofile(None)  # type: ignore[arg-type]  # (typeshed wants a function)
 

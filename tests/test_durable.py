@@ -459,6 +459,32 @@ def test_producers_sharing_a_store_keep_their_spares_one_file_created_per_put(tm
     assert len(created) == first_puts + producers * (puts - 1)
 
 
+def test_a_put_hands_the_staging_thread_one_task(tmp_path, monkeypatch):
+    """Removing the linked staging name and opening the spare that replaces it are one
+    task for the background thread: each hand-off costs both threads a wake-up and the
+    interpreter lock (two a put before issue 44)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from batchweave.store import spares
+
+    submitted: list[str] = []
+
+    class Counting(ThreadPoolExecutor):
+        def submit(self, fn, /, *args, **kwargs):
+            submitted.append(getattr(fn, "__name__", repr(fn)))
+            return super().submit(fn, *args, **kwargs)
+
+    monkeypatch.setattr(spares, "ThreadPoolExecutor", Counting)
+    store = open_store(tmp_path, storage_options={"fsync": False})
+    store.stage_if_absent("data/p/e000001/first.bwb", [b"x"])  # opens the spares
+    before = len(submitted)
+    for n in range(20):
+        store.stage_if_absent(f"data/p/e000001/{n:04d}.bwb", [b"tgb"])
+    assert len(submitted) - before == 20
+    store.release()
+    assert store.staging_files() == []
+
+
 def test_a_store_keeps_spares_for_at_most_its_budget_of_files(tmp_path):
     """Many directories share the budget: fewer spares each (one at least), and the
     directory written longest ago gives its spares up beyond that."""

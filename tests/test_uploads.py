@@ -5,6 +5,7 @@ trip each, one after another, made the producer of a 1,250-slice TGB 20 round tr
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 
 import numpy as np
@@ -100,3 +101,48 @@ def test_an_append_hands_the_store_its_callers_arrays_not_a_copy(monkeypatch):
     (pieces,) = given
     viewed = [p.obj for p in pieces if isinstance(p, memoryview) and isinstance(p.obj, np.ndarray)]
     assert len(viewed) == 4 and all(np.shares_memory(v, a["x"]) for v, a in zip(viewed, arrays, strict=True))
+
+
+def _count_wakeups(producer: bw.Producer) -> list[int]:
+    """How often the producer wakes its commit thread: each notify of the shared condition,
+    by the pending TGBs it saw."""
+    woken: list[int] = []
+    cond = producer._shared.cond
+    real = cond.notify_all
+
+    def counting() -> None:
+        woken.append(len(producer._shared.pending))
+        real()
+
+    cond.notify_all = counting  # type: ignore[method-assign]
+    return woken
+
+
+def test_appends_behind_pending_tgbs_do_not_wake_a_commit_thread_that_waits_out_a_gap():
+    """Regression (issue 44's profile): every append woke the commit thread, which found its
+    gap not yet over and slept again: a hand-off of the interpreter lock per TGB for both
+    threads. Only the first pending TGB can bring a gap-paced commit forward."""
+    url = f"memory://wakeups-{uuid.uuid4().hex}"
+    producer = bw.Producer(url, "p", dp=2, commit_policy=bw.DAC(), pack_steps=1)
+    producer.policy.gap_s = 3600.0  # the next attempt is an hour away: only a flush commits
+    woken = _count_wakeups(producer)
+    for offset in range(30):
+        producer.append(tgb(2, offset), source_offset=offset)
+    assert woken == [1], woken  # the first TGB alone
+    producer.close()
+    assert producer.resume_offset == 30
+
+
+def test_an_append_that_reaches_the_count_a_policy_waits_for_wakes_the_commit_thread():
+    from batchweave.commit.policies import Fixed
+
+    url = f"memory://wakeups-count-{uuid.uuid4().hex}"
+    with bw.Producer(url, "p", dp=2, commit_policy=Fixed(every=4), pack_steps=1) as producer:
+        woken = _count_wakeups(producer)
+        for offset in range(4):
+            producer.append(tgb(2, offset), source_offset=offset)
+        deadline = time.monotonic() + 20
+        while producer.resume_offset < 4:  # committed by the thread, no flush
+            assert time.monotonic() < deadline, "the fourth TGB did not wake the commit thread"
+            time.sleep(0.01)
+        assert 4 in woken

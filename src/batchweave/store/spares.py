@@ -64,6 +64,8 @@ class SpareStaging:
         self._pid = -1
         # Where the spares are -> those spares, oldest first; the directory used last at the end.
         self._spares: collections.OrderedDict[str, _Spares] = collections.OrderedDict()
+        self._removing: list[str] = []  # staging names to remove with the next task on the thread
+        self._homes: dict[str, str] = {}  # an object's directory -> where its spares are
 
     def take(self, directory: str) -> tuple[int, str] | None:
         """The oldest spare staging file for an object in ``directory`` (its descriptor
@@ -91,7 +93,7 @@ class SpareStaging:
             if self._pool is None or self._pid != os.getpid():  # threads do not survive fork()
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="batchweave-staging")
                 self._pid = os.getpid()
-                self._spares = collections.OrderedDict()
+                self._spares, self._removing = collections.OrderedDict(), []
             spares = self._spares.setdefault(directory, collections.deque())
             self._spares.move_to_end(directory)
             while len(self._spares) > self._budget:
@@ -100,23 +102,35 @@ class SpareStaging:
             wanted = max(1, min(self._ahead, self._budget // len(self._spares)))
             path = os.path.join(directory, _SPARE_NAME)
             while len(spares) < wanted:
-                spares.append(self._pool.submit(open_staging, path))
+                removing, self._removing = self._removing, []
+                spares.append(self._pool.submit(_open_after_removing, removing, path))
+            if self._removing:  # no spare to open: the names go on their own
+                removing, self._removing = self._removing, []
+                self._pool.submit(_remove_all, removing)
         _discard_all(stale)
 
     def remove(self, staging: str) -> None:
         """Remove the staging name ``staging`` (its object is linked into place) on the
-        background thread, after the creations queued there: removing a name takes its
-        directory's lock, which a creation of a spare beside it holds."""
+        background thread, with the task ``prepare`` gives it next, the creation of the spare
+        that replaces it: one hand-off to the thread a put, not two (each costs both
+        threads a wake-up and the interpreter lock). After the creations queued there:
+        removing a name takes its directory's lock, which a creation beside it holds."""
         with self._lock:
             if self._pool is not None and self._pid == os.getpid():
-                self._pool.submit(remove_quietly, staging)
+                self._removing.append(staging)
                 return
         remove_quietly(staging)
 
     def _home(self, directory: str) -> str:
         """Where the spares for objects in ``directory`` are created: its parent, inside the namespace."""
-        directory = os.path.normpath(directory)
-        return directory if directory == self._root else os.path.dirname(directory)
+        home = self._homes.get(directory)
+        if home is None:
+            normal = os.path.normpath(directory)
+            home = normal if normal == self._root else os.path.dirname(normal)
+            if len(self._homes) >= 4 * self._budget:  # (a bound: a long-lived store sees many epochs)
+                self._homes.clear()
+            self._homes[directory] = home
+        return home
 
     def discard(self) -> None:
         """Remove the spares and the staging names still to remove (closing a store
@@ -126,9 +140,21 @@ class SpareStaging:
             self._spares = collections.OrderedDict()
             if self._pool is None or self._pid != os.getpid():
                 return  # none opened, or the parent process's: its own store removes them
-            done = self._pool.submit(lambda: None)  # after every removal queued so far
+            removing, self._removing = self._removing, []
+            done = self._pool.submit(_remove_all, removing)  # after every removal queued so far
         _discard_all(stale)
         done.result()
+
+
+def _open_after_removing(removing: list[str], path: str) -> tuple[int, str]:
+    """Remove the staging names ``removing``, then open a new staging file next to ``path``."""
+    _remove_all(removing)
+    return open_staging(path)
+
+
+def _remove_all(removing: list[str]) -> None:
+    for staging in removing:
+        remove_quietly(staging)
 
 
 def _discard_all(spares: collections.abc.Iterable[Future[tuple[int, str]]]) -> None:
