@@ -29,9 +29,9 @@ class TrackingStore(LatencyStore):
         self.in_flight = self.most = 0
         self._cond = threading.Condition()
 
-    def stage_if_absent(self, key, data):
+    def stage_if_absent(self, key, data, size=None):
         if not key.startswith("data/"):
-            return super().stage_if_absent(key, data)
+            return super().stage_if_absent(key, data, size)
         with self._cond:
             self.in_flight += 1
             self.most = max(self.most, self.in_flight)
@@ -40,7 +40,7 @@ class TrackingStore(LatencyStore):
         try:
             if self.fail_part is not None and key.endswith(self.fail_part):
                 raise StoreError(key, "refused (test)")
-            return super().stage_if_absent(key, data)
+            return super().stage_if_absent(key, data, size)
         finally:
             with self._cond:
                 self.in_flight -= 1

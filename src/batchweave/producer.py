@@ -708,7 +708,7 @@ class Producer:
 
     def _put_object(self, key: str, pieces: list[Piece], size: int) -> None:
         try:
-            self._store.stage_if_absent(key, pieces)  # durable before the commit that names it
+            self._store.stage_if_absent(key, pieces, size)  # durable before the commit that names it
         except ObjectExistsError:
             # The key carries a fresh random token, so "exists" can only mean that a retry
             # followed our own write which the store applied before timing out.

@@ -258,9 +258,10 @@ class Store(Requester):
             return
         self._call(key, lambda: obstore.put(self._store, key, data, mode="create"), "put", len(data), conditional=True)
 
-    def stage_if_absent(self, key: str, data: Data) -> None:
+    def stage_if_absent(self, key: str, data: Data, size: int | None = None) -> None:
         """``put_if_absent`` of an object that a later durable put names (a producer's TGB
-        objects, named by a commit); ``data`` may be pieces to write back to back.
+        objects, named by a commit); ``data`` may be pieces to write back to back, ``size``
+        their bytes when the caller knows (else they are counted).
 
         On a local directory it returns once the object is in place (the pieces written
         with one ``writev``, no copy), its fsyncs run in the background (``store.syncs``),
@@ -273,7 +274,8 @@ class Store(Requester):
         if getattr(self.put_if_absent, "__func__", None) is not Store.put_if_absent:
             self.put_if_absent(key, b"".join(data) if isinstance(data, list) else data)
             return
-        size = sum(map(len, data)) if isinstance(data, list) else len(data)
+        if size is None:
+            size = sum(memoryview(piece).nbytes for piece in data) if isinstance(data, list) else len(data)
         path = self._local_file(key)
         if path is None:
             # One PUT of the pieces, create-only: obstore never splits a conditional put
@@ -283,7 +285,7 @@ class Store(Requester):
 
             self._call(key, put, "put", size, conditional=True)
             return
-        write = functools.partial(self._write_local, path, data, replace=False, staged_as=key)
+        write = functools.partial(self._write_local, path, data, replace=False, staged_as=key, size=size)
         self._call(key, write, "put", size, conditional=True)
 
     def release(self) -> None:
@@ -300,7 +302,9 @@ class Store(Requester):
             return
         self._call(key, lambda: obstore.put(self._store, key, data), "put", len(data))
 
-    def _write_local(self, path: str, data: Data, *, replace: bool, staged_as: str = "") -> None:
+    def _write_local(
+        self, path: str, data: Data, *, replace: bool, staged_as: str = "", size: int | None = None
+    ) -> None:
         _ = self._store  # the first request builds the handle, which makes (or checks) the directory
         if not staged_as:
             write_durably(path, data, replace=replace, fsync=self._fsync)
@@ -308,7 +312,7 @@ class Store(Requester):
         directory = os.path.dirname(path)
         opened = self._spare.take(directory)
         directories = write_durably(
-            path, data, replace=False, fsync=False, opened=opened, remove_staging=self._spare.remove
+            path, data, replace=False, fsync=False, opened=opened, remove_staging=self._spare.remove, size=size
         )
         self._spare.prepare(directory)  # the next object of this producer's epoch goes there too
         if self._fsync:
