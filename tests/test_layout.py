@@ -1025,3 +1025,13 @@ def test_a_held_tgb_of_bytes_objects_is_kept_as_it_is_and_anything_else_copied_o
     whole = b"".join(bytes(piece) for piece in pack.parts[0])
     assert decode_slice(whole[ref.offset : ref.offset + ref.length], KEY, ref.crc32c) == b"c" * 30
     assert len({piece.obj for pieces in owned.pieces for piece in pieces if isinstance(piece, memoryview)}) == 1
+
+
+def test_every_kind_of_bytes_payload_frames_alike():
+    class Tagged(bytes):
+        pass
+
+    payloads = [b"abc", bytearray(b"abc"), memoryview(b"abc"), Tagged(b"abc"), memoryview(b"xabcx")[1:4]]
+    encoded = encode_tgb(payloads, len(payloads), 1)
+    assert [roundtrip(encoded, i) for i in range(len(payloads))] == [b"abc"] * len(payloads)
+    assert len({ref.crc32c for ref in encoded.slices}) == 1

@@ -282,7 +282,7 @@ def _frame_bytes(slices: Sequence[Any], dp: int, cp: int) -> FramedTGB:
 def _byte_payload(payload: Any, index: int, kind: Kind) -> Piece:
     """A bytes slice's bytes that are not a ``bytes`` object; LayoutError for anything
     else (``kind``: what slice 0 is)."""
-    if isinstance(payload, (bytearray, memoryview)):
+    if isinstance(payload, _BYTES_LIKE):  # (a bytes subclass too)
         return _byte_view(payload)
     if isinstance(payload, Mapping):
         _encode_arrays(payload, index)  # its own errors first, as for any slice
