@@ -167,10 +167,16 @@ def main(
     store: str = "latency",
     seed: int = 0,
     workload: str | None = None,
+    profile: bool = False,
+    producers: tuple[int, ...] | None = None,
+    payloads: tuple[int, ...] | None = None,
 ) -> int:
     """Run benchmark ``name`` and write its three files into ``out``: ``batchweave bench``.
 
-    An unknown name or workload, or a missing dependency, raises ``ConfigError`` before any work.
+    ``profile``, ``producers`` and ``payloads`` only for a benchmark whose module lists
+    them in ``SWEEP_OPTIONS`` (``bench producers``). An unknown name or workload, an option
+    the benchmark does not take, or a missing dependency, raises ``ConfigError`` before
+    any work.
     """
     from batchweave.errors import ConfigError
 
@@ -184,6 +190,11 @@ def main(
             f"batchweave bench {which} --store {store} needs {', '.join(absent)}, not installed here: "
             "pip install -e '.[bench]' in the checkout (or pip install 'batchweave[bench]')"
         )
+    module = load(name)
+    asked = {"profile": profile, "producers": producers, "payloads": payloads}
+    refused = sorted(k for k, v in asked.items() if v and k not in getattr(module, "SWEEP_OPTIONS", ()))
+    if refused:
+        raise ConfigError(f"bench {name} does not take --{', --'.join(refused)} (bench producers does)")
     _export_to_children()
 
     from rich.console import Console
@@ -191,7 +202,6 @@ def main(
 
     from benchmarks.report import BenchOptions, write_outputs
 
-    module = load(name)
     console = Console(stderr=True)
     columns = (
         TextColumn("{task.description}"),
@@ -200,7 +210,15 @@ def main(
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=console) as progress:
-        options = BenchOptions(quick=quick, store=store, seed=seed, workload=chosen)
+        options = BenchOptions(
+            quick=quick,
+            store=store,
+            seed=seed,
+            workload=chosen,
+            profile=profile,
+            producers=producers,
+            payloads=payloads,
+        )
         result = module.run(options, progress)
     paths = write_outputs(result, Path(out), module.plot)
     for line in result.summary:

@@ -41,6 +41,7 @@ from batchweave.latency import CLOUD_DEFAULTS, GrowingManifest, LatencyStore
 from batchweave.log import LogState
 from batchweave.producer import Producer
 from batchweave.store import Store, open_store
+from benchmarks import profiling
 from benchmarks.report import BenchOptions, machine, visibility_percentiles
 
 __all__ = [
@@ -78,6 +79,9 @@ class IngestSpec:
     leave_at_s: float | None = None
     stay: int | None = None
     count_all_ids: bool = False
+    # cProfile in every thread of the producer processes over the window
+    # (``benchmarks.profiling``); the record's ``cpu_profile`` is then their summary.
+    profile: bool = False
 
 
 @contextmanager
@@ -154,6 +158,7 @@ def run_ingest(spec: IngestSpec, store: Store, processes: int | None = None) -> 
         worker.join(timeout=60)
     errors = [e for r in reports for e in r["errors"]]
     counts = commit_fields(reports)
+    profile = _profile(reports, spec) if spec.profile else None
     total_s = max(r["finished_s"] for r in reports)
     series = _merge_series([r["series"] for r in reports])
     with store.paused() if isinstance(store, LatencyStore) else nullcontext():
@@ -180,10 +185,24 @@ def run_ingest(spec: IngestSpec, store: Store, processes: int | None = None) -> 
         **visibility_percentiles(visible),
         "error": errors[0] if errors else None,
     }
+    if profile is not None:
+        record["cpu_profile"] = profile
     if spec.leave_at_s is not None:
         survivors = [s for r in reports for s in r["survivors"]]
         record.update(_after_leaving(spec, spec.leave_at_s, series, survivors))
     return record, series
+
+
+def _profile(reports: list[dict[str, Any]], spec: IngestSpec) -> dict[str, Any]:
+    """The workers' window profiles as one (``profiling.summarize``)."""
+    merged = profiling.Snapshot()
+    for report in reports:
+        merged.merge(profiling.Snapshot.from_json(report["profile"]))
+    appended = sum(r["handed_in_window"] for r in reports)
+    window_cpu_s = sum(r["window_cpu_s"] for r in reports)
+    summary = profiling.summarize(merged, window_cpu_s=window_cpu_s, tgbs=appended)
+    summary["profiler_cost_s_per_call"] = [r["profiler_cost_s_per_call"] for r in reports]
+    return summary
 
 
 def _after_leaving(spec: IngestSpec, leave_at_s: float, series: list[dict], survivors: list[dict]) -> dict[str, Any]:
@@ -278,11 +297,20 @@ def _worker(spec: IngestSpec, store: Store, share: list[int], start: Any, result
     sys.setswitchinterval(_SWITCH_INTERVAL_S)
     if spec.count_all_ids:  # an endless window: every id ever seen counts, as before RecentCommitters
         producer_module.RecentCommitters = functools.partial(RecentCommitters, min_window_s=math.inf)
+    profiles, cost_s = None, 0.0
+    if spec.profile:  # before the producers: their threads (commit, pools) are profiled too
+        cost_s = profiling.calibrate()
+        profiles = profiling.ThreadProfiles()
+        profiles.install()
     producers = _start_producers(spec, store, share)
     survivors = [p for index, p in zip(share, producers, strict=True) if spec.stay is None or index < spec.stay]
-    run = _Share(spec, producers, survivors)
+    run = _Share(spec, producers, survivors, profiles=profiles)
     start.wait(timeout=300)
     report = run.run()
+    if profiles is not None:
+        profiles.uninstall()
+        report["profiler_cost_s_per_call"] = cost_s
+        report["profile"] = run.window_profile.minus(run.start_profile, cost_s).to_json()
     for producer in producers:
         producer.close(flush=False)
     results.put(report)
@@ -294,8 +322,17 @@ class _Share:
     ``stop`` is set once the window's counters are taken; ``run`` returns the report.
     """
 
-    def __init__(self, spec: IngestSpec, producers: list[Producer], survivors: list[Producer], clock: Clock = time):
+    def __init__(
+        self,
+        spec: IngestSpec,
+        producers: list[Producer],
+        survivors: list[Producer],
+        clock: Clock = time,
+        profiles: profiling.ThreadProfiles | None = None,
+    ):
         self.spec = spec
+        self.profiles = profiles
+        self.start_profile = self.window_profile = profiling.Snapshot()
         self.producers = producers
         self.survivors = survivors
         self.clock = clock
@@ -313,6 +350,8 @@ class _Share:
         ]
 
     def run(self) -> dict[str, Any]:
+        if self.profiles is not None:
+            self.start_profile = self.profiles.snapshot()
         started = self.clock.monotonic()
         cpu_started = _cpu_s()
         if self.spec.leave_at_s is not None:
@@ -325,6 +364,9 @@ class _Share:
             thread.start()
         series, window = _sample_until(self.producers, self.survivors, started, self.spec, self.clock)
         window_cpu_s = _cpu_s() - cpu_started  # the window only: the drain is a burst of flushes
+        in_window = len(self.handed)
+        if self.profiles is not None:
+            self.window_profile = self.profiles.snapshot()
         self.stop.set()
         self.leave.set()
         for thread in self.threads:
@@ -338,6 +380,7 @@ class _Share:
             "handed": self.handed,
             "finished_s": self.clock.monotonic() - started,
             "window_cpu_s": window_cpu_s,
+            "handed_in_window": in_window,
             "survivors": [_counted(p) for p in self.survivors] if self.spec.stay else [],
         }
 

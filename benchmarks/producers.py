@@ -52,6 +52,7 @@ on loopback and are shown for reference only.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import shutil
 import tempfile
@@ -65,11 +66,15 @@ from typing import Any
 
 from batchweave.commit.policies import POLICY_NAMES
 from batchweave.store import Store, open_store
+from benchmarks import profiling
 from benchmarks.ingest import IngestSpec, bench_store, percent, run_ingest, store_model
 from benchmarks.nats_baseline import DEFAULT_MAX_PAYLOAD
 from benchmarks.report import BenchOptions, BenchResult, machine, visibility_percentiles
 
 NAME = "producers"
+# The options of ``batchweave bench`` only this benchmark takes (``benchmarks.main``).
+SWEEP_OPTIONS = ("profile", "producers", "payloads")
+PROFILE_JSON, PROFILE_TEXT = f"{NAME}-profile.json", f"{NAME}-profile.md"
 COLUMNS = (
     "system",
     "policy",
@@ -97,6 +102,7 @@ PAYLOADS = [100_000, 1_000_000, 10_000_000]
 # A refusal over NATS's default message limit is immediate and the same every time: a
 # short window records it.
 REFUSAL_WINDOW_S = 2.0
+QUICK_PROFILE_WINDOW_S = 5.0  # BatchWeave's window in quick mode with --profile
 LOCAL_BUDGET_S = 20 * 60  # what a full ``--store local`` sweep may take of the machine
 FIGURE = "Fig. 6"  # the paper's figure, as docs/from-the-paper.md numbers it
 # The --store local sweep (see local_plan for how these were chosen).
@@ -116,12 +122,24 @@ RAW_FIXED_S = 8.0
 
 
 def plan(options: BenchOptions) -> dict[str, Any]:
-    """The sweep: producer counts, payloads, policies, windows (seconds) and slices.
+    """The sweep: producer counts, payloads, policies, windows (seconds) and slices;
+    ``--producers`` and ``--payloads`` replace the counts and sizes, ``--profile`` asks for
+    BatchWeave's producers to be profiled (``benchmarks.profiling``).
 
     ``duration_s`` is BatchWeave's window, ``baseline_duration_s`` that of the raw puts
     and NATS, which have no commit pacing to settle (their rate is flat once every
     producer has made its first request; NATS's warm-up waits for that).
     """
+    sweep = _plan(options)
+    if options.producers:
+        sweep["producers"] = list(options.producers)
+    if options.payloads:
+        sweep["payloads"] = list(options.payloads)
+    sweep["profile"] = options.profile
+    return sweep
+
+
+def _plan(options: BenchOptions) -> dict[str, Any]:
     if options.quick:
         # One point, past NATS's default 1 MiB limit, so both NATS records (refused, raised
         # limit) and BatchWeave's are exercised end to end.
@@ -135,6 +153,8 @@ def plan(options: BenchOptions) -> dict[str, Any]:
             "nats": True,
             "paced": None,
             "fsync": options.store != "local",  # on a local directory, as the full sweep
+            # A profile of a 1 s window would be mostly the producers' warm-up.
+            **({"duration_s": QUICK_PROFILE_WINDOW_S} if options.profile else {}),
         }
     if options.store == "local":
         return local_plan()
@@ -253,13 +273,18 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
     planned = runs(sweep)
     task = progress.add_task("bench producers", total=len(planned))
     results: list[dict[str, Any]] = []
+    profiles: dict[str, dict[str, Any]] = {}
     for one in planned:
         progress.update(
             task, description=f"producers: {one.system} {one.policy} x{one.producers}, {one.payload_bytes // 1000} KB"
         )
         started = time.monotonic()
-        record = _measure(options, sweep["tgb_slices"], sweep.get("fsync", True), one)
+        record = _measure(options, sweep["tgb_slices"], sweep.get("fsync", True), one, sweep["profile"])
         record = {**record, **cpu_fields(record)}
+        if "cpu_profile" in record:  # the whole profile goes beside the JSON; its buckets stay in the record
+            profile = record.pop("cpu_profile")
+            profiles[profile_name(record)] = profile
+            record["profile_shares"] = {bucket: v["share"] for bucket, v in profile["buckets"].items()}
         # run_s: the whole run's wall time, window included, to check expected_s against.
         results.append({**record, "duration_s": one.window_s, "run_s": time.monotonic() - started})
         progress.advance(task)
@@ -279,13 +304,30 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
         "expected_s": expected_s(sweep) if options.store == "local" else None,
         "machine": machine(),
     }
-    return BenchResult(NAME, config, results, COLUMNS, summary=verdict(results))
+    attachments = {}
+    if profiles:
+        attachments = {
+            PROFILE_JSON: json.dumps({"benchmark": NAME, "config": config, "profiles": profiles}, indent=1) + "\n",
+            PROFILE_TEXT: profiling.render(profiles, profiling.thread_cpu_note()) + "\n",
+        }
+    return BenchResult(NAME, config, results, COLUMNS, summary=verdict(results), attachments=attachments)
 
 
-def _measure(options: BenchOptions, tgb_slices: int, fsync: bool, one: Run) -> dict[str, Any]:
+def profile_name(record: dict[str, Any]) -> str:
+    """A profiled run's name in the profile files: ``dac x8, 100 KB``."""
+    return f"{record['policy']} x{record['producers']}, {record['payload_bytes'] // 1000:,} KB"
+
+
+def _measure(options: BenchOptions, tgb_slices: int, fsync: bool, one: Run, profile: bool = False) -> dict[str, Any]:
     if one.system == "batchweave":
         spec = IngestSpec(
-            one.policy, one.producers, one.payload_bytes, one.window_s, tgb_slices=tgb_slices, pace_s=one.pace_s
+            one.policy,
+            one.producers,
+            one.payload_bytes,
+            one.window_s,
+            tgb_slices=tgb_slices,
+            pace_s=one.pace_s,
+            profile=profile,
         )
         with _store(options, fsync, f"prod-{one.policy}") as store:
             record, _ = run_ingest(spec, store)
@@ -426,11 +468,23 @@ def verdict(results: list[dict[str, Any]]) -> list[str]:
     if any(r.get("cpu_s_per_gb") is not None for r in results):
         lines.append(CPU_READING)
     lines.extend(_steady_attempts(results))
+    lines.extend(_profile_lines(results))
     if paced:
         lines.extend(
             f"paced {paced[0]['pace_s']} s/TGB: {line}" for line in _group_against_dac(paced, paced[0]["payload_bytes"])
         )
     return lines
+
+
+def _profile_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Each profiled run's CPU by bucket (the profile files have the functions)."""
+    return [
+        f"profile, {profile_name(r)}: "
+        + ", ".join(f"{bucket} {share:.0%}" for bucket, share in r["profile_shares"].items())
+        + f" of the producers' profiled CPU (functions: {PROFILE_TEXT})"
+        for r in rows
+        if r.get("profile_shares")
+    ]
 
 
 def _against_nats(rows: list[dict[str, Any]], payload: int) -> list[str]:

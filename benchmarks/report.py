@@ -35,6 +35,10 @@ class BenchOptions:
     store: str = "latency"  # "latency" (LatencyStore over memory), "local" (a temp dir), "s3" (moto) or "seaweedfs"
     seed: int = 0
     workload: str | None = None  # what a benchmark with several trains on (benchmarks.WORKLOADS); None: it has one
+    # Only for a benchmark that lists them in its module's SWEEP_OPTIONS (``bench producers``):
+    profile: bool = False  # a CPU profile of its processes, written beside the JSON
+    producers: tuple[int, ...] | None = None  # producer counts instead of the plan's
+    payloads: tuple[int, ...] | None = None  # payload sizes (bytes) instead of the plan's
 
 
 @dataclass(slots=True)
@@ -47,6 +51,8 @@ class BenchResult:
     columns: Sequence[str]  # record keys shown in the Markdown table
     summary: list[str] = field(default_factory=list)  # verdict lines for the table's caption
     series: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+    # More files to write beside the JSON, by name (``NAME-profile.json``): their text.
+    attachments: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"benchmark": self.benchmark, "config": self.config, "results": self.results, "series": self.series}
@@ -96,7 +102,8 @@ Plot = Callable[[BenchResult, Any], None]
 
 
 def write_outputs(result: BenchResult, out: Path, plot: Plot) -> list[Path]:
-    """Write ``NAME.json``, ``NAME.md`` and ``NAME.png`` into ``out``; return their paths."""
+    """Write ``NAME.json``, ``NAME.md`` and ``NAME.png`` into ``out``, and the result's
+    attachments beside them; return their paths."""
     out.mkdir(parents=True, exist_ok=True)
     stem = out / result.benchmark
     json_path, md_path, png_path = stem.with_suffix(".json"), stem.with_suffix(".md"), stem.with_suffix(".png")
@@ -105,7 +112,14 @@ def write_outputs(result: BenchResult, out: Path, plot: Plot) -> list[Path]:
     md.append(markdown_table(result.results, result.columns))
     md_path.write_text("\n".join(md) + "\n")
     draw_figure(result, plot, png_path)
-    return [json_path, png_path, md_path]
+    attached = []
+    for name, text in result.attachments.items():
+        if Path(name).name != name:
+            raise ValueError(f"an attachment is a file name beside the JSON, not a path: {name!r}")
+        path = out / name
+        path.write_text(text)
+        attached.append(path)
+    return [json_path, png_path, md_path, *attached]
 
 
 def draw_figure(result: BenchResult, plot: Plot, png_path: Path) -> Path:

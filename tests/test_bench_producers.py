@@ -6,12 +6,13 @@ lines), and quick mode end to end on a local directory with a real nats-server."
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from benchmarks import producers
+from benchmarks import producers, profiling
 from benchmarks.producers import (
     LOCAL_BUDGET_S,
     REFUSAL_WINDOW_S,
@@ -24,8 +25,9 @@ from benchmarks.producers import (
     runs,
     verdict,
 )
+from benchmarks.profiling import Snapshot
 from benchmarks.report import BenchOptions, BenchResult, load_result
-from tests.test_bench import bench
+from tests.test_bench import ROOT, bench
 
 LOCAL_FULL = BenchOptions(store="local")
 # A result written before the runs measured their CPU: its figure must still draw.
@@ -342,4 +344,152 @@ def test_quick_mode_on_a_local_directory_runs_every_system_with_32_slices(tmp_pa
             assert record["shared_cpu_s_per_gb"] == 0, record
             assert record["producer_cpu_s_per_gb"] == record["cpu_s_per_gb"], record
     assert refused["cpu_s"] > 0 and refused["cpu_s_per_gb"] is None  # it worked, and delivered nothing
+    assert not (tmp_path / producers.PROFILE_JSON).exists()  # no profile unless asked for
+    assert not any("profile_shares" in r for r in records)
     assert (tmp_path / "producers.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# -- --profile: where a producer's CPU goes -------------------------------------------------
+
+
+def synthetic(functions: dict[str, tuple[str, str, float]], edges: list[tuple[str, str, float]]) -> Snapshot:
+    """A window's counts: ``functions`` label -> (file, qualified name, self seconds);
+    ``edges`` (caller, callee, the callee's seconds when called from there)."""
+    snapshot = Snapshot()
+    for label, (path, qualname, tottime) in functions.items():
+        snapshot.functions[label] = [10.0, tottime, tottime]
+        snapshot.where[label] = (path, qualname)
+    for caller, callee, seconds in edges:
+        snapshot.edges[(caller, callee)] = [5.0, seconds, seconds]
+    return snapshot
+
+
+def test_a_functions_self_time_goes_to_the_innermost_bucket_its_callers_run_in():
+    snapshot = synthetic(
+        {
+            "commit": ("batchweave/journal/core.py", "Journal.commit", 1.0),
+            "read_on": ("batchweave/journal/core.py", "Journal._read_on", 1.0),
+            "helper": ("batchweave/log.py", "decode_version", 4.0),  # no rule: its callers decide
+            "crc": ("builtin", "<built-in method crc32c._crc32c.crc32c>", 2.0),
+            "work": ("concurrent/futures/thread.py", "_WorkItem.run", 0.5),
+            "open": ("batchweave/store/localfs.py", "open_staging", 1.0),
+            "loose": ("somewhere.py", "f", 1.0),
+        },
+        [
+            ("commit", "read_on", 2.0),  # a log read inside a commit is following the log
+            ("commit", "helper", 3.0),
+            ("read_on", "helper", 1.0),
+            ("read_on", "crc", 2.0),  # a builtin with a rule of its own keeps it wherever it runs
+            ("work", "open", 1.0),  # a pool's task: nothing on its stack says, its fallback does
+        ],
+    )
+    by_function = profiling.attribute(snapshot)
+    assert by_function["helper"] == pytest.approx({"commit": 3.0, "following the log": 1.0})
+    assert by_function["read_on"] == {"following the log": 1.0}
+    assert by_function["crc"] == {"checksum": 2.0}
+    assert by_function["open"] == {"put": 1.0}
+    assert by_function["loose"] == {"other": 1.0} and by_function["work"] == {"other": 0.5}
+    summary = profiling.summarize(snapshot)
+    shares = {bucket: v["share"] for bucket, v in summary["buckets"].items()}
+    assert list(shares) == list(profiling.BUCKETS) and sum(shares.values()) == pytest.approx(1)
+    assert summary["profiled_cpu_s"] == pytest.approx(10.5)
+    assert shares["commit"] == pytest.approx(4.0 / 10.5)
+    assert summary["kinds"]["native"]["cpu_s"] == pytest.approx(2.0)  # the checksum's builtin
+
+
+def test_the_profilers_cost_comes_off_half_from_the_function_and_half_from_its_caller():
+    before = synthetic({}, [])
+    after = synthetic(
+        {"caller": ("a.py", "f", 1.0), "callee": ("a.py", "g", 1.0)},
+        [("caller", "callee", 1.0)],  # 5 calls of g from f; 10 calls of each in all
+    )
+    window = after.minus(before, bias_s=0.02)
+    # callee: 10 calls x 0.01; caller: 10 calls of it and 5 it made, x 0.01
+    assert window.functions["callee"][1] == pytest.approx(0.9)
+    assert window.functions["caller"][1] == pytest.approx(0.85)
+    assert window.edges[("caller", "callee")][2] == pytest.approx(0.9)  # scaled as the callee was
+    assert window.raw_self_s == pytest.approx(2.0)
+
+
+def test_a_profile_of_real_threads_counts_framing_checksums_and_puts_apart(tmp_path):
+    from batchweave.layout import encode_tgb
+    from batchweave.store import open_store
+
+    profiles = profiling.ThreadProfiles()
+    profiles.install()
+    try:
+        started = profiles.snapshot()
+
+        def produce() -> None:
+            store = open_store(tmp_path, storage_options={"fsync": False})
+            for n in range(40):
+                encoded = encode_tgb([b"x" * 10_000] * 16, 16, 1)
+                store.stage_if_absent(f"data/p/e000001/{n:04d}.bwb", encoded.parts[0])
+            store.release()
+
+        thread = threading.Thread(target=produce)
+        thread.start()
+        thread.join()
+        window = profiles.snapshot().minus(started, profiling.calibrate())
+    finally:
+        profiles.uninstall()
+    by_function = profiling.attribute(window)
+
+    def buckets_of(part: str) -> set[str]:
+        return {bucket for key, shares in by_function.items() if part in key for bucket in shares}
+
+    assert buckets_of("crc32c._crc32c") == {"checksum"}  # called inside the framing
+    assert buckets_of("posix.writev") == {"put"}
+    assert "encode/frame" in buckets_of("layout.py")
+    summary = profiling.summarize(window)
+    assert sum(v["share"] for v in summary["buckets"].values()) == pytest.approx(1)
+    assert summary["threads"] >= 2  # the producing thread and the store's own (its spares)
+    text = profiling.render({"one run": summary})
+    assert "## one run" in text and "Top functions by self time" in text
+
+
+def test_profile_options_are_only_for_the_benchmark_that_takes_them(tmp_path, capsys):
+    import benchmarks
+    from batchweave.cli import main
+    from batchweave.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="bench overhead does not take --producers, --profile"):
+        benchmarks.main("overhead", tmp_path, profile=True, producers=(8,))
+    with pytest.raises(SystemExit):
+        main(["bench", "producers", "--quick", "--producers", "8,x", "--out", str(tmp_path)])
+    assert "expected positive whole numbers separated by commas, got '8,x'" in capsys.readouterr().err
+
+
+def test_the_sweep_takes_the_producer_counts_and_sizes_asked_for():
+    sweep = plan(BenchOptions(quick=True, profile=True, producers=(8, 32), payloads=(100_000,)))
+    assert sweep["producers"] == [8, 32] and sweep["payloads"] == [100_000] and sweep["profile"] is True
+    assert sweep["duration_s"] == producers.QUICK_PROFILE_WINDOW_S  # a profile of more than the warm-up
+    assert plan(BenchOptions(quick=True))["profile"] is False
+
+
+@pytest.mark.slow
+def test_quick_mode_with_a_profile_writes_it_beside_the_json_in_buckets_that_add_up(tmp_path):
+    done = bench(
+        "producers",
+        *("--quick", "--store", "local", "--profile", "--producers", "2", "--payloads", "100000"),
+        *("--out", str(tmp_path)),
+        timeout=400,
+        prelude=f"sys.path.insert(0, {str(ROOT / 'src')!r})",  # this checkout's, in its worker processes too
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    written = json.loads((tmp_path / producers.PROFILE_JSON).read_text())
+    assert set(written["profiles"]) == {"dac x2, 100 KB", "group x2, 100 KB"}
+    for name, profile in written["profiles"].items():
+        shares = {bucket: v["share"] for bucket, v in profile["buckets"].items()}
+        assert list(shares) == list(profiling.BUCKETS), name
+        assert sum(shares.values()) == pytest.approx(1, abs=0.01), (name, shares)
+        assert shares["encode/frame"] > 0 and shares["put"] > 0 and shares["commit"] > 0, (name, shares)
+        assert profile["tgbs"] > 0 and profile["coverage"] > 0.5, name  # the profilers saw the producers' CPU
+        for row in profile["by_self"]:
+            assert {"function", "calls", "tottime_s", "cumtime_s", "share", "bucket"} <= row.keys()
+    text = (tmp_path / producers.PROFILE_TEXT).read_text()
+    assert "## dac x2, 100 KB" in text and "Top functions by cumulative time" in text
+    records = json.loads((tmp_path / "producers.json").read_text())["results"]
+    profiled = [r for r in records if r["system"] == "batchweave"]
+    assert all(sum(r["profile_shares"].values()) == pytest.approx(1, abs=0.01) for r in profiled)
+    assert not any("profile_shares" in r for r in records if r["system"] != "batchweave")

@@ -15,6 +15,7 @@ import pytest
 
 import batchweave as bw
 from batchweave.store import Store, open_store
+from batchweave.store.spares import SPARES_AHEAD
 
 KEY = "data/p/e000001/00000000000000000000.bwb"
 
@@ -131,6 +132,56 @@ def test_a_full_disk_is_a_store_error_naming_the_key_and_leaves_no_staging_file(
     assert type(info.value) is bw.StoreError and info.value.key == "_log/00000000000000000002.json"
     monkeypatch.undo()
     assert store.staging_files() == [] and store.size("_log/00000000000000000002.json") is None
+
+
+def test_a_write_that_stops_short_goes_on_where_it_stopped(tmp_path, monkeypatch):
+    """The pieces go to the kernel as they are, in one writev; one that writes less (a
+    signal, a nearly full disk) is followed by writes of the rest, in bytes, whatever the
+    pieces' item sizes (an int32 view's len is its items)."""
+    import numpy as np
+
+    store = open_store(tmp_path, storage_options={"fsync": False})
+    store.put_if_absent("_log/00000000000000000001.json", b"{}")  # the handle and directories exist
+    real_writev, calls = os.writev, []
+
+    def short(fd, pieces):
+        calls.append(len(pieces))
+        first = memoryview(pieces[0]).cast("B")
+        return real_writev(fd, [first[: max(1, len(first) // 2)]])  # half of the first piece at most
+
+    monkeypatch.setattr(os, "writev", short)
+    words = np.arange(10, dtype=np.int32)
+    pieces = [b"abc", memoryview(words), b"", b"xyz"]  # the view's len is 10, its bytes 40
+    store.stage_if_absent("data/p/e000001/a.bwb", pieces)
+    monkeypatch.undo()
+    assert bytes(store.get("data/p/e000001/a.bwb")) == b"abc" + words.tobytes() + b"xyz"
+    assert len(calls) > 3  # it went on, piece by piece
+    store.release()
+
+
+def test_a_producer_writes_its_callers_arrays_memory_with_one_writev_per_object(tmp_path, monkeypatch):
+    """On a local directory an append's object reaches the kernel as the arrays' own memory
+    (no copy in the process), in one system call."""
+    import numpy as np
+
+    from batchweave.commit.policies import Manual
+
+    arrays = [{"x": np.full(50_000, d, np.int32)} for d in range(8)]
+    writes: list[list] = []
+    real_writev = os.writev
+
+    def spy(fd, pieces):
+        writes.append(list(pieces))
+        return real_writev(fd, pieces)
+
+    producer = bw.Producer(tmp_path.as_uri(), "p", dp=8, commit_policy=Manual(), pack_steps=1)
+    monkeypatch.setattr(os, "writev", spy)
+    producer.append(arrays, source_offset=0)
+    monkeypatch.undo()
+    (pieces,) = [w for w in writes if sum(len(bytes(memoryview(p))) for p in w) > 8 * 200_000]
+    viewed = [p.obj for p in pieces if isinstance(p, memoryview) and isinstance(p.obj, np.ndarray)]
+    assert len(viewed) == 8 and all(np.shares_memory(v, a["x"]) for v, a in zip(viewed, arrays, strict=True))
+    producer.close()
 
 
 def test_a_staging_file_deleted_under_a_put_is_written_again(tmp_path, monkeypatch):
@@ -329,10 +380,8 @@ def test_a_failed_fsync_fails_the_commit_naming_the_object_and_commits_nothing(t
 
 def test_staged_objects_are_written_into_the_staging_files_opened_ahead_for_them(tmp_path):
     """Creating a file is slow on some disks: the store keeps SPARES_AHEAD staging files
-    opened beforehand for the directory of the last staged object, and the next objects
+    opened beforehand for the directory of each staged object, and the next objects
     are those files."""
-    from batchweave.store.spares import SPARES_AHEAD
-
     store = open_store(tmp_path)
     store.stage_if_absent("data/p/e000001/a.bwb", [b"first"])
 
@@ -355,10 +404,119 @@ def test_staged_objects_are_written_into_the_staging_files_opened_ahead_for_them
     assert bytes(store.get("data/p/e000001/c.bwb")) == b"second"
     store.stage_if_absent("data/q/e000001/c.bwb", b"elsewhere")  # another directory: a file of its own
     assert bytes(store.get("data/q/e000001/c.bwb")) == b"elsewhere"
-    assert all(key.startswith("data/q/") for key in spares())  # those left in data/p are gone
+    _wait_for_spares(store, {"data/p": SPARES_AHEAD, "data/q": SPARES_AHEAD})  # each directory keeps its own
     store.put_if_absent("_log/00000000000000000001.json", b"{}")  # waits for the fsyncs too
     store.release()
     assert store.staging_files() == []
+
+
+def _spares_by_directory(store: Store) -> dict[str, int]:
+    """The spare staging files (``.next#...``) by the directory they are in."""
+    found: dict[str, int] = {}
+    for info in store.staging_files():
+        if "/.next#" in info.key:
+            directory = os.path.dirname(info.key)
+            found[directory] = found.get(directory, 0) + 1
+    return found
+
+
+def _wait_for_spares(store: Store, wanted: dict[str, int]) -> None:
+    deadline = time.monotonic() + 10
+    while _spares_by_directory(store) != wanted:  # opened (and removed) on a background thread
+        assert time.monotonic() < deadline, f"spares {_spares_by_directory(store)}, expected {wanted}"
+        time.sleep(0.01)
+
+
+def test_producers_sharing_a_store_keep_their_spares_one_file_created_per_put(tmp_path, monkeypatch):
+    """Regression (issue 44's profile): producers sharing one Store (threads of a process,
+    as `bench producers` runs them) write into directories of their own, and each put of
+    another producer threw the spares away and opened SPARES_AHEAD new ones: five file
+    creations a put, half of a producer's CPU. Each directory now keeps its own spares."""
+    from batchweave.store import localfs, spares
+
+    created: list[str] = []
+    real_open_staging = localfs.open_staging
+
+    def counting(path: str):
+        created.append(path)
+        return real_open_staging(path)
+
+    monkeypatch.setattr(spares, "open_staging", counting)
+    monkeypatch.setattr(localfs, "open_staging", counting)
+    store = open_store(tmp_path, storage_options={"fsync": False})  # (no fsyncs left running after the test)
+    producers, puts = 4, 12
+    for n in range(puts):
+        for p in range(producers):
+            store.stage_if_absent(f"data/p{p}/e000001/{n:04d}.bwb", [b"tgb ", b"%d" % n])
+    _wait_for_spares(store, {f"data/p{p}": SPARES_AHEAD for p in range(producers)})
+    assert bytes(store.get("data/p3/e000001/0011.bwb")) == b"tgb 11"
+    store.release()  # once it returns, the background thread has done all it was given
+    assert store.staging_files() == []
+    # Each directory's first put makes its own file (a try in the missing directory, then
+    # one) and opens SPARES_AHEAD spares; every later put takes a spare and opens one to
+    # replace it: one creation a put.
+    first_puts = producers * (2 + SPARES_AHEAD)
+    assert len(created) == first_puts + producers * (puts - 1)
+
+
+def test_a_put_hands_the_staging_thread_one_task(tmp_path, monkeypatch):
+    """Removing the linked staging name and opening the spare that replaces it are one
+    task for the background thread: each hand-off costs both threads a wake-up and the
+    interpreter lock (two a put before issue 44)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from batchweave.store import spares
+
+    submitted: list[str] = []
+
+    class Counting(ThreadPoolExecutor):
+        def submit(self, fn, /, *args, **kwargs):
+            submitted.append(getattr(fn, "__name__", repr(fn)))
+            return super().submit(fn, *args, **kwargs)
+
+    monkeypatch.setattr(spares, "ThreadPoolExecutor", Counting)
+    store = open_store(tmp_path, storage_options={"fsync": False})
+    store.stage_if_absent("data/p/e000001/first.bwb", [b"x"])  # opens the spares
+    before = len(submitted)
+    for n in range(20):
+        store.stage_if_absent(f"data/p/e000001/{n:04d}.bwb", [b"tgb"])
+    assert len(submitted) - before == 20
+    store.release()
+    assert store.staging_files() == []
+
+
+def test_a_store_keeps_spares_for_at_most_its_budget_of_files(tmp_path):
+    """Many directories share the budget: fewer spares each (one at least), and the
+    directory written longest ago gives its spares up beyond that."""
+    from batchweave.store.spares import SpareStaging
+
+    staging = SpareStaging(str(tmp_path), ahead=4, budget=6)
+
+    def directory(name: str) -> str:
+        (tmp_path / name / "e1").mkdir(parents=True, exist_ok=True)
+        return str(tmp_path / name / "e1")
+
+    def taken(name: str) -> int:
+        """How many spares ``name`` had: take them all (and close them)."""
+        count = 0
+        while (spare := staging.take(directory(name))) is not None:
+            os.close(spare[0])
+            os.unlink(spare[1])
+            count += 1
+        return count
+
+    for name in "abc":
+        staging.prepare(directory(name))
+    assert [taken(name) for name in "abc"] == [4, 3, 2]  # as many as the directories then allowed
+    for name in "abc":
+        staging.prepare(directory(name))
+    assert [taken(name) for name in "abc"] == [2, 2, 2]  # 6 // 3 each
+    for name in "abcdefghij":
+        staging.prepare(directory(name))
+    # ten directories, room for six: the four written longest ago gave theirs up
+    assert [taken(name) for name in "abcdefghij"] == [0, 0, 0, 0, 1, 1, 1, 1, 1, 1]
+    staging.discard()
+    assert not list(tmp_path.glob("*/.next#*"))
 
 
 def test_a_durable_put_waits_for_staged_objects_while_another_put_is_waiting_for_them(tmp_path, monkeypatch):

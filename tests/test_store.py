@@ -13,6 +13,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 from obstore import exceptions as obs_errors
 from obstore_errors import obstore_status_message
@@ -94,6 +95,40 @@ def test_missing_objects_raise_file_not_found(backend_url):
     assert isinstance(info.value, FileNotFoundError)
     with pytest.raises(bw.ObjectNotFoundError):
         store.get_range("nope/x", 0, 10)
+
+
+def test_staged_pieces_are_one_object_put_create_only(backend_url):
+    """``stage_if_absent`` of pieces (a producer's TGB object: headers and the arrays' own
+    memory) makes one object of them back to back, and only once."""
+    store = open_store(backend_url)
+    array = np.arange(1000, dtype=np.int32)
+    key = "data/p/e000001/000000000000-ab.0.bwb"
+    store.stage_if_absent(key, [b"head:", array.data.cast("B"), b":tail"])
+    with pytest.raises(bw.ObjectExistsError, match=key):
+        store.stage_if_absent(key, [b"second"])
+    store.wait_staged()
+    assert bytes(store.get(key)) == b"head:" + array.tobytes() + b":tail"
+
+
+def test_an_object_store_is_given_the_pieces_themselves_not_a_joined_copy(monkeypatch):
+    """Regression (issue 44): the pieces were joined into one buffer before the put, a copy
+    of every byte of every TGB. obstore takes them as they are, in one create-only PUT."""
+    given: list = []
+    real_put = store_core.obstore.put
+
+    def spy(store, path, file, **options):
+        given.append((file, options))
+        return real_put(store, path, file, **options)
+
+    monkeypatch.setattr(store_core.obstore, "put", spy)
+    store = open_store(f"memory://pieces-{uuid.uuid4().hex}")
+    array = np.arange(1000, dtype=np.int32)
+    pieces = [b"head:", array.data.cast("B")]
+    store.stage_if_absent("data/p/e000001/x.bwb", pieces)
+    ((file, options),) = given
+    assert file is pieces and file[1].obj is array  # the array's own memory reaches obstore
+    assert options["mode"] == "create" and options["use_multipart"] is False
+    assert bytes(store.get("data/p/e000001/x.bwb")) == b"head:" + array.tobytes()
 
 
 def test_overwrite_put_is_only_for_hints(backend_url):

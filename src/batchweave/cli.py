@@ -566,6 +566,24 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         "a workload other than the default names the files NAME-WORKLOAD (e2e-video.json)",
     )
     p.add_argument(
+        "--profile",
+        action="store_true",
+        help="bench producers: a CPU profile of the producer processes over each BatchWeave run's window, "
+        "by bucket and by function, written beside the JSON (NAME-profile.json and NAME-profile.md)",
+    )
+    p.add_argument(
+        "--producers",
+        type=_counts,
+        metavar="N,N,...",
+        help="bench producers: these producer counts instead of the plan's (e.g. 8,32)",
+    )
+    p.add_argument(
+        "--payloads",
+        type=_counts,
+        metavar="BYTES,...",
+        help="bench producers: these TGB sizes in bytes instead of the plan's (e.g. 100000,1000000)",
+    )
+    p.add_argument(
         "--replot",
         nargs="+",
         type=Path,
@@ -575,6 +593,17 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         "nothing and leaves the JSON and Markdown as they are (no NAME, --out or run options with it)",
     )
     p.set_defaults(func=_cmd_bench)
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    """``8,32`` as (8, 32): positive whole numbers, comma-separated."""
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive whole numbers separated by commas, got {text!r}")
+    return counts
 
 
 def _benchmarks_package() -> types.ModuleType:
@@ -612,6 +641,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     options = {"quick": args.quick, "store": store, "seed": 0 if args.seed is None else args.seed}
     if args.workload is not None:  # a checkout whose benchmarks predate --workload still runs without it
         options["workload"] = args.workload
+    for option in ("profile", "producers", "payloads"):  # (likewise)
+        if getattr(args, option):
+            options[option] = getattr(args, option)
     return package.main(args.name, Path(args.out), **options)
 
 
@@ -622,7 +654,17 @@ def _replot(args: argparse.Namespace) -> int:
         for flag, value in (("NAME", args.name), ("--out", args.out), ("--store", args.store), ("--seed", args.seed))
         if value is not None
     ]
-    given += [flag for flag, value in (("--quick", args.quick), ("--workload", args.workload)) if value]
+    given += [
+        flag
+        for flag, value in (
+            ("--quick", args.quick),
+            ("--workload", args.workload),
+            ("--profile", args.profile),
+            ("--producers", args.producers),
+            ("--payloads", args.payloads),
+        )
+        if value
+    ]
     if given:
         raise ConfigError(f"--replot draws from the JSON alone and writes the PNG beside it: drop {', '.join(given)}")
     package = _benchmarks_package()

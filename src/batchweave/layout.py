@@ -28,7 +28,7 @@ import struct
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, NamedTuple, TypeAlias
 
 import crc32c
 import msgspec
@@ -83,9 +83,9 @@ _MAX_DIMS = 32
 _MAX_UNICODE = 0x10FFFF  # numpy's "U" stores UCS-4 code points; larger ones crash on access
 
 
-@dataclass(frozen=True, slots=True)
-class SliceRef:
-    """Where slice ``index`` of a TGB lives: object number, byte offset, length, CRC32C."""
+class SliceRef(NamedTuple):
+    """Where slice ``index`` of a TGB lives: object number, byte offset, length, CRC32C
+    (the log's ``TGBDescriptor.slices`` holds each as this tuple)."""
 
     object_index: int
     offset: int
@@ -107,6 +107,7 @@ class EncodedTGB:
     kind: Kind
     parts: list[list[Piece]]
     slices: list[SliceRef]
+    sizes: list[int]  # each object's size in bytes
     # Each different ``ArraysLayout`` among the slices, in slice order (empty for bytes):
     # one for most TGBs, so checking a schema costs the same for 1 slice or 1,250.
     array_layouts: tuple[ArraysLayout, ...] = ()
@@ -116,11 +117,6 @@ class EncodedTGB:
         """Each object's bytes in one buffer (a copy of the pieces)."""
         return [b"".join(pieces) for pieces in self.parts]
 
-    @functools.cached_property
-    def sizes(self) -> list[int]:
-        """Each object's size in bytes."""
-        return [sum(len(piece) for piece in pieces) for pieces in self.parts]
-
     @property
     def nbytes(self) -> int:
         return sum(self.sizes)
@@ -128,50 +124,59 @@ class EncodedTGB:
 
 @dataclass(frozen=True)
 class FramedTGB:
-    """A TGB's slices checked and framed (``frame_tgb``), not yet laid out in objects."""
+    """A TGB's slices checked and framed (``frame_tgb``), not yet laid out in objects: per
+    slice (in slice order) its pieces, written back to back, its size and its CRC32C."""
 
     kind: Kind
     dp: int
     cp: int
-    slices: list[_Framed]
+    pieces: list[list[Piece]]
+    sizes: list[int]
+    crcs: list[int]
     array_layouts: tuple[ArraysLayout, ...]  # as ``EncodedTGB.array_layouts``
-
-    @property
-    def nbytes(self) -> int:
-        """The slices' bytes (an object adds a footer)."""
-        return sum(framed.nbytes for framed in self.slices)
+    nbytes: int  # the slices' bytes (an object adds a footer)
 
     @property
     def largest_slice(self) -> int:
-        return max(framed.nbytes for framed in self.slices)
+        return max(self.sizes)
 
     def owned(self) -> FramedTGB:
-        """A copy holding its own bytes: a TGB kept past ``append`` (to be packed with the
-        next ones) must not change when the caller reuses its arrays."""
-        slices = [_Framed(f.kind, f.signature, [b"".join(f.pieces)], f.nbytes, None, f.arrays) for f in self.slices]
-        return FramedTGB(self.kind, self.dp, self.cp, slices, self.array_layouts)
+        """The TGB holding no memory its caller may change: a TGB kept past ``append`` (to
+        be packed with the next ones) must not change when the caller reuses its arrays.
+        Bytes objects cannot change and are kept; anything else is copied, all of it into
+        one buffer that the slices then view."""
+        if all(type(piece) is bytes for pieces in self.pieces for piece in pieces):
+            return self
+        whole = memoryview(b"".join([piece for pieces in self.pieces for piece in pieces]))
+        views: list[list[Piece]] = []
+        start = 0
+        for size in self.sizes:
+            views.append([whole[start : start + size]])
+            start += size
+        return FramedTGB(self.kind, self.dp, self.cp, views, self.sizes, self.crcs, self.array_layouts, self.nbytes)
 
 
 @dataclass(frozen=True)
 class EncodedPack:
     """Consecutive TGBs laid out in shared objects (``encode_pack``): each object as its
-    pieces, and each TGB's SliceRefs into them."""
+    pieces and its size, and each TGB's slice references into them, as the log's tuples
+    (``refs``) and as SliceRefs (``slices``)."""
 
     kind: Kind
     parts: list[list[Piece]]
-    slices: list[list[SliceRef]]  # per TGB, in slice order
+    refs: list[list[tuple[int, int, int, int]]]  # per TGB, in slice order: (object, offset, length, crc32c)
+    sizes: list[int]  # each object's size in bytes
+    shares: list[int]  # each TGB's share of the objects' bytes (``tgb_nbytes``)
 
     @functools.cached_property
-    def sizes(self) -> list[int]:
-        """Each object's size in bytes."""
-        return [sum(len(piece) for piece in pieces) for pieces in self.parts]
+    def slices(self) -> list[list[SliceRef]]:
+        """Per TGB, in slice order, where each slice lives."""
+        return [[SliceRef(*ref) for ref in refs] for refs in self.refs]
 
     def tgb_nbytes(self) -> list[int]:
         """Each TGB's share of the objects' bytes: its slices, and the last TGB the footers,
         so that the shares add up to the objects' sizes."""
-        shares = [sum(ref.length for ref in refs) for refs in self.slices]
-        shares[-1] += sum(self.sizes) - sum(shares)
-        return shares
+        return list(self.shares)
 
 
 class _ArrayHeader(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -224,6 +229,13 @@ def checksum(data: bytes | memoryview) -> int:
 
 
 # -- encoding --------------------------------------------------------------------------
+#
+# The hot path of every producer: ``append`` frames each of a TGB's slices and lays them
+# out in objects, in the caller's thread. Per slice it does what must be done per slice
+# (check the payload, one CRC32C over its bytes, a footer entry and a log reference), and
+# everything that is the same for slices of one shape (the header, its CRC, the padding)
+# once per shape (``_bytes_plan``, ``_arrays_plan``). No slice's bytes are copied: the
+# pieces are the header and the caller's own buffers (``tests/test_layout.py`` counts).
 
 
 def encode_tgb(slices: Sequence[Any], dp: int, cp: int, max_object_bytes: int = DEFAULT_MAX_OBJECT_BYTES) -> EncodedTGB:
@@ -233,7 +245,7 @@ def encode_tgb(slices: Sequence[Any], dp: int, cp: int, max_object_bytes: int = 
     if max_object_bytes <= 0:
         raise LayoutError(f"max_object_bytes must be positive, got {max_object_bytes}")
     pack = encode_pack([framed], max_object_bytes)
-    return EncodedTGB(framed.kind, pack.parts, pack.slices[0], framed.array_layouts)
+    return EncodedTGB(framed.kind, pack.parts, pack.slices[0], pack.sizes, framed.array_layouts)
 
 
 def frame_tgb(slices: Sequence[Any], dp: int, cp: int) -> FramedTGB:
@@ -245,9 +257,73 @@ def frame_tgb(slices: Sequence[Any], dp: int, cp: int) -> FramedTGB:
         raise LayoutError(f"dp and cp must be positive integers, got dp={dp!r} cp={cp!r}")
     if len(slices) != dp * cp:
         raise LayoutError(f"a TGB needs dp*cp = {dp}*{cp} = {dp * cp} slices, got {len(slices)}")
-    encoded = [_encode_slice(payload, index) for index, payload in enumerate(slices)]
-    kind = _common_layout(encoded)
-    return FramedTGB(kind, dp, cp, encoded, _distinct_arrays(encoded))
+    if isinstance(slices[0], _BYTES_LIKE):
+        return _frame_bytes(slices, dp, cp)
+    return _frame_arrays(slices, dp, cp)
+
+
+_BYTES_LIKE = (bytes, bytearray, memoryview)
+
+
+def _frame_bytes(slices: Sequence[Any], dp: int, cp: int) -> FramedTGB:
+    pieces: list[list[Piece]] = []
+    sizes: list[int] = []
+    crcs: list[int] = []
+    crc = crc32c.crc32c
+    for index, payload in enumerate(slices):
+        data = payload if type(payload) is bytes else _byte_payload(payload, index, "bytes")
+        first, first_crc = _bytes_plan(len(data))
+        pieces.append([first, data])
+        sizes.append(len(first) + len(data))
+        crcs.append(crc(data, first_crc))
+    return FramedTGB("bytes", dp, cp, pieces, sizes, crcs, (), sum(sizes))
+
+
+def _byte_payload(payload: Any, index: int, kind: Kind) -> Piece:
+    """A bytes slice's bytes that are not a ``bytes`` object; LayoutError for anything
+    else (``kind``: what slice 0 is)."""
+    if isinstance(payload, _BYTES_LIKE):  # (a bytes subclass too)
+        return _byte_view(payload)
+    if isinstance(payload, Mapping):
+        _encode_arrays(payload, index)  # its own errors first, as for any slice
+        raise LayoutError(f"mixed layouts in one TGB: slice 0 is {kind}, slice {index} is arrays")
+    raise _unsupported(payload, index)
+
+
+def _frame_arrays(slices: Sequence[Any], dp: int, cp: int) -> FramedTGB:
+    pieces: list[list[Piece]] = []
+    sizes: list[int] = []
+    crcs: list[int] = []
+    distinct: dict[ArraysLayout, None] = {}  # each ArraysLayout once, in slice order
+    first_plan: _ArraysPlan | None = None
+    last_plan: _ArraysPlan | None = None
+    for index, payload in enumerate(slices):
+        if type(payload) is not dict and not isinstance(payload, Mapping):  # (an ABC's check costs a call)
+            if isinstance(payload, _BYTES_LIKE):
+                raise LayoutError(f"mixed layouts in one TGB: slice 0 is arrays, slice {index} is bytes")
+            raise _unsupported(payload, index)
+        framed, size, crc, plan = _encode_arrays(payload, index)
+        if plan is not last_plan:  # slices of one shape share one plan: most TGBs pass here once
+            if first_plan is None:
+                first_plan = plan
+            elif plan.signature != first_plan.signature:
+                raise LayoutError(
+                    f"mixed layouts in one TGB: slice 0 has arrays {first_plan.signature}, "
+                    f"slice {index} has {plan.signature}"
+                )
+            distinct[plan.arrays] = None
+            last_plan = plan
+        pieces.append(framed)
+        sizes.append(size)
+        crcs.append(crc)
+    return FramedTGB("arrays", dp, cp, pieces, sizes, crcs, tuple(distinct), sum(sizes))
+
+
+def _unsupported(payload: Any, index: int) -> LayoutError:
+    return LayoutError(
+        f"slice {index}: unsupported payload type {type(payload).__name__}; "
+        "use a dict of numpy arrays / torch tensors, or bytes"
+    )
 
 
 def encode_pack(tgbs: Sequence[FramedTGB], max_object_bytes: int = DEFAULT_MAX_OBJECT_BYTES) -> EncodedPack:
@@ -269,90 +345,84 @@ def encode_pack(tgbs: Sequence[FramedTGB], max_object_bytes: int = DEFAULT_MAX_O
                 f"TGB {position} of a pack is {tgb.kind} with dp={tgb.dp} cp={tgb.cp}; "
                 f"the first is {first.kind} with dp={first.dp} cp={first.cp}"
             )
-    count, width = len(tgbs), first.dp * first.cp
-    runs = [sum(tgb.slices[index].nbytes for tgb in tgbs) for index in range(width)]
-    groups = _pack(len_of=runs, cap=max_object_bytes)
+    count = len(tgbs)
+    runs = first.sizes if count == 1 else [sum(run) for run in zip(*(tgb.sizes for tgb in tgbs), strict=True)]
+    bounds = _pack(runs, cap=max_object_bytes)
     parts: list[list[Piece]] = []
-    refs: list[list[SliceRef]] = [[] for _ in tgbs]
-    for part, members in enumerate(groups):
-        runs_of = [(index, [tgb.slices[index] for tgb in tgbs]) for index in members]
-        body, footer_slices = _build_object(runs_of, count)
-        for fs in footer_slices:
-            refs[fs.index % count].append(SliceRef(part, fs.offset, fs.length, fs.crc32c))
-        footer = Footer(FOOTER_FORMAT, part, len(groups), first.dp, first.cp, first.kind, footer_slices, count)
-        parts.append(_with_footer(body, footer))
-    return EncodedPack(first.kind, parts, refs)
+    sizes: list[int] = []
+    refs: list[list[tuple[int, int, int, int]]] = [[] for _ in tgbs]
+    for part, (start, stop) in enumerate(bounds):
+        if count == 1:
+            body, footer_slices, size = _one_tgbs_slices(first, part, start, stop, refs[0])
+        else:
+            body, footer_slices, size = _packed_slices(tgbs, part, start, stop, refs)
+        footer = Footer(FOOTER_FORMAT, part, len(bounds), first.dp, first.cp, first.kind, footer_slices, count)
+        tail = _footer_tail(footer)
+        body.append(tail)
+        parts.append(body)
+        sizes.append(size + len(tail))
+    shares = [tgb.nbytes for tgb in tgbs]
+    shares[-1] += sum(sizes) - sum(shares)
+    return EncodedPack(first.kind, parts, refs, sizes, shares)
 
 
-def _distinct_arrays(encoded: list[_Framed]) -> tuple[ArraysLayout, ...]:
-    """Each different ``ArraysLayout`` of the slices, in order. Slices of one shape share one
-    (``_arrays_plan`` is cached), so a TGB of 1,250 such slices costs 1,250 identity tests,
-    not 1,250 hashes of nested tuples."""
-    distinct: dict[ArraysLayout, None] = {}
-    last: ArraysLayout | None = None
-    for framed in encoded:
-        if framed.arrays is not last and framed.arrays:
-            last = framed.arrays
-            distinct[last] = None
-    return tuple(distinct)
-
-
-def _pack(len_of: list[int], cap: int) -> list[list[int]]:
-    groups: list[list[int]] = [[]]
-    size = 0
-    for index, length in enumerate(len_of):
-        if groups[-1] and (size + length > cap or len(groups[-1]) >= MAX_SLICES_PER_OBJECT):
-            groups.append([])
-            size = 0
-        groups[-1].append(index)
-        size += length
-    return groups
-
-
-def _build_object(runs: list[tuple[int, list[_Framed]]], count: int) -> tuple[list[Piece], list[FooterSlice]]:
-    """An object's body as pieces (written back to back, with the footer) and its footer
-    entries: each slice index's run of ``count`` slices, one TGB after another."""
-    pieces: list[Piece] = []
+def _one_tgbs_slices(
+    tgb: FramedTGB, part: int, start: int, stop: int, refs: list[tuple[int, int, int, int]]
+) -> tuple[list[Piece], list[FooterSlice], int]:
+    """Object ``part``'s body (slices ``start`` to ``stop`` of one TGB, back to back) as
+    pieces, its footer entries and its size; each slice's reference appended to ``refs``."""
+    body: list[Piece] = []
     footer_slices: list[FooterSlice] = []
     offset = 0
-    for index, run in runs:
-        for position, framed in enumerate(run):
-            footer_slices.append(FooterSlice(index * count + position, offset, framed.nbytes, framed.crc32c()))
-            pieces.extend(framed.pieces)
-            offset += framed.nbytes
-    return pieces, footer_slices
+    sizes, crcs, pieces = tgb.sizes, tgb.crcs, tgb.pieces
+    for index in range(start, stop):
+        size, crc = sizes[index], crcs[index]
+        footer_slices.append(FooterSlice(index, offset, size, crc))
+        refs.append((part, offset, size, crc))
+        body += pieces[index]
+        offset += size
+    return body, footer_slices, offset
 
 
-def _with_footer(body: list[Piece], footer: Footer) -> list[Piece]:
-    """The whole object's pieces: the payload bytes are not copied here (the writer's one
-    pass over them is its write)."""
+def _packed_slices(
+    tgbs: Sequence[FramedTGB], part: int, start: int, stop: int, refs: list[list[tuple[int, int, int, int]]]
+) -> tuple[list[Piece], list[FooterSlice], int]:
+    """``_one_tgbs_slices`` for a pack: each slice index's run of the TGBs' slices, one
+    TGB after another."""
+    body: list[Piece] = []
+    footer_slices: list[FooterSlice] = []
+    offset = 0
+    count = len(tgbs)
+    for index in range(start, stop):
+        for position, tgb in enumerate(tgbs):
+            size, crc = tgb.sizes[index], tgb.crcs[index]
+            footer_slices.append(FooterSlice(index * count + position, offset, size, crc))
+            refs[position].append((part, offset, size, crc))
+            body += tgb.pieces[index]
+            offset += size
+    return body, footer_slices, offset
+
+
+def _pack(len_of: list[int], cap: int) -> list[tuple[int, int]]:
+    """Consecutive slice indices grouped into objects, as (first, past the last)."""
+    if len(len_of) <= MAX_SLICES_PER_OBJECT and sum(len_of) <= cap:
+        return [(0, len(len_of))]
+    bounds: list[tuple[int, int]] = []
+    start, size = 0, 0
+    for index, length in enumerate(len_of):
+        if index > start and (size + length > cap or index - start >= MAX_SLICES_PER_OBJECT):
+            bounds.append((start, index))
+            start, size = index, 0
+        size += length
+    bounds.append((start, len(len_of)))
+    return bounds
+
+
+def _footer_tail(footer: Footer) -> bytes:
+    """An object's last piece: its footer, the footer's length and the magic (the payload
+    bytes are not copied here: the writer's one pass over them is its write)."""
     footer_bytes = msgspec.json.encode(footer)
-    return [*body, footer_bytes + _U64.pack(len(footer_bytes)) + OBJECT_MAGIC]
-
-
-def _common_layout(encoded: list[_Framed]) -> Kind:
-    kind, signature = encoded[0].kind, encoded[0].signature
-    for index, (other_kind, other_signature) in enumerate((f.kind, f.signature) for f in encoded):
-        if other_kind != kind:
-            raise LayoutError(f"mixed layouts in one TGB: slice 0 is {kind}, slice {index} is {other_kind}")
-        if other_signature != signature:
-            raise LayoutError(
-                f"mixed layouts in one TGB: slice 0 has arrays {signature}, slice {index} has {other_signature}"
-            )
-    return kind
-
-
-def _encode_slice(payload: Any, index: int) -> _Framed:
-    if isinstance(payload, (bytes, bytearray, memoryview)):
-        data = _byte_view(payload)
-        header = msgspec.json.encode(_SliceHeader(kind="bytes", nbytes=len(data)))
-        return _frame("bytes", None, _framed_header(header), [data], [0])
-    if isinstance(payload, Mapping):
-        return _encode_arrays(payload, index)
-    raise LayoutError(
-        f"slice {index}: unsupported payload type {type(payload).__name__}; "
-        "use a dict of numpy arrays / torch tensors, or bytes"
-    )
+    return footer_bytes + _U64.pack(len(footer_bytes)) + OBJECT_MAGIC
 
 
 def _byte_view(payload: bytes | bytearray | memoryview) -> Piece:
@@ -362,49 +432,82 @@ def _byte_view(payload: bytes | bytearray | memoryview) -> Piece:
     return view.cast("B") if view.c_contiguous else view.tobytes()
 
 
-def _encode_arrays(payload: Mapping[Any, Any], index: int) -> _Framed:
+@functools.lru_cache(maxsize=256)
+def _bytes_plan(nbytes: int) -> tuple[bytes, int]:
+    """A bytes slice's framed header for ``nbytes`` bytes, and its CRC32C: made once per
+    size, since a producer frames thousands of slices of a few sizes."""
+    first = _framed_header(msgspec.json.encode(_SliceHeader(kind="bytes", nbytes=nbytes)))
+    return first, crc32c.crc32c(first)
+
+
+def _encode_arrays(payload: Mapping[Any, Any], index: int) -> tuple[list[Piece], int, int, _ArraysPlan]:
+    """One slice of arrays: its pieces (the header, then each array's own memory, padded to
+    its aligned offset), its size, its CRC32C and its plan."""
     if not payload:
         raise LayoutError(f"slice {index}: empty dict; give at least one named array")
     layout = []
-    buffers: list[Piece] = []
+    arrays: list[np.ndarray] = []
     for name in sorted(payload):
         if not isinstance(name, str) or not name:
             raise LayoutError(f"slice {index}: array names must be non-empty strings, got {name!r}")
-        array = _as_array(payload[name], index, name)
-        layout.append((name, array.dtype.str, array.shape, array.nbytes))
-        buffers.append(array.data.cast("B") if array.nbytes else b"")  # C-contiguous: _as_array
+        value = payload[name]
+        # A C-contiguous numpy array, the usual case, goes as it is; its dtype is checked
+        # once per shape, by its plan.
+        array = value if type(value) is np.ndarray and value.flags.c_contiguous else _as_array(value, index, name)
+        layout.append((name, array.dtype, array.shape, array.nbytes))
+        arrays.append(array)
     plan = _arrays_plan(tuple(layout))
-    return _frame("arrays", plan.signature, plan.first, buffers, plan.offsets, plan.first_crc, plan.arrays)
+    if plan.refused:  # (before any buffer is asked for: numpy has none for some of them)
+        name, dtype = plan.refused
+        raise LayoutError(f"slice {index}, array {name!r}: dtype {dtype} is not supported (no object dtypes)")
+    pieces: list[Piece] = [plan.first]
+    crc = plan.first_crc
+    for array, pad in zip(arrays, plan.pads, strict=True):
+        if pad:
+            pieces.append(pad)
+            crc = crc32c.crc32c(pad, crc)
+        if array.nbytes:
+            buffer = array.data.cast("B")  # the array's own memory (C-contiguous)
+            pieces.append(buffer)
+            crc = crc32c.crc32c(buffer, crc)
+        else:
+            pieces.append(b"")
+    return pieces, plan.size, crc, plan
 
 
 @dataclass(frozen=True, slots=True)
 class _ArraysPlan:
     """How a slice of these arrays is framed: the same for every slice of a run's shapes."""
 
-    signature: tuple[tuple[str, str], ...]
+    signature: tuple[tuple[str, str], ...]  # what every slice of a TGB must share: names and dtypes
     arrays: ArraysLayout
     first: bytes  # the framed header (``_framed_header``): a slice's first piece
-    offsets: list[int]
+    pads: list[bytes]  # the zeros before each array (b"" when it follows the last directly)
+    size: int  # the framed slice's bytes
     first_crc: int
+    refused: tuple[str, np.dtype] | None = None  # an array of a dtype no slice may hold: (name, dtype)
 
 
 @functools.lru_cache(maxsize=256)
-def _arrays_plan(layout: tuple[tuple[str, str, tuple[int, ...], int], ...]) -> _ArraysPlan:
+def _arrays_plan(layout: tuple[tuple[str, np.dtype, tuple[int, ...], int], ...]) -> _ArraysPlan:
     """The header and array offsets for arrays of these (name, dtype, shape, nbytes):
     made once per shape, since a producer frames thousands of slices of the same shapes."""
+    for name, dtype, _, _ in layout:
+        if dtype.kind not in _ALLOWED_DTYPE_KINDS:
+            return _ArraysPlan((), (), b"", [], 0, 0, (name, dtype))
     headers: list[_ArrayHeader] = []
-    offsets: list[int] = []
-    offset = 0
+    pads: list[bytes] = []
+    offset = position = 0
     for name, dtype, shape, nbytes in layout:
-        offset = _align(offset)
-        headers.append(_ArrayHeader(name, dtype, list(shape), offset, nbytes))
-        offsets.append(offset)
-        offset += nbytes
+        offset = _align(position)
+        headers.append(_ArrayHeader(name, dtype.str, list(shape), offset, nbytes))
+        pads.append(b"\0" * (offset - position))
+        position = offset + nbytes
     header = msgspec.json.encode(_SliceHeader(kind="arrays", arrays=headers))
     signature = tuple((h.name, h.dtype) for h in headers)
-    arrays = tuple((name, dtype, shape) for name, dtype, shape, _ in layout)
+    arrays = tuple((h.name, h.dtype, shape) for h, (_, _, shape, _) in zip(headers, layout, strict=True))
     first = _framed_header(header)
-    return _ArraysPlan(signature, arrays, first, offsets, crc32c.crc32c(first))
+    return _ArraysPlan(signature, arrays, first, pads, len(first) + position, crc32c.crc32c(first))
 
 
 def _as_array(value: Any, index: int, name: str) -> np.ndarray:
@@ -438,49 +541,10 @@ def _align(offset: int) -> int:
     return (offset + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
-@dataclass(frozen=True, slots=True)
-class _Framed:
-    """One encoded slice, not yet joined: its bytes are ``pieces`` back to back."""
-
-    kind: Kind
-    signature: Any  # what every slice of a TGB must share: array names and dtypes
-    pieces: list[Piece]
-    nbytes: int
-    header_crc: int | None = None  # of pieces[0], when known already
-    arrays: ArraysLayout = ()  # names, dtypes and shapes (arrays slices only)
-
-    def crc32c(self) -> int:
-        pieces = self.pieces
-        crc = crc32c.crc32c(pieces[0]) if self.header_crc is None else self.header_crc
-        for piece in pieces[1:]:
-            crc = crc32c.crc32c(piece, crc)
-        return crc
-
-
 def _framed_header(header: bytes) -> bytes:
     """A slice's first piece: magic, header length, header, zeros up to the aligned data."""
     prefix = SLICE_MAGIC + _U32.pack(len(header)) + header
     return prefix + b"\0" * (_align(len(prefix)) - len(prefix))
-
-
-def _frame(
-    kind: Kind,
-    signature: Any,
-    first: bytes,
-    buffers: list[Piece],
-    offsets: list[int],
-    header_crc: int | None = None,
-    arrays: ArraysLayout = (),
-) -> _Framed:
-    """A slice: ``first`` (the framed header), then ``buffers`` at ``offsets`` after it."""
-    pieces: list[Piece] = [first]
-    position = 0
-    for buffer, offset in zip(buffers, offsets, strict=True):
-        if offset > position:
-            pieces.append(b"\0" * (offset - position))
-        pieces.append(buffer)
-        position = offset + len(buffer)
-    return _Framed(kind, signature, pieces, len(first) + position, header_crc, arrays)
 
 
 # -- decoding --------------------------------------------------------------------------

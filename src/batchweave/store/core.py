@@ -280,24 +280,34 @@ class Store(Requester):
             return
         self._call(key, lambda: obstore.put(self._store, key, data, mode="create"), "put", len(data), conditional=True)
 
-    def stage_if_absent(self, key: str, data: Data) -> None:
+    def stage_if_absent(self, key: str, data: Data, size: int | None = None) -> None:
         """``put_if_absent`` of an object that a later durable put names (a producer's TGB
-        objects, named by a commit); ``data`` may be pieces to write back to back.
+        objects, named by a commit); ``data`` may be pieces to write back to back, ``size``
+        their bytes when the caller knows (else they are counted).
 
         On a local directory it returns once the object is in place (the pieces written
         with one ``writev``, no copy), its fsyncs run in the background (``store.syncs``),
         and every later ``put_if_absent`` or ``put`` of this Store waits for them first:
         nothing durable ever names an object that is not. Elsewhere a put is durable when
-        it returns, and this is ``put_if_absent`` of the pieces joined.
+        it returns, and this is a create-only put of the pieces as they are (obstore sends
+        them in one request; nothing joins them here).
         """
-        path = self._local_file(key)
-        # A subclass or test that intercepts put_if_absent sees every put.
-        intercepted = getattr(self.put_if_absent, "__func__", None) is not Store.put_if_absent
-        if path is None or intercepted:
+        # A subclass or test that intercepts put_if_absent sees every put (in one buffer).
+        if getattr(self.put_if_absent, "__func__", None) is not Store.put_if_absent:
             self.put_if_absent(key, b"".join(data) if isinstance(data, list) else data)
             return
-        size = sum(len(piece) for piece in data) if isinstance(data, list) else len(data)
-        write = functools.partial(self._write_local, path, data, replace=False, staged_as=key)
+        if size is None:
+            size = sum(memoryview(piece).nbytes for piece in data) if isinstance(data, list) else len(data)
+        path = self._local_file(key)
+        if path is None:
+            # One PUT of the pieces, create-only: obstore never splits a conditional put
+            # into a multipart upload (said here as well, since a multipart one could not be).
+            def put() -> Any:
+                return obstore.put(self._store, key, data, mode="create", use_multipart=False)
+
+            self._call(key, put, "put", size, conditional=True)
+            return
+        write = functools.partial(self._write_local, path, data, replace=False, staged_as=key, size=size)
         self._call(key, write, "put", size, conditional=True)
 
     def release(self) -> None:
@@ -314,7 +324,9 @@ class Store(Requester):
             return
         self._call(key, lambda: obstore.put(self._store, key, data), "put", len(data))
 
-    def _write_local(self, path: str, data: Data, *, replace: bool, staged_as: str = "") -> None:
+    def _write_local(
+        self, path: str, data: Data, *, replace: bool, staged_as: str = "", size: int | None = None
+    ) -> None:
         _ = self._store  # the first request builds the handle, which makes (or checks) the directory
         if not staged_as:
             write_durably(path, data, replace=replace, fsync=self._fsync)
@@ -322,7 +334,7 @@ class Store(Requester):
         directory = os.path.dirname(path)
         opened = self._spare.take(directory)
         directories = write_durably(
-            path, data, replace=False, fsync=False, opened=opened, remove_staging=self._spare.remove
+            path, data, replace=False, fsync=False, opened=opened, remove_staging=self._spare.remove, size=size
         )
         self._spare.prepare(directory)  # the next object of this producer's epoch goes there too
         if self._fsync:

@@ -82,6 +82,7 @@ def write_durably(
     fsync: bool,
     opened: tuple[int, str] | None = None,
     remove_staging: Callable[[str], None] | None = None,
+    size: int | None = None,
 ) -> list[str]:
     """Put ``data`` at ``path`` whole or not at all; durable on return when ``fsync``.
 
@@ -93,8 +94,9 @@ def write_durably(
     (fsynced, or to fsync after the file: ``fsync_file``). ``opened`` is a staging file
     opened ahead (``open_staging``) on ``path``'s file system, in its directory or
     another, which the first attempt writes; ``remove_staging`` removes the staging name once it is linked (or the put
-    failed), by default at once (``remove_quietly``). Raises OSError (the caller
-    translates it): FileExistsError when ``path`` exists and not ``replace``.
+    failed), by default at once (``remove_quietly``); ``size``, when known, is ``data``'s
+    size in bytes. Raises OSError (the caller translates it): FileExistsError when
+    ``path`` exists and not ``replace``.
     """
     remove_staging = remove_staging or remove_quietly
     made: list[str] = []
@@ -103,10 +105,10 @@ def write_durably(
         if spare is not None:  # opened ahead, perhaps in another directory: ``path``'s may be new
             made += make_dirs(os.path.dirname(path))
         try:
-            staging = _write_staging(path, data, fsync, spare)
+            staging = _write_staging(path, data, fsync, spare, size)
         except FileNotFoundError:  # the directory is new: make it, once
             made += make_dirs(os.path.dirname(path))
-            staging = _write_staging(path, data, fsync)
+            staging = _write_staging(path, data, fsync, None, size)
         try:
             (os.replace if replace else os.link)(staging, path)
         except FileNotFoundError:
@@ -155,12 +157,14 @@ def start_writeback(path: str) -> None:
             os.close(fd)
 
 
-def _write_staging(path: str, data: Data, fsync: bool, opened: tuple[int, str] | None = None) -> str:
+def _write_staging(
+    path: str, data: Data, fsync: bool, opened: tuple[int, str] | None = None, size: int | None = None
+) -> str:
     """A new staging file next to ``path`` (or ``opened``) holding ``data`` (fsynced when
     ``fsync``); its path."""
     fd, staging = opened or open_staging(path)
     try:
-        _write_all(fd, data)
+        _write_all(fd, data, size)
         if fsync:
             os.fsync(fd)
     except BaseException:
@@ -172,10 +176,30 @@ def _write_staging(path: str, data: Data, fsync: bool, opened: tuple[int, str] |
     return staging
 
 
-def _write_all(fd: int, data: Data) -> None:
+def _write_all(fd: int, data: Data, size: int | None = None) -> None:
     """Every byte of ``data`` (a buffer, or pieces written back to back with ``writev``:
-    the object's one copy is the kernel's)."""
-    pieces = [memoryview(piece).cast("B") for piece in (data if isinstance(data, list) else [data])]
+    the object's one copy is the kernel's), ``size`` bytes when the caller knows. The
+    pieces go to the kernel as they are; only a write that stops short (rare: a signal, a
+    full disk) views them again to go on."""
+    pieces = data if isinstance(data, list) else [data]
+    if hasattr(os, "writev") and len(pieces) <= _IOV_MAX:
+        written = os.writev(fd, pieces)
+        if size is None:
+            size = sum([p.nbytes if type(p) is memoryview else len(p) for p in pieces])
+        if written == size:
+            return
+        _write_rest(fd, pieces, written)
+        return
+    _write_rest(fd, pieces, 0)
+
+
+def _write_rest(fd: int, data: list[Buffer], written: int) -> None:
+    """The bytes of ``data`` after its first ``written``."""
+    pieces = [memoryview(piece).cast("B") for piece in data]
+    while pieces and written >= len(pieces[0]):
+        written -= len(pieces.pop(0))
+    if written:
+        pieces[0] = pieces[0][written:]
     while pieces:
         written = os.writev(fd, pieces[:_IOV_MAX]) if hasattr(os, "writev") else os.write(fd, pieces[0])
         while pieces and written >= len(pieces[0]):
