@@ -445,15 +445,17 @@ def _encode_arrays(payload: Mapping[Any, Any], index: int) -> tuple[list[Piece],
     its aligned offset), its size, its CRC32C and its plan."""
     if not payload:
         raise LayoutError(f"slice {index}: empty dict; give at least one named array")
-    layout = []
-    arrays: list[np.ndarray] = []
+    layout: list[tuple[str, np.dtype[Any], tuple[int, ...], int]] = []
+    arrays: list[np.ndarray[Any, Any]] = []
     for name in sorted(payload):
         if not isinstance(name, str) or not name:
             raise LayoutError(f"slice {index}: array names must be non-empty strings, got {name!r}")
         value = payload[name]
         # A C-contiguous numpy array, the usual case, goes as it is; its dtype is checked
         # once per shape, by its plan.
-        array = value if type(value) is np.ndarray and value.flags.c_contiguous else _as_array(value, index, name)
+        array: np.ndarray[Any, Any] = (
+            value if type(value) is np.ndarray and value.flags.c_contiguous else _as_array(value, index, name)
+        )
         layout.append((name, array.dtype, array.shape, array.nbytes))
         arrays.append(array)
     plan = _arrays_plan(tuple(layout))
