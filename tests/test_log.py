@@ -42,6 +42,7 @@ from batchweave.logrules import (
     build_commit,
     build_end_of_stream,
     build_leave,
+    jump_to,
     pending_after_rebase,
 )
 
@@ -761,3 +762,111 @@ def test_a_reclaim_of_every_step_so_far_is_accepted():
     everything = Reclaim(steps=state.steps, versions=state.version, bytes=0)
     after = apply_version(state, msgspec.structs.replace(version(3, 2), reclaim=everything), K)
     assert after.reclaimed == everything
+
+
+# -- what a writer learns from the head alone (``jump_to``) -------------------------------
+
+
+def _log_of(commits: int):
+    """Claims of a and b, then ``commits`` one-TGB commits alternating b, a, b, ...: the
+    states after each version, and the versions."""
+    state, states, versions = LogState(), [LogState()], []
+    for pid in ("a", "b"):
+        delta = build_claim(state, pid, f"{pid}-1", 1.0, Layout(1, 1))
+        versions.append(delta)
+        state = apply_version(state, delta, version_key(delta.version), f"d{delta.version}")
+        states.append(state)
+    for i in range(commits):
+        pid = "ba"[i % 2]
+        me = state.producers[pid]
+        delta = build_commit(state, pid, me, [tgb(pid, 1, me.offset)], 1.0)
+        versions.append(delta)
+        state = apply_version(state, delta, version_key(delta.version), f"d{delta.version}")
+        states.append(state)
+    return states, versions
+
+
+def test_every_version_says_the_bytes_and_where_the_log_last_changed():
+    states, versions = _log_of(4)
+    assert [v.changed_at for v in versions] == [1, 2, 3, 3, 3, 3]  # the claims, and the first TGB (its kind)
+    assert [v.bytes for v in versions] == [0, 0, 10, 20, 30, 40]
+    assert states[-1].changed_at == 3 and states[-1].bytes == 40
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "problem"),
+    [
+        ("changed_at", 2, "says the log last changed at version 2, it did at 3"),
+        ("changed_at", 5, "says the log last changed at version 5, it did at 3"),
+        ("bytes", 41, "says 41 bytes are committed, its TGBs make 30"),
+    ],
+)
+def test_a_version_whose_cumulative_fields_do_not_follow_is_refused(field, value, problem):
+    states, versions = _log_of(3)
+    wrong = msgspec.structs.replace(versions[-1], **{field: value})
+    with pytest.raises(CorruptDataError, match=problem):
+        apply_version(states[-2], wrong, K)
+
+
+def test_a_log_older_than_the_fields_is_unknown_until_a_version_vouches_again():
+    states, versions = _log_of(2)
+    old = msgspec.structs.replace(versions[-1], changed_at=None, bytes=None)
+    unknown = apply_version(states[-2], old, K)
+    assert unknown.changed_at is None and unknown.bytes == states[-1].bytes  # bytes always count
+    me = unknown.producers["b"]
+    vouches = build_commit(unknown, "b", me, [tgb("b", 1, me.offset)], 1.0)
+    assert vouches.changed_at == vouches.version  # a writer that does not know says "now"
+    assert apply_version(unknown, vouches, K).changed_at == vouches.version
+    # A reader that does not know takes what the writer knew (at most its own number).
+    assert apply_version(msgspec.structs.replace(states[-2], changed_at=None), versions[-1], K).changed_at == 3
+
+
+def test_jump_to_takes_the_head_when_nothing_a_commit_needs_changed():
+    states, versions = _log_of(6)  # versions 3-8 are commits; 3 fixed the payload kind
+    jumped = jump_to(states[4], versions[-1], "d8")  # from version 4 to 8: 5-7 skipped
+    assert jumped is not None
+    exact = states[-1]
+    assert (jumped.version, jumped.steps, jumped.bytes, jumped.changed_at, jumped.digest) == (
+        exact.version,
+        exact.steps,
+        exact.bytes,
+        exact.changed_at,
+        exact.digest,
+    )
+    assert jumped.skipped_through == 7
+    assert jumped.producers["a"] == exact.producers["a"]  # the head's committer
+    assert jumped.producers["b"].offset < exact.producers["b"].offset  # behind, and says so
+
+
+def test_jump_to_refuses_over_a_claim_and_over_what_it_cannot_tell():
+    states, versions = _log_of(2)
+    state = states[-1]
+    claimed = build_claim(state, "a", "a-2", 1.0)  # a restart of a: it fences a-1
+    after_claim = apply_version(state, claimed, K, "dc")
+    me = after_claim.producers["b"]
+    head = build_commit(after_claim, "b", me, [tgb("b", 1, me.offset)], 1.0)
+    assert jump_to(state, head, "dh") is None  # the claim: read every version
+    assert jump_to(states[2], versions[-1], "d") is None  # over the first TGB, which fixed the kind
+    old = msgspec.structs.replace(versions[-1], changed_at=None)
+    assert jump_to(states[3], old, "d") is None  # a head older than the fields
+    assert jump_to(states[3], msgspec.structs.replace(versions[-1], bytes=None), "d") is None
+
+
+def test_a_full_read_after_a_jump_lets_a_skipped_producer_continue_where_the_log_has_it():
+    states, versions = _log_of(6)
+    jumped = jump_to(states[4], versions[-2], "d7")  # b's offset in it is behind
+    assert jumped is not None
+    me = states[-1].producers["b"]
+    following = build_commit(states[-1], "b", me, [tgb("b", 1, me.offset)], 1.0)
+    following = msgspec.structs.replace(following, changed_at=None)  # checked apart, below
+    after = apply_version(jumped, versions[-1], K)  # a's commit: exact for a
+    assert apply_version(after, following, K).producers["b"].offset == me.offset + 1
+    repeat = msgspec.structs.replace(following, tgbs=[tgb("b", 1, 0)])
+    with pytest.raises(CorruptDataError, match="repeats an offset"):
+        apply_version(after, repeat, K)
+    # Without a jump, the same skip is damage.
+    exact_but_behind = msgspec.structs.replace(
+        states[-1], producers={**states[-1].producers, "b": states[4].producers["b"]}
+    )
+    with pytest.raises(CorruptDataError, match="skips offsets"):
+        apply_version(exact_but_behind, following, K)

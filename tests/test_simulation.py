@@ -167,6 +167,15 @@ def _any_ticket(foldable):
     return folds_every_ticket
 
 
+def _jumps_over_claims(jump_to):
+    def jump_over_anything(state, head, digest, own=()):  # as if nothing had changed since the view
+        if head.changed_at is not None and state.changed_at is not None:
+            head = msgspec.structs.replace(head, changed_at=min(head.changed_at, state.version))
+        return jump_to(state, head, digest, own)
+
+    return jump_over_anything
+
+
 SABOTAGES = {
     # (module, attribute, wrapper, the kind the model must report)
     "a consumer hands out other bytes": (batchweave.reading.fetch, "decode_slice", _wrong_bytes, "wrong-step"),
@@ -196,6 +205,12 @@ SABOTAGES = {
     ),
     "end_stream writes no marker": (batchweave.logrules, "build_end_of_stream", _no_end_marker, "waits-forever"),
     "a producer counts one TGB too many": (SharedState, "take", _takes_one_more, "producer-ahead"),
+    "a producer jumps to the head over a claim": (
+        batchweave.logrules,
+        "jump_to",
+        _jumps_over_claims,
+        "unexpected-error",
+    ),
     "a claim folds a ticket whose epoch the log has passed": (
         batchweave.commit.claims,
         "foldable",

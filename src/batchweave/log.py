@@ -147,6 +147,15 @@ class _VersionFields(msgspec.Struct, Generic[_TGB], frozen=True, forbid_unknown_
     # layout, not in it: a layout is set by a claim, a schema by a commit, and every tool
     # prints the layout's three fields as they are.
     schema: Schema | None = None
+    # Cumulative, so that a writer learns from the head alone what it needs to commit
+    # (``logrules.jump_to``); None in versions written before they were: such a version
+    # is read with every version before it, as always. ``bytes``: TGB bytes committed
+    # through this version. ``changed_at``: the newest version, this one or before, that
+    # changed what a commit's head alone cannot tell (``logrules.changes_more``: a claim,
+    # a producer leaving, a reclaim, the end of stream, the namespace's id, layout, payload
+    # kind or schema). ``apply_version`` checks both against the state they follow.
+    bytes: int | None = None
+    changed_at: int | None = None
 
     def steps(self) -> range:
         return range(self.first_step, self.first_step + len(self.tgbs))
@@ -183,6 +192,15 @@ class LogState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     digest: str = ""  # of version ``version``'s bytes: lets a writer anchor its view (see journal)
     ended_at: int = 0  # the version of the end-of-stream marker (0: not ended)
     schema: Schema | None = None  # the namespace's arrays (None for bytes, and until the first TGB)
+    # The newest version through ``version`` that changed more than steps, bytes and its
+    # committers' offsets (``LogVersion.changed_at``); None: unknown (a log or snapshot
+    # older than the field, or a version of it read since), and then no writer jumps.
+    changed_at: int | None = None
+    # The newest version a writer's jump skipped (``logrules.jump_to``; 0: none). A
+    # producer recorded below it may have committed since without this state knowing:
+    # its offset may be behind, and the next TGB of it seen may skip ahead. Never in a
+    # snapshot: a state that skipped versions is never written as one (``journal``).
+    skipped_through: int = 0
 
 
 # -- encoding --------------------------------------------------------------------------

@@ -38,7 +38,9 @@ __all__ = [
     "build_end_of_stream",
     "build_leave",
     "build_reclaim",
+    "changes_more",
     "check_continuity",
+    "jump_to",
     "layout_mismatch",
     "next_epoch",
     "next_version",
@@ -75,6 +77,10 @@ def apply_version(state: LogState, delta: LogVersion | LogVersionHead, key: str,
                 key, f"producer {producer_id!r} epoch {new.epoch} passes from {old.incarnation} to {new.incarnation}"
             )
     _check_offsets(state, delta, key)
+    total_bytes = state.bytes + sum(t.nbytes for t in delta.tgbs)
+    if delta.bytes is not None and delta.bytes != total_bytes:
+        raise CorruptDataError(key, f"says {delta.bytes} bytes are committed, its TGBs make {total_bytes}")
+    changed_at = _checked_changed_at(state, delta, key)
     producers.update(
         {pid: msgspec.structs.replace(new, last_version=delta.version) for pid, new in delta.producers.items()}
     )
@@ -91,13 +97,104 @@ def apply_version(state: LogState, delta: LogVersion | LogVersionHead, key: str,
         steps=state.steps + len(delta.tgbs),
         producers=producers,
         end_of_stream=state.end_of_stream or delta.end_of_stream,
-        bytes=state.bytes + sum(t.nbytes for t in delta.tgbs),
+        bytes=total_bytes,
         reclaimed=reclaimed,
         namespace=delta.namespace or state.namespace,
         layout=layout,
         digest=digest,
         ended_at=state.ended_at or (delta.version if delta.end_of_stream else 0),
         schema=schema,
+        changed_at=changed_at,
+        skipped_through=state.skipped_through,
+    )
+
+
+def changes_more(state: LogState, delta: LogVersion | LogVersionHead) -> bool:
+    """Whether ``delta`` changes more than steps, bytes and its committers' offsets and
+    metrics: a claim (a new producer, epoch or incarnation), a producer leaving or coming
+    back, a reclaim, the end of stream, the namespace's id, layout, payload kind or schema.
+
+    What such a version changes a writer can only learn by reading it; what any other
+    version changes, the head alone tells (``jump_to``). Judged on ``state``'s producers'
+    epochs, incarnations and ``left``, which a jumped state knows exactly: they change
+    only in versions like this one, and a writer never jumps over one.
+    """
+    if delta.version == 1 or delta.namespace or delta.layout is not None or delta.schema is not None:
+        return True
+    if delta.reclaim is not None or delta.end_of_stream:
+        return True
+    if delta.tgbs and (state.layout is None or state.layout.kind is None):
+        return True  # the first TGB fixes the payload kind
+    for producer_id, new in delta.producers.items():
+        old = state.producers.get(producer_id)
+        if old is None or (old.epoch, old.incarnation, old.left) != (new.epoch, new.incarnation, new.left):
+            return True
+    return False
+
+
+def _next_changed_at(state: LogState, delta: LogVersion | LogVersionHead) -> int:
+    """``changed_at`` of the version after ``state``: its own number when it changes more
+    (or when ``state`` does not know: a writer that cannot vouch for the past says so)."""
+    return delta.version if state.changed_at is None or changes_more(state, delta) else state.changed_at
+
+
+def _checked_changed_at(state: LogState, delta: LogVersion | LogVersionHead, key: str) -> int | None:
+    """The state's ``changed_at`` after ``delta``, refusing a ``delta`` whose own is wrong.
+    A state that does not know its own (a reader that started from an old snapshot) takes
+    the version's, which its writer knew: at most its own number, its own number if it
+    changes more."""
+    if delta.changed_at is None:
+        return None  # a version older than the field: unknown from here on
+    if state.changed_at is None:
+        if delta.changed_at > delta.version or (changes_more(state, delta) and delta.changed_at != delta.version):
+            raise CorruptDataError(key, f"says it was last changed at version {delta.changed_at}")
+        return delta.changed_at
+    expected = _next_changed_at(state, delta)
+    if delta.changed_at != expected:
+        raise CorruptDataError(key, f"says the log last changed at version {delta.changed_at}, it did at {expected}")
+    return expected
+
+
+def jump_to(
+    state: LogState,
+    head: LogVersion | LogVersionHead,
+    digest: str,
+    own: Sequence[LogVersion | LogVersionHead] = (),
+) -> LogState | None:
+    """The state at ``head`` from ``state`` alone, without the versions between; None when
+    the head cannot tell it (then the writer reads them all, as ``apply_version`` does).
+
+    It can when ``head`` says the log last changed at or below ``state.version``
+    (``changed_at``): every version between only added steps and bytes and moved its
+    committers' offsets. ``head`` itself carries the cumulative steps and bytes, and a
+    commit's other needs are unchanged: the namespace's id, layout and schema, the end of
+    stream, the reclaim, and every producer's epoch and incarnation, ours included (so a
+    claim that fenced us is never jumped over: I3). What the state loses is other
+    producers' offsets, metrics and ``last_version`` between the two; ``head``'s own
+    committers are taken from it. Our own offset moves only by our own commits: ``own``
+    are those between whose outcome we had not learned (ambiguous puts) and that landed,
+    read by the caller, oldest first; their producer states are taken too.
+    """
+    if head.changed_at is None or state.changed_at is None or head.changed_at > state.version:
+        return None
+    if head.version <= state.version or head.first_step < state.steps or changes_more(state, head):
+        return None  # (the last two only if the log is damaged: the full read says where)
+    if head.bytes is None or head.bytes - sum(t.nbytes for t in head.tgbs) < state.bytes:
+        return None
+    producers = dict(state.producers)
+    for version in [*own, head]:
+        producers.update(
+            {pid: msgspec.structs.replace(new, last_version=version.version) for pid, new in version.producers.items()}
+        )
+    return msgspec.structs.replace(
+        state,
+        version=head.version,
+        steps=head.first_step + len(head.tgbs),
+        producers=producers,
+        bytes=head.bytes,
+        digest=digest,
+        changed_at=head.changed_at,
+        skipped_through=max(state.skipped_through, head.version - 1 if head.version - 1 > state.version else 0),
     )
 
 
@@ -185,7 +282,7 @@ def _check_offsets(state: LogState, delta: LogVersion | LogVersionHead, key: str
         expected = next_offset.get(tgb.producer, 0)
         if tgb.source_offset < expected:
             raise CorruptDataError(key, f"TGB {tgb.producer}@{tgb.source_offset} repeats an offset already committed")
-        if tgb.source_offset > expected:
+        if tgb.source_offset > expected and not _may_be_behind(state, tgb.producer, expected):
             raise CorruptDataError(key, f"TGB {tgb.producer}@{tgb.source_offset} skips offsets from {expected}")
         next_offset[tgb.producer] = tgb.source_offset + 1
     for pid in {t.producer for t in delta.tgbs}:
@@ -194,6 +291,14 @@ def _check_offsets(state: LogState, delta: LogVersion | LogVersionHead, key: str
                 key,
                 f"producer {pid!r} records offset {delta.producers[pid].offset}, its TGBs end at {next_offset[pid]}",
             )
+
+
+def _may_be_behind(state: LogState, producer_id: str, expected: int) -> bool:
+    """Whether ``state``'s offset of ``producer_id`` may be behind the log's: a jump skipped
+    versions that may have recorded it since (``LogState.skipped_through``). Its next TGB
+    then continues where the log has it, unseen here; a repeat is still refused."""
+    recorded = state.producers.get(producer_id)
+    return recorded is not None and recorded.offset == expected and recorded.last_version < state.skipped_through
 
 
 def check_continuity(seen: dict[str, tuple[int, int]], delta: LogVersion, key: str) -> None:
@@ -230,7 +335,7 @@ def next_version(
     schema: Schema | None = None,
 ) -> LogVersion:
     """The version after ``state``, changing only what the arguments say."""
-    return LogVersion(
+    version = LogVersion(
         format=LOG_FORMAT,
         version=state.version + 1,
         first_step=state.steps,
@@ -243,6 +348,9 @@ def next_version(
         namespace=uuid.uuid4().hex if state.version == 0 else "",
         layout=layout,
         schema=schema,
+    )
+    return msgspec.structs.replace(
+        version, bytes=state.bytes + sum(t.nbytes for t in tgbs), changed_at=_next_changed_at(state, version)
     )
 
 

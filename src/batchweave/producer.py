@@ -526,7 +526,9 @@ class Producer:
             out["pending_tgbs"] = len(self._shared.pending)
             out["held_tgbs"] = len(self._pack)  # appended, waiting for the rest of their pack
             out["producers_seen"] = len(self._shared.state.producers)
-            out["producers_active"] = self._committers.count(time.monotonic(), self._policy_gap_s())
+            out["producers_active"] = max(
+                self._committers.count(time.monotonic(), self._policy_gap_s()), self._shared.between_looks.count()
+            )
             out["log_version"] = self._shared.state.version
         out["fragile_window_ema_s"] = getattr(self.policy, "fragile_window_ema_s", math.nan)
         out["gap_s"] = getattr(self.policy, "gap_s", math.nan)
@@ -549,12 +551,15 @@ class Producer:
     # -- internals -------------------------------------------------------------------
 
     def _active_producers(self) -> int:
-        """Producers contending for the log now: those seen committing lately (``RecentCommitters``)."""
+        """Producers contending for the log now: those seen committing lately
+        (``RecentCommitters``), or, when more, as many as the versions others committed
+        between two of our attempts imply (``SharedState.between_looks``: a commit that
+        jumps to the head reads only the head's committer)."""
         now = time.monotonic()
         recorded = self._shared.state.producers.items()
         # A producer's record that it left is no commit of its own: it stops counting.
         self._committers.update({pid: p.last_version for pid, p in recorded if not p.left}, now)
-        return self._committers.count(now, self._policy_gap_s())
+        return max(self._committers.count(now, self._policy_gap_s()), self._shared.between_looks.count())
 
     def _policy_gap_s(self) -> float:
         gap = getattr(self.policy, "gap_s", 0.0)  # DAC's; policies that ignore N have none

@@ -70,6 +70,16 @@ class CommitLoop:
 
     ``active_producers`` (called under the producer's condition) counts the producers
     contending for the log; ``published_metrics`` gives the counters a commit carries.
+
+    Each attempt learns the head by reading only the head where it can
+    (``Journal.commit(jump=True)``): what it reads and decodes per attempt is then flat in
+    the number of producers. The state it keeps is then behind on other producers'
+    offsets and ``last_version`` (``LogState.skipped_through``), so the count of
+    contending producers is also taken from the number of versions others committed
+    between two attempts (``SharedState.between_looks``, which ``active_producers``
+    reads). A producer with ``max_lag`` reads every version as before: its share of
+    ``max_lag`` counts the producers recorded in the last versions
+    (``lifecycle.backpressure.active_producers``), which only a full read knows.
     """
 
     def __init__(
@@ -89,6 +99,7 @@ class CommitLoop:
         self._published_metrics = published_metrics
         self._last_attempt = time.monotonic()
         self._conflict_streak = 0
+        self._jump = shared.committed_spans is None  # no max_lag (see the class doc)
 
     def run(self) -> None:
         """The background commit thread's body."""
@@ -176,8 +187,11 @@ class CommitLoop:
                 state, shared.producer_id, shared.me, remaining, time.time(), published, shared.schema
             )
 
-        result = self._journal.commit(shared.state, commit, max_attempts=1)
+        looked_at = shared.state.version
+        result = self._journal.commit(shared.state, commit, max_attempts=1, jump=self._jump)
         committed = result.outcome == "committed"
+        with shared.cond:
+            shared.between_looks.observe(result.state.version - looked_at - committed)
         shared.metrics["successes"] += committed
         shared.metrics["conflicts"] += result.conflicts
         if result.outcome != "nothing":

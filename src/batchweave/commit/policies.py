@@ -27,6 +27,7 @@ __all__ = [
     "Manual",
     "Naive",
     "RecentCommitters",
+    "VersionsBetweenLooks",
     "resolve_policy",
 ]
 
@@ -152,6 +153,34 @@ class RecentCommitters:
         """Producers whose newest commit was noticed within the window ending at ``now``; at least 1."""
         window = max(self.min_window_s, self.window_gaps * gap_s)
         return max(1, sum(1 for _, seen in self._noticed.values() if now - seen <= window))
+
+
+class VersionsBetweenLooks:
+    """The producer count N that the versions others committed between two of this
+    producer's commit attempts imply. Pure.
+
+    A producer that jumps to the head (``Journal.commit(jump=True)``) no longer reads who
+    committed the versions in between, so ``RecentCommitters`` sees only the heads it
+    read. Their number it still knows, for free: the head's number less its own view's.
+    Each contending producer commits about once per gap, and this one attempts about once
+    per gap, so about N - 1 versions land between two of its attempts; an EMA (weight
+    ``alpha``) smooths the count over attempts, as DAC smooths its windows.
+    """
+
+    def __init__(self, alpha: float = 0.2) -> None:
+        if not 0 < alpha <= 1:
+            raise ConfigError(f"VersionsBetweenLooks needs 0 < alpha <= 1, got {alpha}")
+        self.alpha = alpha
+        self._ema: float | None = None
+
+    def observe(self, others_landed: int) -> None:
+        """One attempt found ``others_landed`` versions of others since the previous one."""
+        landed = max(0, others_landed)
+        self._ema = landed if self._ema is None else (1 - self.alpha) * self._ema + self.alpha * landed
+
+    def count(self) -> int:
+        """The producers contending: this one and those the versions between imply; at least 1."""
+        return 1 if self._ema is None else 1 + round(self._ema)
 
 
 class Manual:

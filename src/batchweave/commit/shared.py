@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from batchweave.commit.policies import VersionsBetweenLooks
 from batchweave.lifecycle.backpressure import CommittedSpan
 from batchweave.log import LogState, ProducerState, TGBDescriptor
 from batchweave.schema import Schema
@@ -56,6 +57,10 @@ class SharedState:
     # Where our TGBs were committed, for backpressure (``lifecycle.backpressure``); None
     # when the producer has no max_lag (nothing would ever prune it).
     committed_spans: list[CommittedSpan] | None = None
+    # The versions others committed between two of our commit attempts (the direct commit
+    # loop observes them): how many producers contend, where our jumps to the head no
+    # longer tell who committed (``commit.loop``).
+    between_looks: VersionsBetweenLooks = field(default_factory=VersionsBetweenLooks)
 
     def committed_offset(self) -> int:
         return self.state.producers[self.producer_id].offset

@@ -136,11 +136,19 @@ class Journal(Generic[VersionT]):
         # last version writes the segment from them.
         self._recent = RecentVersions()
         self._copies = CopyWriter(store)  # of each version it commits (``headcopies``)
+        # Our puts whose outcome we never learned (they raised), by version: the digest of
+        # our bytes. A jump must not step over one of them that landed (``_own_landed``).
+        self._ambiguous: dict[int, str] = {}
 
     @property
     def requests(self) -> int:
         """Log requests made, for cost tests and metrics."""
         return self._objects.requests
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes of the log's objects read (versions, snapshots, the hint), for cost tests."""
+        return self._objects.bytes_read
 
     @property
     def snapshot_every(self) -> int:
@@ -218,10 +226,11 @@ class Journal(Generic[VersionT]):
         state, stale = self._proven(state)
         return state, max(read, 1) if stale else read
 
-    def _read_on(self, state: LogState) -> tuple[LogState, int]:
-        """``state`` advanced through the versions committed since, not proven yet. A version
-        that does not follow is damage only if the anchor is intact; otherwise it was
-        re-created in a freed key and the view is reloaded (proven)."""
+    def _read_on(self, state: LogState, *, jump: bool = False) -> tuple[LogState, int]:
+        """``state`` advanced through the versions committed since, not proven yet (with
+        ``jump``, straight to the head when it can: ``_jump``). A version that does not
+        follow is damage only if the anchor is intact; otherwise it was re-created in a
+        freed key and the view is reloaded (proven)."""
         anchor = self._proof.anchor
         if anchor is not None and state.version < anchor[0]:
             # The caller holds a state older than this journal's anchor (a commit that raised
@@ -229,11 +238,76 @@ class Journal(Generic[VersionT]):
             # neither reads nor a put from that state could be proven. Start from the newest.
             return self._recover_from_stale_view(), 1
         try:
-            return self._apply_newer(state)
+            jumps = jump and self.store.lists_from_a_key
+            advanced = (self._jump(state) if jumps else None) or self._apply_newer(state)
         except CorruptDataError:
             if self.verify():
                 raise  # the log itself is damaged
             return self._recover_from_stale_view(), 1
+        self._forget_ambiguous(advanced[0].version)
+        return advanced
+
+    def _jump(self, state: LogState) -> tuple[LogState, int] | None:
+        """``state`` advanced to the head reading only the head (unproven), and how many
+        versions were read; None when the head cannot tell the state (then every version
+        since is read, as always). A writer's per-attempt cost whatever the number of
+        producers: one LIST of the log's keys after ``state``'s (on a local directory, a few
+        stats: ``LogObjects.newest_version_after``), one GET of the newest, and one GET of
+        each of our own puts between whose outcome we never learned.
+
+        Why a skipped version cannot break I8 or I10: nothing acts on what was not read.
+        The put that follows creates version h+1 after h was read, so h was the head when
+        it landed, unless h was re-created in a freed key; and every read above the anchor
+        (the listing, h, our own versions) is proven by the same re-read of the anchor as
+        always (after the put, or by ``_proven`` before acting on "nothing to do"):
+        collection deletes versions in ascending order, so an intact anchor means nothing
+        above it, skipped or read, had been deleted. What a skipped version could change
+        that a commit needs (a claim fencing us, the end of stream, a reclaim, the
+        namespace's layout, payload kind or schema) is exactly what its ``changed_at``
+        records, and ``logrules.jump_to`` refuses the jump over it (I3, I9). Our own
+        commits are the only other change to our state (direct mode: nobody folds our
+        TGBs), and one that may have landed unseen is read here (``_own_landed``), so the
+        rebase drops what it committed (I3)."""
+        self.last_probe_started = time.monotonic()
+        head = self._objects.newest_version_after(state.version)
+        if head is None:
+            return state, 0  # nothing newer, as a probe's miss would say
+        read = self._read(head)
+        if read is None:
+            return None  # deleted since the listing: read on as always, which tells why
+        delta, digest = read
+        if head == state.version + 1:
+            advanced: LogState | None = logrules.apply_version(state, delta, keys.version_key(head), digest)
+            own: list[VersionT] | None = []
+        else:
+            own = self._own_landed(state.version, head)
+            advanced = None if own is None else logrules.jump_to(state, delta, digest, own)
+        if advanced is None:
+            return None
+        self.newest_committed_at = delta.committed_at
+        self._proof.unproven = True
+        return advanced, 1 + len(own or ())
+
+    def _own_landed(self, after: int, head: int) -> list[VersionT] | None:
+        """Our puts above ``after`` and below ``head`` whose outcome we never learned and
+        that did land (the version holds our bytes), oldest first; None when one of those
+        versions is missing (read every version instead: that tells why)."""
+        landed: list[VersionT] = []
+        for version, ours in sorted(self._ambiguous.items()):
+            if not after < version < head:
+                continue
+            data = self._objects.get(keys.version_key(version))
+            if data is None:
+                return None
+            if log.digest(data) == ours:
+                self._recent.keep(version, data)
+                landed.append(self._decode(data, keys.version_key(version), version))
+        return landed
+
+    def _forget_ambiguous(self, through: int) -> None:
+        """A view through version ``through`` knows how every put at or below it went."""
+        for version in [v for v in self._ambiguous if v <= through]:
+            del self._ambiguous[version]
 
     def _apply_newer(self, state: LogState) -> tuple[LogState, int]:
         """``state`` advanced through every version committed since (unproven), and how many."""
@@ -254,6 +328,7 @@ class Journal(Generic[VersionT]):
         *,
         max_attempts: int | None = None,
         after_conflict: Callable[[float], None] | None = None,
+        jump: bool = False,
     ) -> Committed:
         """Commit ``build(newest state)`` as the next version; see the module doc.
 
@@ -265,6 +340,13 @@ class Journal(Generic[VersionT]):
         catches up and builds again, at most ``max_attempts`` times (None: until done),
         after calling ``after_conflict`` (if given) with the lost attempt's fragile window
         (seconds): a writer racing many rivals backs off there rather than at once.
+
+        ``jump``: learn the head by reading only the head where it can tell the state
+        (``_jump``), for a producer committing its own TGBs: its cost per attempt is then
+        flat in the number of producers (on a store that lists from a key:
+        ``Store.lists_from_a_key``; elsewhere every version is read, as without it). The
+        states it returns may then be behind on other producers' offsets and metrics
+        (``LogState.skipped_through``).
         """
         if self.read_only:
             raise ConfigError(f"{self.store.url}: this journal only reads the log (a reader's); it cannot commit")
@@ -274,7 +356,7 @@ class Journal(Generic[VersionT]):
             state = self.load_state()
         conflicts = 0
         while True:
-            state, _ = self._read_on(state)
+            state, _ = self._read_on(state, jump=jump)
             delta = build(state)
             if delta is None:
                 # Acting on "nothing to do" (dropping pending TGBs, deleting intents) needs
@@ -288,7 +370,10 @@ class Journal(Generic[VersionT]):
             data = log.encode(delta)
             after = logrules.apply_version(state, delta, key, log.digest(data))  # validate before writing
             self._proof.unverified.add(delta.version)  # also if the put's outcome is ambiguous (it raises)
-            if not self._objects.put_if_absent(key, data):
+            self._ambiguous[delta.version] = log.digest(data)  # until the put answers
+            landed = self._objects.put_if_absent(key, data)
+            del self._ambiguous[delta.version]
+            if not landed:
                 conflicts += 1
                 window_s = self._window_s()
                 if max_attempts is not None and conflicts >= max_attempts:
@@ -300,10 +385,13 @@ class Journal(Generic[VersionT]):
             window_s = self._window_s()
             self._recent.keep(delta.version, data)
             if self.verify():
+                witness = self._proof.anchor  # genuine, and at or below all that was read
                 self._proof.advance(after)
                 # Only now: a proven put's bytes, naming the namespace (headcopies).
                 self._copies.write(delta.version, data, after.namespace)
-                self.after_commit(after)
+                if after.skipped_through and after.version % SEGMENT_VERSIONS == 0:
+                    self._fill_segment(after.version, witness)
+                after = self.after_commit(after)
                 return Committed("committed", after, delta, window_s, conflicts)
             state = self._recover_from_stale_view()
 
@@ -458,15 +546,79 @@ class Journal(Generic[VersionT]):
         data = self._objects.get(keys.version_key(state.version))
         return None if data is None else (state.version, log.digest(data))
 
-    def after_commit(self, state: LogState) -> None:
+    def after_commit(self, state: LogState) -> LogState:
         """Called by the committer of ``state.version`` once its view is verified: writes a
         snapshot every K versions (or now, when its load found one missing) and a segment
-        every ``SEGMENT_VERSIONS``."""
+        every ``SEGMENT_VERSIONS``. Returns the state to go on from: ``state``, or its
+        exact twin when it had skipped versions and a snapshot was due (``_exact_twin``)."""
+        snapshot_due = state.version % self.snapshot_every == 0 or self._snapshot_missing
+        if snapshot_due and state.skipped_through:
+            # A jumped state is behind on other producers: never a snapshot of it.
+            state = self._exact_twin(state) or state
         if state.version % SEGMENT_VERSIONS == 0:
             self.write_segment(state.version)
-        if state.version % self.snapshot_every == 0 or self._snapshot_missing:
-            self.write_snapshot(state)
+        if snapshot_due:
+            if not state.skipped_through:
+                self.write_snapshot(state)
             self._snapshot_missing = False
+        return state
+
+    def _fill_segment(self, last: int, witness: tuple[int, str] | None) -> None:
+        """Read the versions of the segment ending at ``last`` (ours, just verified) that a
+        jump skipped, so that ``after_commit`` can write the segment; best effort. Proven
+        as any read (P1, ``proof``): a version known genuine at or below every one of them,
+        re-read after them with the same bytes, means none had been deleted. That version
+        is one this writer holds the bytes of, or ``witness``, the anchor its commit was
+        verified by. At most a segment's reads, by the committer of a segment's last
+        version only: about one GET per version of the log, whatever the producers."""
+        wanted = range(last - SEGMENT_VERSIONS + 1, last)
+        missing = [v for v in wanted if self._recent.get(v) is None]
+        if not missing:
+            return
+        held = [(v, log.digest(data)) for v in wanted if v < missing[0] and (data := self._recent.get(v)) is not None]
+        known = [*held, *([witness] if witness is not None and 0 < witness[0] <= missing[0] else [])]
+        if not known:
+            return  # nothing to prove them by: readers read these versions one by one
+        proof_version, proof_digest = max(known)
+        try:
+            read = [(v, self._objects.get(keys.version_key(v))) for v in missing]
+            again = self._objects.get(keys.version_key(proof_version))
+        except StoreError as exc:
+            _logger.info("no segment ending at version %d from this writer: %s", last, exc)
+            return
+        if again is None or log.digest(again) != proof_digest or any(data is None for _, data in read):
+            return
+        for version, data in read:
+            assert data is not None
+            self._recent.keep(version, data)
+
+    def _exact_twin(self, state: LogState) -> LogState | None:
+        """``state`` (proven, with skipped versions) as a full read would have it: the
+        previous snapshot and every version since applied to it, or None when that cannot
+        be had (no snapshot there, a version missing: the snapshot is then left to the next
+        committer). The reads are proven like a load's: the snapshot records its version's
+        digest, re-read after them (P1, ``proof``); and the result must end at ``state``'s
+        own digest. About K GETs, once every K versions in the whole log, by the committer
+        of a snapshot's version only: O(1) per version, and the producers table it gives
+        back is exact again."""
+        base_version = (state.version - 1) // self.snapshot_every * self.snapshot_every
+        try:
+            base = self._snapshots.read(base_version)
+            if base is None or not base.digest:
+                return None
+            exact = base
+            for version in range(base_version + 1, state.version + 1):
+                read = self._read(version)
+                if read is None:
+                    return None
+                exact = logrules.apply_version(exact, read[0], keys.version_key(version), read[1])
+            anchor = self._objects.get(keys.version_key(base_version))
+        except (CorruptDataError, StoreError) as exc:
+            _logger.info("no snapshot of version %d from this writer: %s", state.version, exc)
+            return None
+        if anchor is None or log.digest(anchor) != base.digest:
+            return None
+        return exact if exact.digest == state.digest else None
 
     def write_segment(self, last: int) -> bool:
         """Best effort, like snapshots: the segment ending at version ``last`` from the

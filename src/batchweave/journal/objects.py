@@ -2,32 +2,45 @@
 
 from __future__ import annotations
 
+import re
+
+from batchweave import keys
 from batchweave.errors import ObjectExistsError, ObjectNotFoundError
 from batchweave.store import Store
 
 __all__ = ["LogObjects"]
+
+_VERSION_NAME = re.compile(r"\d{20}\.json")
+# Every other object under the log's prefix is named from "_" on (the snapshots, the
+# segments, the hint), and "_" sorts after every digit: a listing from a version's key
+# meets all the versions above it first.
+_PAST_THE_VERSIONS = keys.LOG_PREFIX + "_"
 
 
 class LogObjects:
     """``store`` for a journal's reads of the log and its create-only puts of log versions.
 
     A missing object reads as None and a lost create-only race as False; ``requests``
-    counts every call (``Journal.requests``, for cost tests and metrics). What is written
+    counts every call and ``bytes_read`` the bytes of what the reads returned
+    (``Journal.requests``, ``Journal.bytes_read``, for cost tests and metrics). What is written
     best effort beside the log (snapshots, the hint, segments) goes to ``store`` directly.
     """
 
-    __slots__ = ("requests", "store")
+    __slots__ = ("bytes_read", "requests", "store")
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self.requests = 0
+        self.bytes_read = 0  # of the objects read (every one is decoded, or hashed, or both)
 
     def get(self, key: str) -> memoryview | None:
         self.requests += 1
         try:
-            return self.store.get(key)
+            data = self.store.get(key)
         except ObjectNotFoundError:
             return None
+        self.bytes_read += len(data)
+        return data
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         """False when the object exists already (another writer took that key)."""
@@ -41,3 +54,40 @@ class LogObjects:
     def list_keys(self, prefix: str) -> list[str]:
         self.requests += 1
         return [info.key for info in self.store.list(prefix)]
+
+    def newest_version_after(self, version: int) -> int | None:
+        """The highest version number the log holds above ``version``, or None when it holds
+        none: one LIST that starts after ``version``'s key, keys only. Not proven: the
+        caller reads that version and proves it as any read (``Journal``)."""
+        self.requests += 1
+        if self.store.has_locally(keys.version_key(version + 1)) is not None:
+            return self._probed_newest_after(version)
+        listed = self.store.list_keys_after(keys.LOG_PREFIX, keys.version_key(version), _PAST_THE_VERSIONS)
+        numbers = [int(key[len(keys.LOG_PREFIX) : -len(".json")]) for key in listed if _is_version_key(key)]
+        return max(numbers, default=None)
+
+    def _probed_newest_after(self, version: int) -> int | None:
+        """``newest_version_after`` on a local directory, by probes for names (stats), none
+        a request: forward in doubling steps to a missing version, then halving back.
+        About 2 log2(versions since) stats, where a listing would read every name in
+        the directory, which grows with the log until collection. Versions above one
+        present are dense (collection deletes in ascending order); a hole a collector
+        just made only makes this answer lower, and the put after it fails or is
+        proven stale, as any probe's."""
+        present = version
+        step = 1
+        while self.store.has_locally(keys.version_key(present + step)):
+            present += step
+            step *= 2
+        missing = present + step
+        while missing - present > 1:
+            middle = (present + missing) // 2
+            if self.store.has_locally(keys.version_key(middle)):
+                present = middle
+            else:
+                missing = middle
+        return None if present == version else present
+
+
+def _is_version_key(key: str) -> bool:
+    return key.startswith(keys.LOG_PREFIX) and _VERSION_NAME.fullmatch(key, len(keys.LOG_PREFIX)) is not None

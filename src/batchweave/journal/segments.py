@@ -49,6 +49,9 @@ class RecentVersions:
     def clear(self) -> None:
         self._data.clear()
 
+    def get(self, version: int) -> bytes | memoryview | None:
+        return self._data.get(version)
+
     def write_segment(self, store: Store, last: int) -> bool:
         """The segment ending at version ``last``, if this writer holds all its versions.
         True if written (or somebody wrote it already)."""

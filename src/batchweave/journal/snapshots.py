@@ -95,6 +95,10 @@ class Snapshots:
             _logger.warning("ignoring a damaged snapshot hint: %s", exc)
             return log.Hint(0)
 
+    def read(self, version: int) -> LogState | None:
+        """The snapshot at ``version``; None if there is none, or it is damaged (logged)."""
+        return self._read(version, newest=False)
+
     def _read(self, version: int, *, newest: bool) -> LogState | None:
         """The snapshot at ``version``; None if there is none. Damage raises when the
         snapshot may be the newest (``newest``), else it is skipped for a listing."""

@@ -202,6 +202,14 @@ class Store(Requester):
         return self.object_store
 
     @property
+    def lists_from_a_key(self) -> bool:
+        """Whether a listing starts at a key on the store's side, so ``list_keys_after``
+        costs what follows the key only: S3's ``start-after``, GCS's ``startOffset``, a
+        memory store, a local directory. Not Azure: its listing starts at the prefix, and
+        obstore drops the keys before the offset itself, after listing them."""
+        return SCHEME_FAMILY.get(urlparse(self.url).scheme) != "az"
+
+    @property
     def head_copies(self) -> int:
         """Copies of each new log version its writers keep near the head, for a large
         job's followers (``journal.headcopies``): ``keys.HEAD_COPIES`` on an object store,
@@ -503,6 +511,50 @@ class Store(Requester):
             return int(self._call(key, lambda: obstore.head(self._store, key), "head")["size"])
         except ObjectNotFoundError:
             return None
+
+    def has_locally(self, key: str) -> bool | None:
+        """On a local directory, whether ``key`` exists: one ``stat``, no request to count
+        (a probe there costs microseconds, a listing of a large directory milliseconds).
+        None elsewhere: ask the store."""
+        if self._local_root is None:
+            return None
+        path = self._local_file(key)
+        return None if path is None else os.path.exists(path)
+
+    def list_keys_after(self, prefix: str, start_after: str, before: str) -> list[str]:
+        """The keys under ``prefix`` that sort after ``start_after`` and before ``before``,
+        in key order: one LIST request that starts at ``start_after`` and is read only up
+        to ``before`` (S3's ``start-after``; the stores list in key order). On a local
+        directory, the names of ``prefix``'s own directory (no request to count), so keys
+        below it in subdirectories are not listed."""
+        if self._local_root is not None:
+            return self._local_keys_after(prefix, start_after, before)
+
+        def listed() -> list[str]:
+            found: list[str] = []
+            listing: Any = obstore  # its list's overloads are typed loosely; chunks of dicts
+            for chunk in listing.list(self._store, prefix=prefix or None, offset=start_after, chunk_size=100):
+                for meta in chunk:
+                    key = str(meta["path"])
+                    if key >= before:
+                        return found
+                    found.append(key)
+            return found
+
+        return self._call(prefix, listed, "list")
+
+    def _local_keys_after(self, prefix: str, start_after: str, before: str) -> list[str]:
+        assert self._local_root is not None
+        directory = os.path.join(self._local_root, prefix)
+
+        def listed() -> list[str]:
+            try:
+                names = os.listdir(directory)
+            except FileNotFoundError:
+                return []
+            return sorted(key for key in (prefix + name for name in names) if start_after < key < before)
+
+        return self._call(prefix, listed, "list")
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """Every object under ``prefix`` (relative to the namespace), in no fixed order."""

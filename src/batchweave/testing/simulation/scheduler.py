@@ -29,6 +29,9 @@ from batchweave.testing.simulation.choices import Choices
 
 __all__ = ["OP_LATENCY_S", "Actor", "Dead", "Op", "Scheduler", "VirtualClock"]
 
+# How long a writer waits for an answer that never comes (seconds).
+_TIMEOUT_WAITS_S = (0.0, 1.0, 10.0)
+
 OP_LATENCY_S = 0.01  # virtual seconds one store operation takes
 START_TIME = 1_700_000_000.0  # a plausible Unix time: committed_at and modified times look real
 
@@ -143,6 +146,10 @@ class Scheduler:
                 op.apply()
             except Exception:
                 pass  # its answer is lost with the rest of the response
+        # A timeout takes its time: others may commit before the writer learns of it, so
+        # its retry meets versions after its own put, which may have landed (a writer that
+        # jumps to the head must read that put first: ``Journal._own_landed``).
+        self.sleep(self.choices.pick(_TIMEOUT_WAITS_S))
         raise TransientStoreError(op.key, f"simulated timeout, the put was {op.timeout}")
 
     def _times_out(self, actor: Actor) -> None:

@@ -113,6 +113,12 @@ class SimStore(Store):
 
         return iter(self._op("list", prefix, apply))
 
+    def list_keys_after(self, prefix: str, start_after: str, before: str) -> list[str]:
+        def apply() -> list[str]:
+            return sorted(key for key in self.objects if key.startswith(prefix) and start_after < key < before)
+
+        return self._op("list", prefix, apply)
+
     def require_create_only(self) -> None:
         pass  # a dict honours create-only puts by construction
 
