@@ -22,12 +22,12 @@ import batchweave as bw
 from batchweave import keys, log, logrules
 from batchweave import producer as producer_module
 from batchweave.commit.policies import Manual, RecentCommitters, VersionsBetweenLooks
-from batchweave.errors import ProducerFencedError, TransientStoreError
+from batchweave.errors import ObjectExistsError, ProducerFencedError, TransientStoreError
 from batchweave.journal import Journal
 from batchweave.journal.objects import LogObjects
 from batchweave.log import Layout, LogState, TGBDescriptor
 from batchweave.segment import SEGMENT_VERSIONS, decode_segment, segment_key
-from batchweave.store import open_store
+from batchweave.store import Store, open_store
 from batchweave.testing.interleave import AmbiguousOnceStore
 
 NO_SNAPSHOTS = 10**6  # snapshot_every: the counted attempts write none (see the last test for one)
@@ -331,3 +331,112 @@ def test_the_head_after_a_version_is_found_by_the_store_or_by_probes(versions, f
     found = [objects.newest_version_after(after) for after in (0, 1, versions - 1, versions, versions + 5)]
     assert found == [versions, versions if versions > 1 else None, versions, None, None]
     assert objects.requests == 5
+
+
+class FailsTheProofAfterAPut(Store):
+    """A real ``Store`` that, once ``armed``, lets the next log-version put land and fails
+    the GET right after it (the anchor's re-read that proves the commit): the commit raises
+    after its version landed, which the writer was told."""
+
+    armed = False
+    landed: str | None = None
+    failed = False
+
+    def put_if_absent(self, key: str, data: bytes | memoryview) -> None:
+        super().put_if_absent(key, data)
+        if self.armed and self.landed is None and key.startswith(keys.LOG_PREFIX + "0"):
+            self.landed = key
+
+    def get(self, key: str) -> memoryview:
+        if self.landed is not None and not self.failed:
+            self.failed = True
+            raise TransientStoreError(key, "simulated failure of the proof's read")
+        return super().get(key)
+
+
+def test_a_put_that_landed_before_its_proof_failed_is_not_committed_twice():
+    """Regression (a duplicate found by tests/test_latency.py's chaos run): our put landed
+    and said so, then the read that proves it failed, so the commit raised. The retry from
+    the state before it jumps over our version; it must still read it as ours (I3)."""
+    url = f"memory://commit-cost/{uuid.uuid4().hex}"
+    pool = Others(url, 4)
+    store = FailsTheProofAfterAPut(url)
+    journal = Journal(store, NO_SNAPSHOTS, heads_only=True)
+    state = journal.load_state()
+    done = journal.commit(state, lambda s: logrules.build_claim(s, "me", "inc", time.time(), Layout(1, 1)))
+    state, me = done.state, done.state.producers["me"]
+    pool.round()
+    state = journal.commit(state, lambda s: None).state
+
+    def commit(newest: LogState) -> log.LogVersion | None:
+        remaining = logrules.pending_after_rebase(newest, "me", me, [_tgb("me", 0, me.epoch)])
+        return logrules.build_commit(newest, "me", me, remaining, time.time()) if remaining else None
+
+    store.armed = True
+    with pytest.raises(TransientStoreError, match="proof's read"):
+        journal.commit(state, commit, jump=True)
+    assert store.landed == keys.version_key(state.version + 1)
+    pool.round()
+    pool.round()
+    done = journal.commit(state, commit, jump=True)
+    assert done.outcome == "nothing"
+    assert done.state.producers["me"].offset == 1
+    assert_exactly_once(url, {"me": 1, **pool.offsets})
+
+
+class LandsThenTimesOut(Store):
+    """A real ``Store`` whose next log-version put, once ``armed``, is applied and then
+    answered by a timeout, so the store's own retry of it finds the key taken (by that
+    first attempt)."""
+
+    armed = False
+    fired = False
+
+    def _perform(self, request, nbytes, op):
+        result = op()
+        if self.armed and not self.fired and request == "put":
+            self.fired = True
+            raise TimeoutError("request timed out after the write was applied")
+        return result
+
+
+def test_a_create_only_put_retried_after_a_lost_answer_says_the_key_may_be_its_own(fast_url):
+    store = LandsThenTimesOut(f"{fast_url}/retried", storage_options={"retry_deadline_s": 30})
+    store.armed = True
+    with pytest.raises(ObjectExistsError) as retried:
+        store.put_if_absent("_log/x.json", b"ours")
+    assert store.fired and retried.value.after_retry
+    assert bytes(store.get("_log/x.json")) == b"ours"
+    with pytest.raises(ObjectExistsError) as plain:
+        store.put_if_absent("_log/x.json", b"another writer's")
+    assert not plain.value.after_retry
+
+
+def test_a_put_the_store_retried_into_its_own_landed_version_is_not_committed_twice():
+    """Regression (the same chaos run, after the fix above): our put lands, its answer is
+    lost, the store retries it and finds the key taken, by our own first attempt. The
+    commit sees a lost race; others commit after it; the retry jumps to the head and must
+    read that version as ours (I3)."""
+    url = f"memory://commit-cost/{uuid.uuid4().hex}"
+    pool = Others(url, 4)
+    store = LandsThenTimesOut(url)
+    journal = Journal(store, NO_SNAPSHOTS, heads_only=True)
+    state = journal.load_state()
+    done = journal.commit(state, lambda s: logrules.build_claim(s, "me", "inc", time.time(), Layout(1, 1)))
+    state, me = done.state, done.state.producers["me"]
+    pool.round()
+    state = journal.commit(state, lambda s: None).state
+
+    def commit(newest: LogState) -> log.LogVersion | None:
+        remaining = logrules.pending_after_rebase(newest, "me", me, [_tgb("me", 0, me.epoch)])
+        return logrules.build_commit(newest, "me", me, remaining, time.time()) if remaining else None
+
+    store.armed = True
+    lost = journal.commit(state, commit, max_attempts=1, jump=True)
+    assert store.fired and lost.outcome == "conflict"
+    pool.round()
+    pool.round()
+    done = journal.commit(lost.state, commit, jump=True)
+    assert done.outcome == "nothing"
+    assert done.state.producers["me"].offset == 1
+    assert_exactly_once(url, {"me": 1, **pool.offsets})

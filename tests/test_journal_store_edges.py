@@ -359,8 +359,8 @@ def test_log_objects_count_every_request_and_read_a_miss_as_none_and_a_lost_race
     objects = LogObjects(Store(memory_url("objects")))
     assert objects.requests == 0
     assert objects.get("_log/a.json") is None
-    assert objects.put_if_absent("_log/a.json", b"first") is True
-    assert objects.put_if_absent("_log/a.json", b"second") is False
+    assert objects.put_if_absent("_log/a.json", b"first") == "landed"
+    assert objects.put_if_absent("_log/a.json", b"second") == "taken"
     assert bytes(objects.get("_log/a.json")) == b"first"
     objects.store.put("_log/b.json", b"b")
     objects.store.put("other/c.json", b"c")

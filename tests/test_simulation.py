@@ -406,6 +406,26 @@ def test_commit_retried_after_a_timeout_never_lands_in_a_freed_key():
     _replay_pinned("flush-lost")
 
 
+def test_a_commit_whose_proof_failed_after_its_put_landed_is_never_committed_again():
+    """Found by tests/test_latency.py's chaos run, then here (ambiguous seed 794, shrunk):
+    direct producer p0.2's put of version 8 lands and says so, the read of its anchor that
+    proves it fails, so the commit raises; g0.1 commits version 9; p0.2's retry jumps from
+    version 7 to the head, 9, and commits its TGBs of version 8 again in version 10 (I3).
+    Fixed: a journal keeps its own put as possibly landed until a view through it, not
+    only while the put has not answered (``Journal._own_landed``)."""
+    _replay_pinned("own-put-after-failed-proof")
+
+
+def test_a_put_the_store_retried_into_its_own_landed_version_is_never_committed_again():
+    """Found by the same chaos run once the one above was fixed, then here (ambiguous seed
+    12, shrunk): p1.1's put of version 4 lands, its answer is lost, and the store's retry
+    finds the key taken, by that put; p1.1 sees a lost race, g0.1 commits version 5, and
+    p1.1 jumps from version 3 to 5 and commits its TGBs again in version 6 (I3). Fixed: a
+    lost race after a retry is "maybe ours" (``ObjectExistsError.after_retry``), and the
+    jump reads that version first."""
+    _replay_pinned("own-put-retried-by-the-store")
+
+
 def test_lagging_reader_never_delivers_a_version_re_created_in_a_freed_key():
     """A reader no checkpoint protects pauses; collection deletes the versions after its
     cursor; a stale writer re-creates one of those keys (the damager, as a stale producer

@@ -224,7 +224,14 @@ class ObjectNotFoundError(StoreError, FileNotFoundError):
 
 
 class ObjectExistsError(StoreError, FileExistsError):
-    """A create-only put found the key already taken."""
+    """A create-only put found the key already taken.
+
+    ``after_retry``: the put was retried after an attempt whose answer was lost (a
+    timeout, a dropped connection), so the object may be that attempt's, this writer's
+    own (``store.requests``); a writer that must know reads it.
+    """
+
+    after_retry: bool = False
 
 
 class StorePermissionError(StoreError, PermissionError):

@@ -136,8 +136,10 @@ class Journal(Generic[VersionT]):
         # last version writes the segment from them.
         self._recent = RecentVersions()
         self._copies = CopyWriter(store)  # of each version it commits (``headcopies``)
-        # Our puts whose outcome we never learned (they raised), by version: the digest of
-        # our bytes. A jump must not step over one of them that landed (``_own_landed``).
+        # Our puts that landed or may have, by version (the digest of our bytes), until a
+        # view through them: a put that raised, or one that landed and whose commit then
+        # raised (its proof's read failed). A jump must not step over one of them that
+        # landed (``_own_landed``).
         self._ambiguous: dict[int, str] = {}
 
     @property
@@ -370,10 +372,11 @@ class Journal(Generic[VersionT]):
             data = log.encode(delta)
             after = logrules.apply_version(state, delta, key, log.digest(data))  # validate before writing
             self._proof.unverified.add(delta.version)  # also if the put's outcome is ambiguous (it raises)
-            self._ambiguous[delta.version] = log.digest(data)  # until the put answers
-            landed = self._objects.put_if_absent(key, data)
-            del self._ambiguous[delta.version]
-            if not landed:
+            self._ambiguous[delta.version] = log.digest(data)  # until a view through it
+            outcome = self._objects.put_if_absent(key, data)
+            if outcome == "taken":
+                del self._ambiguous[delta.version]  # another writer's version is there
+            if outcome != "landed":
                 conflicts += 1
                 window_s = self._window_s()
                 if max_attempts is not None and conflicts >= max_attempts:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from batchweave import keys
 from batchweave.errors import ObjectExistsError, ObjectNotFoundError
@@ -42,14 +43,16 @@ class LogObjects:
         self.bytes_read += len(data)
         return data
 
-    def put_if_absent(self, key: str, data: bytes) -> bool:
-        """False when the object exists already (another writer took that key)."""
+    def put_if_absent(self, key: str, data: bytes) -> Literal["landed", "taken", "maybe-ours"]:
+        """"taken" when the object exists already (another writer took that key);
+        "maybe-ours" when it exists after the store retried a put whose first answer was
+        lost, so it may be that attempt's (``ObjectExistsError.after_retry``)."""
         self.requests += 1
         try:
             self.store.put_if_absent(key, data)
-        except ObjectExistsError:
-            return False
-        return True
+        except ObjectExistsError as exc:
+            return "maybe-ours" if exc.after_retry else "taken"
+        return "landed"
 
     def list_keys(self, prefix: str) -> list[str]:
         self.requests += 1

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from batchweave import retry
-from batchweave.errors import BatchWeaveError, ConfigError, StoreError, TransientStoreError
+from batchweave.errors import BatchWeaveError, ConfigError, ObjectExistsError, StoreError, TransientStoreError
 from batchweave.store.failures import never_reached, throttling, translate_error
 from batchweave.store.options import RETRY_DEADLINE_OPTION
 
@@ -238,6 +238,12 @@ class Requester:
                 except TransientStoreError as again:
                     error = again
                     continue
+                except ObjectExistsError as exc:
+                    answered = True
+                    # An earlier attempt may have landed before its answer was lost: the
+                    # key may hold our own bytes (a log writer then reads them).
+                    exc.after_retry = True
+                    raise
                 except StoreError:
                     answered = True  # a 404 or a lost race is an answer: the store is back
                     raise

@@ -13,7 +13,12 @@ The points, as the trace shows them (``delete`` by a collector frees a key; ``pu
 
 - ``reads-re-created``: the victim reads a version re-created in a freed key;
 - ``reads-freed``: the victim reads a version's key while it is freed;
-- ``puts-freed``: the victim puts a version into a freed key.
+- ``puts-freed``: the victim puts a version into a freed key;
+- ``proof-fails-after-put``: the victim's log-version put lands and says so, and the read
+  that proves it fails (``Scheduler._times_out``): its retry must still count that
+  version as its own, however many versions others committed after it;
+- ``put-retried-into-itself``: the victim's log-version put lands, its answer is lost and
+  the store's retry of it finds the key taken, by that put: the same for a lost race.
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ from batchweave.testing.simulation.world import Config, role
 
 __all__ = ["EVENTS", "Point", "find", "reached"]
 
-EVENTS = ("reads-re-created", "reads-freed", "puts-freed")
+EVENTS = ("reads-re-created", "reads-freed", "puts-freed", "proof-fails-after-put", "put-retried-into-itself")
+# The events the trace records as a log-version put's TIMEOUT, by the outcome it names.
+_TIMEOUTS = {"proof-fails-after-put": " proof-failed", "put-retried-into-itself": " retried"}
 _PUTS = ("put", "put_if_absent")
 
 
@@ -53,9 +60,11 @@ def reached(trace: Iterable[tuple[float, str, str, str]], point: Point) -> bool:
     freed: set[str] = set()  # version keys a collector deleted, not put since
     re_created: set[str] = set()  # version keys put again after a delete, not deleted since
     for _, actor, op, key in trace:
+        victim = role(actor) == point.victim
+        if op == "TIMEOUT" and victim and point.event in _TIMEOUTS and key.endswith(_TIMEOUTS[point.event]):
+            return True
         if not VERSION_KEY.fullmatch(key):
             continue
-        victim = role(actor) == point.victim
         if op == "delete":
             freed.add(key)
             re_created.discard(key)

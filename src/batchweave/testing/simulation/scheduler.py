@@ -24,7 +24,7 @@ from typing import Any
 import greenlet
 
 from batchweave import keys
-from batchweave.errors import TransientStoreError
+from batchweave.errors import ObjectExistsError, TransientStoreError
 from batchweave.testing.simulation.choices import Choices
 
 __all__ = ["OP_LATENCY_S", "Actor", "Dead", "Op", "Scheduler", "VirtualClock"]
@@ -62,7 +62,9 @@ class Op:
     name: str
     key: str
     apply: Callable[[], Any]
-    timeout: str | None = None  # "applied" or "lost": the caller sees a timeout instead of the answer
+    # "applied" or "lost": the caller sees a timeout instead of the answer; "retried": it is
+    # applied and the caller sees the key taken, by the store's retry of it
+    timeout: str | None = None
 
 
 @dataclass(eq=False)
@@ -82,6 +84,7 @@ class Actor:
     waiting_for: str = ""  # what it is blocked on, for "waits forever" messages
     crash_at: int = 0  # dies at its crash_at-th store operation (0: never)
     ambiguous_at: int = 0  # its first log-version put from this operation on times out (0: never)
+    fail_next_get: bool = False  # its next GET fails (the proof of a put that answered)
     ops: int = 0  # store operations it was scheduled for
     notes: dict[str, Any] = field(default_factory=dict)  # what its script wants found (its consumer)
 
@@ -139,9 +142,13 @@ class Scheduler:
         actor.pending, actor.state = op, "op"
         self.main.switch()
         actor.pending = None
+        if actor.fail_next_get and op.name == "get":
+            actor.fail_next_get = False
+            self.sleep(self.choices.pick(_TIMEOUT_WAITS_S))  # others commit meanwhile, as below
+            raise TransientStoreError(op.key, "simulated failure of the read after a put that landed")
         if op.timeout is None:
             return op.apply()
-        if op.timeout == "applied":
+        if op.timeout in ("applied", "retried"):
             try:
                 op.apply()
             except Exception:
@@ -150,11 +157,18 @@ class Scheduler:
         # its retry meets versions after its own put, which may have landed (a writer that
         # jumps to the head must read that put first: ``Journal._own_landed``).
         self.sleep(self.choices.pick(_TIMEOUT_WAITS_S))
+        if op.timeout == "retried":  # the store's own retry of it found the key taken
+            taken = ObjectExistsError(op.key, "already exists, the create-only put lost (simulated, after a retry)")
+            taken.after_retry = True
+            raise taken
         raise TransientStoreError(op.key, f"simulated timeout, the put was {op.timeout}")
 
     def _times_out(self, actor: Actor) -> None:
         """Whether the answer to this log-version put is lost (``ambiguous_at``): the store
-        applied it or not, and the writer sees a timeout either way (I3's ambiguous commit)."""
+        applied it or not, and the writer sees a timeout either way (I3's ambiguous commit);
+        or it lands, its answer is lost and the store's retry finds the key taken (by it);
+        or it lands and says so, and the read after it (the commit's proof) fails: the
+        commit raises after its version landed, which the writer knew."""
         op = actor.pending
         assert op is not None
         if actor.ambiguous_at == 0 or actor.ops < actor.ambiguous_at:
@@ -162,8 +176,12 @@ class Scheduler:
         if op.name != "put_if_absent" or not op.key.startswith(keys.LOG_PREFIX + "0"):
             return  # the first log-version put from its ambiguous_at-th operation on
         actor.ambiguous_at = 0
-        op.timeout = "applied" if self.choices.choose(2) == 1 else "lost"
-        self.trace.append((self.clock.elapsed, actor.name, "TIMEOUT", f"{op.name} {op.key} {op.timeout}"))
+        outcome = ("lost", "applied", "proof-failed", "retried")[self.choices.choose(4)]
+        if outcome == "proof-failed":
+            actor.fail_next_get = True
+        else:
+            op.timeout = outcome
+        self.trace.append((self.clock.elapsed, actor.name, "TIMEOUT", f"{op.name} {op.key} {outcome}"))
 
     def sleep(self, seconds: float) -> None:
         actor = self._acting()
