@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from batchweave.commit.group import GroupCommit
 from batchweave.commit.policies import (
     AIMD,
     DAC,
@@ -319,9 +320,10 @@ def test_boundary_parameters_are_valid():
 def test_resolve_policy():
     assert isinstance(resolve_policy("dac"), DAC)
     assert isinstance(resolve_policy("DAC"), DAC)
-    default = resolve_policy(None)
+    default = resolve_policy(None, background_commit=False)  # commits in its own thread: DAC
     assert isinstance(default, DAC)
     assert (default.epsilon, default.delta) == (DAC().epsilon, DAC().delta)
+    assert isinstance(resolve_policy(None), GroupCommit)  # with a commit thread: group commit
     mine = DAC(epsilon=0.2)
     assert resolve_policy(mine) is mine
     assert isinstance(mine, CommitPolicy)

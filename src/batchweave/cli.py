@@ -470,7 +470,9 @@ def _add_pool(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--producers", type=int, required=True, help="producer processes (keep it across restarts)")
     p.add_argument("--dp", type=int, required=True)
     p.add_argument("--cp", type=int, default=1)
-    p.add_argument("--policy", default="dac", help="commit policy name")
+    p.add_argument(
+        "--policy", default=None, help="commit policy name (default: group commit, as Producer; dac, naive, ...)"
+    )
     p.add_argument(
         "--backend", choices=("local", "ray"), default="local", help="local processes, or Ray actors (batchweave[ray])"
     )

@@ -100,9 +100,11 @@ class Producer:
         url: namespace URL (directory, ``file://``, ``s3://``, ``az://``, ``gs://``, ``memory://``).
         producer_id: stable name that survives restarts; its offsets are exactly-once.
         dp, cp: data- and context-parallel sizes; every TGB has ``dp * cp`` slices.
-        commit_policy: a policy object or its name; default ``DAC()``. ``"group"``
-            (``batchweave.commit.group.GroupCommit``) is group commit: producers take turns to
-            commit everybody's TGBs, so visibility does not grow with the pool.
+        commit_policy: a policy object or its name. The default is group commit
+            (``"group"``, ``batchweave.commit.group.GroupCommit``): producers take turns to
+            commit everybody's TGBs, so visibility does not grow with the pool; with
+            ``background_commit=False`` it is ``DAC()``, each producer committing its own
+            (``batchweave.commit.policies.resolve_policy`` says why).
         max_object_bytes: size cap of one TGB object; larger TGBs are split.
         background_commit: commit on a background thread (default), so commit I/O never
             delays ``append``; False commits inside ``append`` when the policy says so,
@@ -178,7 +180,7 @@ class Producer:
         self._pool: Shares | None = None  # this producer's share of max_lag, as of log version _pool_version
         self._pool_version = -1
         self._warn_above = max_lag or 0  # a pool bound above this gets a WARNING (``_pool_shares``)
-        self.policy = resolve_policy(commit_policy)
+        self.policy = resolve_policy(commit_policy, background_commit=background_commit)
         check_mode(self.policy, producer_id, background_commit)
         self._store = open_store(url, storage_options=storage_options)
         self._journal = Journal(self._store, snapshot_every, heads_only=True)

@@ -333,12 +333,21 @@ class ClaimBackoff:
         return (self._rng or random).uniform(0, bound)
 
 
-def resolve_policy(policy: CommitPolicy | str | None) -> CommitPolicy:
+def resolve_policy(policy: CommitPolicy | str | None, *, background_commit: bool = True) -> CommitPolicy:
     """A policy object, or a fresh one built from its name (``"dac"``, ``"naive"``,
     ``"fixed10"``, ``"fixed100"``, ``"incr"``, ``"aimd"``, ``"manual"``, ``"group"`` for
-    group commit, see ``batchweave.commit.group``); None means DAC defaults."""
+    group commit, see ``batchweave.commit.group``).
+
+    None is the default: group commit for a producer with a commit thread, DAC for one
+    that commits in its own thread (``background_commit=False``: group commit's turns
+    need the thread). Group commit is the default because it wins at every pool size
+    measured (``bench producers --store local``, TGBs of 100 KB, producers as shipped:
+    323 against 252 MB/s visible at 8 producers, 231 against 93 at 32, 113 against 94 at
+    128), and because its visibility does not grow with the pool: DAC's gap does (paper
+    eq. 8: about 20 fragile windows per other producer), 14-20 s at P95 from 8 producers
+    on there, against 1.2-1.6 s at 8 and 32 with group commit."""
     if policy is None:
-        return DAC()
+        return GroupCommit() if background_commit else DAC()
     if isinstance(policy, str):
         try:
             return _BY_NAME[policy.lower()]()
