@@ -196,6 +196,12 @@ class Producer:
         return self._committer
 
     @property
+    def log_version(self) -> int:
+        """The newest log version this producer has read (its view of the log)."""
+        with self._shared.cond:
+            return self._shared.state.version
+
+    @property
     def log_requests(self) -> int:
         """Store requests this producer's log has made so far (its claim, catch-ups and
         commits; ``Journal.requests``): what tests count a commit's cost by."""
