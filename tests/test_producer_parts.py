@@ -11,7 +11,13 @@ from pathlib import Path
 from test_layering import import_graph
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "batchweave"
-PARTS = ("batchweave.commit.claiming", "batchweave.writing.packs", "batchweave.lifecycle.maxlag")
+PARTS = (
+    "batchweave.commit.claiming",
+    "batchweave.commit.contention",
+    "batchweave.writing.packs",
+    "batchweave.writing.schemas",
+    "batchweave.lifecycle.maxlag",
+)
 
 
 def producer_privates() -> set[str]:

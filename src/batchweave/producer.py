@@ -27,24 +27,17 @@ import uuid
 from collections.abc import Sequence
 from typing import Any, Unpack
 
-from batchweave import log, logrules, retry
-from batchweave import schema as schemas
+from batchweave import log, logrules
 from batchweave.commit.claiming import EpochClaim
 from batchweave.commit.committer import CommitContext, Committer, check_mode, committer_for
+from batchweave.commit.contention import Contention
 from batchweave.commit.loop import without_stall
-from batchweave.commit.policies import ClaimBackoff, RecentCommitters, resolve_policy
+from batchweave.commit.policies import RecentCommitters, resolve_policy
 from batchweave.commit.shared import SharedState
-from batchweave.errors import (
-    BatchWeaveError,
-    FlushTimeoutError,
-    LayoutError,
-    SchemaError,
-    SourceOffsetError,
-)
+from batchweave.errors import FlushTimeoutError, LayoutError, SourceOffsetError
 from batchweave.journal import Journal
 from batchweave.keys import check_producer_id
 from batchweave.layout import FramedTGB, frame_tgb
-from batchweave.lifecycle.backpressure import ACTIVE_VERSIONS
 from batchweave.lifecycle.maxlag import MaxLag
 from batchweave.log import LogState
 from batchweave.mesh import Mesh
@@ -52,13 +45,11 @@ from batchweave.schema import Schema
 from batchweave.store import Store, open_store
 from batchweave.writing.options import ProducerKeywords, ProducerOptions
 from batchweave.writing.packs import PackWriter
+from batchweave.writing.schemas import check_declared, schema_for
 
 __all__ = ["Producer", "ProducerOptions", "end_stream"]
 
 _logger = logging.getLogger(__name__)
-# Set: the store's retries of a producer's last record end at once (``Producer._leave``).
-_NO_RETRIES = threading.Event()
-_NO_RETRIES.set()
 
 
 class Producer:
@@ -139,18 +130,20 @@ class Producer:
         shared = SharedState(self.producer_id, threading.Condition(), threading.Event(), claimed.state, claimed.me)
         self._shared = shared
         shared.schema = self._declared or claimed.state.schema
-        self._packs = PackWriter(self._store, shared, self.mesh, options, self.policy, options.background_commit)
-        self._max_lag = None if options.max_lag is None else MaxLag(options.max_lag, self._store, shared, self._held)
+        self._packs = packs = PackWriter(self._store, shared, self.mesh, options, self.policy)
+        self._max_lag = None
+        if options.max_lag is not None:  # it counts the TGBs held for a pack: they are uploaded soon
+            self._max_lag = MaxLag(options.max_lag, self._store, shared, lambda: packs.held)
         # The claim was a commit through the log: it primes the policy with a first
         # fragile-window sample and the producer count, so a pool that starts together
         # spreads its first commits instead of colliding on them.
-        self._committers = RecentCommitters()
-        self.policy.observe(claim_window_s, self._active_producers(), True)
+        self._contention = Contention(shared, self.policy, RecentCommitters())
+        self.policy.observe(claim_window_s, self._contention.active(), True)
         # The commit mode (direct, or group commit's turns: ``batchweave.commit.committer``).
         self._committer = committer_for(
             self.policy,
             CommitContext(
-                shared, self._journal, self._store, self._active_producers, self._published_metrics, claim_window_s
+                shared, self._journal, self._store, self._contention.active, self._published_metrics, claim_window_s
             ),
         )
         self._next_offset = claimed.me.offset
@@ -255,9 +248,6 @@ class Producer:
                 )
             return offset
 
-    def _held(self) -> int:
-        return self._packs.held
-
     def flush(self, timeout_s: float | None = None) -> None:
         """Block until everything appended so far is committed (ignores the policy's gap),
         the TGBs held for a pack included. Past ``timeout_s`` it raises ``FlushTimeoutError``
@@ -322,7 +312,7 @@ class Producer:
             if first:
                 self._tell_uncommitted()
                 if self._max_lag is not None:
-                    self._leave(patient=clean)
+                    self._max_lag.leave(self._journal, patient=clean)
             self._store.release()
         if lost is not None:
             raise lost
@@ -333,50 +323,6 @@ class Producer:
             message = uncommitted_message(self.producer_id, self._shared.committed_offset(), self._next_offset)
         if message:
             _logger.warning("%s", message)
-
-    def _leave(self, patient: bool) -> None:
-        """Record in the log that this incarnation closed (``logrules.build_leave``), so the
-        others' shares of ``max_lag`` stop counting it at once: one log version per close,
-        paid by producers with ``max_lag`` only. Those share it, as the pool's producers
-        all do where it is used; one without it holds to no share, and a version per close
-        everywhere (a pool of 1,000 ending) would buy nothing where nobody uses it. Such a
-        producer, closed, counts in a max_lag producer's shares for ``ACTIVE_VERSIONS``
-        versions, as a crashed one does: a smaller share, never none.
-
-        After a clean close it waits its turn as a claim does; otherwise (closed without a
-        flush, or failing) it makes a few attempts without the store's retries: a producer
-        stopped by Ctrl-C must not wait out a storm for it."""
-        with self._shared.cond:
-            state, me = self._shared.state, self._shared.me
-        if state.end_of_stream:
-            return  # nobody appends any more: nothing to give back
-        backoff = ClaimBackoff()
-        previous = retry.stop_event()
-        if not patient:
-            retry.stop_retrying_when(_NO_RETRIES)
-        try:
-            result = self._journal.commit(
-                state,
-                lambda newest: logrules.build_leave(newest, self.producer_id, me, time.time()),
-                max_attempts=None if patient else 3,
-                after_conflict=lambda window_s: time.sleep(backoff.pause_s(window_s)),
-            )
-        except BatchWeaveError as exc:
-            outcome = f"failed: {exc}"
-        else:
-            with self._shared.cond:
-                self._shared.state = result.state
-            outcome = "" if result.outcome != "conflict" else "lost every race for the next log version"
-        finally:
-            retry.stop_retrying_when(previous)
-        if outcome:
-            _logger.info(
-                "producer %r: recording in the log that it closed %s; the others count it for at most %d more "
-                "log versions",
-                self.producer_id,
-                outcome,
-                ACTIVE_VERSIONS,
-            )
 
     def _published_metrics(self, committing: int) -> dict[str, float] | None:
         """The counters as they stand once the version carrying them lands with
@@ -402,9 +348,7 @@ class Producer:
             out["pending_tgbs"] = len(self._shared.pending)
             out["held_tgbs"] = self._packs.held  # appended, waiting for the rest of their pack
             out["producers_seen"] = len(self._shared.state.producers)
-            out["producers_active"] = max(
-                self._committers.count(time.monotonic(), self._policy_gap_s()), self._shared.between_looks.count()
-            )
+            out["producers_active"] = self._contention.seen()
             out["log_version"] = self._shared.state.version
         out["fragile_window_ema_s"] = getattr(self.policy, "fragile_window_ema_s", math.nan)
         out["gap_s"] = getattr(self.policy, "gap_s", math.nan)
@@ -426,62 +370,16 @@ class Producer:
 
     # -- internals -------------------------------------------------------------------
 
-    def _active_producers(self) -> int:
-        """Producers contending for the log now: those seen committing lately
-        (``RecentCommitters``), or, when more, as many as the versions others committed
-        between two of our attempts imply (``SharedState.between_looks``: a commit that
-        jumps to the head reads only the head's committer)."""
-        now = time.monotonic()
-        recorded = self._shared.state.producers.items()
-        # A producer's record that it left is no commit of its own: it stops counting.
-        self._committers.update({pid: p.last_version for pid, p in recorded if not p.left}, now)
-        return max(self._committers.count(now, self._policy_gap_s()), self._shared.between_looks.count())
-
-    def _policy_gap_s(self) -> float:
-        gap = getattr(self.policy, "gap_s", 0.0)  # DAC's; policies that ignore N have none
-        return gap if isinstance(gap, float | int) and math.isfinite(gap) else 0.0
-
-    def _schema_for(self, encoded: FramedTGB, offset: int) -> Schema | None:
-        """The schema a TGB's arrays fit, or SchemaError before anything is uploaded: the
-        namespace's (as of the newest log version we read), else ours (declared, or fixed
-        by our first TGB), else the first slice's exact one. None for bytes."""
+    def _schema_for(self, framed: FramedTGB, offset: int) -> Schema | None:
+        """The schema a TGB's arrays fit (``writing.schemas.schema_for``), or SchemaError
+        before anything is uploaded."""
         with self._shared.cond:
             namespace, own = self._shared.state.schema, self._shared.schema
         where = f"{self._store.url}: TGB {self.producer_id}@{offset}"
-        if encoded.kind == "bytes":
-            if own is not None:
-                raise SchemaError(
-                    f"{where}: slices are bytes, but this producer's schema is of arrays ({own.describe()}); "
-                    "nothing was written. Give dicts of arrays, or write bytes to a namespace of bytes"
-                )
-            return None
-        if namespace is not None and own is not None and namespace != own:
-            problem = schemas.difference(namespace, own)
-            raise SchemaError(f"{where}: {problem}; nothing was written. {_SCHEMA_FIX}")
-        expected, whose = schemas.held_to(namespace, own, self._declared, encoded.array_layouts[0])
-        for arrays in encoded.array_layouts:
-            problem = schemas.mismatch(expected, arrays, whose)
-            if problem:
-                raise SchemaError(f"{where}: {problem}; nothing was written. {_SCHEMA_FIX}")
-        return expected
+        return schema_for(framed, namespace, own, self._declared, where)
 
     def _check_declared(self, state: LogState) -> None:
-        """A declared schema must be the namespace's (when it has one), and not for bytes."""
-        declared = self._declared
-        if declared is None:
-            return
-        layout = state.layout
-        if layout is not None and layout.kind == "bytes":
-            raise SchemaError(
-                f"{self._store.url}: producer {self.producer_id!r} declares a schema of arrays "
-                f"({declared.describe()}), but the namespace holds bytes; drop schema=, or use a new namespace"
-            )
-        if state.schema is not None and state.schema != declared:
-            raise SchemaError(
-                f"{self._store.url}: producer {self.producer_id!r} declares another schema than the namespace's "
-                f"(log version {state.version}): {schemas.difference(state.schema, declared, 'the namespace')}; "
-                "declare the namespace's schema (batchweave.read_schema), or use a new namespace"
-            )
+        check_declared(self._declared, state, self._store.url, self.producer_id)
 
 
 def _plain(options: Any) -> dict[str, Any] | None:
@@ -504,12 +402,6 @@ def uncommitted_message(producer_id: str, committed: int, appended: int) -> str:
         f"producer {producer_id!r}: {count} appended TGBs (offsets {committed}-{appended - 1}) were not committed; "
         f"a restart redoes them from offset {committed}"
     )
-
-
-_SCHEMA_FIX = (
-    "A namespace keeps the schema of its first TGB of arrays (batchweave.read_schema shows it): "
-    "convert the arrays to it, or write them to a new namespace"
-)
 
 
 def end_stream(url: str | Store, *, create: bool = True, storage_options: dict[str, Any] | None = None) -> int:

@@ -4,22 +4,28 @@
 (``backpressure.measure``). While there is room it makes no request; held, it reads
 ``W_global`` again with backoff within the pool's budget on the head key
 (``backpressure.poll_pause_s``), and held past ``HELD_WARNING_S`` it logs once what holds
-it. ``MaxLag`` is given the store, the state the producer shares with its commit thread,
-and how many TGBs its pack writer holds; nothing else of the producer.
+it. At its close, a producer with ``max_lag`` records in the log that it left
+(``MaxLag.leave``), so the others' shares stop counting it at once. ``MaxLag`` is given the
+store, the state the producer shares with its commit thread, and how many TGBs its pack
+writer holds; nothing else of the producer.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from batchweave import logrules, retry
+from batchweave.commit.policies import ClaimBackoff
 from batchweave.commit.shared import SharedState
-from batchweave.errors import StoreError
+from batchweave.errors import BatchWeaveError, StoreError
 from batchweave.journal import Journal
 from batchweave.lifecycle.backpressure import (
+    ACTIVE_VERSIONS,
     MAX_BACKOFF_S,
     Hold,
     Shares,
@@ -43,6 +49,9 @@ _logger = logging.getLogger("batchweave.producer")  # the producer's messages, u
 # A producer held by max_lag this long says what holds it, once per hold: its share or the
 # pool's bound, and the checkpoint or the collection that W_global waits for.
 HELD_WARNING_S = 60.0
+# Set: the store's retries of a producer's last record end at once (``MaxLag.leave``).
+_NO_RETRIES = threading.Event()
+_NO_RETRIES.set()
 
 
 class _Look(NamedTuple):
@@ -184,3 +193,48 @@ class MaxLag:
                 self._warn_above = 2 * self._pool.bound - 1
                 _logger.warning("%s", adjusted_message(self._shared.producer_id, self._pool))
         return self._pool
+
+    def leave(self, journal: Journal[Any], patient: bool) -> None:
+        """Record in the log that this incarnation closed (``logrules.build_leave``), so the
+        others' shares of ``max_lag`` stop counting it at once: one log version per close,
+        paid by producers with ``max_lag`` only. Those share it, as the pool's producers
+        all do where it is used; one without it holds to no share, and a version per close
+        everywhere (a pool of 1,000 ending) would buy nothing where nobody uses it. Such a
+        producer, closed, counts in a max_lag producer's shares for ``ACTIVE_VERSIONS``
+        versions, as a crashed one does: a smaller share, never none.
+
+        After a clean close it waits its turn as a claim does; otherwise (closed without a
+        flush, or failing) it makes a few attempts without the store's retries: a producer
+        stopped by Ctrl-C must not wait out a storm for it. ``journal`` is the producer's,
+        once its commit thread has stopped."""
+        with self._shared.cond:
+            state, me = self._shared.state, self._shared.me
+        if state.end_of_stream:
+            return  # nobody appends any more: nothing to give back
+        backoff = ClaimBackoff()
+        previous = retry.stop_event()
+        if not patient:
+            retry.stop_retrying_when(_NO_RETRIES)
+        try:
+            result = journal.commit(
+                state,
+                lambda newest: logrules.build_leave(newest, self._shared.producer_id, me, time.time()),
+                max_attempts=None if patient else 3,
+                after_conflict=lambda window_s: time.sleep(backoff.pause_s(window_s)),
+            )
+        except BatchWeaveError as exc:
+            outcome = f"failed: {exc}"
+        else:
+            with self._shared.cond:
+                self._shared.state = result.state
+            outcome = "" if result.outcome != "conflict" else "lost every race for the next log version"
+        finally:
+            retry.stop_retrying_when(previous)
+        if outcome:
+            _logger.info(
+                "producer %r: recording in the log that it closed %s; the others count it for at most %d more "
+                "log versions",
+                self._shared.producer_id,
+                outcome,
+                ACTIVE_VERSIONS,
+            )

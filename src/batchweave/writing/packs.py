@@ -51,7 +51,6 @@ class PackWriter:
         mesh: Mesh,
         options: ProducerOptions,
         policy: CommitPolicy,
-        background: bool,
     ) -> None:
         self._store = store
         self._shared = shared
@@ -59,7 +58,7 @@ class PackWriter:
         self._max_object_bytes = options.max_object_bytes
         self._pack_steps = options.pack_steps
         self._policy = policy
-        self._background = background  # a commit thread waits on shared.cond (else commits run inline)
+        self._background = options.background_commit  # a commit thread waits on shared.cond
         self._pack = PackBuffer(options.pack_delay_s)
         self.lock = threading.Lock()
         self._taken = threading.Event()  # set when the pack begun last is written

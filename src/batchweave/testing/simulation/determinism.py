@@ -30,6 +30,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import batchweave.commit.claiming
+import batchweave.commit.contention
 import batchweave.commit.group
 import batchweave.commit.intents
 import batchweave.commit.loop
@@ -156,7 +157,9 @@ def deterministic(scheduler: Scheduler, noise: random.Random) -> Iterator[None]:
         (batchweave.producer, "time", fake_time),
         (batchweave.producer, "uuid", _fake_uuid(noise)),
         (batchweave.producer, "threading", threading_shim),
-        # The producer's parts: its epoch claim, its pack writer, its max_lag backpressure.
+        # The producer's parts: its epoch claim, its pack writer, its max_lag backpressure,
+        # its count of the producers contending.
+        (batchweave.commit.contention, "time", fake_time),
         (batchweave.commit.claiming, "time", fake_time),
         (batchweave.commit.claiming, "random", fake_random),
         (batchweave.writing.packs, "time", fake_time),
