@@ -106,8 +106,8 @@ def test_options_survive_the_trip_to_another_process_exactly():
     # A pool's job crosses to its workers by pickle (spawn, Ray): the options inside it are
     # our JSON, so what a worker decodes is what the driver gave.
     job = PoolJob.of("file:///ns", PoolPlan("prep", 2, 4), [0, 1], pool_work.tgb_of, 2, 1, 0, options)
-    assert pickle.loads(pickle.dumps(job)).producer_options == options
-    assert isinstance(job.options, bytes)
+    assert pickle.loads(pickle.dumps(job)).options == options
+    assert isinstance(job.options_json, bytes)
 
 
 class _Nameless:
@@ -126,7 +126,7 @@ def test_a_policy_object_without_a_name_is_refused():
 
 
 @pytest.mark.parametrize(
-    ("name", "fix"), [(None, "give a policy name (known: dac, group"), ("dac", "give its name, commit_policy='dac'")]
+    ("name", "fix"), [(None, "give a policy name, such as 'dac'"), ("dac", "give its name, commit_policy='dac'")]
 )
 def test_a_policy_object_cannot_cross_and_says_what_to_give(name, fix):
     policy = bw.DAC(epsilon=0.01)  # its settings would not cross with its name
@@ -175,4 +175,6 @@ def test_a_pool_refuses_options_with_the_old_keywords_and_a_policy_object_before
     with pytest.raises(bw.ConfigError, match="cannot cross to another process"):
         run_pool(url.as_uri(), "prep", [0], pool_work.tgb_of, producers=1, dp=2,
                  options=ProducerOptions(commit_policy=bw.DAC()))  # fmt: skip
+    with pytest.raises(bw.ConfigError, match="unknown commit policy 'dca'"):
+        run_pool(url.as_uri(), "prep", [0], pool_work.tgb_of, producers=1, dp=2, commit_policy="dca")
     assert not url.exists()

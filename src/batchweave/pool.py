@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from batchweave import shardlist
+from batchweave.commit.policies import resolve_policy
 from batchweave.errors import ConfigError, ObjectExistsError, PoolFailedError, StoreError
 from batchweave.journal import Journal
 from batchweave.pooljob import PoolJob, PoolPlan, PoolReport, Progress, job_options, produce_shards
@@ -97,9 +98,11 @@ def run_pool(
         raise ConfigError(f"ray_remote_args places Ray actors: it needs backend='ray', not {backend!r}")
     if not isinstance(max_restarts, int) or max_restarts < 0:
         raise ConfigError(f"max_restarts must be a non-negative integer, got {max_restarts!r}")
-    # A bad option (a schema, a policy object that cannot cross) is refused before any worker starts.
+    # A bad option (a schema, a policy object that cannot cross, an unknown policy name) is
+    # refused here, not by every worker in turn.
     producer_options = job_options(options, commit_policy=commit_policy, storage_options=storage_options, schema=schema)
     encoded = producer_options.to_json()
+    resolve_policy(producer_options.commit_policy)
     plan = PoolPlan(name, producers, len(source))
     # The Ray actors' options are checked before the store is touched.
     ray_options = _ray_actor_options(plan, ray_remote_args) if backend == "ray" else None

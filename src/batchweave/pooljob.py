@@ -101,9 +101,9 @@ class PoolReport:
 class PoolJob:
     """Everything a worker of either backend needs: the same value crosses to every process.
 
-    ``options`` is the producers' ``ProducerOptions`` as JSON (``ProducerOptions.to_json``):
-    our options cross processes encoded, never pickled (a policy by its name). Build a job
-    with ``PoolJob.of``."""
+    ``options_json`` is the producers' ``ProducerOptions`` as JSON (``ProducerOptions.to_json``):
+    our options cross processes encoded, never pickled (a policy by its name); ``options``
+    decodes them. Build a job with ``PoolJob.of``."""
 
     url: str
     plan: PoolPlan
@@ -112,7 +112,7 @@ class PoolJob:
     dp: int
     cp: int
     max_restarts: int
-    options: bytes = field(repr=False)  # storage options may hold credentials: never in a repr or a log
+    options_json: bytes = field(repr=False)  # storage options may hold credentials: never in a repr or a log
 
     @classmethod
     def of(
@@ -131,9 +131,9 @@ class PoolJob:
         return cls(url, plan, source, preprocess, dp, cp, max_restarts, options.to_json())
 
     @property
-    def producer_options(self) -> ProducerOptions:
+    def options(self) -> ProducerOptions:
         """The options every producer of the job is built with, decoded."""
-        return ProducerOptions.from_json(self.options)
+        return ProducerOptions.from_json(self.options_json)
 
     def produce(self, index: int, on_append: Callable[[int, int], None] | None = None) -> tuple[int, dict[str, float]]:
         """Run producer ``index`` of this job (``produce_shards``)."""
@@ -145,7 +145,7 @@ class PoolJob:
             self.preprocess,
             self.dp,
             self.cp,
-            options=self.producer_options,
+            options=self.options,
             on_append=on_append,
         )
 

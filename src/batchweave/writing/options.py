@@ -39,7 +39,8 @@ _WIRE_FORMAT = "batchweave.producer-options/1"
 class ProducerOptions:
     """Every option of how a producer writes; see ``batchweave.Producer`` for each one.
 
-    ``commit_policy``: a policy object or its name (None: DAC); ``max_object_bytes``: the
+    ``commit_policy``: a policy object or its name (None: DAC; a name is looked up when a
+    producer builds its policy, before it touches the store); ``max_object_bytes``: the
     size cap of one TGB object; ``snapshot_every``: log versions between two snapshots;
     ``background_commit``: commit on a thread of its own; ``publish_metrics``: record the
     counters in the log; ``max_lag``: backpressure, in TGBs above ``W_global`` (None:
@@ -121,11 +122,11 @@ class ProducerOptions:
         policy = self.commit_policy
         if policy is not None and not isinstance(policy, str):
             name = getattr(policy, "name", None)
-            hint = f"give its name, commit_policy={name!r}, " if isinstance(name, str) else "give a policy name "
+            hint = f"its name, commit_policy={name!r}" if isinstance(name, str) else "a policy name, such as 'dac'"
             raise ConfigError(
                 f"commit_policy {policy!r} is a policy object, which cannot cross to another process (its "
-                f"settings and state would be lost): {hint}(known: dac, group, naive, fixed10, fixed100, incr, "
-                "aimd, manual)"
+                f"settings and state would not cross with it): give {hint} (batchweave.commit.policies.resolve_policy "
+                "builds a policy from its name)"
             )
         wire = _Wire(
             format=_WIRE_FORMAT,
