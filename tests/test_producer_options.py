@@ -72,7 +72,7 @@ def test_options_with_keywords_or_a_misspelt_keyword_are_refused_before_the_stor
 @pytest.mark.parametrize(
     ("keywords", "problem"),
     [
-        ({"max_object_bytes": 0}, "max_object_bytes must be positive, got 0"),
+        ({"max_object_bytes": 0}, "max_object_bytes must be a positive number of bytes, got 0"),
         ({"max_object_bytes": 1.5}, "max_object_bytes must be a positive number of bytes, got 1.5"),
         ({"snapshot_every": 0}, "snapshot_every must be a positive number of log versions, got 0"),
         ({"background_commit": 1}, "background_commit must be True or False, got 1"),

@@ -40,7 +40,9 @@ class ProducerOptions:
     """Every option of how a producer writes; see ``batchweave.Producer`` for each one.
 
     ``commit_policy``: a policy object or its name (None: DAC; a name is looked up when a
-    producer builds its policy, before it touches the store); ``max_object_bytes``: the
+    producer builds its policy, before it touches the store; a policy object learns from
+    the commits of the one producer that takes it, so give each producer its own, or a
+    name, which builds a fresh one per producer); ``max_object_bytes``: the
     size cap of one TGB object; ``snapshot_every``: log versions between two snapshots;
     ``background_commit``: commit on a thread of its own; ``publish_metrics``: record the
     counters in the log; ``max_lag``: backpressure, in TGBs above ``W_global`` (None:
@@ -64,18 +66,12 @@ class ProducerOptions:
 
     def __post_init__(self) -> None:
         _check_policy(self.commit_policy)
-        if isinstance(self.max_object_bytes, bool) or not isinstance(self.max_object_bytes, int):
-            raise ConfigError(f"max_object_bytes must be a positive number of bytes, got {self.max_object_bytes!r}")
-        if self.max_object_bytes <= 0:
-            raise ConfigError(f"max_object_bytes must be positive, got {self.max_object_bytes}")
-        if isinstance(self.snapshot_every, bool) or not isinstance(self.snapshot_every, int) or self.snapshot_every < 1:
-            raise ConfigError(f"snapshot_every must be a positive number of log versions, got {self.snapshot_every!r}")
-        for name in ("background_commit", "publish_metrics"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        max_lag = self.max_lag
-        if max_lag is not None and (isinstance(max_lag, bool) or not isinstance(max_lag, int) or max_lag < 1):
-            raise ConfigError(f"max_lag must be a positive number of steps or None, got {max_lag!r}")
+        _check_count("max_object_bytes", self.max_object_bytes, "bytes")
+        _check_count("snapshot_every", self.snapshot_every, "log versions")
+        _check_flag("background_commit", self.background_commit)
+        _check_flag("publish_metrics", self.publish_metrics)
+        if self.max_lag is not None:
+            _check_count("max_lag", self.max_lag, "steps or None")
         check_storage_options_shape(self.storage_options)
         check_pack_options(self.pack_steps, self.pack_delay_s)
         # Held as the Schema it declares: one spelling, so options compare and cross as values.
@@ -175,6 +171,16 @@ class ProducerKeywords(TypedDict, total=False):
     schema: SchemaSpec | None
     pack_steps: int | None
     pack_delay_s: float
+
+
+def _check_count(name: str, value: Any, unit: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a positive number of {unit}, got {value!r}")
+
+
+def _check_flag(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be True or False, got {value!r}")
 
 
 def _check_policy(policy: Any) -> None:
