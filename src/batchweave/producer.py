@@ -200,6 +200,11 @@ class Producer:
         commits; ``Journal.requests``): what tests count a commit's cost by."""
         return self._journal.requests
 
+    @property
+    def log_bytes_read(self) -> int:
+        """Bytes of log objects this producer has read so far (``Journal.bytes_read``)."""
+        return self._journal.bytes_read
+
     def append(self, slices: Sequence[Any], source_offset: int | None = None) -> int:
         """Write one TGB's objects now, or hold it for its pack; it becomes visible at a
         later commit.
