@@ -63,8 +63,7 @@ class Producer:
             (giving both is a ``ConfigError``); the producer keeps them as ``.options``.
             A misspelt keyword is a ``TypeError`` that lists the options.
 
-    The options, as keywords or fields of ``ProducerOptions``:
-
+    Keyword Args:
         commit_policy: a policy object or its name; default ``DAC()``. ``"group"``
             (``batchweave.commit.group.GroupCommit``) is group commit: producers take turns to
             commit everybody's TGBs, so visibility does not grow with the pool.
