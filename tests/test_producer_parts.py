@@ -6,9 +6,20 @@ parts"): each part is given what it uses, never the producer, and nothing outsid
 from __future__ import annotations
 
 import ast
+import threading
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
 from test_layering import import_graph
+
+import batchweave as bw
+from batchweave.commit.group import GroupCommit
+from batchweave.commit.turns import GroupTurns
+from batchweave.errors import ProducerFencedError
+from batchweave.journal import Journal
+from batchweave.store import open_store
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "batchweave"
 PARTS = (
@@ -61,3 +72,48 @@ def test_the_parts_are_given_what_they_use_not_the_producer():
     for part in PARTS:
         assert "batchweave.producer" not in graph[part], f"{part} imports the producer"
     assert set(PARTS) <= graph["batchweave.producer"]
+
+
+class _NeverStarted:
+    """A commit thread that never runs, as in the simulation: the caller steps its loop."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    def start(self) -> None:
+        pass
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+
+def test_group_commit_is_stepped_through_public_calls_when_its_thread_never_runs(tmp_path, monkeypatch):
+    """What the simulation's driver does, on a real directory: ``Producer.committer``'s
+    ``step`` does nothing with nothing pending, commits within ``flushing``, and raises the
+    producer's final error (here: fenced by a newer incarnation)."""
+    from batchweave import producer as producer_module
+
+    shim = SimpleNamespace(Thread=_NeverStarted, Condition=threading.Condition, Event=threading.Event)
+    monkeypatch.setattr(producer_module, "threading", shim)
+    url = str(tmp_path / "ns")
+    producer = bw.Producer(url, "g", dp=1, commit_policy=GroupCommit(interval_s=0.05), pack_steps=1)
+    turns = producer.committer
+    assert isinstance(turns, GroupTurns)
+    assert turns.step() is False  # nothing pending: nothing done
+    producer.append([b"first"])
+    step_until(turns, lambda: producer.resume_offset == 1)
+    assert Journal(open_store(url)).load_state().producers["g"].offset == 1
+
+    producer.append([b"second"])
+    bw.Producer(url, "g", dp=1, commit_policy="group").close()  # a newer incarnation fences this one
+    with pytest.raises(ProducerFencedError):
+        step_until(turns, lambda: False)
+    producer.close(flush=False)
+
+
+def step_until(turns: GroupTurns, done, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    with turns.flushing():
+        while not done():
+            assert turns.step(), "nothing pending"
+            assert time.monotonic() < deadline, "no commit within the deadline"
