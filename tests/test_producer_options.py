@@ -178,3 +178,37 @@ def test_a_pool_refuses_options_with_the_old_keywords_and_a_policy_object_before
     with pytest.raises(bw.ConfigError, match="unknown commit policy 'dca'"):
         run_pool(url.as_uri(), "prep", [0], pool_work.tgb_of, producers=1, dp=2, commit_policy="dca")
     assert not url.exists()
+
+
+class _Recorded:
+    """Stands in for ``Producer`` in a pool worker: records what it was built with."""
+
+    def __init__(self, built: list[tuple[str, ProducerOptions]], producer_id: str, options: ProducerOptions) -> None:
+        built.append((producer_id, options))
+        self.resume_offset = 10**6  # past every shard: the worker appends nothing
+
+    def __enter__(self) -> _Recorded:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+
+def test_every_option_reaches_a_workers_producer_as_it_was_given(monkeypatch):
+    """The job a worker receives (pickled by spawn or Ray, the options inside it JSON)
+    builds its producer with exactly the options the driver gave, every field."""
+    from batchweave import pooljob
+
+    built: list[tuple[str, ProducerOptions]] = []
+    monkeypatch.setattr(pooljob, "Producer", lambda url, pid, dp, cp, *, options: _Recorded(built, pid, options))
+    monkeypatch.setattr(pooljob, "start_delay_s", lambda index: 0.0)
+    options = ProducerOptions(**CHANGED)  # type: ignore[arg-type]
+    job = PoolJob.of("file:///ns", PoolPlan("prep", 2, 4), [0, 1, 2, 3], pool_work.tgb_of, 2, 1, 0, options)
+    pickle.loads(pickle.dumps(job)).produce(1)
+    assert built == [("prep.0001-of-0002", options)]
