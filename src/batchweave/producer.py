@@ -10,11 +10,12 @@ epoch through the log (fencing any zombie at its next commit), and a rebase drop
 the log already holds, so an ambiguous commit outcome neither duplicates nor drops a TGB.
 
 ``Producer`` is a thin class over its parts, each given what it needs rather than the
-producer: the epoch claim (``batchweave.commit.claiming``), the pack writer
-(``batchweave.writing.packs``), ``max_lag`` backpressure (``batchweave.lifecycle.maxlag``)
-and the committer of its commit mode (``batchweave.commit.committer``), which share
-``batchweave.commit.shared.SharedState`` with it. Its options are one value,
-``batchweave.writing.options.ProducerOptions``.
+producer: the epoch claim (``batchweave.commit.claiming``), the schema checks
+(``batchweave.writing.schemas``), the pack writer (``batchweave.writing.packs``),
+``max_lag`` backpressure (``batchweave.lifecycle.maxlag``), the count of contending
+producers (``batchweave.commit.contention``) and the committer of its commit mode
+(``batchweave.commit.committer``); they share ``batchweave.commit.shared.SharedState``
+with it. Its options are one value, ``batchweave.writing.options.ProducerOptions``.
 """
 
 from __future__ import annotations
