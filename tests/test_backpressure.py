@@ -190,7 +190,7 @@ def test_held_producers_poll_within_the_pools_budget(backoff, producers, draw):
 
 
 def test_a_held_producer_paces_its_polls_by_the_pool_it_sees(tmp_path, monkeypatch):
-    from batchweave import producer as producer_module
+    from batchweave.lifecycle import maxlag
 
     seen: list[int] = []
 
@@ -198,7 +198,7 @@ def test_a_held_producer_paces_its_polls_by_the_pool_it_sees(tmp_path, monkeypat
         seen.append(producers)
         return poll_pause_s(backoff_s, producers, draw)
 
-    monkeypatch.setattr(producer_module, "poll_pause_s", recorded)
+    monkeypatch.setattr(maxlag, "poll_pause_s", recorded)
     url = str(tmp_path / "ns")
     others = [bw.Producer(url, f"other{i}", dp=2) for i in range(2)]  # their claims are in the log
     producer = bw.Producer(url, "p", dp=2, max_lag=4)
@@ -356,10 +356,10 @@ def test_a_closed_producer_gives_its_share_back_at_once(tmp_path):
 @pytest.fixture
 def held_warning_after(monkeypatch):
     """Set the bound after which a held producer says what holds it (read at each look)."""
-    from batchweave import producer as producer_module
+    from batchweave.lifecycle import maxlag
 
     def set_bound(seconds: float) -> None:
-        monkeypatch.setattr(producer_module, "HELD_WARNING_S", seconds)
+        monkeypatch.setattr(maxlag, "HELD_WARNING_S", seconds)
 
     set_bound(1e9)  # nothing said while a test sets the scene
     return set_bound

@@ -94,13 +94,12 @@ def _producer(url: str, pid: str = "me") -> bw.Producer:
 def _one_commit(producer: bw.Producer, payload: bytes = b"data") -> tuple[int, int]:
     """Append one TGB and commit it (one attempt: nobody races it): the requests the
     producer's journal made and the log bytes it read."""
-    journal = producer._journal
-    requests, read = journal.requests, journal.bytes_read
+    requests, read = producer.log_requests, producer.log_bytes_read
     attempts = producer.metrics()["attempts"]
     producer.append([payload])
     producer.flush()
     assert producer.metrics()["attempts"] == attempts + 1
-    return journal.requests - requests, journal.bytes_read - read
+    return producer.log_requests - requests, producer.log_bytes_read - read
 
 
 def _cost_per_commit(others: int, url: str = "") -> list[tuple[int, int]]:

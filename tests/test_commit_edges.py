@@ -176,7 +176,7 @@ class RivalFirstStore(Store):
         if self.races and VERSION_KEY.fullmatch(key):
             self.races -= 1
             assert self.rival is not None
-            self.rival.append(tgb("rival", self.rival._next_offset, 1))
+            self.rival.append(tgb("rival", self.rival.next_offset, 1))
             self.rival.flush()
         super().put_if_absent(key, data)
 

@@ -347,7 +347,7 @@ def test_a_turn_taken_while_a_stand_in_gathers_the_intents_is_not_raced(tmp_path
     wait_for(lambda: intents_of(open_store(url), "stand-in"), "the stand-in's intent")
     stand_in.append(tgb("stand-in", 1, 1))  # after its intent for this turn: not in it
     gathering, go_on = threading.Event(), threading.Event()
-    turns = stand_in._committer
+    turns = stand_in.committer
     assert turns is not None
     gather = turns._intents_for_turn
 
@@ -388,9 +388,9 @@ def test_only_the_turns_rank_0_lists_the_intents(tmp_path):
     wait_for(lambda: any(k.endswith("000000000000.json") for k in intents_of(open_store(url), "me")), "my intent")
     version = Journal(open_store(url)).load_state().version
     listings = []
-    others = me._committer._intents.others
-    me._committer._intents.others = lambda: listings.append(1) or others()
-    turns = me._committer
+    others = me.committer._intents.others
+    me.committer._intents.others = lambda: listings.append(1) or others()
+    turns = me.committer
     assert turns is not None
     # The turns' due time is never: the commit thread, woken by an append, would take a
     # turn that is due itself and leave this one a conflict (a flake under load).

@@ -35,7 +35,7 @@ def producer(url, pid, dp=1, **kwargs) -> bw.Producer:
 def commit(prod: bw.Producer, count: int) -> None:
     """``count`` TGBs, one log version each."""
     for _ in range(count):
-        prod.append(tgb(prod.producer_id, prod._next_offset, prod.mesh.dp))
+        prod.append(tgb(prod.producer_id, prod.next_offset, prod.mesh.dp))
         prod.flush()
 
 

@@ -42,7 +42,8 @@ WAIT_S = 60
 def cluster():
     """Head (the driver's node, no CPUs) + one worker node, stopped by ``cluster.shutdown()``."""
     os.environ["RAY_AUTH_MODE"] = "disabled"
-    tests = str(Path(__file__).parent)
+    # Workers import pool_work from tests/, and batchweave from this checkout, as the driver does.
+    tests = os.pathsep.join([str(Path(__file__).parents[1] / "src"), str(Path(__file__).parent)])
     with own_ray_temp_root() as temp_dir:
         cluster = Cluster(
             initialize_head=True,

@@ -67,7 +67,7 @@ def mark(url: str, steps: int, checkpoint: str) -> None:
 def nesting_as_before(monkeypatch):
     """Creation without the check: namespaces made by a release before it, or by two
     creations at the same moment (which both pass it). Collection must be safe anyway."""
-    monkeypatch.setattr("batchweave.producer.refuse_overlap", lambda store, state: None, raising=False)
+    monkeypatch.setattr("batchweave.commit.claiming.refuse_overlap", lambda store, state: None)
 
 
 # -- a collection deletes only its own keys ------------------------------------------------

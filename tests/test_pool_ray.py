@@ -32,8 +32,11 @@ def cluster():
             address="local",  # never attach to another cluster on this machine
             num_cpus=2,
             include_dashboard=False,
-            # Workers import pool_work, and examples.lerobot_video from the repository's root.
-            runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(tests), str(tests.parent)])}},
+            # Workers import pool_work, and examples.lerobot_video from the repository's root;
+            # and batchweave from this checkout, as the driver does (not whichever the venv holds).
+            runtime_env={
+                "env_vars": {"PYTHONPATH": os.pathsep.join([str(tests.parent / "src"), str(tests), str(tests.parent)])}
+            },
             log_to_driver=False,
         )
         yield

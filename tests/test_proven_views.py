@@ -44,7 +44,7 @@ def head(url: str) -> log.LogState:
 
 def commit(prod: bw.Producer, count: int) -> None:
     for _ in range(count):
-        prod.append(tgb(prod.producer_id, prod._next_offset, prod.mesh.dp))
+        prod.append(tgb(prod.producer_id, prod.next_offset, prod.mesh.dp))
         prod.flush()
 
 

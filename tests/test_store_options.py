@@ -251,11 +251,12 @@ def test_a_value_obstore_cannot_parse_is_not_echoed(monkeypatch):
 
 def test_a_store_and_a_pool_job_do_not_show_their_options():
     from batchweave.pool import PoolJob
+    from batchweave.writing.options import ProducerOptions
 
     options = {"secret_access_key": SECRET, "session_token": SECRET, "region": "x"}
     store = Store("s3://b/r", storage_options=options)
     assert SECRET not in repr(store) and SECRET not in str(store)
-    job = PoolJob(store.url, None, [], print, 1, 1, None, 0, options)  # type: ignore[arg-type]
+    job = PoolJob.of(store.url, None, [], print, 1, 1, 0, ProducerOptions(storage_options=options))  # type: ignore[arg-type]
     assert SECRET not in repr(job) and "s3://b/r" in repr(job)
 
 

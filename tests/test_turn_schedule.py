@@ -104,10 +104,11 @@ class Pool:
     def join(self, producer_id: str) -> Member:
         policy = GroupCommit(interval_s=INTERVAL_S, stagger_s=STAGGER_S, rng=NoJitter())  # type: ignore[arg-type]
         producer = bw.Producer(self.url, producer_id, dp=1, commit_policy=policy, pack_steps=1)
-        assert producer._committer is not None
+        turns = producer.committer
+        assert isinstance(turns, GroupTurns)
         condition = ClockedCondition(self.clock)
         producer._shared.cond = condition  # type: ignore[assignment]
-        self.members[producer_id] = Member(producer, producer._committer, condition)
+        self.members[producer_id] = Member(producer, turns, condition)
         return self.members[producer_id]
 
     def at(self) -> float:

@@ -1,4 +1,4 @@
-"""A TGB's objects are uploaded at once on an object store (``Producer._put_objects``): a
+"""A TGB's objects are uploaded at once on an object store (``writing.packs.PackWriter``): a
 TGB of many slices is several objects (``layout.MAX_SLICES_PER_OBJECT``), and one round
 trip each, one after another, made the producer of a 1,250-slice TGB 20 round trips slow."""
 

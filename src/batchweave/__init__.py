@@ -52,6 +52,7 @@ _LAZY = {
     **dict.fromkeys(("PoolReport", "run_pool"), "batchweave.pool"),
     **dict.fromkeys(("Producer", "end_stream"), "batchweave.producer"),
     **dict.fromkeys(("NodeSharing", "ReadOptions"), "batchweave.reading.options"),
+    "ProducerOptions": "batchweave.writing.options",
     **dict.fromkeys(("ArraySchema", "Schema"), "batchweave.schema"),
     **dict.fromkeys(("IndexedSource", "ShardedSource"), "batchweave.shuffle"),
 }
@@ -70,6 +71,7 @@ if TYPE_CHECKING:
     from batchweave.reading.options import NodeSharing, ReadOptions
     from batchweave.schema import ArraySchema, Schema
     from batchweave.shuffle import IndexedSource, ShardedSource
+    from batchweave.writing.options import ProducerOptions
 
 
 def __getattr__(name: str) -> Any:
@@ -121,6 +123,7 @@ __all__ = [
     "Producer",
     "ProducerClosedError",
     "ProducerFencedError",
+    "ProducerOptions",
     "ReadOptions",
     "SampleRef",
     "Schema",

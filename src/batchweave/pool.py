@@ -40,13 +40,15 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from batchweave import shardlist
+from batchweave.commit.policies import resolve_policy
 from batchweave.errors import ConfigError, ObjectExistsError, PoolFailedError, StoreError
 from batchweave.journal import Journal
-from batchweave.pooljob import PoolJob, PoolPlan, PoolReport, Progress, produce_shards
+from batchweave.pooljob import PoolJob, PoolPlan, PoolReport, Progress, job_options, produce_shards
 from batchweave.producer import end_stream
 from batchweave.schema import Schema
 from batchweave.shardlist import ShardListRecord
 from batchweave.store import Store, open_store
+from batchweave.writing.options import ProducerOptions
 
 __all__ = ["PoolJob", "PoolPlan", "PoolReport", "check_shard_list", "produce_shards", "run_pool"]
 
@@ -63,6 +65,7 @@ def run_pool(
     dp: int,
     cp: int = 1,
     backend: str = "local",
+    options: ProducerOptions | None = None,
     commit_policy: str | None = None,
     max_restarts: int = 3,
     end_of_stream: bool = False,
@@ -73,15 +76,21 @@ def run_pool(
 ) -> PoolReport:
     """Turn every shard of ``source`` into one TGB of the namespace at ``url``; see the module doc.
 
-    ``commit_policy`` is a policy name (``"dac"`` by default; names cross processes).
+    ``options``: how every producer writes (``ProducerOptions``: the commit policy,
+    ``storage_options``, ``schema``, ``max_lag``, packing, ...), carried whole to every
+    worker, encoded (``ProducerOptions.to_json``: a commit policy by its name, and storage
+    options of plain data only; anything else is a ConfigError here, before any worker
+    starts). ``commit_policy``, ``storage_options`` and ``schema`` are the older way to
+    give three of them (giving them with ``options`` is a ConfigError): ``commit_policy``
+    is a policy name (None: the producer's default, group commit); ``schema`` is what every producer declares
+    (``Producer(schema=...)``: arrays whose first dimension varies). The options are
+    checked here, before any worker starts; ``storage_options`` also open the store here.
     ``end_of_stream`` commits the end marker once every shard is committed. Raises the
     first worker error that restarts did not cure, as a ``PoolFailedError`` naming the
     producer, its attempts and the error (type and message).
     ``ray_remote_args`` (Ray backend only): Ray actor options for every producer actor
     (``resources``, ``scheduling_strategy``, ``num_cpus``, ``runtime_env``, ...), or a function
-    of the producer index returning them; see ``batchweave.ray_pool``. ``schema``: what
-    every producer declares (``Producer(schema=...)``: arrays whose first dimension varies),
-    checked here, before any worker starts.
+    of the producer index returning them; see ``batchweave.ray_pool``.
     """
     if backend not in _BACKENDS:
         raise ConfigError(f"unknown pool backend {backend!r}; known: {list(_BACKENDS)}")
@@ -89,18 +98,23 @@ def run_pool(
         raise ConfigError(f"ray_remote_args places Ray actors: it needs backend='ray', not {backend!r}")
     if not isinstance(max_restarts, int) or max_restarts < 0:
         raise ConfigError(f"max_restarts must be a non-negative integer, got {max_restarts!r}")
+    # A bad option (a schema, a policy object that cannot cross, an unknown policy name) is
+    # refused here, not by every worker in turn.
+    producer_options = job_options(options, commit_policy=commit_policy, storage_options=storage_options, schema=schema)
+    encoded = producer_options.to_json()
+    resolve_policy(producer_options.commit_policy)
     plan = PoolPlan(name, producers, len(source))
     # The Ray actors' options are checked before the store is touched.
     ray_options = _ray_actor_options(plan, ray_remote_args) if backend == "ray" else None
-    store = open_store(url, storage_options=storage_options)
+    store_options = producer_options.storage_options
+    store = open_store(url, storage_options=None if store_options is None else dict(store_options))
     producer_states = Journal(store).load_state().producers
     plan.check_log(list(producer_states))
     # The last check: it records a new or longer list.
     check_shard_list(store, plan, source, {pid: state.offset for pid, state in producer_states.items()})
     started = time.monotonic()
     report = PoolReport(name, producers, len(source))
-    declared = Schema.declared(schema)  # a bad schema is refused before any worker starts
-    job = PoolJob(store.url, plan, source, preprocess, dp, cp, commit_policy, max_restarts, storage_options, declared)
+    job = PoolJob(store.url, plan, source, preprocess, dp, cp, max_restarts, encoded)
     if ray_options is not None:
         from batchweave.ray_pool import run_ray_pool
 

@@ -19,8 +19,9 @@ from batchweave.keys import check_name
 from batchweave.producer import Producer
 from batchweave.reading.polling import HEAD_BUDGET_PER_S
 from batchweave.schema import Schema
+from batchweave.writing.options import ProducerOptions, SchemaSpec
 
-__all__ = ["PoolJob", "PoolPlan", "PoolReport", "Progress", "produce_shards", "start_delay_s"]
+__all__ = ["PoolJob", "PoolPlan", "PoolReport", "Progress", "job_options", "produce_shards", "start_delay_s"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +99,11 @@ class PoolReport:
 
 @dataclass(frozen=True)
 class PoolJob:
-    """Everything a worker of either backend needs: the same value crosses to every process."""
+    """Everything a worker of either backend needs: the same value crosses to every process.
+
+    ``options_json`` is the producers' ``ProducerOptions`` as JSON (``ProducerOptions.to_json``):
+    our options cross processes encoded, never pickled (a policy by its name); ``options``
+    decodes them. Build a job with ``PoolJob.of``."""
 
     url: str
     plan: PoolPlan
@@ -106,10 +111,29 @@ class PoolJob:
     preprocess: Callable[[Any], Sequence[Any]]
     dp: int
     cp: int
-    commit_policy: str | None
     max_restarts: int
-    storage_options: dict[str, Any] | None = field(repr=False)  # credentials: never in a repr or a log
-    schema: Schema | None = None
+    options_json: bytes = field(repr=False)  # storage options may hold credentials: never in a repr or a log
+
+    @classmethod
+    def of(
+        cls,
+        url: str,
+        plan: PoolPlan,
+        source: Sequence[Any],
+        preprocess: Callable[[Any], Sequence[Any]],
+        dp: int,
+        cp: int,
+        max_restarts: int,
+        options: ProducerOptions,
+    ) -> PoolJob:
+        """The job, its options encoded (ConfigError for options that cannot cross:
+        ``ProducerOptions.to_json``)."""
+        return cls(url, plan, source, preprocess, dp, cp, max_restarts, options.to_json())
+
+    @property
+    def options(self) -> ProducerOptions:
+        """The options every producer of the job is built with, decoded."""
+        return ProducerOptions.from_json(self.options_json)
 
     def produce(self, index: int, on_append: Callable[[int, int], None] | None = None) -> tuple[int, dict[str, float]]:
         """Run producer ``index`` of this job (``produce_shards``)."""
@@ -121,10 +145,8 @@ class PoolJob:
             self.preprocess,
             self.dp,
             self.cp,
-            self.commit_policy,
+            options=self.options,
             on_append=on_append,
-            storage_options=self.storage_options,
-            schema=self.schema,
         )
 
 
@@ -154,16 +176,21 @@ def produce_shards(
     on_append: Callable[[int, int], None] | None = None,
     storage_options: dict[str, Any] | None = None,
     schema: Schema | None = None,
+    *,
+    options: ProducerOptions | None = None,
 ) -> tuple[int, dict[str, float]]:
     """One producer of the pool, from where the log says it is to its last shard.
 
-    The body of every backend's worker. ``on_append(index, offset)`` is called once with
-    the offset it resumes at minus one, then after each TGB is appended (for progress).
-    Returns (the offset it resumed at, its metrics).
+    The body of every backend's worker. ``options`` are the producer's
+    (``ProducerOptions``); ``commit_policy``, ``storage_options`` and ``schema`` are the
+    older way to give three of them (giving both is a ConfigError). ``on_append(index,
+    offset)`` is called once with the offset it resumes at minus one, then after each TGB
+    is appended (for progress). Returns (the offset it resumed at, its metrics).
     """
+    options = job_options(options, commit_policy=commit_policy, storage_options=storage_options, schema=schema)
     time.sleep(start_delay_s(index))
     producer_id = plan.producer_id(index)
-    with Producer(url, producer_id, dp, cp, commit_policy, storage_options=storage_options, schema=schema) as producer:
+    with Producer(url, producer_id, dp, cp, options=options) as producer:
         resumed_at = producer.resume_offset
         if on_append is not None:
             on_append(index, resumed_at - 1)
@@ -178,6 +205,28 @@ def produce_shards(
                 on_append(index, offset)
         producer.flush()
         return resumed_at, producer.metrics()
+
+
+def job_options(
+    options: ProducerOptions | None,
+    *,
+    commit_policy: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    schema: SchemaSpec | None = None,
+) -> ProducerOptions:
+    """A pool's producer options: ``options``, or the three a pool took one by one before
+    (``commit_policy``, ``storage_options``, ``schema``); ConfigError when given both."""
+    given = {
+        name: value
+        for name, value in (("commit_policy", commit_policy), ("storage_options", storage_options), ("schema", schema))
+        if value is not None
+    }
+    if options is not None and given:
+        raise ConfigError(
+            f"give options=ProducerOptions(...) or {', '.join(given)}, not both: put "
+            f"{' and '.join(given)} in the ProducerOptions"
+        )
+    return ProducerOptions.build(options, **given)
 
 
 class Progress:

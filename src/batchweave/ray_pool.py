@@ -30,7 +30,9 @@ The small actor that gathers progress runs on the driver's node with no CPU rese
 losing any other node loses no pool state (a head node started with ``num_cpus=0``, as Ray
 advises for large clusters, can host it).
 
-The ``source`` is put in Ray's object store once and shared by every actor; ``preprocess`` is
+The job, with the producers' options (``ProducerOptions``, carried as JSON: a commit policy
+by its name, never pickled), and the ``source`` are put in Ray's object store once and
+shared by every actor; ``preprocess`` is
 pickled by reference when it is a module-level function, so its module must be importable on
 every worker (install it, or give Ray a ``runtime_env``). The namespace URL must be reachable
 from every node: an object store, or a directory they share (never ``memory://``).

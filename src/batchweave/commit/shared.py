@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from batchweave.commit.policies import VersionsBetweenLooks
+from batchweave.errors import ProducerClosedError, StreamEndedError
 from batchweave.lifecycle.backpressure import CommittedSpan
 from batchweave.log import LogState, ProducerState, TGBDescriptor
 from batchweave.schema import Schema
@@ -49,6 +50,7 @@ class SharedState:
     # before the first TGB that needs it is pending, and never changed after.
     schema: Schema | None = None
     error: Exception | None = None  # the commit thread's final error, raised to the caller
+    told: Exception | None = None  # ``error``, once append or flush raised it (close does not again)
     closed: bool = False
     abandon: bool = False  # close(flush=False): drop what is not committed
     flush_waiters: int = 0
@@ -87,6 +89,17 @@ class SharedState:
         if committed and self.committed_spans is not None:
             self.committed_spans.append(CommittedSpan(steps_before, state.steps, committed))
         return offset
+
+    def raise_if_unusable(self, url: str) -> None:
+        """Under ``cond``: raise the commit thread's error (noting it told), or refuse a
+        closed producer or an ended namespace (``url`` names it)."""
+        if self.error is not None:
+            self.told = self.error
+            raise self.error
+        if self.closed:
+            raise ProducerClosedError(self.producer_id)
+        if self.state.end_of_stream:
+            raise StreamEndedError(f"namespace {url} was ended at log version {self.state.version}; no TGB is accepted")
 
     def fail(self, exc: Exception) -> None:
         with self.cond:

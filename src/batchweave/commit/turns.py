@@ -8,9 +8,11 @@ with its producer (``SharedState``) and a callback for the counters a commit pub
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import time
+from collections.abc import Iterator
 
 from batchweave import log, logrules, retry
 from batchweave.commit.group import GroupCommit, build_group_commit, follow_pause_s, turn_rank
@@ -70,6 +72,42 @@ class GroupTurns:
                 forced = shared.forced
             if not self.take_a_pass(forced):
                 return
+
+    def step(self) -> bool:
+        """One pass of ``run``'s loop, in the caller's thread: publish intents, follow the
+        log, commit if this producer's turn came (a wait inside is the producer's
+        condition's). For a driver that runs the commit thread's passes itself, the
+        deterministic simulation, whose producers' threads never start; never while the
+        commit thread runs. Returns False, having done nothing, when nothing is pending
+        (``run`` would wait for an append). Raises the producer's final error (fenced,
+        ended, a damaged log) as its ``append`` would; a failing store is retried by the
+        next step, as by the loop."""
+        shared = self._shared
+        with shared.cond:
+            error, pending, forced = shared.error, bool(shared.pending), shared.forced
+        if error is not None:
+            raise error
+        if not pending:
+            return False
+        self.take_a_pass(forced)  # a final error (fenced, ended, a damaged log) is kept
+        with shared.cond:
+            error = shared.error
+        if error is not None:
+            raise error
+        return True
+
+    @contextlib.contextmanager
+    def flushing(self) -> Iterator[None]:
+        """Within: every ``step`` is a flush's, forced (``SharedState.forced``), as while
+        ``Producer.flush`` waits."""
+        shared = self._shared
+        with shared.cond:
+            shared.flush_waiters += 1
+        try:
+            yield
+        finally:
+            with shared.cond:
+                shared.flush_waiters -= 1
 
     def commit_inline(self, target: int, forced: bool) -> None:
         """Never called: group commit needs the commit thread (``GroupCommit.background_only``)."""

@@ -16,7 +16,7 @@ from typing import Any, TypedDict
 
 from batchweave.errors import ConfigError
 
-__all__ = ["NodeSharing", "ReadKeywords", "ReadOptions"]
+__all__ = ["NodeSharing", "ReadKeywords", "ReadOptions", "check_storage_options_shape"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +67,7 @@ class ReadOptions:
         _check_positive("log_metrics_s", self.log_metrics_s, int | float, "seconds")
         if isinstance(self.sequence_axis, bool) or not isinstance(self.sequence_axis, int):
             raise ConfigError(f"sequence_axis must be an axis number, got {self.sequence_axis!r}")
-        _check_storage_options(self.storage_options)
+        check_storage_options_shape(self.storage_options)
         if not isinstance(self.node, NodeSharing):
             raise ConfigError(f"node must be a NodeSharing, got {self.node!r}")
 
@@ -125,7 +125,7 @@ def _check_positive(name: str, value: Any, kind: Any, unit: str, *, optional: bo
         raise ConfigError(f"{name} must be a positive number of {unit}{allowed}, got {value!r}")
 
 
-def _check_storage_options(options: Any) -> None:
+def check_storage_options_shape(options: Any) -> None:
     """The shape the store checks the keys of (``batchweave.store.check_storage_options``,
     once the URL says which keys a store takes): None or a mapping with string keys. The
     message names the type, never the value: options sit next to secrets."""

@@ -567,7 +567,7 @@ def _put_stale(world: World, version: int) -> bool:
 
 def _views(world: World) -> list[int]:
     """The log versions live producers and readers last read (peeked, not scheduled)."""
-    views = [producer._shared.state.version for producer in world.producers.values()]
+    views = [producer.log_version for producer in world.producers.values()]
     for actor in world.scheduler.actors:
         consumer = actor.notes.get("consumer")
         if actor.alive and consumer is not None and consumer.reading_version is not None:

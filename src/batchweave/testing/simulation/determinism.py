@@ -7,10 +7,10 @@ like), never the standard library itself, and restores them on exit:
   and ``perf_counter()`` the virtual clock, ``sleep()`` a scheduling point;
 - ``random``, ``uuid``, ``secrets``: drawn from one seeded ``random.Random`` (the run's
   *noise*, seeded by the run's first choice), so ids, tokens and jitter replay exactly;
-- ``threading`` of ``batchweave.producer``: a ``Condition`` whose ``wait`` is a virtual
-  sleep (group commit waits for its turn that way) and a ``Thread`` that never starts
-  (group mode needs a commit thread today; the simulation steps it instead, see
-  ``actors.GroupProducerDriver``);
+- ``threading`` of ``batchweave.producer`` and of its pack writer
+  (``batchweave.writing.packs``): a ``Condition`` whose ``wait`` is a virtual sleep (group
+  commit waits for its turn that way) and a ``Thread`` that never starts (group mode needs
+  a commit thread; the simulation steps it instead, see ``group_driver.GroupProducerDriver``);
 - ``ThreadPoolExecutor`` of ``batchweave.commit.intents``: one that runs each call in the
   caller (the intent board reads intents on 32 threads otherwise).
 
@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterable, Iterator
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+import batchweave.commit.claiming
+import batchweave.commit.contention
 import batchweave.commit.group
 import batchweave.commit.intents
 import batchweave.commit.loop
@@ -38,6 +40,7 @@ import batchweave.consumer
 import batchweave.journal.core
 import batchweave.journal.proof
 import batchweave.lifecycle.gc
+import batchweave.lifecycle.maxlag
 import batchweave.logrules
 import batchweave.producer
 import batchweave.reading.driver
@@ -50,6 +53,7 @@ import batchweave.reading.readahead
 import batchweave.reading.silence
 import batchweave.store.core
 import batchweave.store.requests
+import batchweave.writing.packs
 
 if TYPE_CHECKING:
     from batchweave.testing.simulation.scheduler import Scheduler
@@ -151,10 +155,18 @@ def deterministic(scheduler: Scheduler, noise: random.Random) -> Iterator[None]:
     )
     patches: list[tuple[Any, str, Any]] = [
         (batchweave.producer, "time", fake_time),
-        (batchweave.producer, "random", fake_random),
         (batchweave.producer, "uuid", _fake_uuid(noise)),
-        (batchweave.producer, "secrets", _fake_secrets(noise)),
         (batchweave.producer, "threading", threading_shim),
+        # The producer's parts: its epoch claim, its pack writer, its max_lag backpressure,
+        # its count of the producers contending.
+        (batchweave.commit.contention, "time", fake_time),
+        (batchweave.commit.claiming, "time", fake_time),
+        (batchweave.commit.claiming, "random", fake_random),
+        (batchweave.writing.packs, "time", fake_time),
+        (batchweave.writing.packs, "secrets", _fake_secrets(noise)),
+        (batchweave.writing.packs, "threading", threading_shim),
+        (batchweave.lifecycle.maxlag, "time", fake_time),
+        (batchweave.lifecycle.maxlag, "random", fake_random),
         # The producer's commit loops (the condition they wait on is the producer's).
         (batchweave.commit.loop, "time", fake_time),
         (batchweave.commit.loop, "random", fake_random),

@@ -1,0 +1,1 @@
+"""How a producer writes: its options (``options``) and its pack writer (``packs``)."""
