@@ -63,10 +63,10 @@ ROOTS: tuple[tuple[str, str, str], ...] = (
     ("checksum", "batchweave/layout.py", "checksum"),
     ("encode/frame", "batchweave/layout.py", "*"),
     ("encode/frame", "batchweave/packing.py", "*"),
-    ("encode/frame", "batchweave/producer.py", "Producer._write"),  # the pack's keys and descriptors
+    ("encode/frame", "batchweave/writing/packs.py", "PackWriter._write"),  # the pack's keys and descriptors
     ("encode/frame", "batchweave/producer.py", "Producer._schema_for"),
-    ("put", "batchweave/producer.py", "Producer._put_objects"),
-    ("put", "batchweave/producer.py", "Producer._put_object"),
+    ("put", "batchweave/writing/packs.py", "PackWriter._put_objects"),
+    ("put", "batchweave/writing/packs.py", "PackWriter._put_object"),
     ("put", "batchweave/store/core.py", "Store.stage_if_absent"),
     ("put", "batchweave/store/spares.py", "*"),
     ("put", "batchweave/store/syncs.py", "*"),
@@ -84,9 +84,7 @@ ROOTS: tuple[tuple[str, str, str], ...] = (
     ("following the log", "batchweave/journal/proof.py", "*"),
     ("following the log", "batchweave/journal/snapshots.py", "*"),
     ("following the log", "batchweave/journal/segments.py", "read_segment"),
-    ("backpressure", "batchweave/producer.py", "Producer._wait_for_checkpoints"),
-    ("backpressure", "batchweave/producer.py", "Producer._may_upload"),
-    ("backpressure", "batchweave/producer.py", "Producer._read_w_global"),
+    ("backpressure", "batchweave/lifecycle/maxlag.py", "*"),
     ("backpressure", "batchweave/lifecycle/backpressure.py", "*"),
     ("backpressure", "batchweave/lifecycle/watermarks.py", "*"),
 )
