@@ -44,9 +44,9 @@ class LogObjects:
         return data
 
     def put_if_absent(self, key: str, data: bytes) -> Literal["landed", "taken", "maybe-ours"]:
-        """"taken" when the object exists already (another writer took that key);
-        "maybe-ours" when it exists after the store retried a put whose first answer was
-        lost, so it may be that attempt's (``ObjectExistsError.after_retry``)."""
+        """Whether the put landed; "taken" when the object exists already (another writer
+        took that key); "maybe-ours" when it exists after the store retried a put whose
+        first answer was lost, so it may be that attempt's (``ObjectExistsError.after_retry``)."""
         self.requests += 1
         try:
             self.store.put_if_absent(key, data)
