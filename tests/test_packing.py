@@ -5,6 +5,7 @@ deletes a pack only with the last TGB that reads it."""
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 
 import numpy as np
@@ -121,6 +122,33 @@ def test_a_stalled_producers_pack_is_written_at_its_deadline(backend_url):
         with bw.Consumer(backend_url, dp=DP, rank=2, node_sharing=False, timeout_s=20) as consumer:
             assert [int(next(consumer).data["x"][0]) for _ in range(2)] == [2, 12]
         assert producer.metrics()["held_tgbs"] == 0
+
+
+def test_one_watcher_thread_writes_every_stalled_pack_at_its_deadline_and_ends_at_close(fast_url):
+    """Three packs in turn, each stalled past its deadline: each is written by it, all by
+    one thread (a thread a pack cost 1,000-1,500 thread starts in a 20 s window of a
+    benchmark), and that thread ends with the producer."""
+
+    def watchers() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "batchweave-pack"]
+
+    before = watchers()
+    producer = bw.Producer(fast_url, "p", dp=DP, pack_steps=8, pack_delay_s=0.05, commit_policy=Manual())
+    seen = set()
+    for step in range(3):
+        producer.append(tgb(step))
+        deadline = time.monotonic() + 20
+        while producer.metrics()["held_tgbs"] and time.monotonic() < deadline:
+            seen.update(t for t in watchers() if t not in before)
+            time.sleep(0.01)
+        assert producer.metrics()["held_tgbs"] == 0, f"pack {step} still held past its deadline"
+    assert len(seen) == 1
+    producer.close()
+    (watcher,) = seen
+    watcher.join(10)
+    assert not watcher.is_alive()
+    bw.end_stream(fast_url)
+    assert read_all(fast_url, 0) == [0, 10, 20]
 
 
 def test_close_without_flush_drops_held_tgbs_and_a_restart_resumes_before_them(fast_url):
