@@ -149,8 +149,10 @@ def test_every_committed_result_names_a_benchmark_here():
 
 
 def _is_result(path: Path) -> bool:
+    """A benchmark's NAME.json; not an attachment written beside it (NAME-profile.json
+    names its benchmark but holds profiles, not results)."""
     data = json.loads(path.read_text())
-    return isinstance(data, dict) and "benchmark" in data
+    return isinstance(data, dict) and "benchmark" in data and "results" in data
 
 
 def test_a_result_reads_back_as_it_was_written():
