@@ -182,10 +182,10 @@ class PackWriter:
             with self._begun:
                 while self._watching is None and not self._closed:
                     self._begun.wait()
-                if self._closed:
+                watching, self._watching = self._watching, None
+                if self._closed or watching is None:
                     return
-                generation, taken = self._watching
-                self._watching = None
+            generation, taken = watching
             self._write_at_deadline(generation, taken)
 
     def _write_at_deadline(self, generation: int, taken: threading.Event) -> None:
