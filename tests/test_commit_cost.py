@@ -168,13 +168,13 @@ def test_a_zombie_is_fenced_after_jumping():
     assert_exactly_once(url, {"me": 2, **pool.offsets})
 
 
-def test_an_ambiguous_put_that_landed_is_not_committed_twice():
-    """Our put's outcome is lost (it landed, the store said timeout), others commit after
-    it, and the retry jumps to the head: it reads our version first, finds its bytes, and
-    commits nothing again (I3)."""
+def _about_to_lose_a_put(store_type):
+    """A journal of producer "me" on a ``store_type`` store, with 4 other producers
+    committing, claimed and caught up (proven); and its commit of TGB 0, rebased on the
+    state it is given. The setup of every test whose own put's outcome goes astray."""
     url = f"memory://commit-cost/{uuid.uuid4().hex}"
     pool = Others(url, 4)
-    store = AmbiguousOnceStore(url)
+    store = store_type(url)
     journal = Journal(store, NO_SNAPSHOTS, heads_only=True)
     state = journal.load_state()
     done = journal.commit(state, lambda s: logrules.build_claim(s, "me", "inc", time.time(), Layout(1, 1)))
@@ -185,6 +185,15 @@ def test_an_ambiguous_put_that_landed_is_not_committed_twice():
     def commit(newest: LogState) -> log.LogVersion | None:
         remaining = logrules.pending_after_rebase(newest, "me", me, [_tgb("me", 0, me.epoch)])
         return logrules.build_commit(newest, "me", me, remaining, time.time()) if remaining else None
+
+    return url, pool, store, journal, state, commit
+
+
+def test_an_ambiguous_put_that_landed_is_not_committed_twice():
+    """Our put's outcome is lost (it landed, the store said timeout), others commit after
+    it, and the retry jumps to the head: it reads our version first, finds its bytes, and
+    commits nothing again (I3)."""
+    url, pool, store, journal, state, commit = _about_to_lose_a_put(AmbiguousOnceStore)
 
     store.armed = True
     with pytest.raises(TransientStoreError):
@@ -357,19 +366,7 @@ def test_a_put_that_landed_before_its_proof_failed_is_not_committed_twice():
     """Regression (a duplicate found by tests/test_latency.py's chaos run): our put landed
     and said so, then the read that proves it failed, so the commit raised. The retry from
     the state before it jumps over our version; it must still read it as ours (I3)."""
-    url = f"memory://commit-cost/{uuid.uuid4().hex}"
-    pool = Others(url, 4)
-    store = FailsTheProofAfterAPut(url)
-    journal = Journal(store, NO_SNAPSHOTS, heads_only=True)
-    state = journal.load_state()
-    done = journal.commit(state, lambda s: logrules.build_claim(s, "me", "inc", time.time(), Layout(1, 1)))
-    state, me = done.state, done.state.producers["me"]
-    pool.round()
-    state = journal.commit(state, lambda s: None).state
-
-    def commit(newest: LogState) -> log.LogVersion | None:
-        remaining = logrules.pending_after_rebase(newest, "me", me, [_tgb("me", 0, me.epoch)])
-        return logrules.build_commit(newest, "me", me, remaining, time.time()) if remaining else None
+    url, pool, store, journal, state, commit = _about_to_lose_a_put(FailsTheProofAfterAPut)
 
     store.armed = True
     with pytest.raises(TransientStoreError, match="proof's read"):
@@ -416,19 +413,7 @@ def test_a_put_the_store_retried_into_its_own_landed_version_is_not_committed_tw
     lost, the store retries it and finds the key taken, by our own first attempt. The
     commit sees a lost race; others commit after it; the retry jumps to the head and must
     read that version as ours (I3)."""
-    url = f"memory://commit-cost/{uuid.uuid4().hex}"
-    pool = Others(url, 4)
-    store = LandsThenTimesOut(url)
-    journal = Journal(store, NO_SNAPSHOTS, heads_only=True)
-    state = journal.load_state()
-    done = journal.commit(state, lambda s: logrules.build_claim(s, "me", "inc", time.time(), Layout(1, 1)))
-    state, me = done.state, done.state.producers["me"]
-    pool.round()
-    state = journal.commit(state, lambda s: None).state
-
-    def commit(newest: LogState) -> log.LogVersion | None:
-        remaining = logrules.pending_after_rebase(newest, "me", me, [_tgb("me", 0, me.epoch)])
-        return logrules.build_commit(newest, "me", me, remaining, time.time()) if remaining else None
+    url, pool, store, journal, state, commit = _about_to_lose_a_put(LandsThenTimesOut)
 
     store.armed = True
     lost = journal.commit(state, commit, max_attempts=1, jump=True)

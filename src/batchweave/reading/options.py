@@ -16,7 +16,7 @@ from typing import Any, TypedDict
 
 from batchweave.errors import ConfigError
 
-__all__ = ["NodeSharing", "ReadKeywords", "ReadOptions", "check_storage_options_shape"]
+__all__ = ["NodeSharing", "ReadKeywords", "ReadOptions", "check_storage_options_shape", "given_options"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,16 +79,8 @@ class ReadOptions:
         misspelt ``prefetch`` must not be ignored), naming it and the options there are;
         a call that gives both ``options`` and keywords is a ConfigError.
         """
-        unknown = sorted(set(keywords) - set(ReadKeywords.__annotations__))
-        if unknown:
-            known = ", ".join(ReadKeywords.__annotations__)
-            raise TypeError(f"unknown reading option(s) {', '.join(unknown)}: the options are {known}")
-        if options is not None:
-            if keywords:
-                raise ConfigError(f"give options=ReadOptions(...) or the keywords {', '.join(keywords)}, not both")
-            if not isinstance(options, ReadOptions):
-                raise ConfigError(f"options must be a ReadOptions, got {options!r}")
-            return options
+        if (given := given_options(cls, options, keywords, ReadKeywords.__annotations__, "reading")) is not None:
+            return given
         node = NodeSharing(
             keywords.pop("node_sharing", None), keywords.pop("local_rank", None), keywords.pop("local_world_size", None)
         )
@@ -123,6 +115,24 @@ def _check_positive(name: str, value: Any, kind: Any, unit: str, *, optional: bo
     if value is None or isinstance(value, bool) or not isinstance(value, kind) or not value > 0:
         allowed = " or None" if optional else ""
         raise ConfigError(f"{name} must be a positive number of {unit}{allowed}, got {value!r}")
+
+
+def given_options(
+    kind: type[Any], options: Any, keywords: Mapping[str, Any], known: Mapping[str, Any], what: str
+) -> Any:
+    """The checks of an options value's ``build`` (``ReadOptions``, ``ProducerOptions``):
+    ``options`` when it is given (a ``kind``, with no keywords beside it), else None. A
+    keyword not in ``known`` is a TypeError naming it and the ``what`` options there are."""
+    unknown = sorted(set(keywords) - set(known))
+    if unknown:
+        raise TypeError(f"unknown {what} option(s) {', '.join(unknown)}: the options are {', '.join(known)}")
+    if options is None:
+        return None
+    if keywords:
+        raise ConfigError(f"give options={kind.__name__}(...) or the keywords {', '.join(keywords)}, not both")
+    if not isinstance(options, kind):
+        raise ConfigError(f"options must be a {kind.__name__}, got {options!r}")
+    return options
 
 
 def check_storage_options_shape(options: Any) -> None:

@@ -25,7 +25,7 @@ from batchweave.errors import ConfigError
 from batchweave.journal import DEFAULT_SNAPSHOT_EVERY
 from batchweave.layout import DEFAULT_MAX_OBJECT_BYTES
 from batchweave.packing import DEFAULT_PACK_DELAY_S, check_pack_options
-from batchweave.reading.options import check_storage_options_shape
+from batchweave.reading.options import check_storage_options_shape, given_options
 from batchweave.schema import Schema
 
 __all__ = ["ProducerKeywords", "ProducerOptions", "SchemaSpec"]
@@ -91,16 +91,8 @@ class ProducerOptions:
         misspelt ``max_lag`` must not be ignored), naming it and the options there are;
         a call that gives both ``options`` and keywords is a ConfigError.
         """
-        unknown = sorted(set(keywords) - set(ProducerKeywords.__annotations__))
-        if unknown:
-            known = ", ".join(ProducerKeywords.__annotations__)
-            raise TypeError(f"unknown producer option(s) {', '.join(unknown)}: the options are {known}")
-        if options is not None:
-            if keywords:
-                raise ConfigError(f"give options=ProducerOptions(...) or the keywords {', '.join(keywords)}, not both")
-            if not isinstance(options, ProducerOptions):
-                raise ConfigError(f"options must be a ProducerOptions, got {options!r}")
-            return options
+        if (given := given_options(cls, options, keywords, ProducerKeywords.__annotations__, "producer")) is not None:
+            return given
         return cls(**keywords)
 
     def keywords(self) -> ProducerKeywords:
