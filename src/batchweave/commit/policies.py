@@ -341,11 +341,12 @@ def resolve_policy(policy: CommitPolicy | str | None, *, background_commit: bool
     None is the default: group commit for a producer with a commit thread, DAC for one
     that commits in its own thread (``background_commit=False``: group commit's turns
     need the thread). Group commit is the default because it wins at every pool size
-    measured (``bench producers --store local``, TGBs of 100 KB, producers as shipped:
-    323 against 252 MB/s visible at 8 producers, 231 against 93 at 32, 113 against 94 at
-    128), and because its visibility does not grow with the pool: DAC's gap does (paper
-    eq. 8: about 20 fragile windows per other producer), 14-20 s at P95 from 8 producers
-    on there, against 1.2-1.6 s at 8 and 32 with group commit."""
+    measured (``bench producers --store local``, producers as shipped, 100 KB TGBs,
+    docs/benchmarks/2026-12-02-6109ca4: 342 against 241 MB/s visible at 8 producers,
+    215 against 170 at 32, 120 against 68 at 128; 2.0-3.0x DAC at 1 MB and 10 MB), and
+    because its visibility does not grow with the pool as DAC's does (paper eq. 8: about
+    20 fragile windows per other producer): P95 1.7-1.8 s at 8 and 16 producers there,
+    against DAC's 13-21 s from 8 producers on."""
     if policy is None:
         return GroupCommit() if background_commit else DAC()
     if isinstance(policy, str):
