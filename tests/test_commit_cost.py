@@ -424,3 +424,23 @@ def test_a_put_the_store_retried_into_its_own_landed_version_is_not_committed_tw
     assert done.outcome == "nothing"
     assert done.state.producers["me"].offset == 1
     assert_exactly_once(url, {"me": 1, **pool.offsets})
+
+
+def test_the_versions_between_two_looks_never_count_more_producers_than_the_log_records():
+    """Regression (a fresh-clone run of `bench pool-shrink --quick`: 3 producers counted of
+    2): the other producer committed several versions while this one waited out its gap.
+    Versions between looks count producers only up to the ids the log records."""
+    import threading
+
+    from batchweave.commit.contention import Contention
+    from batchweave.commit.shared import SharedState
+    from batchweave.log import ProducerState
+
+    producers = {pid: ProducerState(epoch=1, incarnation=pid, offset=0) for pid in ("me", "other")}
+    state = LogState(version=9, producers=producers)
+    shared = SharedState("me", threading.Condition(), threading.Event(), state, producers["me"])
+    for _ in range(20):
+        shared.between_looks.observe(4)  # four versions of the other producer every look
+    assert shared.between_looks.count() == 5
+    contention = Contention(shared, Manual(), RecentCommitters())
+    assert contention.active() == contention.seen() == 2

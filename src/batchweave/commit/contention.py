@@ -34,11 +34,15 @@ class Contention:
         recorded = self._shared.state.producers.items()
         # A producer's record that it left is no commit of its own: it stops counting.
         self._committers.update({pid: p.last_version for pid, p in recorded if not p.left}, now)
-        return max(self._committers.count(now, self._gap_s()), self._shared.between_looks.count())
+        return self.seen()
 
     def seen(self) -> int:
-        """Producers contending as last noted (``active``), for the metrics."""
-        return max(self._committers.count(time.monotonic(), self._gap_s()), self._shared.between_looks.count())
+        """Producers contending as last noted (``active``), for the metrics. The versions
+        between two looks count producers only up to the ids the log records (not left):
+        one producer may commit several versions while this one waits out its gap."""
+        recorded = sum(1 for p in self._shared.state.producers.values() if not p.left)
+        between = min(self._shared.between_looks.count(), max(1, recorded))
+        return max(self._committers.count(time.monotonic(), self._gap_s()), between)
 
     def _gap_s(self) -> float:
         gap = getattr(self._policy, "gap_s", 0.0)  # DAC's; policies that ignore N have none
