@@ -42,3 +42,24 @@ def obstore_transport_message(key: str, kind: str) -> str:
         f"                        source: TimedOut,\n                    }},\n                }},\n"
         f"            ),\n        }},\n    ),\n}}"
     )
+
+
+def obstore_canceled_message(key: str, hyper_kind: str = "Canceled") -> str:
+    """The text of an obstore 0.12 error for a request hyper cancelled before sending it:
+    the pooled connection had been reset by the server (copied from a real one, taken
+    through a server that resets every connection)."""
+    uri = f"http://127.0.0.1:9000/bucket/run-1/{key}"
+    return (
+        f"Generic S3 error: Error performing GET {uri} in 1.179389ms - HTTP error: error sending request\n\n"
+        f'Debug source:\nGeneric {{\n    store: "S3",\n    source: RetryError(\n        RetryErrorImpl {{\n'
+        f"            method: GET,\n            uri: Some(\n                {uri},\n            ),\n"
+        f"            retries: 0,\n            max_retries: 0,\n            elapsed: 1.179389ms,\n"
+        f"            retry_timeout: 5s,\n            inner: Http(\n                HttpError {{\n"
+        f"                    kind: Unknown,\n                    source: reqwest::Error {{\n"
+        f"                        kind: Request,\n"
+        f"                        source: hyper_util::client::legacy::Error(\n"
+        f"                            {hyper_kind},\n                            hyper::Error(\n"
+        f'                                {hyper_kind},\n                                "connection was not ready",\n'
+        f"                            ),\n                        ),\n                    }},\n"
+        f"                }},\n            ),\n        }},\n    ),\n}}"
+    )

@@ -17,7 +17,7 @@ from datetime import timedelta
 
 import pytest
 from obstore import exceptions as obs_errors
-from obstore_errors import obstore_status_message, obstore_transport_message
+from obstore_errors import obstore_canceled_message, obstore_status_message, obstore_transport_message
 
 import batchweave as bw
 from batchweave.store import Store, translate_error
@@ -64,6 +64,23 @@ def test_throttling_and_server_errors_are_transient(status, key):
 def test_requests_without_an_answer_are_transient(kind):
     got = translate_error(obs_errors.GenericError(obstore_transport_message(RACE_KEY, kind)), RACE_KEY)
     assert type(got) is bw.TransientStoreError
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_a_request_cancelled_on_a_reset_connection_is_transient(key):
+    """Regression: a server that resets a kept-alive connection between requests (as load
+    balancers do) makes hyper cancel the next request before sending it; object_store calls
+    its kind Unknown, and it was a plain StoreError that stopped a producer (1 GET in 500
+    through the resetting server below)."""
+    for conditional in (True, False):
+        got = translate_error(obs_errors.GenericError(obstore_canceled_message(key)), key, conditional=conditional)
+        assert type(got) is bw.TransientStoreError, got
+
+
+def test_only_a_cancelled_request_of_an_unknown_kind_is_transient():
+    """The same tree with another hyper error in the place of Canceled stays a plain failure."""
+    message = obstore_canceled_message(RACE_KEY, hyper_kind="User")
+    assert type(translate_error(obs_errors.GenericError(message), RACE_KEY)) is bw.StoreError
 
 
 def test_an_undecodable_answer_is_not_transient():

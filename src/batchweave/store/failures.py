@@ -72,6 +72,10 @@ _THROTTLING_CODES = frozenset({"SlowDown", "ServerBusy", "TooManyRequests", "Req
 # object_store's HttpErrorKind values for a request that never got an answer: connect
 # failures, dropped connections, timeouts (Decode and Unknown are not known to be transient).
 _TRANSIENT_HTTP_KINDS = frozenset({"Connect", "Request", "Timeout", "Interrupted"})
+# A request hyper cancelled before sending it: the pooled connection it was given had been
+# closed by the server (a keep-alive connection reset between requests, as load balancers
+# do), "connection was not ready". object_store leaves its kind Unknown; nothing was sent.
+_DEBUG_CANCELED = re.compile(r"^\s*source: hyper_util::client::legacy::Error\(\n\s*Canceled,$", re.MULTILINE)
 
 _DEBUG_SEPARATOR = "\n\nDebug source:\n"
 _QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
@@ -113,6 +117,7 @@ class _Failure:
     store_code: str = ""  # the error code read from the answer's body in the Debug part
     plain_http_refused: bool = False  # an http:// endpoint the client was not allowed to use
     endpoint: str = ""  # scheme://host:port the request went to, if the Debug part says
+    canceled: bool = False  # hyper cancelled the request before sending it (a reset connection)
 
     def answer(self) -> str:
         """`` (HTTP 412 PreconditionFailed)``, or as much of it as is known."""
@@ -146,6 +151,7 @@ def _failure_of(exc: BaseException, key: str) -> _Failure:
             store_code=store_code,
             plain_http_refused=_DEBUG_PLAIN_HTTP.search(debug) is not None,
             endpoint=_endpoint_of(uri.group(1)) if uri else "",
+            canceled=_DEBUG_CANCELED.search(debug) is not None,
         )
     # The Display part names the key raw ("Object at location <key> not found: ..."), in
     # the URI (percent-encoded) and in the body: drop the key, then the URIs.
@@ -333,6 +339,7 @@ def translate_error(
         or status in _TRANSIENT_STATUSES
         or failure.transport in _TRANSIENT_HTTP_KINDS
         or failure.error_body
+        or failure.canceled
     ):
         return TransientStoreError(key, f"store unavailable after retries{answer}: {detail}")
     return StoreError(key, f"request failed{answer}: {detail}")
