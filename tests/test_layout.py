@@ -858,6 +858,45 @@ def test_owned_framing_survives_the_caller_reusing_its_arrays():
     assert_same_array(got["x"], np.arange(8, dtype=np.int32))
 
 
+def test_owned_framing_survives_the_caller_reusing_its_byte_buffers():
+    """Bytes slices that are not ``bytes`` (a reused bytearray) are copied by ``owned``;
+    ``bytes`` ones are kept as they are."""
+    reused = bytearray(b"abcd")
+    framed = frame_tgb([b"wxyz", reused, b"tail-of-another-size"], 3, 1)
+    owned = framed.owned()
+    reused[:] = b"----"
+    pack = encode_pack([owned])
+    got = [decode_slice(_pack_objects(pack)[0][r.offset : r.offset + r.length], KEY, r.crc32c) for r in pack.slices[0]]
+    assert got == [b"wxyz", b"abcd", b"tail-of-another-size"]
+    all_bytes = frame_tgb([b"wxyz", b"abcd"], 2, 1)
+    assert all_bytes.owned() is all_bytes
+
+
+def test_bytes_slices_of_one_size_frame_as_any_bytes_slices_do():
+    """The even-size path (every slice ``bytes`` of one length) frames byte for byte as
+    the general path, which a bytearray among them takes."""
+    payloads = [bytes([r]) * 40 for r in range(6)]
+    even = frame_tgb(payloads, 3, 2)
+    general = frame_tgb([bytearray(payloads[0]), *payloads[1:]], 3, 2)
+    assert (even.sizes, even.crcs, even.nbytes) == (general.sizes, general.crcs, general.nbytes)
+    assert [b"".join(map(bytes, p)) for p in even.pieces] == [b"".join(map(bytes, p)) for p in general.pieces]
+    assert not even.borrowed and general.borrowed
+
+
+def test_a_packs_footers_list_every_slice_where_its_references_point():
+    """Slices of different sizes over two objects: each footer entry is the slice the
+    TGB's reference names (same offset, length and CRC, index ``slice * tgbs + position``)."""
+    dp, count = MAX_SLICES_PER_OBJECT + 3, 4
+    tgbs = [frame_tgb([bytes([t]) * (1 + (r * 7 + t) % 13) for r in range(dp)], dp, 1) for t in range(count)]
+    pack = encode_pack(tgbs)
+    footers = [read_footer(obj, KEY) for obj in _pack_objects(pack)]
+    for t in range(count):
+        for rank, ref in enumerate(pack.slices[t]):
+            entry = {fs.index: fs for fs in footers[ref.object_index].slices}[rank * count + t]
+            assert (entry.offset, entry.length, entry.crc32c) == (ref.offset, ref.length, ref.crc32c)
+    assert sum(pack.tgb_nbytes()) == sum(pack.sizes)
+
+
 def test_a_pack_refuses_tgbs_of_different_kinds_or_meshes():
     arrays = frame_tgb([{"x": np.zeros(2)}], 1, 1)
     with pytest.raises(LayoutError, match="TGB 1 of a pack is bytes"):

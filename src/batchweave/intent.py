@@ -22,7 +22,8 @@ __all__ = ["INTENT_FORMAT", "Intent", "decode_intent", "encode_intent", "intent_
 INTENT_FORMAT = "batchweave.intent/1"
 
 
-class Intent(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+# gc=False: as the log's values (log.ProducerState), numbers, strings and containers of them.
+class Intent(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
     """Descriptors of consecutive TGBs of one producer incarnation, waiting to be folded."""
 
     format: str

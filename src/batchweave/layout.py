@@ -22,11 +22,12 @@ Nothing is pickled: a consumer can be pointed at a namespace it does not trust.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import re
 import struct
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, TypeAlias
 
@@ -135,6 +136,9 @@ class FramedTGB:
     crcs: list[int]
     array_layouts: tuple[ArraysLayout, ...]  # as ``EncodedTGB.array_layouts``
     nbytes: int  # the slices' bytes (an object adds a footer)
+    # Whether a piece views memory the caller may change (anything but ``bytes``): known
+    # when framing, so that keeping a TGB does not look at each of its pieces again.
+    borrowed: bool = True
 
     @property
     def largest_slice(self) -> int:
@@ -145,7 +149,7 @@ class FramedTGB:
         be packed with the next ones) must not change when the caller reuses its arrays.
         Bytes objects cannot change and are kept; anything else is copied, all of it into
         one buffer that the slices then view."""
-        if all(type(piece) is bytes for pieces in self.pieces for piece in pieces):
+        if not self.borrowed:
             return self
         whole = memoryview(b"".join([piece for pieces in self.pieces for piece in pieces]))
         views: list[list[Piece]] = []
@@ -153,7 +157,9 @@ class FramedTGB:
         for size in self.sizes:
             views.append([whole[start : start + size]])
             start += size
-        return FramedTGB(self.kind, self.dp, self.cp, views, self.sizes, self.crcs, self.array_layouts, self.nbytes)
+        return FramedTGB(
+            self.kind, self.dp, self.cp, views, self.sizes, self.crcs, self.array_layouts, self.nbytes, borrowed=False
+        )
 
 
 @dataclass(frozen=True)
@@ -179,7 +185,8 @@ class EncodedPack:
         return list(self.shares)
 
 
-class _ArrayHeader(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+# gc=False: numbers and strings only (see log.ProducerState); a pack makes one FooterSlice a slice.
+class _ArrayHeader(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
     name: str
     dtype: str
     shape: list[int]
@@ -187,20 +194,20 @@ class _ArrayHeader(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     nbytes: int
 
 
-class _SliceHeader(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class _SliceHeader(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
     kind: Kind
     arrays: list[_ArrayHeader] = []
     nbytes: int = 0
 
 
-class FooterSlice(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class FooterSlice(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
     index: int
     offset: int
     length: int
     crc32c: int
 
 
-class Footer(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class Footer(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True, omit_defaults=True):
     """The index at the end of every TGB object. ``tgbs``: how many consecutive TGBs the
     object packs (``encode_pack``); a slice's ``index`` is ``slice * tgbs + position``."""
 
@@ -266,17 +273,33 @@ _BYTES_LIKE = (bytes, bytearray, memoryview)
 
 
 def _frame_bytes(slices: Sequence[Any], dp: int, cp: int) -> FramedTGB:
+    # (Checked by builtins over the whole list: a generator would be a Python call a slice.)
+    if set(map(type, slices)) == {bytes} and len(set(map(len, slices))) == 1:
+        return _frame_even_bytes(slices, dp, cp)
     pieces: list[list[Piece]] = []
     sizes: list[int] = []
     crcs: list[int] = []
     crc = crc32c.crc32c
+    borrowed = False
     for index, payload in enumerate(slices):
         data = payload if type(payload) is bytes else _byte_payload(payload, index, "bytes")
+        borrowed = borrowed or type(data) is not bytes
         first, first_crc = _bytes_plan(len(data))
         pieces.append([first, data])
         sizes.append(len(first) + len(data))
         crcs.append(crc(data, first_crc))
-    return FramedTGB("bytes", dp, cp, pieces, sizes, crcs, (), sum(sizes))
+    return FramedTGB("bytes", dp, cp, pieces, sizes, crcs, (), sum(sizes), borrowed)
+
+
+def _frame_even_bytes(slices: Sequence[bytes], dp: int, cp: int) -> FramedTGB:
+    """``_frame_bytes`` for the common TGB: ``bytes`` slices of one size, sharing one
+    header, framed a column at a time (half the time of a slice at a time)."""
+    first, first_crc = _bytes_plan(len(slices[0]))
+    crc = crc32c.crc32c
+    size = len(first) + len(slices[0])
+    crcs = [crc(data, first_crc) for data in slices]
+    pieces: list[list[Piece]] = [[first, data] for data in slices]
+    return FramedTGB("bytes", dp, cp, pieces, [size] * len(slices), crcs, (), size * len(slices), borrowed=False)
 
 
 def _byte_payload(payload: Any, index: int, kind: Kind) -> Piece:
@@ -389,18 +412,25 @@ def _packed_slices(
 ) -> tuple[list[Piece], list[FooterSlice], int]:
     """``_one_tgbs_slices`` for a pack: each slice index's run of the TGBs' slices, one
     TGB after another."""
-    body: list[Piece] = []
-    footer_slices: list[FooterSlice] = []
-    offset = 0
     count = len(tgbs)
-    for index in range(start, stop):
-        for position, tgb in enumerate(tgbs):
-            size, crc = tgb.sizes[index], tgb.crcs[index]
-            footer_slices.append(FooterSlice(index * count + position, offset, size, crc))
-            refs[position].append((part, offset, size, crc))
-            body += tgb.pieces[index]
-            offset += size
-    return body, footer_slices, offset
+    # Slice-major columns, built by comprehensions over zips (a slice at a time in a loop
+    # was a tenth of a 100 KB producer's CPU): slice ``index`` of each TGB in turn.
+    sizes = list(_slice_major([tgb.sizes[start:stop] for tgb in tgbs]))
+    crcs = list(_slice_major([tgb.crcs[start:stop] for tgb in tgbs]))
+    offsets = list(itertools.accumulate(sizes, initial=0))
+    body_size = offsets.pop()
+    footer_slices = list(map(FooterSlice, range(start * count, stop * count), offsets, sizes, crcs))
+    for position, mine in enumerate(refs):
+        at = slice(position, None, count)  # this TGB's slices among the columns
+        mine += zip(itertools.repeat(part), offsets[at], sizes[at], crcs[at])
+    body: list[Piece] = list(itertools.chain.from_iterable(_slice_major([tgb.pieces[start:stop] for tgb in tgbs])))
+    return body, footer_slices, body_size
+
+
+def _slice_major(columns: list[list[Any]]) -> Iterator[Any]:
+    """One value per TGB (``columns[position]``, in slice order) laid out slice-major:
+    slice 0 of each TGB in turn, then slice 1."""
+    return itertools.chain.from_iterable(zip(*columns, strict=True))
 
 
 def _pack(len_of: list[int], cap: int) -> list[tuple[int, int]]:

@@ -51,7 +51,11 @@ LOG_FORMAT = "batchweave.log/1"
 SNAPSHOT_FORMAT = "batchweave.snapshot/1"
 
 
-class ProducerState(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+# gc=False on the log's values: they hold numbers, strings and containers of those, and are
+# never changed after decoding, so no reference cycle can run through them; untracked, the
+# thousands of descriptors a producer makes and reads a second are not scanned by every
+# collection (the collector took about 8% of a 100 KB producer's CPU, more of its packing).
+class ProducerState(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True, omit_defaults=True):
     """What the log remembers of one producer_id.
 
     ``offset`` is the next source offset it must produce; ``epoch`` fences older
@@ -73,7 +77,7 @@ class ProducerState(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omi
     left: bool = False
 
 
-class Layout(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class Layout(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True, omit_defaults=True):
     """What every TGB of a namespace shares (invariant I9): ``dp * cp`` slices of one
     payload kind. ``kind`` is None until the first TGB is committed."""
 
@@ -85,7 +89,7 @@ class Layout(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defau
         return f"dp={self.dp} cp={self.cp}" + (f" {self.kind}" if self.kind else "")
 
 
-class _TGBFields(msgspec.Struct, frozen=True):
+class _TGBFields(msgspec.Struct, frozen=True, gc=False):
     """Whose a TGB is and its layout: the first fields of ``TGBDescriptor`` and ``TGBHead``."""
 
     producer: str
@@ -117,7 +121,7 @@ class TGBHead(_TGBFields, frozen=True):
     schema: str = ""
 
 
-class Reclaim(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class Reclaim(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
     """What garbage collection has taken so far (cumulative): steps below ``steps`` and log
     versions below ``versions`` are gone, ``bytes`` of TGB objects with them."""
 
@@ -129,7 +133,9 @@ class Reclaim(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 _TGB = TypeVar("_TGB", TGBDescriptor, TGBHead)
 
 
-class _VersionFields(msgspec.Struct, Generic[_TGB], frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class _VersionFields(
+    msgspec.Struct, Generic[_TGB], frozen=True, gc=False, forbid_unknown_fields=True, omit_defaults=True
+):
     """The fields of a log version, its TGBs read as ``_TGB``: ``LogVersion`` and ``LogVersionHead``."""
 
     format: str
@@ -177,7 +183,7 @@ class ReadVersion(NamedTuple):
     data: bytes | memoryview
 
 
-class LogState(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class LogState(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
     """The namespace after ``version``: all a producer or inspector needs, O(producers)."""
 
     format: str = SNAPSHOT_FORMAT
