@@ -24,6 +24,7 @@ def test_footers_and_intents_are_untracked():
     pack = layout.encode_pack([layout.frame_tgb([b"ab", b"cd"], 2, 1)])
     footer = layout.read_footer(b"".join(bytes(p) for p in pack.parts[0]), "data/x.bwb")
     tgb = log.TGBDescriptor("p", 1, 0, 1, 1, "bytes", ["data/p/x.bwb"], [(0, 0, 10, 7)], 10)
-    written = intent.decode_intent(intent.encode_intent(intent.Intent(intent.INTENT_FORMAT, "p", 1, [tgb])), intent.intent_key("p", 1, 0))
+    data = intent.encode_intent(intent.Intent(intent.INTENT_FORMAT, "p", 1, [tgb]))
+    written = intent.decode_intent(data, intent.intent_key("p", 1, 0))
     assert not gc.is_tracked(footer) and not any(gc.is_tracked(entry) for entry in footer.slices)
     assert not gc.is_tracked(written)
