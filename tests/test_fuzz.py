@@ -37,6 +37,7 @@ from batchweave.errors import BatchWeaveError, ConfigError, CorruptDataError
 from batchweave.lifecycle.watermarks import Checkpoint, Watermark
 from batchweave.mesh import Mesh
 from batchweave.segment import SEGMENT_VERSIONS, decode_segment, encode_segment, segment_key
+from batchweave.testing import versiontext
 
 KEY = "data/p/e000001/000000000007-abcd.0.bwb"
 LOG_KEY = "_log/00000000000000000002.json"
@@ -259,6 +260,10 @@ def _log_samples() -> tuple[bytes, bytes, bytes]:
 
 
 CLAIM, COMMIT, SNAPSHOT = _log_samples()
+# A version's fields as one JSON object, and back to a version (format 2's framing fitted);
+# every other sample is plain JSON.
+_VERSION_TEXT = (versiontext.loads, versiontext.dumps)
+_JSON_TEXT = (json.loads, _dumps)
 HINT = b'{"version":2,"namespace":"ns-id"}'
 MARK = Watermark("step-001000", dp=4, cp=2, d=3, c=1, position=Fraction(7, 3), version=12)
 CURSOR = {"format": CURSOR_FORMAT, "version": 3, "position_numerator": 5, "position_denominator": 2}
@@ -418,10 +423,12 @@ def test_read_footer_structured_wrong_footers(data):
 LOG_PARSERS: list[tuple[str, Callable[[bytes], Any], bytes]] = [
     ("claim", lambda raw: log.decode_version(raw, LOG_KEY, 1), CLAIM),
     ("commit", lambda raw: log.decode_version(raw, LOG_KEY, 2), COMMIT),
+    ("commit-head", lambda raw: log.decode_version_head(raw, LOG_KEY, 2), COMMIT),
     ("snapshot", lambda raw: log.decode_snapshot(raw, LOG_KEY), SNAPSHOT),
     ("hint", lambda raw: log.decode_hint(raw, LOG_KEY), HINT),
 ]
 LOG_SAMPLES = tuple(valid for _, _, valid in LOG_PARSERS)
+LOG_TEXT = {"claim": _VERSION_TEXT, "commit": _VERSION_TEXT, "commit-head": _VERSION_TEXT}
 
 
 # msgspec 0.22 raises UnicodeDecodeError (not a DecodeError) for invalid UTF-8 in an object
@@ -464,14 +471,15 @@ def test_log_parsers_invalid_utf8_in_a_key(name, parse, valid, raw):
 @fuzz(80)
 @given(data=st.data())
 def test_log_parsers_structured_wrong_json(name, parse, valid, data):
-    typed(parse, _dumps(data.draw(mutated_json(json.loads(valid)))), key=LOG_KEY)
+    loads, dumps = LOG_TEXT.get(name, _JSON_TEXT)
+    typed(parse, dumps(data.draw(mutated_json(loads(valid)))), key=LOG_KEY)
 
 
 # -- log segments: decode_segment ------------------------------------------------------
 
 SEGMENT = encode_segment(
     SEGMENT_VERSIONS,
-    [CLAIM] + [COMMIT.replace(b'"version":2', b'"version":%d' % v) for v in range(2, SEGMENT_VERSIONS + 1)],
+    [CLAIM] + [versiontext.dumps(versiontext.loads(COMMIT) | {"version": v}) for v in range(2, SEGMENT_VERSIONS + 1)],
 )
 
 
@@ -556,7 +564,7 @@ def test_cursor_structured_wrong_state(data):
 JSON_PARSERS: list[tuple[str, Callable[[bytes], Any], str, dict[str, Any]]] = [
     ("slice-header", lambda raw: layout.decode_slice(_frame_slice(raw, b""), KEY), KEY, _split_slice(SLICES[0])[0]),
     ("footer", lambda raw: layout.read_footer(_frame_object(b"", raw), KEY), KEY, _split_object(OBJECTS[0])[1]),
-    *((name, parse, LOG_KEY, json.loads(valid)) for name, parse, valid in LOG_PARSERS),
+    *((name, parse, LOG_KEY, LOG_TEXT.get(name, _JSON_TEXT)[0](valid)) for name, parse, valid in LOG_PARSERS),
     ("watermark", lambda raw: Watermark.from_json(raw, MARK.key), MARK.key, json.loads(MARK.to_json())),
 ]
 
@@ -565,6 +573,16 @@ JSON_PARSERS: list[tuple[str, Callable[[bytes], Any], str, dict[str, Any]]] = [
 def test_deeply_nested_json(name, parse, key, valid):
     for raw in nested_documents(valid):
         assert isinstance(typed(parse, raw, key=key), CorruptDataError)
+
+
+@pytest.mark.parametrize("name,parse,valid", LOG_PARSERS[:3], ids=[p[0] for p in LOG_PARSERS[:3]])
+def test_deeply_nested_json_in_a_framed_head(name, parse, valid):
+    """The nesting inside a head that format 2's framing fits, so the head's decoder meets it."""
+    _, head, body = json.loads(valid)
+    body_bytes = json.dumps(body, separators=(",", ":")).encode()
+    for document in nested_documents(head):
+        raw = b"[%d,%s,%s]" % (len(document), document, body_bytes)
+        assert isinstance(typed(parse, raw, key=LOG_KEY), CorruptDataError)
 
 
 def _nested(depth: int = DEPTH) -> list[Any]:

@@ -35,9 +35,10 @@ from batchweave.keys import INTENT_PREFIX
 from batchweave.lifecycle.gc import GCReport
 from batchweave.lifecycle.gcsummary import GC_PREFIX, summary_key
 from batchweave.lifecycle.watermarks import CHECKPOINT_PREFIX, released_key
-from batchweave.log import LOG_FORMAT, Layout, LogState, ReadVersion, Reclaim, TGBDescriptor
+from batchweave.log import LOG_FORMAT, LOG_FORMAT_1, Layout, LogState, ReadVersion, Reclaim, TGBDescriptor
 from batchweave.segment import SEGMENT_MAX_BYTES, SEGMENT_PREFIX, SEGMENT_VERSIONS, segment_key
 from batchweave.store import Store
+from batchweave.testing import versiontext
 
 WAIT_S = 10.0  # how long a test waits for a background put before it fails (never reached when it passes)
 HEADCOPIES_LOGGER = "batchweave.journal.headcopies"
@@ -251,15 +252,14 @@ def test_a_copy_read_carries_the_bytes_it_holds_and_a_damaged_one_is_named_in_th
     read = read_copy(objects, 2, 1, namespace)
     assert isinstance(read, ReadVersion) and read.delta.version == 2
     assert bytes(read.data) == bytes(store.get(keys.version_key(2)))
-    other = msgspec.json.decode(bytes(read.data))
-    other.update(version=72, format="batchweave.log/99")
+    other = versiontext.loads(read.data) | {"version": 72, "format": "batchweave.log/99"}
     key = keys.head_copy_key(72, 2)
-    store.put(key, encode_copy(72, namespace, msgspec.json.encode(other)))
+    store.put(key, encode_copy(72, namespace, versiontext.dumps(other)))
     with caplog.at_level(logging.WARNING, logger=HEADCOPIES_LOGGER):
         assert read_copy(objects, 72, 2, namespace) is True
     assert caplog.messages == [
         f"read around a damaged copy of log version 72 ({key}): {key}: unsupported log format "
-        f"'batchweave.log/99' (this reader knows {LOG_FORMAT})"
+        f"'batchweave.log/99' (this reader knows {LOG_FORMAT} and {LOG_FORMAT_1})"
     ]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import msgspec
@@ -22,6 +23,7 @@ from batchweave.keys import (
 from batchweave.lifecycle.backpressure import active_producers
 from batchweave.log import (
     LOG_FORMAT,
+    LOG_FORMAT_1,
     SNAPSHOT_FORMAT,
     Layout,
     LogState,
@@ -34,6 +36,7 @@ from batchweave.log import (
     decode_snapshot,
     decode_version,
     decode_version_head,
+    digest,
     encode,
 )
 from batchweave.logrules import (
@@ -45,6 +48,7 @@ from batchweave.logrules import (
     jump_to,
     pending_after_rebase,
 )
+from batchweave.testing import versiontext
 
 K = "_log/test.json"
 
@@ -150,7 +154,7 @@ def test_apply_stamps_last_version_which_only_snapshots_carry():
     state, a = claim(LogState(), "a", "ia")
     state, _ = claim(state, "b", "ib")
     delta = build_commit(state, "a", a, [tgb("a", 1, 0)], committed_at=0.0)
-    assert "last_version" not in json.loads(encode(delta))["producers"]["a"]
+    assert "last_version" not in versiontext.loads(encode(delta))["producers"]["a"]
     state = apply_version(state, delta, K)
     assert {pid: p.last_version for pid, p in state.producers.items()} == {"a": 3, "b": 2}
     assert decode_snapshot(encode(state), snapshot_key(3)).producers["b"].last_version == 2
@@ -195,7 +199,7 @@ def test_encode_decode_version_roundtrip():
     state, me = claim(LogState(), "p", "i")
     d = build_commit(state, "p", me, [tgb("p", 1, 0, dp=2, cp=2), tgb("p", 1, 1, dp=2, cp=2)], committed_at=12.5)
     raw = encode(d)
-    parsed = json.loads(raw)
+    parsed = versiontext.loads(raw)
     assert parsed["format"] == LOG_FORMAT and parsed["version"] == 2
     back = decode_version(raw, version_key(2), expected_version=2)
     assert back == d
@@ -209,20 +213,20 @@ _RECORDED_TGB = TGBDescriptor(
 )
 RECORDED_VERSIONS = {
     "commit": (
-        LogVersion(LOG_FORMAT, 7, 5, [_RECORDED_TGB], {"p": ProducerState(6, 2, "i", {"x": 1.0})}, committed_at=2.25),
+        LogVersion(LOG_FORMAT_1, 7, 5, [_RECORDED_TGB], {"p": ProducerState(6, 2, "i", {"x": 1.0})}, committed_at=2.25),
         b'{"format":"batchweave.log/1","version":7,"first_step":5,"tgbs":[{"producer":"p","epoch":2,"source_offset":5,'
         b'"dp":2,"cp":1,"kind":"arrays","objects":["data/p/e000002/000000000005-ab.0.bwb"],"slices":[[0,0,10,1],'
         b'[0,10,12,2]],"nbytes":22}],"producers":{"p":{"offset":6,"epoch":2,"incarnation":"i","metrics":{"x":1.0}}},'
         b'"committed_at":2.25}',
     ),
     "a producer that left": (
-        LogVersion(LOG_FORMAT, 8, 6, [], {"p": ProducerState(6, 2, "i", {"x": 1.0}, left=True)}, committed_at=2.5),
+        LogVersion(LOG_FORMAT_1, 8, 6, [], {"p": ProducerState(6, 2, "i", {"x": 1.0}, left=True)}, committed_at=2.5),
         b'{"format":"batchweave.log/1","version":8,"first_step":6,"tgbs":[],"producers":{"p":{"offset":6,"epoch":2,'
         b'"incarnation":"i","metrics":{"x":1.0},"left":true}},"committed_at":2.5}',
     ),
     "first, every optional field": (
         LogVersion(
-            LOG_FORMAT, 1, 0, [], {"p": ProducerState(0, 1, "i")}, True, 0.5, Reclaim(0, 0, 0), "ns", Layout(2, 1)
+            LOG_FORMAT_1, 1, 0, [], {"p": ProducerState(0, 1, "i")}, True, 0.5, Reclaim(0, 0, 0), "ns", Layout(2, 1)
         ),
         b'{"format":"batchweave.log/1","version":1,"first_step":0,"tgbs":[],"producers":{"p":{"offset":0,"epoch":1,'
         b'"incarnation":"i"}},"end_of_stream":true,"committed_at":0.5,"reclaim":{"steps":0,"versions":0,"bytes":0},'
@@ -239,6 +243,58 @@ def test_versions_encode_to_the_recorded_bytes_and_decode_from_them(name):
     heads = [TGBHead(t.producer, t.epoch, t.source_offset, t.dp, t.cp, t.kind, t.nbytes) for t in version.tgbs]
     expected = LogVersionHead(**(msgspec.structs.asdict(version) | {"tgbs": heads}))
     assert decode_version_head(recorded, K, version.version) == expected
+
+
+# The same commit as format 2 writes it: a head (every field; each TGB a row of whose it is
+# and its bytes) that a writer decodes alone, then the body (each TGB's objects and slices)
+# that the head names by its digest, after the head's length.
+RECORDED_HEAD = (
+    b'{"format":"batchweave.log/2","version":7,"first_step":5,"tgbs":[["p",2,5,2,1,"arrays",22,""]],'
+    b'"producers":{"p":{"offset":6,"epoch":2,"incarnation":"i","metrics":{"x":1.0}}},"committed_at":2.25,'
+    b'"body":"faa38e21f596143d61480c61ee870336"}'
+)
+RECORDED_BODY = b'[[["data/p/e000002/000000000005-ab.0.bwb"],[[0,0,10,1],[0,10,12,2]]]]'
+
+
+def test_a_version_encodes_to_the_recorded_head_and_body_and_decodes_from_them():
+    recorded_version = RECORDED_VERSIONS["commit"][0]
+    version = msgspec.structs.replace(recorded_version, format=LOG_FORMAT)
+    recorded = b"[%d,%s,%s]" % (len(RECORDED_HEAD), RECORDED_HEAD, RECORDED_BODY)
+    assert encode(version) == recorded
+    assert decode_version(recorded, K, 7) == version
+    head = decode_version_head(recorded, K, 7)
+    assert head.body == hashlib.blake2b(RECORDED_BODY, digest_size=16).hexdigest()
+    assert head == msgspec.structs.replace(
+        decode_version_head(RECORDED_VERSIONS["commit"][1], K, 7), format=LOG_FORMAT, body=head.body
+    )
+    # The proof's anchor is the head's digest: the head binds the body.
+    assert digest(recorded) == hashlib.blake2b(RECORDED_HEAD, digest_size=16).hexdigest()
+    assert (
+        digest(RECORDED_VERSIONS["commit"][1])
+        == hashlib.blake2b(RECORDED_VERSIONS["commit"][1], digest_size=16).hexdigest()
+    )
+
+
+def test_a_writer_decodes_a_versions_head_only():
+    recorded = b"[%d,%s,%s]" % (len(RECORDED_HEAD), RECORDED_HEAD, b"[[not even JSON")
+    assert decode_version_head(recorded, K, 7).tgbs[0].nbytes == 22
+    with pytest.raises(CorruptDataError, match="body is not the one its head names"):
+        decode_version(recorded, K, 7)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda head, body: b"[%d,%s,%s]" % (len(head) + 1, head, body),  # a length that does not fit
+        lambda head, body: b"[%d,%s,%s" % (len(head), head, body),  # cut short
+        lambda head, body: b"[%d,%s,%s]" % (len(head), head.replace(b'"body":"f', b'"body":"0'), body),
+        lambda head, body: b"[%d,%s,%s]" % (len(head), head, body.replace(b"[0,0,10,1]", b"[0,0,10,9]")),
+    ],
+)
+def test_a_damaged_version_of_format_2_is_refused_naming_its_key(damage):
+    with pytest.raises(CorruptDataError) as info:
+        decode_version(damage(RECORDED_HEAD, RECORDED_BODY), "_log/v.json", 7)
+    assert "_log/v.json" in str(info.value)
 
 
 def test_encode_decode_snapshot_roundtrip():
@@ -260,19 +316,19 @@ def test_decode_snapshot_errors():
 
 def _good_version_dict() -> dict:
     state, me = claim(LogState(), "p", "i")
-    return json.loads(encode(build_commit(state, "p", me, [tgb("p", 1, 0)], 0.0)))
+    return versiontext.loads(encode(build_commit(state, "p", me, [tgb("p", 1, 0)], 0.0)))
 
 
 def test_decode_unknown_format():
     d = _good_version_dict()
-    d["format"] = "batchweave.log/2"
+    d["format"] = "batchweave.log/3"
     with pytest.raises(CorruptDataError, match="format") as info:
-        decode_version(json.dumps(d).encode(), "_log/x.json", 2)
+        decode_version(versiontext.dumps(d), "_log/x.json", 2)
     assert "_log/x.json" in str(info.value)
 
 
 def test_decode_wrong_version_number():
-    raw = json.dumps(_good_version_dict()).encode()
+    raw = versiontext.dumps(_good_version_dict())
     with pytest.raises(CorruptDataError) as info:
         decode_version(raw, "_log/v3.json", 3)
     assert "2" in str(info.value) and "3" in str(info.value)
@@ -292,11 +348,11 @@ def test_decode_rejects_unknown_fields():
     d = _good_version_dict()
     d["surprise"] = True
     with pytest.raises(CorruptDataError):
-        decode_version(json.dumps(d).encode(), K, 2)
+        decode_version(versiontext.dumps(d), K, 2)
     d = _good_version_dict()
     d["tgbs"][0]["pickle"] = "x"
     with pytest.raises(CorruptDataError):
-        decode_version(json.dumps(d).encode(), K, 2)
+        decode_version(versiontext.dumps(d), K, 2)
 
 
 @pytest.mark.parametrize(
@@ -322,7 +378,7 @@ def test_decode_rejects_keys_outside_data(bad_key):
     d = _good_version_dict()
     d["tgbs"][0]["objects"] = [bad_key]
     with pytest.raises(CorruptDataError) as info:
-        decode_version(json.dumps(d).encode(), "_log/v.json", 2)
+        decode_version(versiontext.dumps(d), "_log/v.json", 2)
     assert "_log/v.json" in str(info.value)
     with pytest.raises(CorruptDataError):
         check_data_key(bad_key, "where")
@@ -333,7 +389,7 @@ def test_decode_rejects_one_bad_key_among_good():
     d["tgbs"][0]["objects"] = ["data/p/e1/0.0.bwb", "../escape"]
     d["tgbs"][0]["slices"] = [[1, 0, 10, 0]]
     with pytest.raises(CorruptDataError):
-        decode_version(json.dumps(d).encode(), K, 2)
+        decode_version(versiontext.dumps(d), K, 2)
 
 
 @pytest.mark.parametrize("good", ["data/p/e000001/000000000000-ab.0.bwb", "data/a.b_c-d/x"])
@@ -385,7 +441,7 @@ def test_decode_rejects_bad_descriptors(mutate):
     d = _good_version_dict()
     mutate(d["tgbs"][0])
     with pytest.raises(CorruptDataError):
-        decode_version(json.dumps(d).encode(), K, 2)
+        decode_version(versiontext.dumps(d), K, 2)
 
 
 # -- producer ids ----------------------------------------------------------------------

@@ -109,7 +109,7 @@ def test_ambiguous_commit_outcome_neither_duplicates_nor_drops(backend_url, monk
 
     def applied_then_timed_out(self, key, data):
         real(self, key, data)
-        if key.startswith("_log/") and len(failed) < 3 and b'"tgbs":[{' in bytes(data):
+        if key.startswith("_log/") and len(failed) < 3 and b'"tgbs":[[' in bytes(data):
             failed.append(key)
             raise bw.TransientStoreError(key, "simulated timeout after the write was applied")
 

@@ -16,7 +16,7 @@ import pytest
 
 import batchweave as bw
 from batchweave import intent as intent_format
-from batchweave import keys, logrules
+from batchweave import keys, log, logrules
 from batchweave import schema as schemas
 from batchweave.cli import main
 from batchweave.commit import group
@@ -26,6 +26,7 @@ from batchweave.journal import Journal
 from batchweave.log import Layout, LogState, LogVersion, ProducerState, TGBDescriptor, encode
 from batchweave.schema import ArraySchema, Schema
 from batchweave.store import open_store
+from batchweave.testing import versiontext
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENS = Schema.of({"tokens": ("int32", (2048,))})
@@ -526,10 +527,11 @@ def test_a_log_written_before_schemas_still_reads_and_gets_a_schema_from_its_nex
     with bw.Producer(url, "p", dp=2) as producer:
         producer.append(arrays(tokens=np.zeros(8, np.int32)))
         producer.append(arrays(tokens=np.ones(8, np.int32)))
-    # As the log was before schemas: no digest in any TGB, no schema in any version.
+    # As the log was before schemas: format 1, no digest in any TGB, no schema in any version.
     for path in sorted((tmp_path / "ns" / "_log").rglob("*.json")):
-        version = json.loads(path.read_bytes())
+        version = versiontext.loads(path.read_bytes())
         version.pop("schema", None)
+        version["format"] = log.LOG_FORMAT_1
         for tgb in version["tgbs"]:
             tgb.pop("schema", None)
         path.write_bytes(json.dumps(version, separators=(",", ":")).encode())

@@ -22,6 +22,7 @@ from batchweave.latency import LatencyModel, LatencyStore
 from batchweave.reading.readahead import LogReadAhead
 from batchweave.segment import SEGMENT_VERSIONS, decode_segment, encode_segment, segment_key, segment_last
 from batchweave.store import Store, open_store
+from batchweave.testing import versiontext
 
 NO_LATENCY = LatencyModel(put_s=0, first_byte_s=0, head_s=0, list_s=0, delete_s=0, jitter_sigma=0)
 
@@ -106,8 +107,14 @@ def _damaged(store: Store) -> dict[str, bytes]:
         "damaged log segment: ": zlib.compress(b'{"format": "batchweave.segment/1"'),
         "unsupported segment format": zlib.compress(msgspec.json.encode(dict(good, format="batchweave.segment/9"))),
         "its name says 1..32": zlib.compress(msgspec.json.encode(shifted)),
-        "2 slices for dp=3": encode_segment(32, [raw[0], *raw[1:-1], raw[-1].replace(b'"dp":2', b'"dp":3')]),
+        "2 slices for dp=3": encode_segment(32, [*raw[:-1], _with_dp(raw[-1], 3)]),
     }
+
+
+def _with_dp(version: bytes, dp: int) -> bytes:
+    fields = versiontext.loads(version)
+    fields["tgbs"][0]["dp"] = dp
+    return versiontext.dumps(fields)
 
 
 def test_a_damaged_segment_is_refused_naming_its_key(url):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from typing import Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import msgspec
 
@@ -26,6 +26,7 @@ from batchweave.schema import Schema
 
 __all__ = [
     "LOG_FORMAT",
+    "LOG_FORMAT_1",
     "SNAPSHOT_FORMAT",
     "Hint",
     "Layout",
@@ -45,9 +46,16 @@ __all__ = [
     "digest",
     "encode",
     "encode_hint",
+    "head_size",
 ]
 
-LOG_FORMAT = "batchweave.log/1"
+# Format 2 writes a version as ``[<head length>,<head>,<body>]``: the head holds every field
+# but the TGBs' object keys and slice tables, which the body holds, bound to the head by its
+# digest (``LogVersionHead.body``). A writer decodes only the head, and a version's digest
+# (the proof's anchor) is its head's: the part of a version every reader reads. Format 1,
+# one JSON object, is read as ever and written for a version that says it is one.
+LOG_FORMAT = "batchweave.log/2"
+LOG_FORMAT_1 = "batchweave.log/1"
 SNAPSHOT_FORMAT = "batchweave.snapshot/1"
 
 
@@ -112,13 +120,27 @@ class TGBDescriptor(_TGBFields, frozen=True, forbid_unknown_fields=True, omit_de
     schema: str = ""
 
 
-class TGBHead(_TGBFields, frozen=True):
-    """What a writer needs of a committed TGB: whose it is and what it counts. Decoding
-    only this (objects and slices are skipped, not built) makes following the log about
-    7x cheaper for producers, which never read other producers' objects."""
+class TGBHead(_TGBFields, frozen=True, array_like=True, forbid_unknown_fields=True):
+    """What a writer needs of a committed TGB: whose it is and what it counts; a row of a
+    version's head (format 2), so a writer reads and decodes no object key or slice."""
 
     nbytes: int
     schema: str = ""
+
+
+class _TGBHead1(_TGBFields, frozen=True):
+    """``TGBHead`` as a version of format 1 holds it: a field of its descriptor, whose
+    object keys and slices are skipped, not built."""
+
+    nbytes: int
+    schema: str = ""
+
+
+class _TGBBody(msgspec.Struct, frozen=True, gc=False, array_like=True, forbid_unknown_fields=True):
+    """The rest of a TGB's descriptor, in a version's body: where its slices are."""
+
+    objects: list[str]
+    slices: list[tuple[int, int, int, int]]
 
 
 class Reclaim(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
@@ -130,7 +152,7 @@ class Reclaim(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True)
     bytes: int
 
 
-_TGB = TypeVar("_TGB", TGBDescriptor, TGBHead)
+_TGB = TypeVar("_TGB", TGBDescriptor, TGBHead, _TGBHead1)
 
 
 class _VersionFields(
@@ -172,7 +194,14 @@ class LogVersion(_VersionFields[TGBDescriptor], frozen=True):
 
 
 class LogVersionHead(_VersionFields[TGBHead], frozen=True):
-    """A log version as a writer reads it: every field, TGBs as ``TGBHead``."""
+    """A log version as a writer reads it: every field, TGBs as ``TGBHead``. ``body``: the
+    digest of the version's body (format 2; "" in format 1, which has none)."""
+
+    body: str = ""
+
+
+class _VersionHead1(_VersionFields[_TGBHead1], frozen=True):
+    """``LogVersionHead`` as a version of format 1 is decoded."""
 
 
 class ReadVersion(NamedTuple):
@@ -212,37 +241,124 @@ class LogState(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True
 # -- encoding --------------------------------------------------------------------------
 
 _encoder = msgspec.json.Encoder()
-_V = TypeVar("_V", "LogVersion", "LogVersionHead")
+_V = TypeVar("_V", "LogVersion", "LogVersionHead", "_VersionHead1")
 
 
 def encode(value: LogVersion | LogState) -> bytes:
+    if isinstance(value, LogVersion) and value.format != LOG_FORMAT_1:
+        return _encode_version(value)
     return _encoder.encode(value)
 
 
-def digest(data: bytes | memoryview) -> str:
-    """A fingerprint of one log version's bytes (two different versions never share it)."""
+def _encode_version(version: LogVersion) -> bytes:
+    """``version`` in format 2: ``[<head length>,<head>,<body>]``."""
+    body = _encoder.encode([_TGBBody(t.objects, t.slices) for t in version.tgbs])
+    rows = [TGBHead(t.producer, t.epoch, t.source_offset, t.dp, t.cp, t.kind, t.nbytes, t.schema) for t in version.tgbs]
+    fields = _fields(version, LogVersion, ("format", "tgbs"))
+    head = _encoder.encode(LogVersionHead(**fields, format=LOG_FORMAT, tgbs=rows, body=_hash(body)))
+    return b"".join((b"[", str(len(head)).encode(), b",", head, b",", body, b"]"))
+
+
+def _hash(data: bytes | memoryview) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
-def decode_version(data: bytes | memoryview, key: str, expected_version: int) -> LogVersion:
-    """Parse and validate one log version read from ``key``."""
-    version = _decode(data, key, expected_version, _VERSION_DECODER)
+def digest(data: bytes | memoryview) -> str:
+    """A fingerprint of one log version's bytes (two different versions never share it):
+    of its head in format 2, which binds its body by the body's digest; of all of it in
+    format 1. Never raises: bytes that are no version have a fingerprint too."""
+    span = _head_span(data)
+    return _hash(data if span is None else memoryview(data)[span[0] : span[1]])
+
+
+def head_size(data: bytes | memoryview) -> int:
+    """The bytes of a version a writer decodes: its head's (format 2), or all of it."""
+    span = _head_span(data)
+    return len(data) if span is None else span[1] - span[0]
+
+
+# A head's length in decimal, bounded so that a damaged prefix is never read far.
+_MAX_LENGTH_DIGITS = 12
+
+
+def _head_span(data: bytes | memoryview) -> tuple[int, int] | None:
+    """Where the head of a version of format 2 lies in its bytes, ``[<length>,<head>,<body>]``;
+    None when they are not laid out so (a version of format 1, or damage)."""
+    data = memoryview(data)
+    prefix = bytes(data[: _MAX_LENGTH_DIGITS + 2])
+    comma = prefix.find(b",")
+    if not prefix.startswith(b"[") or comma < 2 or not prefix[1:comma].isdigit():
+        return None
+    start = comma + 1
+    end = start + int(prefix[1:comma])
+    if end + 2 > len(data) or data[end] != _COMMA or data[len(data) - 1] != _CLOSE:
+        return None
+    return start, end
+
+
+_COMMA, _CLOSE = ord(","), ord("]")
+
+
+def decode_version(data: bytes | memoryview, key: str, expected_version: int | None) -> LogVersion:
+    """Parse and validate one log version read from ``key`` (of any number when
+    ``expected_version`` is None: the caller checks it)."""
+    span = _head_span(data)
+    if span is None:
+        version = _decode(data, key, expected_version, _VERSION_DECODER, LOG_FORMAT_1)
+    else:
+        version = _joined(data, span, key, expected_version)
     check_descriptors(version.tgbs, key)
     return version
 
 
+def _joined(data: bytes | memoryview, span: tuple[int, int], key: str, expected_version: int | None) -> LogVersion:
+    """A version of format 2 whole: its head, and the body its head names."""
+    view = memoryview(data)
+    head = _decode(view[span[0] : span[1]], key, expected_version, _HEAD_DECODER, LOG_FORMAT)
+    body = view[span[1] + 1 : len(view) - 1]
+    if _hash(body) != head.body:
+        raise CorruptDataError(key, "damaged log version: its body is not the one its head names")
+    with decoding(key, "damaged log version body"):
+        rows = _BODY_DECODER.decode(body)
+    if len(rows) != len(head.tgbs):
+        raise CorruptDataError(key, f"damaged log version: {len(head.tgbs)} TGBs in its head, {len(rows)} in its body")
+    tgbs = [
+        TGBDescriptor(h.producer, h.epoch, h.source_offset, h.dp, h.cp, h.kind, b.objects, b.slices, h.nbytes, h.schema)
+        for h, b in zip(head.tgbs, rows, strict=True)
+    ]
+    return LogVersion(**_fields(head, LogVersion, ("tgbs",)), tgbs=tgbs)
+
+
 def decode_version_head(data: bytes | memoryview, key: str, expected_version: int) -> LogVersionHead:
     """Parse one log version for a writer (``LogVersionHead``). The object keys and slice
-    locations are not read; whoever reads data (consumers, collection) checks them."""
-    return _decode(data, key, expected_version, _HEAD_DECODER)
+    locations are not read (format 2: not even parsed); whoever reads data (consumers,
+    collection) checks them."""
+    span = _head_span(data)
+    if span is not None:
+        head = _decode(memoryview(data)[span[0] : span[1]], key, expected_version, _HEAD_DECODER, LOG_FORMAT)
+        if not head.body:
+            raise CorruptDataError(key, "damaged log version: its head names no body")
+        return head
+    old = _decode(data, key, expected_version, _HEAD1_DECODER, LOG_FORMAT_1)
+    rows = [TGBHead(t.producer, t.epoch, t.source_offset, t.dp, t.cp, t.kind, t.nbytes, t.schema) for t in old.tgbs]
+    return LogVersionHead(**_fields(old, _VersionHead1, ("tgbs",)), tgbs=rows)
 
 
-def _decode(data: bytes | memoryview, key: str, expected_version: int, decoder: msgspec.json.Decoder[_V]) -> _V:
+def _fields(value: msgspec.Struct, kind: type[msgspec.Struct], but: tuple[str, ...]) -> dict[str, Any]:
+    """``value``'s fields that ``kind`` has, but those named in ``but``: to build one form
+    of a version from another."""
+    return {name: getattr(value, name) for name in kind.__struct_fields__ if name not in but}
+
+
+def _decode(
+    data: bytes | memoryview, key: str, expected_version: int | None, decoder: msgspec.json.Decoder[_V], form: str
+) -> _V:
     with decoding(key, "damaged log version"):
         version = decoder.decode(data)
-    if version.format != LOG_FORMAT:
-        raise CorruptDataError(key, f"unsupported log format {version.format!r} (this reader knows {LOG_FORMAT})")
-    if version.version != expected_version:
+    if version.format != form:
+        known = f"{LOG_FORMAT} and {LOG_FORMAT_1}"
+        raise CorruptDataError(key, f"unsupported log format {version.format!r} (this reader knows {known})")
+    if expected_version is not None and version.version != expected_version:
         raise CorruptDataError(key, f"log version says it is {version.version}, its name says {expected_version}")
     return version
 
@@ -260,6 +376,8 @@ class Hint(msgspec.Struct, frozen=True):
 # crash the interpreter (a producer pool's claims do exactly that).
 _VERSION_DECODER = msgspec.json.Decoder(LogVersion)
 _HEAD_DECODER = msgspec.json.Decoder(LogVersionHead)
+_HEAD1_DECODER = msgspec.json.Decoder(_VersionHead1)
+_BODY_DECODER = msgspec.json.Decoder(list[_TGBBody])
 _HINT_DECODER = msgspec.json.Decoder(Hint)
 _STATE_DECODER = msgspec.json.Decoder(LogState)
 

@@ -22,7 +22,7 @@ import msgspec
 from batchweave.decoding import decoding
 from batchweave.errors import CorruptDataError
 from batchweave.keys import SEGMENT_PREFIX
-from batchweave.log import LOG_FORMAT, LogVersion, ReadVersion, check_descriptors
+from batchweave.log import ReadVersion, decode_version
 
 __all__ = [
     "SEGMENT_FORMAT",
@@ -54,7 +54,6 @@ class _RawSegment(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     versions: list[msgspec.Raw]
 
 
-_VERSION = msgspec.json.Decoder(LogVersion)
 _MAX_INFLATED = SEGMENT_MAX_BYTES + (1 << 20)  # the versions plus the segment's own fields
 _DECODER = msgspec.json.Decoder(_RawSegment)  # built at import (see log._VERSION_DECODER)
 _ENCODER = msgspec.json.Encoder()
@@ -87,16 +86,13 @@ def decode_segment(data: bytes | memoryview, last: int) -> list[ReadVersion]:
         segment = _DECODER.decode(_inflate(data, key))
         if segment.format != SEGMENT_FORMAT:
             raise CorruptDataError(key, f"unsupported segment format {segment.format!r} (reader: {SEGMENT_FORMAT})")
-        # Each version's bytes as a view into the inflated segment: no copy per version.
-        versions = [ReadVersion(_VERSION.decode(raw), memoryview(raw)) for raw in segment.versions]
+    # Each version's bytes as a view into the inflated segment: no copy per version. Each is
+    # checked as a version read alone is, its number below.
+    versions = [ReadVersion(decode_version(view, key, None), view) for view in map(memoryview, segment.versions)]
     first = last - SEGMENT_VERSIONS + 1
     numbers = [v.delta.version for v in versions]
     if (segment.first, segment.last) != (first, last) or numbers != list(range(first, last + 1)):
         raise CorruptDataError(key, f"holds versions {numbers[:1]}..{numbers[-1:]}, its name says {first}..{last}")
-    for version, _ in versions:
-        if version.format != LOG_FORMAT:
-            raise CorruptDataError(key, f"version {version.version} has unsupported log format {version.format!r}")
-        check_descriptors(version.tgbs, key)
     return versions
 
 

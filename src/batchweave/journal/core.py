@@ -121,6 +121,8 @@ class Journal(Generic[VersionT]):
         # overloads' promise: heads_only=True is the one way to a Journal[LogVersionHead].
         decode = log.decode_version_head if heads_only else log.decode_version
         self._decode = cast("Callable[[bytes | memoryview, str, int], VersionT]", decode)
+        self._heads_only = heads_only
+        self._bytes_decoded = 0
         self._objects = LogObjects(store)
         self._snapshots = Snapshots(self._objects, snapshot_every)
         self._proof = Proof(self._objects, self._snapshots)
@@ -151,6 +153,12 @@ class Journal(Generic[VersionT]):
     def bytes_read(self) -> int:
         """Bytes of the log's objects read (versions, snapshots, the hint), for cost tests."""
         return self._objects.bytes_read
+
+    @property
+    def bytes_decoded(self) -> int:
+        """Bytes of log versions this writer decoded while following the log (a writer's
+        journal decodes only their heads: ``log.head_size``), for cost tests."""
+        return self._bytes_decoded
 
     @property
     def snapshot_every(self) -> int:
@@ -194,6 +202,7 @@ class Journal(Generic[VersionT]):
         if data is None:
             return None
         decoded = self._decode(data, keys.version_key(version), version)
+        self._bytes_decoded += log.head_size(data) if self._heads_only else len(data)
         self._recent.keep(version, data)
         return decoded, log.digest(data)
 

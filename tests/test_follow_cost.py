@@ -1,0 +1,83 @@
+"""What a writer decodes to follow the log, counted (issue 44, "Commits that keep up").
+
+Group commit's producers read every version: any of them may fold the others' intents
+next, and needs every producer's offset for it. Each version holds one row per TGB and one
+state per committer in its head, and every TGB's object keys and slice table in its body
+(``log``, format 2); a writer's journal decodes the head only. So what a producer decodes
+per TGB committed does not grow with the TGBs' slices, nor with the producers committing;
+the log a reader reads holds the rest. Versions are built as group commit builds them (one
+TGB of each producer a version), committed in a fixed order: no timing.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import msgspec
+import pytest
+
+from batchweave import keys, logrules
+from batchweave.journal import Journal
+from batchweave.log import Layout, TGBDescriptor
+from batchweave.store import open_store
+
+VERSIONS = 4
+
+
+def _tgb(pid: str, offset: int, epoch: int, slices: int) -> TGBDescriptor:
+    return TGBDescriptor(
+        producer=pid,
+        epoch=epoch,
+        source_offset=offset,
+        dp=slices,
+        cp=1,
+        kind="bytes",
+        objects=[keys.data_key(pid, epoch, offset, "ab", 0)],
+        slices=[(0, i * 4096, 4096, 2**31 + i) for i in range(slices)],
+        nbytes=4096 * slices,
+    )
+
+
+def _follow(producers: int, slices: int) -> tuple[int, int]:
+    """``producers`` claim; a writer's journal loads the log; ``VERSIONS`` versions each fold
+    one TGB of every producer; the writer catches up: the bytes it decoded and read."""
+    url = f"memory://follow-cost/{uuid.uuid4().hex}"
+    journal = Journal(open_store(url))
+    state = journal.load_state()
+    pids = [f"prep-{i:04d}" for i in range(producers)]
+    for pid in pids:
+        claim = logrules.build_claim(state, pid, uuid.uuid4().hex, time.time(), Layout(slices, 1))
+        state = journal.commit(state, lambda s, c=claim: c).state
+    follower = Journal(open_store(url), heads_only=True)
+    followed = follower.load_state()
+    decoded, read = follower.bytes_decoded, follower.bytes_read
+    for offset in range(VERSIONS):
+        tgbs = [_tgb(pid, offset, state.producers[pid].epoch, slices) for pid in pids]
+        moved = {pid: msgspec.structs.replace(state.producers[pid], offset=offset + 1, last_version=0) for pid in pids}
+        version = logrules.next_version(state, time.time(), tgbs=tgbs, producers=moved)
+        state = journal.commit(state, lambda s, v=version: v).state
+    followed, versions = follower.catch_up(followed)
+    assert versions == VERSIONS and followed.steps == VERSIONS * producers
+    return follower.bytes_decoded - decoded, follower.bytes_read - read
+
+
+@pytest.mark.parametrize("producers", [8, 32])
+def test_a_writer_decodes_the_same_bytes_whatever_the_slices_of_each_tgb(producers):
+    # 32 and 64 slices: the same digits in a TGB's row (whose it is, its offset, layout, bytes).
+    few_decoded, few_read = _follow(producers, 32)
+    many_decoded, many_read = _follow(producers, 64)
+    assert abs(few_decoded - many_decoded) <= 4 * VERSIONS  # but a clock reading's digits
+    assert many_read > 1.8 * few_read
+    assert many_read > 10 * many_decoded  # the slice tables are read (readers need them), never decoded
+
+
+def test_what_a_writer_decodes_per_tgb_is_flat_from_8_to_128_producers():
+    per_tgb = {}
+    for producers in (8, 128):
+        decoded, read = _follow(producers, 32)
+        per_tgb[producers] = decoded / (VERSIONS * producers)
+        assert decoded * 5 < read  # format 1: every byte read was decoded
+    # A row and a producer's state a TGB, whatever the pool: only a few digits longer.
+    assert per_tgb[128] <= 1.05 * per_tgb[8], per_tgb
+    assert per_tgb[128] < 200, per_tgb
