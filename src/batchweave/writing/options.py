@@ -39,7 +39,8 @@ _WIRE_FORMAT = "batchweave.producer-options/1"
 class ProducerOptions:
     """Every option of how a producer writes; see ``batchweave.Producer`` for each one.
 
-    ``commit_policy``: a policy object or its name (None: DAC; a name is looked up when a
+    ``commit_policy``: a policy object or its name (None: group commit, or DAC with
+    ``background_commit=False``: ``commit.policies.resolve_policy``; a name is looked up when a
     producer builds its policy, before it touches the store; a policy object learns from
     the commits of the one producer that takes it, so give each producer its own, or a
     name, which builds a fresh one per producer); ``max_object_bytes``: the
