@@ -30,6 +30,7 @@ BENCHMARKS = $(shell $(PY) -c 'import benchmarks; print(*benchmarks.BENCHMARKS)'
 # 0.46 s from bytecode, in each of the suite's child processes) and each test process
 # rewrote the tests' asserts again (15 s of CPU to collect, 7 s from the cache).
 unexport PYTHONDONTWRITEBYTECODE
+
 SOAK ?= 10
 # Two test processes per core: most of the suite waits on servers, child processes and the
 # store's pauses, not on the CPU (on 2 cores: 359 s with 4 processes, 478 s with 2).
