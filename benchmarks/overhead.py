@@ -52,7 +52,14 @@ NAME = "overhead"
 DP = 8
 SLICE_BYTES = 100_000
 COLUMNS = ("store", "side", "steps", "batchweave_s", "plain_s", "plain_kind", "ratio", "target", "met")
-TARGETS = {"local": 1.3, "latency": 1.05}
+# The producer's on the latency model is issue 44's (a producer within 3% of plain puts);
+# the others are the targets they have had since the benchmark was written.
+TARGETS = {
+    ("local", "producer"): 1.3,
+    ("local", "consumer"): 1.3,
+    ("latency", "producer"): 1.03,
+    ("latency", "consumer"): 1.05,
+}
 Ranges = list[tuple[str, int, int]]
 
 
@@ -144,15 +151,17 @@ def _append_all(store: Store, tag: str, steps: int) -> None:
 
 
 def _plain_puts(store: Store, tag: str, steps: int) -> None:
-    """Create-only puts of objects as large as the TGBs, one at a time like ``append``."""
-    body = b"".join(bytes(s["x"]) for s in _slices())
+    """Create-only puts of the same arrays, one object a TGB, one at a time like
+    ``append``: each put is given the arrays' own buffers, as obstore takes them (a
+    list of buffers, sent in one request), as ``append`` gives them to the store."""
+    pieces = [memoryview(s["x"]) for s in _slices()]
     if isinstance(store, LatencyStore):
         for step in range(steps):
-            store.put_if_absent(f"plain-{tag}/{step:012d}", body)
+            store.stage_if_absent(f"plain-{tag}/{step:012d}", pieces)
         return
     raw = store._store  # obstore's own handle: the baseline is obstore, not our wrapper
     for step in range(steps):
-        obstore.put(raw, f"plain-{tag}/{step:012d}", body, mode="create")
+        obstore.put(raw, f"plain-{tag}/{step:012d}", pieces, mode="create", use_multipart=False)
 
 
 def _producer_row(kind: str, steps: int, rounds: int) -> dict[str, Any]:
@@ -166,7 +175,7 @@ def _producer_row(kind: str, steps: int, rounds: int) -> dict[str, Any]:
         with _store(kind, seed=round_) as store:
             _settle_disk(kind)
             plain.append(_timed(lambda s=store, r=round_: _plain_puts(s, f"{r}", steps)))
-    return _row(kind, "producer", steps, ours, plain, "create-only puts, one at a time")
+    return _row(kind, "producer", steps, ours, plain, "create-only puts of the arrays, one at a time")
 
 
 # -- consumer ------------------------------------------------------------------------------
@@ -276,8 +285,8 @@ def _row(kind: str, side: str, steps: int, ours: list[float], plain: list[float]
         "ratio": ratio,
         "batchweave_us_per_step": ours_s / steps * 1e6,
         "plain_us_per_step": plain_s / steps * 1e6,
-        "target": TARGETS[kind],
-        "met": ratio <= TARGETS[kind],
+        "target": TARGETS[kind, side],
+        "met": ratio <= TARGETS[kind, side],
         # Every round, for a reader judging the spread (the medians above are the figure),
         # and the median of the rounds' own ratios (each pair ran back to back).
         "batchweave_rounds_s": ours,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from functools import partial
 
 import msgspec
@@ -444,3 +445,35 @@ def test_the_versions_between_two_looks_never_count_more_producers_than_the_log_
     assert shared.between_looks.count() == 5
     contention = Contention(shared, Manual(), RecentCommitters())
     assert contention.active() == contention.seen() == 2
+
+
+def test_a_commit_after_a_fresh_look_puts_without_probing_again(fast_url):
+    """``probed``: the caller has just caught up, so the first attempt is the put and the
+    proof's re-read of the anchor, one request fewer on the head key; a version that
+    landed since the look costs that attempt a conflict, never a wrong version."""
+    store = open_store(fast_url)
+    journal = Journal(store)
+    state = journal.commit(LogState(), lambda s: logrules.build_claim(s, "me", "inc", time.time(), Layout(1, 1))).state
+    me = state.producers["me"]
+
+    def commit_offset(offset: int) -> Callable[[LogState], log.LogVersion | None]:
+        def build(newest: LogState) -> log.LogVersion | None:
+            remaining = logrules.pending_after_rebase(newest, "me", me, [_tgb("me", offset, me.epoch)])
+            return logrules.build_commit(newest, "me", me, remaining, time.time()) if remaining else None
+
+        return build
+
+    state, _ = journal.catch_up(state)
+    before = journal.requests
+    state = journal.commit(state, commit_offset(0), probed=True).state
+    assert journal.requests - before == 2  # the put, the anchor's re-read
+    before = journal.requests
+    state = journal.commit(state, commit_offset(1)).state
+    assert journal.requests - before == 3  # the probe too
+
+    rival = Journal(open_store(fast_url))
+    rival_state = rival.load_state()
+    rival.commit(rival_state, lambda s: logrules.build_claim(s, "rival", "inc-r", time.time(), Layout(1, 1)))
+    done = journal.commit(state, commit_offset(2), probed=True)  # stale: the rival's claim landed since
+    assert done.outcome == "committed" and done.conflicts == 1
+    assert done.state.producers["me"].offset == 3 and "rival" in done.state.producers

@@ -298,6 +298,13 @@ def intents_of(store, producer: str | None = None) -> list[str]:
     return sorted(info.key for info in store.list(prefix))
 
 
+def bystander(url_or_store) -> None:
+    """Claim a producer that appends nothing: the log then records a producer besides
+    every one made after it, which therefore publishes intents (a producer alone in the
+    log, as it last read it, publishes none: nobody would fold them)."""
+    bw.Producer(url_or_store, "bystander", dp=1, commit_policy=quiet()).close()
+
+
 def wait_for(condition, what: str, timeout_s: float = 20.0):
     deadline = time.monotonic() + timeout_s
     while not (value := condition()):
@@ -378,6 +385,7 @@ def test_only_the_turns_rank_0_lists_the_intents(tmp_path):
     the next rank 0 folds what the stand-in left. Rank 0 reads them ahead of its turn,
     and at its turn folds what it read without another request."""
     url = str(tmp_path / "ns")
+    bystander(url)
     other = bw.Producer(url, "other", dp=1, commit_policy=quiet())
     me = bw.Producer(url, "me", dp=1, commit_policy=quiet())
     other.append(tgb("other", 0, 1))
@@ -413,6 +421,7 @@ def test_committer_losing_to_the_owner_folds_only_what_is_left(url):
     """The owner commits its own TGBs while a committer that read its intent is held at
     its put: the committer's retry must not commit those TGBs again."""
     store = PausingStore(url)
+    bystander(store)
     owner = bw.Producer(store, "owner", dp=1, commit_policy=quiet())
     other = bw.Producer(store, "other", dp=1, commit_policy=quiet())
     for offset in range(3):
@@ -439,6 +448,7 @@ def test_intent_of_a_fenced_incarnation_is_never_folded(url):
     epoch before the committer's put: its retry leaves the old intent out, the restart
     resumes where the log says, and its sweep deletes the old intent."""
     store = PausingStore(url)
+    bystander(store)
     crashed = bw.Producer(store, "victim", dp=1, commit_policy=quiet())
     for offset in range(3):
         crashed.append(tgb("victim", offset, 1))
@@ -481,6 +491,7 @@ def test_a_damaged_intent_stops_nobody(url, caplog):
     """Another producer's damaged intent is skipped with a warning naming it; its owner
     commits its TGBs itself, so nothing is lost."""
     store = open_store(url)
+    bystander(store)
     owner = bw.Producer(store, "owner", dp=1, commit_policy=quiet())
     owner.append(tgb("owner", 0, 1))
     key = wait_for(lambda: intents_of(store, "owner"), "the owner's intent")[0]
@@ -498,6 +509,7 @@ def test_a_damaged_intent_stops_nobody(url, caplog):
 
 def test_no_intent_is_folded_after_the_end_of_stream(url):
     store = open_store(url)
+    bystander(store)
     late = bw.Producer(store, "late", dp=1, commit_policy=quiet())
     late.append(tgb("late", 0, 1))
     wait_for(lambda: intents_of(store, "late"), "the late producer's intent")
@@ -515,6 +527,7 @@ def test_garbage_collection_deletes_intents_that_can_never_be_folded(url):
     """A crashed incarnation's intent and a committed one whose deletion failed go; an
     intent still waiting for its turn stays. A dry run counts without deleting."""
     store = PausingStore(url)
+    bystander(store)
     crashed = bw.Producer(store, "a", dp=1, commit_policy=quiet())
     crashed.append(tgb("a", 0, 1))
     fenced = wait_for(lambda: intents_of(store, "a"), "the crashed incarnation's intent")[0]
@@ -618,3 +631,26 @@ def test_the_rotation_is_the_producers_recorded_lately():
     state = LogState(version=100, producers=producers)
     assert group.rotation(state, 8) == ["a", "b"]
     assert group.turn_rank(state, "old", 8) == 2  # after every active one
+
+
+def test_a_producer_alone_publishes_no_intent_and_lists_none_until_another_claims(tmp_path):
+    """Nobody can fold a lone producer's intent nor have one to fold: its commits make no
+    request on the intents (at a close that was four round trips out of eight). Once it
+    has read another producer's claim, its intents go out again for that one to fold."""
+    url = str(tmp_path / "ns")
+    alone = bw.Producer(url, "alone", dp=1, commit_policy=quiet())
+    for offset in range(3):
+        alone.append(tgb("alone", offset, 1))
+    alone.flush()
+    assert alone.committer._intents.requests == 0 and intents_of(open_store(url)) == []
+    other = bw.Producer(url, "other", dp=1, commit_policy=quiet())
+    alone.append(tgb("alone", 3, 1))
+    alone.flush()  # reads the other's claim: from here on it is not alone
+    alone.append(tgb("alone", 4, 1))
+    wait_for(lambda: intents_of(open_store(url), "alone"), "an intent of the producer no longer alone")
+    other.append(tgb("other", 0, 1))
+    other.flush()  # folds alone@4 from its intent
+    assert Journal(open_store(url)).load_state().producers["alone"].offset == 5
+    alone.close()
+    other.close()
+    assert_exactly_once(url, {"alone": 5, "other": 1})

@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 from batchweave import keys, log
 from batchweave.errors import ConfigError
 from batchweave.store import Store
+from batchweave.store.localfs import Data
 
 __all__ = ["CLOUD_DEFAULTS", "GrowingManifest", "LatencyModel", "LatencyStore"]
 
@@ -184,6 +185,21 @@ class LatencyStore(Store):
         if self.manifest is not None and not self._paused and _is_version_key(key):
             self._charge_manifest(key, data)
         super().put_if_absent(key, data)
+
+    def stage_if_absent(self, key: str, data: Data, size: int | None = None) -> None:
+        """A TGB's objects as a real store takes them: the pieces in one request, not
+        joined first (joining an 800 KB TGB took 0.8 ms, 1.6% of its modelled put, that no
+        real store pays). Staged keys are data objects, never log versions. A subclass that
+        intercepts ``put_if_absent`` still sees every put there (``Store.stage_if_absent``)."""
+        if type(self).put_if_absent is not LatencyStore.put_if_absent:
+            super().stage_if_absent(key, data, size)
+            return
+        if self.discard_prefix is not None and key.startswith(self.discard_prefix):
+            pieces = data if isinstance(data, list) else [data]
+            nbytes = size if size is not None else sum(memoryview(piece).nbytes for piece in pieces)
+            self._call(key, lambda: None, "put", nbytes, conditional=True)
+            return
+        self._stage(key, data, size)
 
     def _charge_manifest(self, key: str, data: bytes | memoryview) -> None:
         version = log.decode_version_head(data, key, int(key[len(keys.LOG_PREFIX) : -len(".json")]))

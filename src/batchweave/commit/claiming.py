@@ -107,9 +107,14 @@ class EpochClaim:
 
         # A lost race is most likely another claim of a pool starting together, which
         # folded our ticket: back off, then look, instead of racing every rival at once.
+        # Without a wait the state is the one just loaded: the first attempt puts without
+        # probing again (a claim that landed since costs it a conflict).
         backoff = ClaimBackoff()
         result = self._journal.commit(
-            state, claim, after_conflict=lambda window_s: time.sleep(backoff.pause_s(window_s))
+            state,
+            claim,
+            after_conflict=lambda window_s: time.sleep(backoff.pause_s(window_s)),
+            probed=fresh is not None,
         )
         return Claimed(result.state, result.state.producers[producer_id], result.fragile_window_s)
 

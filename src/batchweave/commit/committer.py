@@ -73,7 +73,8 @@ def _group(policy: GroupCommit, context: CommitContext) -> Committer:
     # long a put takes, and how late turns come until the log shows it.
     policy.observe_commit(context.claim_window_s)
     intents = IntentBoard(context.store, context.shared.producer_id)
-    intents.sweep_older_epochs(context.shared.me.epoch)  # a crashed incarnation's, never foldable
+    if context.shared.me.epoch > 1:  # an incarnation before it may have left intents (epochs count from 1)
+        intents.sweep_older_epochs(context.shared.me.epoch)  # a crashed incarnation's, never foldable
     return GroupTurns(context.shared, context.journal, context.store, intents, policy, context.published_metrics)
 
 

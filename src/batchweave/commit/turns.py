@@ -133,7 +133,8 @@ class GroupTurns:
         shared = self._shared
         self._publish_intents(forced)
         now = time.monotonic()
-        if forced or now >= self._follow_after:
+        followed = forced or now >= self._follow_after
+        if followed:
             # Not on every wake-up: appends wake this loop, and a producer appending
             # hundreds of TGBs a second would read the log as often. Near its turn a
             # quarter interval keeps the turn clock; far from it, the pool's budget on
@@ -158,7 +159,7 @@ class GroupTurns:
                 if shared.pending and forced == shared.forced:
                     shared.cond.wait(max(0.0, wake - time.monotonic()))
             return
-        if self._commit_once(forced) or not forced:
+        if self._commit_once(forced, followed) or not forced:
             self._conflict_streak = 0
             return
         # A flush that lost the race backs off with full jitter before it tries again:
@@ -182,11 +183,21 @@ class GroupTurns:
         producers = len(state.producers)
         return follow_pause_s(rank, producers, self._group.interval_s, time.monotonic() - seen, random.random())
 
+    def _alone(self) -> bool:
+        """Whether the log, as this producer last read it, knows no other producer. Then
+        nobody can have an intent to fold (a producer claims before it publishes) nor fold
+        ours: a lone producer publishes and lists none and commits its own TGBs, three
+        requests fewer per commit (an intent's put and delete, the listing). One that
+        claimed since is seen at the next look; until then its intents wait one turn, as
+        any intent written after a listing does."""
+        with self._shared.cond:
+            return self._shared.state.producers.keys() <= {self._shared.producer_id}
+
     def _prefetch_from(self) -> float:
         """When the next committer (rank 0) reads the intents written for its turn (a
         quarter lead after they were due, time for their puts): at the turn it folds these, with no request on its
         critical path but the version's probe and put."""
-        if self._turn[1] != 0 or self._prefetched_for == self._version_seen[0]:
+        if self._turn[1] != 0 or self._prefetched_for == self._version_seen[0] or self._alone():
             return math.inf
         return self._first_publish_at() + self._group.intent_lead_s / 4
 
@@ -209,7 +220,9 @@ class GroupTurns:
         return slot, first + slot * interval
 
     def _publish_from(self) -> float:
-        """When the next intent is due."""
+        """When the next intent is due (never for a producer alone)."""
+        if self._alone():
+            return math.inf
         slot, due = self._publish_slot()
         if self._published_for == (self._version_seen[0], slot):
             return due + self._group.interval_s
@@ -220,6 +233,8 @@ class GroupTurns:
         before the next turn (or at once for a flush): whoever commits then folds them.
         TGBs appended after it wait for the next version's intent."""
         shared = self._shared
+        if self._alone():
+            return
         with shared.cond:
             version = self._version_seen[0]
             slot, due = self._publish_slot()
@@ -298,14 +313,18 @@ class GroupTurns:
             self._flush_since = time.monotonic()
         return min(due, max(seen, self._flush_since) + rank * self._group.stagger() / 2)
 
-    def _commit_once(self, forced: bool = True) -> bool:
+    def _commit_once(self, forced: bool = True, followed: bool = False) -> bool:
         """One attempt: read the others' intents, then fold them with our own pending TGBs.
         False when another writer took the version. Unless ``forced`` (a flush), the
-        attempt gives way to a version that landed since the turn began."""
+        attempt gives way to a version that landed since the turn began. ``followed``: this
+        pass has just read the log; unless the intents are listed now, the attempt puts
+        without probing the head again (``Journal.commit``'s ``probed``)."""
         shared = self._shared
         stalled_before_s = self._store.stalled_s
         turn_version, rank, _ = self._turn
+        requests_before = self._intents.requests
         intents = self._intents_for_turn(forced, turn_version, rank)
+        probed = followed and self._intents.requests == requests_before
         with shared.cond:
             batch = list(shared.pending)
 
@@ -326,7 +345,7 @@ class GroupTurns:
                 state, shared.producer_id, shared.me, remaining, intents, time.time(), published, shared.schema
             )
 
-        result = self._journal.commit(shared.state, commit, max_attempts=1)
+        result = self._journal.commit(shared.state, commit, max_attempts=1, probed=probed)
         shared.metrics["successes"] += result.outcome == "committed"
         shared.metrics["conflicts"] += result.conflicts
         if result.outcome != "nothing":
@@ -347,7 +366,9 @@ class GroupTurns:
         since waits one turn); a stand-in folds only what it read at an earlier turn and
         commits its own TGBs, so a missing rank 0 costs one stagger, not a pile of
         listings (the next version's rank 0 folds the rest). A flush lists: its producer
-        is leaving, and the first to flush folds the others'."""
+        is leaving, and the first to flush folds the others'. A producer alone reads none."""
+        if self._alone():
+            return []
         if forced or (rank == 0 and self._prefetched_for != turn_version):
             return self._intents.others()
         return self._intents.cached()

@@ -340,6 +340,7 @@ class Journal(Generic[VersionT]):
         max_attempts: int | None = None,
         after_conflict: Callable[[float], None] | None = None,
         jump: bool = False,
+        probed: bool = False,
     ) -> Committed:
         """Commit ``build(newest state)`` as the next version; see the module doc.
 
@@ -358,6 +359,12 @@ class Journal(Generic[VersionT]):
         ``Store.lists_from_a_key``; elsewhere every version is read, as without it). The
         states it returns may then be behind on other producers' offsets and metrics
         (``LogState.skipped_through``).
+
+        ``probed``: ``state`` is the head as the caller has just read it (``load_state``,
+        ``catch_up``), so the first attempt builds on it without probing the head key
+        again. The probe only spares a put that would lose: the put is create-only, so
+        a version that landed meanwhile costs that attempt a conflict, never a wrong
+        version, and every later attempt probes as always.
         """
         if self.read_only:
             raise ConfigError(f"{self.store.url}: this journal only reads the log (a reader's); it cannot commit")
@@ -366,8 +373,11 @@ class Journal(Generic[VersionT]):
         if self._proof.anchor is None:
             state = self.load_state()
         conflicts = 0
+        skip_probe = probed and self._proof.anchor is not None and state.version >= self._proof.anchor[0]
         while True:
-            state, _ = self._read_on(state, jump=jump)
+            if not skip_probe:
+                state, _ = self._read_on(state, jump=jump)
+            skip_probe = False
             delta = build(state)
             if delta is None:
                 # Acting on "nothing to do" (dropping pending TGBs, deleting intents) needs

@@ -296,6 +296,12 @@ class Store(Requester):
         if getattr(self.put_if_absent, "__func__", None) is not Store.put_if_absent:
             self.put_if_absent(key, b"".join(data) if isinstance(data, list) else data)
             return
+        self._stage(key, data, size)
+
+    def _stage(self, key: str, data: Data, size: int | None) -> None:
+        """``stage_if_absent`` of the pieces as they are, for a subclass that models a
+        store's requests around the real ones (``latency.LatencyStore``) and must not pay
+        for a join that no real store makes."""
         if size is None:
             size = sum(memoryview(piece).nbytes for piece in data) if isinstance(data, list) else len(data)
         path = self._local_file(key)
