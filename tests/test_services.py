@@ -135,6 +135,20 @@ def test_seaweedfs_s3_without_weed_says_what_to_install(monkeypatch):
             pass
 
 
+@pytest.mark.parametrize("bucket", ["ab", "Batchweave", "-batchweave", "batch_weave", "a" * 64, "batch..weave"])
+@pytest.mark.parametrize("start", ["seaweedfs", "s3rver"])
+def test_a_bucket_s3_would_refuse_is_named_before_any_server_starts(tmp_path, monkeypatch, bucket, start):
+    """Not after the startup timeout (60 s): SeaweedFS refused a 2-character bucket at its
+    start and was waited for until the timeout, with nothing in the error about the name."""
+    monkeypatch.setattr(process.Service, "start", lambda *_: pytest.fail("a server was started"))
+    with pytest.raises(ConfigError, match=r"is not an S3 bucket name: 3 to 63 characters"):
+        if start == "seaweedfs":
+            servers.start_seaweedfs(tmp_path, bucket)
+        else:
+            servers.start_s3rver(tmp_path, bucket, binary=tmp_path / "missing" / "s3rver")
+    assert servers.check_bucket_name("batchweave-test.1") == "batchweave-test.1"
+
+
 def test_azurite_without_its_binary_says_what_to_install(tmp_path):
     with pytest.raises(ConfigError, match=r"npm install azurite"):
         servers.start_azurite(tmp_path, binary=tmp_path / "missing" / "azurite-blob")

@@ -57,7 +57,14 @@ from batchweave.testing.servers.fakegcs import (
 )
 from batchweave.testing.servers.moto import create_bucket, enforce_moto_iam, moto_s3, start_moto
 from batchweave.testing.servers.process import STARTUP_TIMEOUT_S, Service
-from batchweave.testing.servers.s3 import S3_ACCESS_KEY, S3_ENV_UNSET, S3_SECRET_KEY, S3Identity, s3_env
+from batchweave.testing.servers.s3 import (
+    S3_ACCESS_KEY,
+    S3_ENV_UNSET,
+    S3_SECRET_KEY,
+    S3Identity,
+    check_bucket_name,
+    s3_env,
+)
 from batchweave.testing.servers.s3rver import S3RVER_ACCESS_KEY, S3RVER_SECRET_KEY, start_s3rver
 from batchweave.testing.servers.seaweedfs import seaweedfs_actions, seaweedfs_s3, start_seaweedfs, weed_binary
 
@@ -76,6 +83,7 @@ __all__ = [
     "Service",
     "azure_env",
     "azurite_blob",
+    "check_bucket_name",
     "create_bucket",
     "create_container",
     "create_gcs_bucket",

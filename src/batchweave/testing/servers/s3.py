@@ -7,15 +7,19 @@ from __future__ import annotations
 import datetime
 import hashlib
 import hmac
+import re
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
+
+from batchweave.errors import ConfigError
 
 __all__ = [
     "S3_ACCESS_KEY",
     "S3_ENV_UNSET",
     "S3_SECRET_KEY",
     "S3Identity",
+    "check_bucket_name",
     "s3_env",
     "s3_signed_request",
 ]
@@ -23,6 +27,22 @@ __all__ = [
 
 #: Keys the S3 servers accept: moto takes any; SeaweedFS gets exactly this identity.
 S3_ACCESS_KEY = S3_SECRET_KEY = "testing"
+
+# S3's rule for a bucket's name (general purpose buckets), which SeaweedFS and s3rver enforce.
+_BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+
+
+def check_bucket_name(bucket: str) -> str:
+    """``bucket``, or ConfigError when S3 would refuse it as a bucket's name. A server that
+    creates its bucket at startup (SeaweedFS, s3rver) would otherwise refuse it there and
+    be waited for until its startup timed out."""
+    if not _BUCKET_NAME.fullmatch(bucket) or ".." in bucket:
+        raise ConfigError(
+            f"{bucket!r} is not an S3 bucket name: 3 to 63 characters, lowercase letters, digits, "
+            "dots and hyphens, beginning and ending with a letter or a digit"
+        )
+    return bucket
+
 
 #: Variables that could redirect or break the S3 credentials of :func:`s3_env` if inherited.
 S3_ENV_UNSET = ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL_S3")

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from batchweave.testing.servers.process import STARTUP_TIMEOUT_S, Service, node_binary, on_port, start_with_port_retry
-from batchweave.testing.servers.s3 import s3_signed_request
+from batchweave.testing.servers.s3 import check_bucket_name, s3_signed_request
 
 __all__ = [
     "S3RVER_ACCESS_KEY",
@@ -35,6 +35,7 @@ def start_s3rver(
     It stands for every store that does not honour conditional puts. ``binary`` is found
     as in :func:`start_azurite` (``npm install s3rver``).
     """
+    check_bucket_name(bucket)
     executable = node_binary("s3rver", "s3rver", binary)
     directory = Path(workdir) / "s3rver-data"
     directory.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,7 @@ from batchweave.testing.servers.s3 import (
     S3_ENV_UNSET,
     S3_SECRET_KEY,
     S3Identity,
+    check_bucket_name,
     s3_env,
     s3_signed_request,
 )
@@ -75,6 +76,7 @@ def start_seaweedfs(
     SIGKILL: nothing of it is kept, and a graceful stop took 15 s on a 2-core machine and
     still left a gRPC socket behind.
     """
+    check_bucket_name(bucket)
     weed = weed_binary()
     if weed is None:
         raise ConfigError(_SEAWEEDFS_MISSING)
