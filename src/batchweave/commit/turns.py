@@ -131,9 +131,11 @@ class GroupTurns:
     def _step(self, forced: bool) -> None:
         """One pass: publish, look at the log, then commit if the turn has come, else wait."""
         shared = self._shared
+        was_alone = self._alone()
         self._publish_intents(forced)
         now = time.monotonic()
         followed = forced or now >= self._follow_after
+        looked_at = -1  # the intent requests made when the log was last read in this pass
         if followed:
             # Not on every wake-up: appends wake this loop, and a producer appending
             # hundreds of TGBs a second would read the log as often. Near its turn a
@@ -141,6 +143,12 @@ class GroupTurns:
             # the head key (``follow_pause_s``); a commit reads on to the newest version.
             self._follow_log()
             self._follow_after = time.monotonic() + self._follow_pause_s(forced)
+            if was_alone and not self._alone():
+                # Alone no more: another has claimed since this producer last looked. Its
+                # intent goes out now, in this pass, as it would have before the look (in a
+                # pool flushing together the first to flush folds it at once).
+                self._publish_intents(forced)
+            looked_at = self._intents.requests
         with shared.cond:
             if not shared.pending:
                 # Another's turn folded all of ours: no attempt, and no listing of every
@@ -159,7 +167,7 @@ class GroupTurns:
                 if shared.pending and forced == shared.forced:
                     shared.cond.wait(max(0.0, wake - time.monotonic()))
             return
-        if self._commit_once(forced, followed) or not forced:
+        if self._commit_once(forced, looked_at) or not forced:
             self._conflict_streak = 0
             return
         # A flush that lost the race backs off with full jitter before it tries again:
@@ -313,18 +321,18 @@ class GroupTurns:
             self._flush_since = time.monotonic()
         return min(due, max(seen, self._flush_since) + rank * self._group.stagger() / 2)
 
-    def _commit_once(self, forced: bool = True, followed: bool = False) -> bool:
+    def _commit_once(self, forced: bool = True, looked_at: int = -1) -> bool:
         """One attempt: read the others' intents, then fold them with our own pending TGBs.
         False when another writer took the version. Unless ``forced`` (a flush), the
-        attempt gives way to a version that landed since the turn began. ``followed``: this
-        pass has just read the log; unless the intents are listed now, the attempt puts
-        without probing the head again (``Journal.commit``'s ``probed``)."""
+        attempt gives way to a version that landed since the turn began. ``looked_at``:
+        the intent requests made when this pass read the log (-1: it did not); with none
+        since, the attempt puts without probing the head again (``Journal.commit``'s
+        ``probed``)."""
         shared = self._shared
         stalled_before_s = self._store.stalled_s
         turn_version, rank, _ = self._turn
-        requests_before = self._intents.requests
         intents = self._intents_for_turn(forced, turn_version, rank)
-        probed = followed and self._intents.requests == requests_before
+        probed = looked_at == self._intents.requests
         with shared.cond:
             batch = list(shared.pending)
 
