@@ -34,9 +34,10 @@ unexport PYTHONDONTWRITEBYTECODE
 SOAK ?= 10
 # Two test processes per core: most of the suite waits on servers, child processes and the
 # store's pauses, not on the CPU (on 2 cores: 359 s with 4 processes, 478 s with 2).
-# --maxschedchunk=2: a process takes two tests at a time, so the longest ones, which the
-# suite hands out first (tests/conftest.py LONG_FIRST), spread over every process instead
-# of landing in the first process's chunk.
+# --dist=loadgroup: the tests that share a cost a process pays once (a Ray cluster, IAM
+# servers, a site build, TensorFlow's import: tests/conftest.py XDIST_GROUPS) go to one
+# process whole; every other test is handed out alone, the longest first (LONG_FIRST).
+# (On 2 cores: 618 s, where handing every test out alone took 692 s.)
 TEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(min(8, 2 * len(os.sched_getaffinity(0))))')
 # pip compiles the bytecode of 4 GB of wheels (TensorFlow, torch, jax) on one core (70 of
 # the 170 s of an install here); compileall does it on every core after an install without it.
@@ -89,7 +90,7 @@ test: dev $(NODE) $(NATS)
 	$(VENV)/bin/ruff format --check src demo tests benchmarks examples tools
 	node_modules/.bin/pyright
 	node_modules/.bin/pyright -p tools/pyright-strict.json --outputjson | $(PY) tools/pyright_ratchet.py
-	$(PY) -m pytest -q --numprocesses=$(TEST_WORKERS) --maxschedchunk=2 --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest -q --numprocesses=$(TEST_WORKERS) --dist=loadgroup --durations=25 $(PYTEST_ARGS)
 
 soak: dev
 	BATCHWEAVE_SOAK=$(SOAK) $(PY) -m pytest -q -p no:cacheprovider --timeout=3600 \

@@ -25,13 +25,6 @@ pytestmark = pytest.mark.slow
 WORKER = str(Path(__file__).with_name("worker.py"))
 
 
-# The crash tests also run on SeaweedFS, a real S3 server (the other modules use the
-# three process backends of conftest's process_backend_url).
-@pytest.fixture
-def process_backend_url(store_process_backend_url):
-    return store_process_backend_url
-
-
 def spawn(*args: str, stdin=None) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, WORKER, *args],
@@ -117,7 +110,7 @@ def test_sigkilled_producer_restarts_exactly_once(process_backend_url, tmp_path)
 
 # A local directory and a real S3 server: group commit's logic sits above the store (the
 # conformance suite runs every backend), and the suite's time is better spent elsewhere.
-@pytest.mark.parametrize("store_process_backend_url", ["local", "seaweedfs"], indirect=True)
+@pytest.mark.parametrize("process_backend_url", ["local", "seaweedfs"], indirect=True)
 def test_sigkilled_producer_in_group_mode_restarts_exactly_once(process_backend_url):
     """I3 with group commit: another producer keeps folding the victim's intents, also
     while the victim lies dead; SIGKILL anywhere, restart, and every offset is there once."""

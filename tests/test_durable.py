@@ -159,6 +159,35 @@ def test_a_write_that_stops_short_goes_on_where_it_stopped(tmp_path, monkeypatch
     store.release()
 
 
+def test_a_batch_of_pieces_that_stops_short_where_their_lens_end_goes_on(tmp_path, monkeypatch):
+    """Past ``IOV_MAX`` pieces each batch's bytes are counted to tell a short write. A
+    write that stops exactly where the pieces' ``len``s would end (an int32 view's len is
+    its items) must still be seen as short."""
+    import numpy as np
+
+    store = open_store(tmp_path, storage_options={"fsync": False})
+    store.put_if_absent("_log/00000000000000000001.json", b"{}")  # the handle and directories exist
+    real_writev, calls = os.writev, []
+    words = np.arange(10, dtype=np.int32)
+    pieces = [memoryview(words), *[bytes([i % 251]) for i in range(1500)]]
+    lens_of_first_batch = len(pieces[0]) + 1023  # 1,033: what len() says; the bytes are 1,063
+
+    def short_once(fd, batch):
+        calls.append(len(batch))
+        if len(calls) > 1:
+            return real_writev(fd, batch)
+        whole = b"".join(bytes(memoryview(piece).cast("B")) for piece in batch)
+        return real_writev(fd, [whole[:lens_of_first_batch]])
+
+    monkeypatch.setattr(os, "writev", short_once)
+    store.stage_if_absent("data/p/e000001/a.bwb", pieces)
+    monkeypatch.undo()
+    expected = words.tobytes() + b"".join(pieces[1:])
+    assert bytes(store.get("data/p/e000001/a.bwb")) == expected
+    assert calls[0] == 1024 and len(calls) >= 3  # a full batch, its rest, then the next batch
+    store.release()
+
+
 def test_a_producer_writes_its_callers_arrays_memory_with_one_writev_per_object(tmp_path, monkeypatch):
     """On a local directory an append's object reaches the kernel as the arrays' own memory
     (no copy in the process), in one system call."""

@@ -23,8 +23,8 @@ from batchweave.store import Store, open_store
 from batchweave.store import core as store_core
 
 
-# The conformance suite also runs on SeaweedFS, a real S3 server (the other modules use
-# the four backends of conftest's backend_url).
+# The conformance suite also runs on moto, a second S3 server (the other modules use the
+# four backends of conftest's backend_url).
 @pytest.fixture
 def backend_url(store_backend_url):
     return store_backend_url

@@ -10,6 +10,7 @@ store translates like obstore's.
 from __future__ import annotations
 
 import contextlib
+import operator
 import os
 import re
 import secrets
@@ -191,13 +192,21 @@ def _write_all(fd: int, data: Data, size: int | None = None) -> None:
     for first in range(0, len(pieces), _IOV_MAX):
         batch = pieces[first : first + _IOV_MAX]
         written = os.writev(fd, batch)
-        expected = size if size is not None else sum([_nbytes(piece) for piece in batch])
-        if written != expected:
+        if written != (size if size is not None else _lengths(batch)):
             _write_rest(fd, batch, written)
 
 
-def _nbytes(piece: Buffer) -> int:
-    return piece.nbytes if type(piece) is memoryview else len(piece)
+def _lengths(batch: list[Buffer]) -> int:
+    """The pieces' bytes, summed by builtins: a pack's ~1,600 pieces cost a Python call
+    each before (0.5 ms a pack here). ``len`` counts bytes only for bytes objects; any
+    other buffer is counted through a byte view of it."""
+    if set(map(type, batch)) <= _BYTES_TYPES:
+        return sum(map(len, batch))
+    return sum(map(_NBYTES, map(memoryview, batch)))
+
+
+_BYTES_TYPES = {bytes, bytearray}
+_NBYTES = operator.attrgetter("nbytes")
 
 
 def _write_rest(fd: int, data: list[Buffer], written: int) -> None:
