@@ -227,12 +227,20 @@ def test_a_forging_hub_of_another_user_is_refused_and_training_reads_the_log(str
 
 
 @other_user
-def test_another_user_can_neither_squat_the_hubs_name_nor_read_through_the_hub(stranger, caplog):
+def test_another_user_can_neither_squat_the_hubs_name_nor_read_through_the_hub(stranger, caplog, monkeypatch):
+    # A hub directory of this test's own, in a place the stranger can pass through: the
+    # test opens it by mistake on purpose, and the node's shared one must never be open,
+    # even for a moment (another test process's hubs refused to start while it was).
+    base = Path(tempfile.mkdtemp(prefix="bw-hubs-", dir=stranger.place.parent))
+    os.chmod(base, 0o711)
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(base))
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     store = CountingStore("memory://trust/private")
     fill(store, 4, 1)
     address = serve_hub(store, Mesh(dp=1, tp=2))
     path, lock = address.paths()
     directory = os.path.dirname(path)
+    assert directory == str(base / f"batchweave-{os.getuid()}")
     try:
         assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
         assert stranger.run("squat", path + ".x") == {"bind": "PermissionError"}
@@ -247,6 +255,7 @@ def test_another_user_can_neither_squat_the_hubs_name_nor_read_through_the_hub(s
     finally:
         os.chmod(directory, 0o700)
         close_hub(address)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_a_hub_directory_another_user_could_reach_is_refused(tmp_path, monkeypatch):
