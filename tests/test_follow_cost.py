@@ -1,11 +1,12 @@
 """What a writer decodes to follow the log, counted (issue 44, "Commits that keep up").
 
 Group commit's producers read every version: any of them may fold the others' intents
-next, and needs every producer's offset for it. Each version holds one row per TGB and one
-state per committer in its head, and every TGB's object keys and slice table in its body
-(``log``, format 2); a writer's journal decodes the head only. So what a producer decodes
-per TGB committed does not grow with the TGBs' slices, nor with the producers committing;
-the log a reader reads holds the rest. Versions are built as group commit builds them (one
+next, and needs every producer's offset for it. Each version holds, in its head, one row
+per run of a producer's TGBs and one state per committer, and every TGB's object keys,
+slice table and size in its body (``log``, format 3); a writer's journal decodes the head
+only. So what a producer decodes per TGB committed does not grow with the TGBs' slices, nor
+with the producers committing, and what it decodes per version does not grow with each
+producer's TGBs in it; the log a reader reads holds the rest. Versions are built as group commit builds them (one
 TGB of each producer a version), committed in a fixed order: no timing.
 """
 
@@ -39,9 +40,9 @@ def _tgb(pid: str, offset: int, epoch: int, slices: int) -> TGBDescriptor:
     )
 
 
-def _follow(producers: int, slices: int) -> tuple[int, int]:
+def _follow(producers: int, slices: int, per_producer: int = 1) -> tuple[int, int]:
     """``producers`` claim; a writer's journal loads the log; ``VERSIONS`` versions each fold
-    one TGB of every producer; the writer catches up: the bytes it decoded and read."""
+    ``per_producer`` TGBs of every producer; the writer catches up: the bytes it decoded and read."""
     url = f"memory://follow-cost/{uuid.uuid4().hex}"
     journal = Journal(open_store(url))
     state = journal.load_state()
@@ -52,13 +53,16 @@ def _follow(producers: int, slices: int) -> tuple[int, int]:
     follower = Journal(open_store(url), heads_only=True)
     followed = follower.load_state()
     decoded, read = follower.bytes_decoded, follower.bytes_read
-    for offset in range(VERSIONS):
-        tgbs = [_tgb(pid, offset, state.producers[pid].epoch, slices) for pid in pids]
-        moved = {pid: msgspec.structs.replace(state.producers[pid], offset=offset + 1, last_version=0) for pid in pids}
+    for turn in range(VERSIONS):
+        offsets = range(turn * per_producer, (turn + 1) * per_producer)
+        tgbs = [_tgb(pid, offset, state.producers[pid].epoch, slices) for pid in pids for offset in offsets]
+        moved = {
+            pid: msgspec.structs.replace(state.producers[pid], offset=offsets.stop, last_version=0) for pid in pids
+        }
         version = logrules.next_version(state, time.time(), tgbs=tgbs, producers=moved)
         state = journal.commit(state, lambda s, v=version: v).state
     followed, versions = follower.catch_up(followed)
-    assert versions == VERSIONS and followed.steps == VERSIONS * producers
+    assert versions == VERSIONS and followed.steps == VERSIONS * producers * per_producer
     return follower.bytes_decoded - decoded, follower.bytes_read - read
 
 
@@ -81,3 +85,13 @@ def test_what_a_writer_decodes_per_tgb_is_flat_from_8_to_128_producers():
     # A row and a producer's state a TGB, whatever the pool: only a few digits longer.
     assert per_tgb[128] <= 1.05 * per_tgb[8], per_tgb
     assert per_tgb[128] < 200, per_tgb
+
+
+@pytest.mark.parametrize("producers", [8, 128])
+def test_what_a_writer_decodes_per_version_does_not_grow_with_each_producers_tgbs_in_it(producers):
+    # Group commit folds every producer's waiting TGBs into a version: a row of its head per
+    # producer whatever their number (log format 3), where format 2 had a row per TGB.
+    one_decoded, one_read = _follow(producers, 32, per_producer=1)
+    many_decoded, many_read = _follow(producers, 32, per_producer=16)
+    assert many_read > 12 * one_read  # sixteen times the TGBs are stored for readers...
+    assert many_decoded <= 1.05 * one_decoded, (one_decoded, many_decoded)  # ...and a writer decodes one row each

@@ -35,7 +35,7 @@ from batchweave.keys import INTENT_PREFIX
 from batchweave.lifecycle.gc import GCReport
 from batchweave.lifecycle.gcsummary import GC_PREFIX, summary_key
 from batchweave.lifecycle.watermarks import CHECKPOINT_PREFIX, released_key
-from batchweave.log import LOG_FORMAT, LOG_FORMAT_1, Layout, LogState, ReadVersion, Reclaim, TGBDescriptor
+from batchweave.log import LOG_FORMAT, LOG_FORMAT_1, LOG_FORMAT_2, Layout, LogState, ReadVersion, Reclaim, TGBDescriptor
 from batchweave.segment import SEGMENT_MAX_BYTES, SEGMENT_PREFIX, SEGMENT_VERSIONS, segment_key
 from batchweave.store import Store
 from batchweave.testing import versiontext
@@ -259,7 +259,7 @@ def test_a_copy_read_carries_the_bytes_it_holds_and_a_damaged_one_is_named_in_th
         assert read_copy(objects, 72, 2, namespace) is True
     assert caplog.messages == [
         f"read around a damaged copy of log version 72 ({key}): {key}: unsupported log format "
-        f"'batchweave.log/99' (this reader knows {LOG_FORMAT} and {LOG_FORMAT_1})"
+        f"'batchweave.log/99' (this reader knows {LOG_FORMAT}, {LOG_FORMAT_2} and {LOG_FORMAT_1})"
     ]
 
 

@@ -24,6 +24,7 @@ from batchweave.lifecycle.backpressure import active_producers
 from batchweave.log import (
     LOG_FORMAT,
     LOG_FORMAT_1,
+    LOG_FORMAT_2,
     SNAPSHOT_FORMAT,
     Layout,
     LogState,
@@ -38,6 +39,7 @@ from batchweave.log import (
     decode_version_head,
     digest,
     encode,
+    runs,
 )
 from batchweave.logrules import (
     apply_version,
@@ -258,14 +260,14 @@ RECORDED_BODY = b'[[["data/p/e000002/000000000005-ab.0.bwb"],[[0,0,10,1],[0,10,1
 
 def test_a_version_encodes_to_the_recorded_head_and_body_and_decodes_from_them():
     recorded_version = RECORDED_VERSIONS["commit"][0]
-    version = msgspec.structs.replace(recorded_version, format=LOG_FORMAT)
+    version = msgspec.structs.replace(recorded_version, format=LOG_FORMAT_2)
     recorded = b"[%d,%s,%s]" % (len(RECORDED_HEAD), RECORDED_HEAD, RECORDED_BODY)
     assert encode(version) == recorded
     assert decode_version(recorded, K, 7) == version
     head = decode_version_head(recorded, K, 7)
     assert head.body == hashlib.blake2b(RECORDED_BODY, digest_size=16).hexdigest()
     assert head == msgspec.structs.replace(
-        decode_version_head(RECORDED_VERSIONS["commit"][1], K, 7), format=LOG_FORMAT, body=head.body
+        decode_version_head(RECORDED_VERSIONS["commit"][1], K, 7), format=LOG_FORMAT_2, body=head.body
     )
     # The proof's anchor is the head's digest: the head binds the body.
     assert digest(recorded) == hashlib.blake2b(RECORDED_HEAD, digest_size=16).hexdigest()
@@ -297,6 +299,84 @@ def test_a_damaged_version_of_format_2_is_refused_naming_its_key(damage):
     assert "_log/v.json" in str(info.value)
 
 
+# Format 3: the head has a row per run of one producer's consecutive TGBs (here p@5 and p@6,
+# 22 + 30 bytes, then q@0), [producer, epoch, first offset, dp, cp, kind, bytes, schema,
+# TGBs]; the body has each TGB's objects, slices and own size.
+_RUN = [
+    _RECORDED_TGB,
+    msgspec.structs.replace(
+        _RECORDED_TGB, source_offset=6, objects=["data/p/e000002/000000000006-ab.0.bwb"], nbytes=30
+    ),
+    msgspec.structs.replace(
+        _RECORDED_TGB, producer="q", epoch=1, source_offset=0, objects=["data/q/e000001/0-ab.0.bwb"]
+    ),
+]
+RECORDED_RUN_VERSION = LogVersion(
+    LOG_FORMAT, 7, 5, _RUN, {"p": ProducerState(7, 2, "i"), "q": ProducerState(1, 1, "j")}, committed_at=2.25
+)
+RECORDED_RUN_HEAD = (
+    b'{"format":"batchweave.log/3","version":7,"first_step":5,"tgbs":[["p",2,5,2,1,"arrays",52,"",2],'
+    b'["q",1,0,2,1,"arrays",22,"",1]],"producers":{"p":{"offset":7,"epoch":2,"incarnation":"i"},'
+    b'"q":{"offset":1,"epoch":1,"incarnation":"j"}},"committed_at":2.25,"body":"BODY"}'
+)
+RECORDED_RUN_BODY = (
+    b'[[["data/p/e000002/000000000005-ab.0.bwb"],[[0,0,10,1],[0,10,12,2]],22],'
+    b'[["data/p/e000002/000000000006-ab.0.bwb"],[[0,0,10,1],[0,10,12,2]],30],'
+    b'[["data/q/e000001/0-ab.0.bwb"],[[0,0,10,1],[0,10,12,2]],22]]'
+)
+
+
+def _framed(head: bytes, body: bytes) -> bytes:
+    head = head.replace(b"BODY", hashlib.blake2b(body, digest_size=16).hexdigest().encode())
+    return b"[%d,%s,%s]" % (len(head), head, body)
+
+
+def test_a_version_of_format_3_encodes_a_row_per_run_and_decodes_whole():
+    recorded = _framed(RECORDED_RUN_HEAD, RECORDED_RUN_BODY)
+    assert encode(RECORDED_RUN_VERSION) == recorded
+    assert decode_version(recorded, K, 7) == RECORDED_RUN_VERSION
+    head = decode_version_head(recorded, K, 7)
+    assert [(r.producer, r.source_offset, r.count, r.nbytes) for r in head.tgbs] == [("p", 5, 2, 52), ("q", 0, 1, 22)]
+    assert head.tgb_count() == 3 and list(head.steps()) == [5, 6, 7]
+    fields = versiontext.loads(recorded)
+    located = [(t["producer"], t["source_offset"], t["nbytes"]) for t in fields["tgbs"]]
+    assert located == [("p", 5, 22), ("p", 6, 30), ("q", 0, 22)]
+    assert decode_version(versiontext.dumps(fields), K, 7) == RECORDED_RUN_VERSION  # a TGB a row: valid too
+    # A writer and a reader following the same versions reach the same state.
+    state = LogState(version=6, steps=5, producers={"p": ProducerState(5, 2, "i"), "q": ProducerState(0, 1, "j")})
+    assert apply_version(state, head, K) == apply_version(state, decode_version(recorded, K, 7), K)
+
+
+def test_runs_break_where_a_tgb_does_not_continue_the_one_before():
+    a = [tgb("a", 1, i) for i in range(3)]
+    b = [tgb("b", 1, 0), tgb("b", 1, 2), tgb("b", 2, 3), tgb("b", 2, 4, dp=2)]
+    rows = runs([*a, *b])
+    assert [(r.producer, r.epoch, r.source_offset, r.count, r.nbytes) for r in rows] == [
+        ("a", 1, 0, 3, 30),
+        ("b", 1, 0, 1, 10),  # then a gap
+        ("b", 1, 2, 1, 10),  # then another epoch
+        ("b", 2, 3, 1, 10),  # then another layout
+        ("b", 2, 4, 1, 10),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("head", "body", "problem"),
+    [
+        (RECORDED_RUN_HEAD.replace(b'52,"",2]', b'52,"",3]'), RECORDED_RUN_BODY, "4 TGBs in its head, 3 in its body"),
+        (RECORDED_RUN_HEAD.replace(b'22,"",1]', b'22,"",0]'), RECORDED_RUN_BODY, "a row of 0 TGBs"),
+        (RECORDED_RUN_HEAD.replace(b",52,", b",53,"), RECORDED_RUN_BODY, "make 53 bytes in its head"),
+        (RECORDED_RUN_HEAD, RECORDED_RUN_BODY.replace(b"]],30]", b"]],-8]"), "make 52 bytes in its head"),
+        (RECORDED_RUN_HEAD.replace(b"log/3", b"log/2"), RECORDED_RUN_BODY, "a row of 2 TGBs"),
+        (RECORDED_HEAD.replace(b"faa38e21f596143d61480c61ee870336", b"BODY"), RECORDED_BODY[:-2] + b",22]]", "sizes"),
+    ],
+)
+def test_a_damaged_version_of_format_3_is_refused_naming_its_key(head, body, problem):
+    with pytest.raises(CorruptDataError, match=problem) as info:
+        decode_version(_framed(head, body), "_log/v.json", 7)
+    assert "_log/v.json" in str(info.value)
+
+
 def test_encode_decode_snapshot_roundtrip():
     state, me = claim(LogState(), "p", "i")
     state = apply_version(state, build_commit(state, "p", me, [tgb("p", 1, 0)], 0.0), K)
@@ -321,7 +401,7 @@ def _good_version_dict() -> dict:
 
 def test_decode_unknown_format():
     d = _good_version_dict()
-    d["format"] = "batchweave.log/3"
+    d["format"] = "batchweave.log/4"
     with pytest.raises(CorruptDataError, match="format") as info:
         decode_version(versiontext.dumps(d), "_log/x.json", 2)
     assert "_log/x.json" in str(info.value)

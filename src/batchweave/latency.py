@@ -204,7 +204,7 @@ class LatencyStore(Store):
     def _charge_manifest(self, key: str, data: bytes | memoryview) -> None:
         version = log.decode_version_head(data, key, int(key[len(keys.LOG_PREFIX) : -len(".json")]))
         assert self.manifest is not None
-        nbytes = self.manifest.commit_bytes(version.first_step, len(version.tgbs))
+        nbytes = self.manifest.commit_bytes(version.first_step, version.tgb_count())
         factor, _, _ = self._draw()
         time.sleep(nbytes / self.model.bandwidth_bytes_s * factor)
 

@@ -13,7 +13,7 @@ snapshot is stored: ``keys``.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Generic, NamedTuple, TypeVar
 
 import msgspec
@@ -27,6 +27,7 @@ from batchweave.schema import Schema
 __all__ = [
     "LOG_FORMAT",
     "LOG_FORMAT_1",
+    "LOG_FORMAT_2",
     "SNAPSHOT_FORMAT",
     "Hint",
     "Layout",
@@ -47,15 +48,22 @@ __all__ = [
     "encode",
     "encode_hint",
     "head_size",
+    "runs",
 ]
 
-# Format 2 writes a version as ``[<head length>,<head>,<body>]``: the head holds every field
-# but the TGBs' object keys and slice tables, which the body holds, bound to the head by its
-# digest (``LogVersionHead.body``). A writer decodes only the head, and a version's digest
-# (the proof's anchor) is its head's: the part of a version every reader reads. Format 1,
-# one JSON object, is read as ever and written for a version that says it is one.
-LOG_FORMAT = "batchweave.log/2"
+# Formats 2 and 3 write a version as ``[<head length>,<head>,<body>]``: the head holds every
+# field but the TGBs' object keys and slice tables, which the body holds, bound to the head
+# by its digest (``LogVersionHead.body``). A writer decodes only the head, and a version's
+# digest (the proof's anchor) is its head's: the part of a version every reader reads.
+# Format 3 gives the head a row per *run* of TGBs (one producer's consecutive offsets: group
+# commit's version holds one run per producer), where format 2 gave it a row per TGB, so
+# what every producer decodes of a version grows with the producers in it, not with their
+# TGBs; a TGB's own size moves to its body row. Formats 1 (one JSON object) and 2 are read
+# as ever, and written for a version that says it is one.
+LOG_FORMAT = "batchweave.log/3"
+LOG_FORMAT_2 = "batchweave.log/2"
 LOG_FORMAT_1 = "batchweave.log/1"
+_FRAMED = (LOG_FORMAT, LOG_FORMAT_2)
 SNAPSHOT_FORMAT = "batchweave.snapshot/1"
 
 
@@ -119,13 +127,21 @@ class TGBDescriptor(_TGBFields, frozen=True, forbid_unknown_fields=True, omit_de
     nbytes: int  # after objects and slices, where the log has always written it
     schema: str = ""
 
+    @property
+    def count(self) -> int:
+        """The TGBs this stands for (as ``TGBHead.count``): one."""
+        return 1
+
 
 class TGBHead(_TGBFields, frozen=True, array_like=True, forbid_unknown_fields=True):
-    """What a writer needs of a committed TGB: whose it is and what it counts; a row of a
-    version's head (format 2), so a writer reads and decodes no object key or slice."""
+    """What a writer needs of committed TGBs: whose they are and what they count; a row of a
+    version's head, so a writer reads and decodes no object key or slice. A row stands for
+    ``count`` TGBs of one producer and epoch, at ``source_offset`` and the offsets after it,
+    in consecutive steps, of ``nbytes`` in all (format 3; one TGB a row in formats 1 and 2)."""
 
     nbytes: int
     schema: str = ""
+    count: int = 1
 
 
 class _TGBHead1(_TGBFields, frozen=True):
@@ -137,10 +153,13 @@ class _TGBHead1(_TGBFields, frozen=True):
 
 
 class _TGBBody(msgspec.Struct, frozen=True, gc=False, array_like=True, forbid_unknown_fields=True):
-    """The rest of a TGB's descriptor, in a version's body: where its slices are."""
+    """The rest of a TGB's descriptor, in a version's body: where its slices are, and (format
+    3, whose head row may stand for many TGBs) its own size; -1 when decoded from format 2,
+    which has none."""
 
     objects: list[str]
     slices: list[tuple[int, int, int, int]]
+    nbytes: int = -1
 
 
 class Reclaim(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
@@ -186,7 +205,11 @@ class _VersionFields(
     changed_at: int | None = None
 
     def steps(self) -> range:
-        return range(self.first_step, self.first_step + len(self.tgbs))
+        return range(self.first_step, self.first_step + self.tgb_count())
+
+    def tgb_count(self) -> int:
+        """How many TGBs (steps) the version commits."""
+        return len(self.tgbs)
 
 
 class LogVersion(_VersionFields[TGBDescriptor], frozen=True):
@@ -194,10 +217,14 @@ class LogVersion(_VersionFields[TGBDescriptor], frozen=True):
 
 
 class LogVersionHead(_VersionFields[TGBHead], frozen=True):
-    """A log version as a writer reads it: every field, TGBs as ``TGBHead``. ``body``: the
-    digest of the version's body (format 2; "" in format 1, which has none)."""
+    """A log version as a writer reads it: every field, its TGBs as ``TGBHead`` rows (a run of
+    TGBs each in format 3). ``body``: the digest of the version's body ("" in format 1,
+    which has none)."""
 
     body: str = ""
+
+    def tgb_count(self) -> int:
+        return sum(row.count for row in self.tgbs)
 
 
 class _VersionHead1(_VersionFields[_TGBHead1], frozen=True):
@@ -251,12 +278,68 @@ def encode(value: LogVersion | LogState) -> bytes:
 
 
 def _encode_version(version: LogVersion) -> bytes:
-    """``version`` in format 2: ``[<head length>,<head>,<body>]``."""
-    body = _encoder.encode([_TGBBody(t.objects, t.slices) for t in version.tgbs])
-    rows = [TGBHead(t.producer, t.epoch, t.source_offset, t.dp, t.cp, t.kind, t.nbytes, t.schema) for t in version.tgbs]
+    """``version`` in format 3 (2 if it says so): ``[<head length>,<head>,<body>]``."""
+    if version.format == LOG_FORMAT_2:
+        body = _encoder.encode([(t.objects, t.slices) for t in version.tgbs])
+        rows = [_row(t) for t in version.tgbs]
+    else:
+        body = _encoder.encode([_TGBBody(t.objects, t.slices, t.nbytes) for t in version.tgbs])
+        rows = runs(version.tgbs)
     fields = _fields(version, LogVersion, ("format", "tgbs"))
-    head = _encoder.encode(LogVersionHead(**fields, format=LOG_FORMAT, tgbs=rows, body=_hash(body)))
-    return b"".join((b"[", str(len(head)).encode(), b",", head, b",", body, b"]"))
+    form = LOG_FORMAT_2 if version.format == LOG_FORMAT_2 else LOG_FORMAT
+    head = LogVersionHead(**fields, format=form, tgbs=rows, body=_hash(body))
+    encoded = _encoder.encode(head if form == LOG_FORMAT else _format_2_head(head))
+    return b"".join((b"[", str(len(encoded)).encode(), b",", encoded, b",", body, b"]"))
+
+
+def _format_2_head(head: LogVersionHead) -> dict[str, Any]:
+    """``head`` as format 2 writes it: its rows without the count of TGBs format 3 added."""
+    fields = msgspec.to_builtins(head)
+    fields["tgbs"] = [row[:-1] for row in fields["tgbs"]]
+    return fields
+
+
+def _row(tgb: TGBDescriptor | _TGBHead1) -> TGBHead:
+    """One TGB as a head row of its own."""
+    return TGBHead(tgb.producer, tgb.epoch, tgb.source_offset, tgb.dp, tgb.cp, tgb.kind, tgb.nbytes, tgb.schema)
+
+
+def runs(tgbs: Sequence[TGBDescriptor]) -> list[TGBHead]:
+    """``tgbs`` as head rows of format 3: consecutive TGBs of one producer, epoch, layout and
+    schema, at consecutive offsets, share one row."""
+    rows: list[TGBHead] = []
+    start = 0
+    for end in range(1, len(tgbs) + 1):
+        if end < len(tgbs) and _continues(tgbs[end - 1], tgbs[end]):
+            continue
+        first = tgbs[start]
+        nbytes = sum(t.nbytes for t in tgbs[start:end])
+        rows.append(
+            TGBHead(
+                first.producer,
+                first.epoch,
+                first.source_offset,
+                first.dp,
+                first.cp,
+                first.kind,
+                nbytes,
+                first.schema,
+                end - start,
+            )
+        )
+        start = end
+    return rows
+
+
+def _continues(before: TGBDescriptor, tgb: TGBDescriptor) -> bool:
+    return tgb.source_offset == before.source_offset + 1 and (
+        tgb.producer,
+        tgb.epoch,
+        tgb.dp,
+        tgb.cp,
+        tgb.kind,
+        tgb.schema,
+    ) == (before.producer, before.epoch, before.dp, before.cp, before.kind, before.schema)
 
 
 def _hash(data: bytes | memoryview) -> str:
@@ -265,14 +348,14 @@ def _hash(data: bytes | memoryview) -> str:
 
 def digest(data: bytes | memoryview) -> str:
     """A fingerprint of one log version's bytes (two different versions never share it):
-    of its head in format 2, which binds its body by the body's digest; of all of it in
+    of its head in formats 2 and 3, which binds its body by the body's digest; of all of it in
     format 1. Never raises: bytes that are no version have a fingerprint too."""
     span = _head_span(data)
     return _hash(data if span is None else memoryview(data)[span[0] : span[1]])
 
 
 def head_size(data: bytes | memoryview) -> int:
-    """The bytes of a version a writer decodes: its head's (format 2), or all of it."""
+    """The bytes of a version a writer decodes: its head's (formats 2 and 3), or all of it."""
     span = _head_span(data)
     return len(data) if span is None else span[1] - span[0]
 
@@ -282,7 +365,7 @@ _MAX_LENGTH_DIGITS = 12
 
 
 def _head_span(data: bytes | memoryview) -> tuple[int, int] | None:
-    """Where the head of a version of format 2 lies in its bytes, ``[<length>,<head>,<body>]``;
+    """Where the head of a version of format 2 or 3 lies in its bytes, ``[<length>,<head>,<body>]``;
     None when they are not laid out so (a version of format 1, or damage)."""
     data = memoryview(data)
     prefix = bytes(data[: _MAX_LENGTH_DIGITS + 2])
@@ -304,7 +387,7 @@ def decode_version(data: bytes | memoryview, key: str, expected_version: int | N
     ``expected_version`` is None: the caller checks it)."""
     span = _head_span(data)
     if span is None:
-        version = _decode(data, key, expected_version, _VERSION_DECODER, LOG_FORMAT_1)
+        version = _decode(data, key, expected_version, _VERSION_DECODER, (LOG_FORMAT_1,))
     else:
         version = _joined(data, span, key, expected_version)
     check_descriptors(version.tgbs, key)
@@ -312,36 +395,80 @@ def decode_version(data: bytes | memoryview, key: str, expected_version: int | N
 
 
 def _joined(data: bytes | memoryview, span: tuple[int, int], key: str, expected_version: int | None) -> LogVersion:
-    """A version of format 2 whole: its head, and the body its head names."""
+    """A version of format 2 or 3 whole: its head, and the body its head names."""
     view = memoryview(data)
-    head = _decode(view[span[0] : span[1]], key, expected_version, _HEAD_DECODER, LOG_FORMAT)
+    head = _head(view[span[0] : span[1]], key, expected_version)
     body = view[span[1] + 1 : len(view) - 1]
     if _hash(body) != head.body:
         raise CorruptDataError(key, "damaged log version: its body is not the one its head names")
     with decoding(key, "damaged log version body"):
         rows = _BODY_DECODER.decode(body)
-    if len(rows) != len(head.tgbs):
-        raise CorruptDataError(key, f"damaged log version: {len(head.tgbs)} TGBs in its head, {len(rows)} in its body")
-    tgbs = [
-        TGBDescriptor(h.producer, h.epoch, h.source_offset, h.dp, h.cp, h.kind, b.objects, b.slices, h.nbytes, h.schema)
-        for h, b in zip(head.tgbs, rows, strict=True)
-    ]
+    if len(rows) != head.tgb_count():
+        counts = f"{head.tgb_count()} TGBs in its head, {len(rows)} in its body"
+        raise CorruptDataError(key, f"damaged log version: {counts}")
+    sized = head.format == LOG_FORMAT
+    tgbs: list[TGBDescriptor] = []
+    for run in head.tgbs:
+        mine = rows[len(tgbs) : len(tgbs) + run.count]
+        _check_sizes(run, mine, sized, key)
+        tgbs.extend(
+            TGBDescriptor(
+                run.producer,
+                run.epoch,
+                run.source_offset + i,
+                run.dp,
+                run.cp,
+                run.kind,
+                b.objects,
+                b.slices,
+                b.nbytes if sized else run.nbytes,
+                run.schema,
+            )
+            for i, b in enumerate(mine)
+        )
     return LogVersion(**_fields(head, LogVersion, ("tgbs",)), tgbs=tgbs)
+
+
+def _check_sizes(run: TGBHead, rows: list[_TGBBody], sized: bool, key: str) -> None:
+    """A run's TGBs' own sizes (format 3) make its row's; a body row of format 2 has none."""
+    where = f"TGBs {run.producer}@{run.source_offset}..{run.source_offset + run.count - 1}"
+    if not sized:
+        if any(b.nbytes != -1 for b in rows):
+            raise CorruptDataError(key, f"damaged log version: {where} have sizes in a body of format 2")
+        return
+    if any(b.nbytes < 0 for b in rows) or sum(b.nbytes for b in rows) != run.nbytes:
+        raise CorruptDataError(
+            key,
+            f"damaged log version: {where} make {run.nbytes} bytes in its head, not in its body",
+        )
 
 
 def decode_version_head(data: bytes | memoryview, key: str, expected_version: int) -> LogVersionHead:
     """Parse one log version for a writer (``LogVersionHead``). The object keys and slice
-    locations are not read (format 2: not even parsed); whoever reads data (consumers,
+    locations are not read (formats 2 and 3: not even parsed); whoever reads data (consumers,
     collection) checks them."""
     span = _head_span(data)
     if span is not None:
-        head = _decode(memoryview(data)[span[0] : span[1]], key, expected_version, _HEAD_DECODER, LOG_FORMAT)
+        head = _head(memoryview(data)[span[0] : span[1]], key, expected_version)
         if not head.body:
             raise CorruptDataError(key, "damaged log version: its head names no body")
         return head
-    old = _decode(data, key, expected_version, _HEAD1_DECODER, LOG_FORMAT_1)
-    rows = [TGBHead(t.producer, t.epoch, t.source_offset, t.dp, t.cp, t.kind, t.nbytes, t.schema) for t in old.tgbs]
+    old = _decode(data, key, expected_version, _HEAD1_DECODER, (LOG_FORMAT_1,))
+    rows = [_row(t) for t in old.tgbs]
     return LogVersionHead(**_fields(old, _VersionHead1, ("tgbs",)), tgbs=rows)
+
+
+def _head(data: memoryview, key: str, expected_version: int | None) -> LogVersionHead:
+    """The head of a version of format 2 or 3, its rows checked: each stands for at least one
+    TGB, and for exactly one in format 2."""
+    head = _decode(data, key, expected_version, _HEAD_DECODER, _FRAMED)
+    most = None if head.format == LOG_FORMAT else 1
+    for row in head.tgbs:
+        if row.count < 1 or (most is not None and row.count > most):
+            raise CorruptDataError(
+                key, f"damaged log version: a row of {row.count} TGBs ({row.producer}@{row.source_offset})"
+            )
+    return head
 
 
 def _fields(value: msgspec.Struct, kind: type[msgspec.Struct], but: tuple[str, ...]) -> dict[str, Any]:
@@ -351,12 +478,16 @@ def _fields(value: msgspec.Struct, kind: type[msgspec.Struct], but: tuple[str, .
 
 
 def _decode(
-    data: bytes | memoryview, key: str, expected_version: int | None, decoder: msgspec.json.Decoder[_V], form: str
+    data: bytes | memoryview,
+    key: str,
+    expected_version: int | None,
+    decoder: msgspec.json.Decoder[_V],
+    forms: tuple[str, ...],
 ) -> _V:
     with decoding(key, "damaged log version"):
         version = decoder.decode(data)
-    if version.format != form:
-        known = f"{LOG_FORMAT} and {LOG_FORMAT_1}"
+    if version.format not in forms:
+        known = f"{LOG_FORMAT}, {LOG_FORMAT_2} and {LOG_FORMAT_1}"
         raise CorruptDataError(key, f"unsupported log format {version.format!r} (this reader knows {known})")
     if expected_version is not None and version.version != expected_version:
         raise CorruptDataError(key, f"log version says it is {version.version}, its name says {expected_version}")

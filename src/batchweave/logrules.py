@@ -94,7 +94,7 @@ def apply_version(state: LogState, delta: LogVersion | LogVersionHead, key: str,
         reclaimed = delta.reclaim
     return LogState(
         version=delta.version,
-        steps=state.steps + len(delta.tgbs),
+        steps=state.steps + delta.tgb_count(),
         producers=producers,
         end_of_stream=state.end_of_stream or delta.end_of_stream,
         bytes=total_bytes,
@@ -189,7 +189,7 @@ def jump_to(
     return msgspec.structs.replace(
         state,
         version=head.version,
-        steps=head.first_step + len(head.tgbs),
+        steps=head.first_step + head.tgb_count(),
         producers=producers,
         bytes=head.bytes,
         digest=digest,
@@ -273,23 +273,26 @@ def schema_to_set(state: LogState, schema: Schema | None, tgbs: Iterable[TGBDesc
 
 
 def _check_offsets(state: LogState, delta: LogVersion | LogVersionHead, key: str) -> None:
-    """Invariant I3 as the log sees it: offsets only move forward, under the right epoch."""
-    next_offset = {pid: ps.offset for pid, ps in state.producers.items()}
+    """Invariant I3 as the log sees it: offsets only move forward, under the right epoch.
+    A head's row stands for ``count`` TGBs at consecutive offsets (``log.TGBHead``)."""
+    next_offset: dict[str, int] = {}
     for tgb in delta.tgbs:
         owner = delta.producers.get(tgb.producer)
         if owner is None or owner.epoch != tgb.epoch:
             raise CorruptDataError(key, f"TGB of {tgb.producer!r} epoch {tgb.epoch} without that producer's state")
-        expected = next_offset.get(tgb.producer, 0)
+        expected = next_offset.get(tgb.producer)
+        if expected is None:
+            recorded = state.producers.get(tgb.producer)
+            expected = 0 if recorded is None else recorded.offset
         if tgb.source_offset < expected:
             raise CorruptDataError(key, f"TGB {tgb.producer}@{tgb.source_offset} repeats an offset already committed")
         if tgb.source_offset > expected and not _may_be_behind(state, tgb.producer, expected):
             raise CorruptDataError(key, f"TGB {tgb.producer}@{tgb.source_offset} skips offsets from {expected}")
-        next_offset[tgb.producer] = tgb.source_offset + 1
-    for pid in {t.producer for t in delta.tgbs}:
-        if delta.producers[pid].offset != next_offset[pid]:
+        next_offset[tgb.producer] = tgb.source_offset + tgb.count
+    for pid, end in next_offset.items():
+        if delta.producers[pid].offset != end:
             raise CorruptDataError(
-                key,
-                f"producer {pid!r} records offset {delta.producers[pid].offset}, its TGBs end at {next_offset[pid]}",
+                key, f"producer {pid!r} records offset {delta.producers[pid].offset}, its TGBs end at {end}"
             )
 
 

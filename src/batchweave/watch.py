@@ -119,7 +119,7 @@ def overall_steps_per_s(first: Version | None, head: Version | None, steps: int)
     elapsed_s = head.committed_at - first.committed_at
     if elapsed_s <= 0:
         return None
-    return (steps - first.first_step - len(first.tgbs)) / elapsed_s
+    return (steps - first.first_step - first.tgb_count()) / elapsed_s
 
 
 class SnapshotReader:
