@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any, Unpack
 
 from batchweave import log, logrules
+from batchweave.commit.backlog import CommitBacklog
 from batchweave.commit.claiming import EpochClaim
 from batchweave.commit.committer import CommitContext, Committer, check_mode, committer_for
 from batchweave.commit.contention import Contention
@@ -150,6 +151,7 @@ class Producer:
         )
         self._next_offset = claimed.me.offset
         self._thread: threading.Thread | None = None
+        self._backlog = CommitBacklog(shared, self._store.url, self.policy)
         if options.background_commit:
             run = self._committer.run
             self._thread = threading.Thread(target=run, name=f"batchweave-commit-{producer_id}", daemon=True)
@@ -217,9 +219,18 @@ class Producer:
         skipped or repeated offset is refused rather than silently lost or duplicated.
         Returns the TGB's source offset. A held TGB is a copy: the caller may reuse its
         arrays once this returns.
+
+        With a commit thread, ``append`` waits while commits are behind what this producer
+        appends: while the oldest TGB it queued has waited for a commit longer than four of
+        its policy's gaps (at least 2 s; ``batchweave.commit.backlog``), so a pool whose
+        commits fall behind spends its cores on committing, not on growing the queue. A
+        policy that commits only when flushed or given more TGBs (``Manual``, ``Fixed``)
+        never holds it.
         """
         if self._max_lag is not None:
             self._max_lag.wait()
+        if self._thread is not None:
+            self._backlog.wait()
         with self._packs.lock:
             offset = self._next_offset_or_raise(source_offset)
             framed = frame_tgb(slices, self.mesh.dp, self.mesh.cp)
@@ -357,6 +368,9 @@ class Producer:
             out["producers_seen"] = len(self._shared.state.producers)
             out["producers_active"] = self._contention.seen()
             out["log_version"] = self._shared.state.version
+            now = time.monotonic()
+            out["commit_backlog_s"] = self._shared.backlog_s(now)  # the oldest queued TGB's wait
+            out["held_by_commits_s"] = self._backlog.held_s(now)  # append's waits for commits to catch up
         out["fragile_window_ema_s"] = getattr(self.policy, "fragile_window_ema_s", math.nan)
         out["gap_s"] = getattr(self.policy, "gap_s", math.nan)
         out["store_retries"] = self._store.retries

@@ -9,6 +9,8 @@ The producer appends to ``pending`` and raises ``error`` to its caller; the comm
 from __future__ import annotations
 
 import math
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -46,6 +48,9 @@ class SharedState:
     state: LogState  # the newest log state this producer has read
     me: ProducerState  # this incarnation, as its claim left it (its epoch)
     pending: list[TGBDescriptor] = field(default_factory=list)
+    # When each batch of ``pending`` joined it: (the offset after the batch, monotonic time),
+    # oldest first, to tell how long the oldest uncommitted TGB has waited (``backlog_s``).
+    queued: deque[tuple[int, float]] = field(default_factory=deque)
     # The schema our TGBs of arrays fit: declared, the namespace's, or our first TGB's. Set
     # before the first TGB that needs it is pending, and never changed after.
     schema: Schema | None = None
@@ -77,6 +82,16 @@ class SharedState:
         """The commit loop has nothing more to do: failed, or closed with nothing to commit."""
         return self.error is not None or (self.closed and (self.abandon or not self.pending))
 
+    def queue(self, tgbs: Sequence[TGBDescriptor], now: float) -> None:
+        """Under ``cond``: ``tgbs`` (uploaded, in offset order) join ``pending`` at ``now``."""
+        if tgbs:
+            self.pending.extend(tgbs)
+            self.queued.append((tgbs[-1].source_offset + 1, now))
+
+    def backlog_s(self, now: float) -> float:
+        """Under ``cond``: how long the oldest TGB still pending has waited for a commit."""
+        return now - self.queued[0][1] if self.queued else 0.0
+
     def take(self, state: LogState) -> int:
         """Under ``cond``: take ``state`` as the newest and drop the TGBs it commits;
         returns our committed offset."""
@@ -84,6 +99,8 @@ class SharedState:
         self.state = state
         offset = self.committed_offset()
         self.pending = [t for t in self.pending if t.source_offset >= offset]
+        while self.queued and self.queued[0][0] <= offset:
+            self.queued.popleft()
         committed = before - len(self.pending)
         self.metrics["tgbs_committed"] += committed
         if committed and self.committed_spans is not None:

@@ -151,7 +151,7 @@ class PackWriter:
         with shared.cond:
             shared.raise_if_unusable(self._store.url)
             before = len(shared.pending)
-            shared.pending.extend(descriptors)
+            shared.queue(descriptors, time.monotonic())
             shared.metrics["bytes_written"] += sum(pack.sizes)
             # A commit thread waits for its policy's gap; TGBs queued behind others bring
             # that forward only when the policy counts them (a count it waits for): else
