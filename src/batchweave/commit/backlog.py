@@ -75,15 +75,22 @@ class CommitBacklog:
                     self._held_s += time.monotonic() - self._holding_since
                     self._holding_since = None
 
+    def _behind(self, now: float) -> bool:
+        """Under the condition: the oldest queued TGB has waited past the limit, and the
+        policy commits it without more TGBs."""
+        shared = self._shared
+        limit_s = backlog_limit_s(getattr(self._policy, "gap_s", 0.0))
+        return shared.backlog_s(now) > limit_s and math.isfinite(self._policy.wait_s(len(shared.pending), 0.0))
+
     def _hold(self, shared: SharedState) -> None:
         """Under the condition: wait while commits are behind (``wait``)."""
         warned = False
         while True:
             shared.raise_if_unusable(self._url)
             now = time.monotonic()
-            waited_s, limit_s = shared.backlog_s(now), backlog_limit_s(getattr(self._policy, "gap_s", 0.0))
-            if waited_s <= limit_s or not math.isfinite(self._policy.wait_s(len(shared.pending), 0.0)):
+            if not self._behind(now):
                 return
+            waited_s, limit_s = shared.backlog_s(now), backlog_limit_s(getattr(self._policy, "gap_s", 0.0))
             since = self._holding_since = self._holding_since or now
             if not warned and now - since >= HELD_WARNING_S:
                 warned = True

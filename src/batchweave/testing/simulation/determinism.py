@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Iterator
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+import batchweave.commit.backlog
 import batchweave.commit.claiming
 import batchweave.commit.contention
 import batchweave.commit.group
@@ -158,7 +159,8 @@ def deterministic(scheduler: Scheduler, noise: random.Random) -> Iterator[None]:
         (batchweave.producer, "uuid", _fake_uuid(noise)),
         (batchweave.producer, "threading", threading_shim),
         # The producer's parts: its epoch claim, its pack writer, its max_lag backpressure,
-        # its count of the producers contending.
+        # its hold while its commits are behind, its count of the producers contending.
+        (batchweave.commit.backlog, "time", fake_time),
         (batchweave.commit.contention, "time", fake_time),
         (batchweave.commit.claiming, "time", fake_time),
         (batchweave.commit.claiming, "random", fake_random),
