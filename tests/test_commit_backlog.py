@@ -66,16 +66,27 @@ def _wait_until(condition, timeout_s: float = 30.0) -> None:
         time.sleep(0.01)
 
 
+def _hold_an_append(producer: bw.Producer, store: PausingStore):
+    """Hold ``producer``'s commit of TGB 0 in its put until its wait passes the limit, then
+    append TGB 1 in the background and return once that append is held: (gate, append)."""
+    gate = store.pause("put_if_absent", LOG_PUT)
+    producer.append(tgb("p", 0, 1))
+    gate.wait_reached()  # the commit of TGB 0 is held in its put
+    _wait_until(lambda: producer.metrics()["commit_backlog_s"] > LIMIT_S)
+    held = Background(producer.append, tgb("p", 1, 1))
+    _wait_until(lambda: producer.metrics()["held_by_commits_s"] > 0)
+    return gate, held
+
+
+def _group_producer(store: PausingStore) -> bw.Producer:
+    return bw.Producer(store, "p", dp=1, commit_policy=GroupCommit(interval_s=0.05), pack_steps=1)
+
+
 def test_append_waits_while_the_commits_are_behind_and_goes_on_once_they_land(tmp_path, short_limit):
     store = PausingStore(str(tmp_path / "ns"))
-    producer = bw.Producer(store, "p", dp=1, commit_policy=GroupCommit(interval_s=0.05), pack_steps=1)
+    producer = _group_producer(store)
     try:
-        gate = store.pause("put_if_absent", LOG_PUT)
-        producer.append(tgb("p", 0, 1))
-        gate.wait_reached()  # the commit of TGB 0 is held in its put
-        _wait_until(lambda: producer.metrics()["commit_backlog_s"] > LIMIT_S)
-        held = Background(producer.append, tgb("p", 1, 1))
-        _wait_until(lambda: producer.metrics()["held_by_commits_s"] > 0)
+        gate, held = _hold_an_append(producer, store)
         assert not held.finished.is_set()  # held, not failed
         gate.release()
         assert held.result() == 1
@@ -89,14 +100,9 @@ def test_append_waits_while_the_commits_are_behind_and_goes_on_once_they_land(tm
 
 def test_a_held_append_raises_the_error_that_ends_its_commits(tmp_path, short_limit):
     store = PausingStore(str(tmp_path / "ns"))
-    producer = bw.Producer(store, "p", dp=1, commit_policy=GroupCommit(interval_s=0.05), pack_steps=1)
+    producer = _group_producer(store)
     try:
-        gate = store.pause("put_if_absent", LOG_PUT)
-        producer.append(tgb("p", 0, 1))
-        gate.wait_reached()
-        _wait_until(lambda: producer.metrics()["commit_backlog_s"] > LIMIT_S)
-        held = Background(producer.append, tgb("p", 1, 1))
-        _wait_until(lambda: producer.metrics()["held_by_commits_s"] > 0)
+        _, held = _hold_an_append(producer, store)
         # A new incarnation (through a store of its own, not paused) fences this one; then its
         # held commit's put finds the claim's version there, and the rebase finds it fenced.
         bw.Producer(str(tmp_path / "ns"), "p", dp=1).close()

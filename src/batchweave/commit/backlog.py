@@ -90,10 +90,10 @@ class CommitBacklog:
             now = time.monotonic()
             if not self._behind(now):
                 return
-            waited_s, limit_s = shared.backlog_s(now), backlog_limit_s(getattr(self._policy, "gap_s", 0.0))
             since = self._holding_since = self._holding_since or now
             if not warned and now - since >= HELD_WARNING_S:
                 warned = True
+                waited_s, limit_s = shared.backlog_s(now), backlog_limit_s(getattr(self._policy, "gap_s", 0.0))
                 _logger.warning(
                     "producer %r: append held %.0f s: its oldest TGB queued for a commit has waited %.0f s "
                     "(more than %.1f s): its commits to %s are behind what it appends",
