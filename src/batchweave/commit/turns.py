@@ -212,7 +212,7 @@ class GroupTurns:
     def _prefetch_intents(self) -> None:
         if time.monotonic() >= self._prefetch_from():
             version = self._version_seen[0]
-            self._intents.others()
+            self._intents.others(self._shared.state)
             self._prefetched_for = version
 
     def _first_publish_at(self) -> float:
@@ -378,5 +378,5 @@ class GroupTurns:
         if self._alone():
             return []
         if forced or (rank == 0 and self._prefetched_for != turn_version):
-            return self._intents.others()
+            return self._intents.others(self._shared.state)
         return self._intents.cached()

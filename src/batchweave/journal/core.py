@@ -47,7 +47,7 @@ from batchweave.journal.proof import Proof
 from batchweave.journal.segments import RecentVersions, read_segment
 from batchweave.journal.snapshots import Snapshots
 from batchweave.log import LogState, LogVersion, LogVersionHead, ReadVersion
-from batchweave.segment import SEGMENT_VERSIONS
+from batchweave.segment import SEGMENT_MAX_BYTES, SEGMENT_VERSIONS
 from batchweave.store import Store
 
 __all__ = ["DEFAULT_SNAPSHOT_EVERY", "Committed", "Journal"]
@@ -198,12 +198,19 @@ class Journal(Generic[VersionT]):
 
     def _read(self, version: int) -> tuple[VersionT, str] | None:
         """The version and its digest (writers anchor on it; readers skip the hashing)."""
-        data = self._objects.get(keys.version_key(version))
-        if data is None:
-            return None
-        decoded = self._decode(data, keys.version_key(version), version)
+        key = keys.version_key(version)
+        if self._heads_only:
+            read = self._objects.get_head(key)
+            if read is None:
+                return None
+            data, whole = read
+        else:
+            data, whole = self._objects.get(key), True
+            if data is None:
+                return None
+        decoded = self._decode(data, key, version)
         self._bytes_decoded += log.head_size(data) if self._heads_only else len(data)
-        self._recent.keep(version, data)
+        self._recent.keep(version, data, whole)
         return decoded, log.digest(data)
 
     def read_segment(self, last: int) -> list[ReadVersion] | None:
@@ -411,7 +418,7 @@ class Journal(Generic[VersionT]):
                 self._proof.advance(after)
                 # Only now: a proven put's bytes, naming the namespace (headcopies).
                 self._copies.write(delta.version, data, after.namespace)
-                if after.skipped_through and after.version % SEGMENT_VERSIONS == 0:
+                if after.version % SEGMENT_VERSIONS == 0:
                     self._fill_segment(after.version, witness)
                 after = self.after_commit(after)
                 return Committed("committed", after, delta, window_s, conflicts)
@@ -586,33 +593,51 @@ class Journal(Generic[VersionT]):
         return state
 
     def _fill_segment(self, last: int, witness: tuple[int, str] | None) -> None:
-        """Read the versions of the segment ending at ``last`` (ours, just verified) that a
-        jump skipped, so that ``after_commit`` can write the segment; best effort. Proven
-        as any read (P1, ``proof``): a version known genuine at or below every one of them,
-        re-read after them with the same bytes, means none had been deleted. That version
-        is one this writer holds the bytes of, or ``witness``, the anchor its commit was
-        verified by. At most a segment's reads, by the committer of a segment's last
-        version only: about one GET per version of the log, whatever the producers."""
+        """Read whole the versions of the segment ending at ``last`` (ours, just verified)
+        that this writer skipped (a jump) or read the head of only (``LogObjects.get_head``),
+        so that ``after_commit`` can write the segment; best effort. Proven as any read (P1,
+        ``proof``): a version known genuine at or below every one of them, re-read after
+        them with the same bytes, means none had been deleted. That version is one this
+        writer read or wrote (its digest is that of its head), or ``witness``, the anchor
+        its commit was verified by; a version whose head it read must have that head
+        still. By the committer of a segment's last version only, and only up to a
+        segment's bytes: about one GET per version of the log, whatever the producers."""
         wanted = range(last - SEGMENT_VERSIONS + 1, last)
         missing = [v for v in wanted if self._recent.get(v) is None]
         if not missing:
             return
-        held = [(v, log.digest(data)) for v in wanted if v < missing[0] and (data := self._recent.get(v)) is not None]
-        known = [*held, *([witness] if witness is not None and 0 < witness[0] <= missing[0] else [])]
+        known = [(v, d) for v in wanted if v <= missing[0] and (d := self._recent.digest(v)) is not None]
+        known += [witness] if witness is not None and 0 < witness[0] <= missing[0] else []
         if not known:
             return  # nothing to prove them by: readers read these versions one by one
         proof_version, proof_digest = max(known)
         try:
-            read = [(v, self._objects.get(keys.version_key(v))) for v in missing]
-            again = self._objects.get(keys.version_key(proof_version))
+            held = sum(len(data) for v in range(wanted.start, last + 1) if (data := self._recent.get(v)) is not None)
+            read = self._read_whole(missing, SEGMENT_MAX_BYTES - held)
+            again = None if read is None else self._objects.get_head(keys.version_key(proof_version))
         except StoreError as exc:
             _logger.info("no segment ending at version %d from this writer: %s", last, exc)
             return
-        if again is None or log.digest(again) != proof_digest or any(data is None for _, data in read):
+        if read is None or again is None or log.digest(again[0]) != proof_digest:
             return
         for version, data in read:
-            assert data is not None
             self._recent.keep(version, data)
+
+    def _read_whole(self, versions: list[int], budget: int) -> list[tuple[int, memoryview]] | None:
+        """``versions`` read whole, for a segment; None when one is missing, is not the
+        version whose head this writer read, or they make more than ``budget`` bytes."""
+        read: list[tuple[int, memoryview]] = []
+        total = 0
+        for version in versions:
+            data = self._objects.get(keys.version_key(version))
+            head = self._recent.digest(version)
+            if data is None or (head is not None and log.digest(data) != head):
+                return None
+            total += len(data)
+            if total > budget:
+                return None  # too big for a segment: readers read these one by one
+            read.append((version, data))
+        return read
 
     def _exact_twin(self, state: LogState) -> LogState | None:
         """``state`` (proven, with skipped versions) as a full read would have it: the

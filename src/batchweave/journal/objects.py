@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from batchweave import keys
+from batchweave import keys, log
 from batchweave.errors import ObjectExistsError, ObjectNotFoundError
 from batchweave.store import Store
 
@@ -16,6 +16,10 @@ _VERSION_NAME = re.compile(r"\d{20}\.json")
 # segments, the hint), and "_" sorts after every digit: a listing from a version's key
 # meets all the versions above it first.
 _PAST_THE_VERSIONS = keys.LOG_PREFIX + "_"
+# A version's first bytes a writer reads: a head of a few hundred producers fits (about
+# 120 bytes each: its run and its state), and a version this small is read whole at once.
+_HEAD_GUESS = 64 << 10
+_MOST_HEAD_GUESS = 8 << 20  # a head this long is damage, or a log no writer keeps up with
 
 
 class LogObjects:
@@ -27,11 +31,12 @@ class LogObjects:
     best effort beside the log (snapshots, the hint, segments) goes to ``store`` directly.
     """
 
-    __slots__ = ("bytes_read", "requests", "store")
+    __slots__ = ("bytes_read", "head_guess", "requests", "store")
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self.requests = 0
+        self.head_guess = _HEAD_GUESS  # bytes of a version ``get_head`` asks for first
         self.bytes_read = 0  # of the objects read (every one is decoded, or hashed, or both)
 
     def get(self, key: str) -> memoryview | None:
@@ -42,6 +47,33 @@ class LogObjects:
             return None
         self.bytes_read += len(data)
         return data
+
+    def get_head(self, key: str) -> tuple[memoryview, bool] | None:
+        """What a writer needs of a log version: its bytes up to the end of its head
+        (``log.head_extent``), and whether they are all of it. One ranged GET of the first
+        ``head_guess`` bytes holds the whole version when it is small, or its head; a second
+        fetches the rest of a longer head (``head_guess`` then grows to twice it), and a
+        version of format 1 longer than the guess is read whole. A group-commit version
+        holds every producer's TGBs, megabytes of slice tables that its hundreds of
+        producers need none of: each reads the kilobytes of its head instead."""
+        self.requests += 1
+        try:
+            data = self.store.get_range(key, 0, self.head_guess)
+            whole = len(data) < self.head_guess
+            extent = None if whole else log.head_extent(data)
+            if not whole and extent is None:  # format 1 (or damage): no head apart
+                self.requests += 1
+                data, whole = self.store.get(key), True
+            elif extent is not None and extent > len(data):
+                self.requests += 1
+                data = memoryview(b"".join((data, self.store.get_range(key, len(data), extent - len(data)))))
+                self.head_guess = min(_MOST_HEAD_GUESS, max(self.head_guess, 2 * extent))
+            elif extent is not None:
+                data = data[:extent]
+        except ObjectNotFoundError:
+            return None
+        self.bytes_read += len(data)
+        return data, whole
 
     def put_if_absent(self, key: str, data: bytes) -> Literal["landed", "taken", "maybe-ours"]:
         """Whether the put landed; "taken" when the object exists already (another writer

@@ -91,8 +91,8 @@ class Proof:
         version, expected = self.anchor
         if version == 0:
             return self._snapshots.listed_version() == 0
-        read = self._objects.get(keys.version_key(version))
-        return read is not None and log.digest(read) == expected
+        read = self._objects.get_head(keys.version_key(version))  # the digest is the head's
+        return read is not None and log.digest(read[0]) == expected
 
     def advance(self, state: LogState) -> None:
         """Just verified: every version up to ``state.version`` is genuine, our puts too."""

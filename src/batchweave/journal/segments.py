@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from batchweave import log
 from batchweave.errors import CorruptDataError, ObjectExistsError, StoreError
 from batchweave.journal.objects import LogObjects
 from batchweave.log import ReadVersion
@@ -33,15 +34,17 @@ def read_segment(objects: LogObjects, last: int) -> list[ReadVersion] | None:
 
 class RecentVersions:
     """The bytes of the newest versions a writer read or wrote (at most one segment's
-    worth), from which the committer of a segment's last version writes the segment."""
+    worth), from which the committer of a segment's last version writes the segment. Of a
+    version a writer read only the head of (``LogObjects.get_head``), the head: its
+    digest, not a segment's bytes."""
 
     __slots__ = ("_data",)
 
     def __init__(self) -> None:
-        self._data: dict[int, bytes | memoryview] = {}
+        self._data: dict[int, tuple[bytes | memoryview, bool]] = {}  # version -> (bytes, whole)
 
-    def keep(self, version: int, data: bytes | memoryview) -> None:
-        self._data[version] = data
+    def keep(self, version: int, data: bytes | memoryview, whole: bool = True) -> None:
+        self._data[version] = (data, whole)
         self._data.pop(version - SEGMENT_VERSIONS, None)
         if len(self._data) > 2 * SEGMENT_VERSIONS:  # reloads skipped ahead: drop what they left behind
             self._data = {v: d for v, d in self._data.items() if v > version - SEGMENT_VERSIONS}
@@ -50,13 +53,20 @@ class RecentVersions:
         self._data.clear()
 
     def get(self, version: int) -> bytes | memoryview | None:
-        return self._data.get(version)
+        """The whole bytes of ``version``; None when not held, or only its head."""
+        data, whole = self._data.get(version, (None, False))
+        return data if whole else None
+
+    def digest(self, version: int) -> str | None:
+        """The digest of ``version`` as read or written (of its head, or of all of it)."""
+        held = self._data.get(version)
+        return None if held is None else log.digest(held[0])
 
     def write_segment(self, store: Store, last: int) -> bool:
         """The segment ending at version ``last``, if this writer holds all its versions.
         True if written (or somebody wrote it already)."""
         wanted = range(last - SEGMENT_VERSIONS + 1, last + 1)
-        versions = [data for v in wanted if (data := self._data.get(v)) is not None]
+        versions = [data for v in wanted if (data := self.get(v)) is not None]
         if len(versions) < len(wanted) or sum(len(v) for v in versions) > SEGMENT_MAX_BYTES:
             return False  # a writer that loaded mid-segment; readers read those versions one by one
         try:

@@ -29,6 +29,8 @@ from batchweave.store import Store
 __all__ = ["HOLD_S", "AmbiguousOnceStore", "Background", "Gate", "PausingStore", "wait_for_any"]
 
 HOLD_S = 60.0  # seconds a held operation waits for its release before it fails
+# The operations a gate of each kind holds: a "get" any read of the object.
+_TAKEN_BY: dict[str, tuple[str, ...]] = {"get": ("get", "get_range")}
 
 
 class Gate:
@@ -44,7 +46,7 @@ class Gate:
 
     def matches(self, op: str, key: str) -> bool:
         """Whether this gate takes operation ``op`` on ``key`` (called by the store, under its lock)."""
-        if self.key is not None or op != self.op or not self.pattern.fullmatch(key):
+        if self.key is not None or op not in _TAKEN_BY.get(self.op, (self.op,)) or not self.pattern.fullmatch(key):
             return False
         if self.skip:
             self.skip -= 1
@@ -90,7 +92,9 @@ class PausingStore(Store):
 
     def pause(self, op: str, key: str, *, skip: int = 0) -> Gate:
         """Hold the next ``op`` ("get", "put_if_absent", "put", "delete", "list", ...) on a key
-        matching the regular expression ``key`` (after ``skip`` matching ones pass)."""
+        matching the regular expression ``key`` (after ``skip`` matching ones pass). "get"
+        holds any read of the object, whole or ranged (a writer reads a log version's head
+        with a ranged GET), "get_range" only a ranged one."""
         gate = Gate(op, key, skip)
         with self._lock:
             self._gates.append(gate)

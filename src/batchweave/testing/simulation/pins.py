@@ -73,7 +73,7 @@ def reached(trace: Iterable[tuple[float, str, str, str]], point: Point) -> bool:
                 return True
             freed.discard(key)
             re_created.add(key)
-        elif op == "get" and victim:
+        elif op in ("get", "get_range") and victim:
             if (point.event == "reads-re-created" and key in re_created) or (
                 point.event == "reads-freed" and key in freed
             ):

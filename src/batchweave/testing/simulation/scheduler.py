@@ -84,7 +84,7 @@ class Actor:
     waiting_for: str = ""  # what it is blocked on, for "waits forever" messages
     crash_at: int = 0  # dies at its crash_at-th store operation (0: never)
     ambiguous_at: int = 0  # its first log-version put from this operation on times out (0: never)
-    fail_next_get: bool = False  # its next GET fails (the proof of a put that answered)
+    fail_next_get: bool = False  # its next GET (whole or ranged) fails (the proof of a put that answered)
     ops: int = 0  # store operations it was scheduled for
     notes: dict[str, Any] = field(default_factory=dict)  # what its script wants found (its consumer)
 
@@ -142,7 +142,7 @@ class Scheduler:
         actor.pending, actor.state = op, "op"
         self.main.switch()
         actor.pending = None
-        if actor.fail_next_get and op.name == "get":
+        if actor.fail_next_get and op.name in ("get", "get_range"):
             actor.fail_next_get = False
             self.sleep(self.choices.pick(_TIMEOUT_WAITS_S))  # others commit meanwhile, as below
             raise TransientStoreError(op.key, "simulated failure of the read after a put that landed")

@@ -136,7 +136,7 @@ def _in_story(entry: tuple[float, str, str, str], culprits: set[str]) -> bool:
     if actor in culprits or op in ("CRASH", "exit", "HUB"):
         return True
     return (
-        op != "get"
+        op not in ("get", "get_range")
         and op != "list"
         and op != "size"
         and (key.startswith((keys.LOG_PREFIX + "0", keys.CHECKPOINT_PREFIX)))

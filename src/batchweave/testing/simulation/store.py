@@ -87,17 +87,18 @@ class SimStore(Store):
         return found[0]
 
     def get(self, key: str) -> memoryview:
-        def apply() -> memoryview:
-            if self.before_get is not None:
-                self.before_get(self._actor_name(), key)
-            body = self._body(key)
-            self.model.read(key, body, self._actor_name())
-            return memoryview(body)
-
-        return self._op("get", key, apply)
+        return self._op("get", key, lambda: memoryview(self._read(key)))
 
     def get_range(self, key: str, start: int, length: int) -> memoryview:
-        return self._op("get_range", key, lambda: memoryview(self._body(key))[start : start + length])
+        # A writer reads a log version's head so: a part of a re-created version is read too.
+        return self._op("get_range", key, lambda: memoryview(self._read(key))[start : start + length])
+
+    def _read(self, key: str) -> bytes:
+        if self.before_get is not None:
+            self.before_get(self._actor_name(), key)
+        body = self._body(key)
+        self.model.read(key, body, self._actor_name())
+        return body
 
     def size(self, key: str) -> int | None:
         found = self._op("size", key, lambda: self.objects.get(key))
