@@ -413,15 +413,16 @@ def _recorded(**offsets: tuple[int, int]) -> LogState:
 def test_an_intent_the_log_shows_folded_or_fenced_is_not_worth_reading():
     state = _recorded(a=(2, 30), b=(1, 5))
     listed = [
-        ("a", 1, 0),  # an epoch the log fenced
-        ("a", 2, 0),  # followed by one starting at 10, below 30: folded
-        ("a", 2, 10),  # followed by one starting at 30: ends at or before 30, folded
+        ("a", 1, 40),  # an epoch the log fenced
+        ("a", 2, 0),  # below the producer's offset in the log: folded
+        ("a", 2, 29),  # folded too
         ("a", 2, 30),  # the producer's next offset: waiting
-        ("b", 1, 0),  # the last listed: may hold TGBs past 5
+        ("a", 2, 34),  # after it: waiting
+        ("b", 1, 0),  # folded
+        ("b", 3, 9),  # an epoch the log has not seen yet: never foldable by this state
         ("c", 1, 0),  # a producer this state does not know yet: read
     ]
-    assert group_module.worth_reading(state, listed) == {("a", 2, 30), ("b", 1, 0), ("c", 1, 0)}
-    assert group_module.worth_reading(state, list(reversed(listed))) == {("a", 2, 30), ("b", 1, 0), ("c", 1, 0)}
+    assert group_module.worth_reading(state, listed) == {("a", 2, 30), ("a", 2, 34), ("c", 1, 0)}
 
 
 def test_a_committer_reads_no_intent_the_log_shows_folded():

@@ -81,24 +81,20 @@ def fold_intents(
 
 def worth_reading(state: LogState, listed: Iterable[tuple[str, int, int]]) -> set[tuple[str, int, int]]:
     """Of the intents ``listed`` as (producer, epoch, first offset), from their keys, those
-    that may still hold TGBs ``state`` lacks: not of an epoch other than the producer's in
-    the log, nor followed by another of the producer's that starts at or below its offset
-    in the log (an intent ends where the next begins, or before). A folded intent stays
-    listed until its producer sees the fold and deletes it; each new committer read it
-    again (at 128 producers, every intent 2.3 times). One that this leaves in may still be
-    folded already: ``fold_intents`` takes what it holds beyond the producer's offset."""
-    latest: dict[tuple[str, int], list[int]] = {}
-    for producer, epoch, first in listed:
-        latest.setdefault((producer, epoch), []).append(first)
+    that may hold TGBs ``state`` lacks: of the producer's epoch in the log, from its offset
+    in the log on. A folded intent stays listed until its producer sees the fold and deletes
+    it, and each new committer read it again (at 128 producers, every intent about twice).
+
+    One that starts below the producer's offset is folded whole: an offset in the log moves
+    to the end of what a fold took (whole intents, chained) or to all its producer had
+    pending when it committed itself, intents included (they are written from its pending
+    TGBs, on the thread that commits them). Were it not so, the tail would still be
+    committed, by its own producer's turn: skipping a read never commits anything twice."""
     wanted: set[tuple[str, int, int]] = set()
-    for (producer, epoch), firsts in latest.items():
+    for producer, epoch, first in listed:
         recorded = state.producers.get(producer)
-        if recorded is not None and epoch != recorded.epoch:
-            continue
-        firsts.sort()
-        for first, after in zip(firsts, [*firsts[1:], None], strict=True):
-            if recorded is None or after is None or after > recorded.offset:
-                wanted.add((producer, epoch, first))
+        if recorded is None or (epoch == recorded.epoch and first >= recorded.offset):
+            wanted.add((producer, epoch, first))
     return wanted
 
 
