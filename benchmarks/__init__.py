@@ -170,10 +170,11 @@ def main(
     profile: bool = False,
     producers: tuple[int, ...] | None = None,
     payloads: tuple[int, ...] | None = None,
+    rounds: int = 1,
 ) -> int:
     """Run benchmark ``name`` and write its three files into ``out``: ``batchweave bench``.
 
-    ``profile``, ``producers`` and ``payloads`` only for a benchmark whose module lists
+    ``profile``, ``producers``, ``payloads`` and ``rounds`` only for a benchmark whose module lists
     them in ``SWEEP_OPTIONS`` (``bench producers``). An unknown name or workload, an option
     the benchmark does not take, or a missing dependency, raises ``ConfigError`` before
     any work.
@@ -191,7 +192,7 @@ def main(
             "pip install -e '.[bench]' in the checkout (or pip install 'batchweave[bench]')"
         )
     module = load(name)
-    asked = {"profile": profile, "producers": producers, "payloads": payloads}
+    asked = {"profile": profile, "producers": producers, "payloads": payloads, "rounds": rounds != 1}
     refused = sorted(k for k, v in asked.items() if v and k not in getattr(module, "SWEEP_OPTIONS", ()))
     if refused:
         raise ConfigError(f"bench {name} does not take --{', --'.join(refused)} (bench producers does)")
@@ -218,6 +219,7 @@ def main(
             profile=profile,
             producers=producers,
             payloads=payloads,
+            rounds=rounds,
         )
         result = module.run(options, progress)
     paths = write_outputs(result, Path(out), module.plot)

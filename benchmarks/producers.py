@@ -73,7 +73,7 @@ from benchmarks.report import BenchOptions, BenchResult, machine, visibility_per
 
 NAME = "producers"
 # The options of ``batchweave bench`` only this benchmark takes (``benchmarks.main``).
-SWEEP_OPTIONS = ("profile", "producers", "payloads")
+SWEEP_OPTIONS = ("profile", "producers", "payloads", "rounds")
 PROFILE_JSON, PROFILE_TEXT = f"{NAME}-profile.json", f"{NAME}-profile.md"
 COLUMNS = (
     "system",
@@ -125,7 +125,9 @@ RAW_FIXED_S = 8.0
 def plan(options: BenchOptions) -> dict[str, Any]:
     """The sweep: producer counts, payloads, policies, windows (seconds) and slices;
     ``--producers`` and ``--payloads`` replace the counts and sizes, ``--profile`` asks for
-    BatchWeave's producers to be profiled (``benchmarks.profiling``).
+    BatchWeave's producers to be profiled (``benchmarks.profiling``; with ``--rounds``, of
+    the last round), ``--rounds`` for each point to be run that many times
+    (``runs``, ``median_runs``).
 
     ``duration_s`` is BatchWeave's window, ``baseline_duration_s`` that of the raw puts
     and NATS, which have no commit pacing to settle (their rate is flat once every
@@ -137,6 +139,7 @@ def plan(options: BenchOptions) -> dict[str, Any]:
     if options.payloads:
         sweep["payloads"] = list(options.payloads)
     sweep["profile"] = options.profile
+    sweep["rounds"] = options.rounds
     return sweep
 
 
@@ -220,22 +223,17 @@ class Run:
     payload_bytes: int
     window_s: float
     pace_s: float = 0.0  # BatchWeave only: seconds of "preprocessing" after each append
+    round: int = 0  # which of the sweep's ``rounds`` (``--rounds``)
 
 
 def runs(sweep: dict[str, Any]) -> list[Run]:
-    """Every run of a sweep, in order."""
+    """Every run of a sweep, in order: with ``rounds``, each point's systems one after the
+    other, then again, so that each system's runs meet the machine as it drifts."""
     planned = []
     for payload in sweep["payloads"]:
         for n in sweep["producers"]:
-            planned += [Run("batchweave", p, n, payload, sweep["duration_s"]) for p in sweep["policies"]]
-            planned.append(Run("raw-puts", "none", n, payload, sweep["baseline_duration_s"]))
-            if sweep["nats"]:
-                refused = payload > DEFAULT_MAX_PAYLOAD
-                window = (
-                    min(REFUSAL_WINDOW_S, sweep["baseline_duration_s"]) if refused else sweep["baseline_duration_s"]
-                )
-                planned.append(Run("nats", "strict-tgb", n, payload, window))
-                planned.append(Run("nats", "strict-tgb-64MiB", n, payload, sweep["baseline_duration_s"]))
+            for round_ in range(sweep.get("rounds", 1)):
+                planned += _point(sweep, n, payload, round_)
     paced = sweep["paced"]
     if paced:
         planned += [
@@ -243,6 +241,38 @@ def runs(sweep: dict[str, Any]) -> list[Run]:
             for p in ("dac", "group")
         ]
     return planned
+
+
+def _point(sweep: dict[str, Any], n: int, payload: int, round_: int) -> list[Run]:
+    """One round of one point: every system once."""
+    point = [Run("batchweave", p, n, payload, sweep["duration_s"], round=round_) for p in sweep["policies"]]
+    point.append(Run("raw-puts", "none", n, payload, sweep["baseline_duration_s"], round=round_))
+    if sweep["nats"]:
+        refused = payload > DEFAULT_MAX_PAYLOAD
+        window = min(REFUSAL_WINDOW_S, sweep["baseline_duration_s"]) if refused else sweep["baseline_duration_s"]
+        point.append(Run("nats", "strict-tgb", n, payload, window, round=round_))
+        point.append(Run("nats", "strict-tgb-64MiB", n, payload, sweep["baseline_duration_s"], round=round_))
+    return point
+
+
+def median_runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per system, policy and point: the run of median throughput among its
+    rounds (the lower of the middle two for an even count), whole, so that its other
+    figures (P95, CPU per GB) are that same run's; ``round_throughputs_mb_s`` keeps every
+    round's throughput in round order. Rows of a single round pass unchanged."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for row in rows:
+        point = (row["system"], row.get("policy"), row["producers"], row["payload_bytes"], row.get("pace_s"))
+        groups.setdefault(point, []).append(row)
+    chosen = []
+    for same in groups.values():
+        if len(same) == 1:
+            chosen.append(same[0])
+            continue
+        ranked = sorted(same, key=lambda r: r["throughput_mb_s"])
+        median = ranked[(len(ranked) - 1) // 2]
+        chosen.append({**median, "round_throughputs_mb_s": [r["throughput_mb_s"] for r in same]})
+    return chosen
 
 
 def expected_s(sweep: dict[str, Any]) -> float:
@@ -279,8 +309,9 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
             profiles[profile_name(record)] = profile
             record["profile_shares"] = {bucket: v["share"] for bucket, v in profile["buckets"].items()}
         # run_s: the whole run's wall time, window included, to check expected_s against.
-        results.append({**record, "duration_s": one.window_s, "run_s": time.monotonic() - started})
+        results.append({**record, "duration_s": one.window_s, "run_s": time.monotonic() - started, "round": one.round})
         progress.advance(task)
+    results = median_runs(results)
     config = {
         **sweep,
         "quick": options.quick,

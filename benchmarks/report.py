@@ -39,6 +39,7 @@ class BenchOptions:
     profile: bool = False  # a CPU profile of its processes, written beside the JSON
     producers: tuple[int, ...] | None = None  # producer counts instead of the plan's
     payloads: tuple[int, ...] | None = None  # payload sizes (bytes) instead of the plan's
+    rounds: int = 1  # each point this many times, its systems interleaved; the median run is reported
 
 
 @dataclass(slots=True)

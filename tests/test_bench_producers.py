@@ -493,3 +493,41 @@ def test_quick_mode_with_a_profile_writes_it_beside_the_json_in_buckets_that_add
     profiled = [r for r in records if r["system"] == "batchweave"]
     assert all(sum(r["profile_shares"].values()) == pytest.approx(1, abs=0.01) for r in profiled)
     assert not any("profile_shares" in r for r in records if r["system"] != "batchweave")
+
+
+def test_rounds_run_every_system_of_a_point_once_a_round_one_after_the_other():
+    sweep = {**plan(BenchOptions(store="local", producers=(8, 32), payloads=(100_000,), rounds=3))}
+    assert sweep["rounds"] == 3
+    planned = runs(sweep)
+    one_round = [(r.system, r.policy) for r in runs({**sweep, "rounds": 1}) if r.producers == 8]
+    at_8 = [r for r in planned if r.producers == 8]
+    assert [(r.system, r.policy) for r in at_8] == one_round * 3  # interleaved, not each system three times in a row
+    assert [r.round for r in at_8] == [k for k in range(3) for _ in one_round]
+    assert expected_s(sweep) == pytest.approx(3 * expected_s({**sweep, "rounds": 1}))
+
+
+def test_each_system_is_reported_by_its_median_run_whole():
+    def row(system, throughput, p95, round_):
+        return {"system": system, "policy": "none", "producers": 8, "payload_bytes": 100_000, "round": round_,
+                "throughput_mb_s": throughput, "visibility_p95_s": p95}  # fmt: skip
+
+    rows = [row("raw-puts", 628.0, 0.1, 0), row("raw-puts", 309.0, 0.3, 1), row("raw-puts", 338.0, 0.2, 2)]
+    rows += [row("nats", 400.0, 0.05, 0)]
+    (raw, nats) = producers.median_runs(rows)
+    assert raw["throughput_mb_s"] == 338.0 and raw["visibility_p95_s"] == 0.2  # the median run's own P95
+    assert raw["round_throughputs_mb_s"] == [628.0, 309.0, 338.0]
+    assert nats == rows[-1]  # a single round passes unchanged
+    two = producers.median_runs(rows[:2])
+    assert two[0]["throughput_mb_s"] == 309.0  # of an even count, the lower middle
+
+
+def test_rounds_are_only_for_bench_producers_and_at_least_one(tmp_path, capsys):
+    import benchmarks
+    from batchweave.cli import main
+    from batchweave.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="bench overhead does not take --rounds"):
+        benchmarks.main("overhead", tmp_path, rounds=3)
+    with pytest.raises(SystemExit):
+        main(["bench", "producers", "--quick", "--rounds", "0", "--out", str(tmp_path)])
+    assert "expected a whole number of rounds, at least 1, got '0'" in capsys.readouterr().err

@@ -586,6 +586,13 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         help="bench producers: these TGB sizes in bytes instead of the plan's (e.g. 100000,1000000)",
     )
     p.add_argument(
+        "--rounds",
+        type=_rounds,
+        metavar="N",
+        help="bench producers: run each point N times, its systems one after the other in every round, "
+        "and report each system's median run (a local disk here moved 2x between runs of the same code)",
+    )
+    p.add_argument(
         "--replot",
         nargs="+",
         type=Path,
@@ -606,6 +613,17 @@ def _counts(text: str) -> tuple[int, ...]:
     if not counts or min(counts) < 1:
         raise argparse.ArgumentTypeError(f"expected positive whole numbers separated by commas, got {text!r}")
     return counts
+
+
+def _rounds(text: str) -> int:
+    """``3`` as 3: a whole number of rounds, at least 1."""
+    try:
+        rounds = int(text)
+    except ValueError:
+        rounds = 0
+    if rounds < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of rounds, at least 1, got {text!r}")
+    return rounds
 
 
 def _benchmarks_package() -> types.ModuleType:
@@ -643,7 +661,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     options = {"quick": args.quick, "store": store, "seed": 0 if args.seed is None else args.seed}
     if args.workload is not None:  # a checkout whose benchmarks predate --workload still runs without it
         options["workload"] = args.workload
-    for option in ("profile", "producers", "payloads"):  # (likewise)
+    for option in ("profile", "producers", "payloads", "rounds"):  # (likewise)
         if getattr(args, option):
             options[option] = getattr(args, option)
     return package.main(args.name, Path(args.out), **options)
@@ -664,6 +682,7 @@ def _replot(args: argparse.Namespace) -> int:
             ("--profile", args.profile),
             ("--producers", args.producers),
             ("--payloads", args.payloads),
+            ("--rounds", args.rounds),
         )
         if value
     ]
