@@ -126,7 +126,7 @@ def plan(options: BenchOptions) -> dict[str, Any]:
     """The sweep: producer counts, payloads, policies, windows (seconds) and slices;
     ``--producers`` and ``--payloads`` replace the counts and sizes, ``--profile`` asks for
     BatchWeave's producers to be profiled (``benchmarks.profiling``; with ``--rounds``, of
-    the last round), ``--rounds`` for each point to be run that many times
+    the reported run), ``--rounds`` for each point to be run that many times
     (``runs``, ``median_runs``).
 
     ``duration_s`` is BatchWeave's window, ``baseline_duration_s`` that of the raw puts
@@ -275,6 +275,19 @@ def median_runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return chosen
 
 
+def reported_profiles(
+    profiles: dict[tuple[str, int], dict[str, Any]], rows: list[dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """The profile of each run ``rows`` report (``median_runs`` chose it among the
+    rounds), by ``profile_name``: the profile file describes the runs the table shows."""
+    reported = {}
+    for row in rows:
+        key = (profile_name(row), row["round"])
+        if key in profiles:
+            reported[key[0]] = profiles[key]
+    return reported
+
+
 def expected_s(sweep: dict[str, Any]) -> float:
     """Seconds of machine time a sweep is expected to take: each run's window plus what
     starting, draining and reading it back cost (``overhead_s``)."""
@@ -296,7 +309,7 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
     planned = runs(sweep)
     task = progress.add_task("bench producers", total=len(planned))
     results: list[dict[str, Any]] = []
-    profiles: dict[str, dict[str, Any]] = {}
+    profiles: dict[tuple[str, int], dict[str, Any]] = {}  # (profile_name, round) -> profile
     for one in planned:
         progress.update(
             task, description=f"producers: {one.system} {one.policy} x{one.producers}, {one.payload_bytes // 1000} KB"
@@ -306,12 +319,13 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
         record = {**record, **cpu_fields(record)}
         if "cpu_profile" in record:  # the whole profile goes beside the JSON; its buckets stay in the record
             profile = record.pop("cpu_profile")
-            profiles[profile_name(record)] = profile
+            profiles[profile_name(record), one.round] = profile
             record["profile_shares"] = {bucket: v["share"] for bucket, v in profile["buckets"].items()}
         # run_s: the whole run's wall time, window included, to check expected_s against.
         results.append({**record, "duration_s": one.window_s, "run_s": time.monotonic() - started, "round": one.round})
         progress.advance(task)
     results = median_runs(results)
+    reported = reported_profiles(profiles, results)
     config = {
         **sweep,
         "quick": options.quick,
@@ -329,10 +343,10 @@ def run(options: BenchOptions, progress: Any) -> BenchResult:
         "machine": machine(),
     }
     attachments = {}
-    if profiles:
+    if reported:
         attachments = {
-            PROFILE_JSON: json.dumps({"benchmark": NAME, "config": config, "profiles": profiles}, indent=1) + "\n",
-            PROFILE_TEXT: profiling.render(profiles, profiling.thread_cpu_note()) + "\n",
+            PROFILE_JSON: json.dumps({"benchmark": NAME, "config": config, "profiles": reported}, indent=1) + "\n",
+            PROFILE_TEXT: profiling.render(reported, profiling.thread_cpu_note()) + "\n",
         }
     return BenchResult(NAME, config, results, COLUMNS, summary=verdict(results), attachments=attachments)
 

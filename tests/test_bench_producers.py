@@ -531,3 +531,15 @@ def test_rounds_are_only_for_bench_producers_and_at_least_one(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["bench", "producers", "--quick", "--rounds", "0", "--out", str(tmp_path)])
     assert "expected a whole number of rounds, at least 1, got '0'" in capsys.readouterr().err
+
+
+def test_the_profile_written_is_that_of_the_run_the_table_reports():
+    def row(throughput, round_):
+        return {"system": "batchweave", "policy": "group", "producers": 8, "payload_bytes": 100_000,
+                "round": round_, "throughput_mb_s": throughput}  # fmt: skip
+
+    rows = producers.median_runs([row(300.0, 0), row(400.0, 1), row(500.0, 2)])
+    profiles = {("group x8, 100 KB", k): {"round": k} for k in range(3)}
+    # the median run's profile (round 1), not the last round's
+    assert producers.reported_profiles(profiles, rows) == {"group x8, 100 KB": {"round": 1}}
+    assert producers.reported_profiles({}, rows) == {}
